@@ -1,0 +1,101 @@
+"""The failure-kind vocabulary: registered ``<domain>_<condition>`` names.
+
+Kinds carry no policy: retry, scoring and masking belong to the outcome policy. An unregistered kind
+is kept as-is (never dropped or rewritten) and warned about once per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+
+log = logging.getLogger(__name__)
+
+# <domain>_<condition>, lowercase; extensions may namespace a kind as "<namespace>:<kind>".
+_KIND_RE = re.compile(r"(?:[a-z][a-z0-9_-]*:)?[a-z][a-z0-9]*_[a-z0-9_]+")
+
+_REGISTRY: dict[str, str] = {
+    # admission: the request itself is unusable
+    "task_invalid": "the task file or its referenced files are missing or malformed",
+    "config_invalid": "the run configuration is invalid",
+    # provider: the sandbox backend reported a condition about our sandbox
+    "provider_oom_killed": "the kernel OOM-killed a process of this sandbox (authoritative evidence)",
+    "provider_unavailable": "the sandbox backend (Docker engine, bwrap, OpenSandbox server) is not usable",
+    "provider_quota_exhausted": "the backend refused for lack of quota",
+    "provider_io_timeout": "a request to the backend did not answer within its deadline",
+    "provider_image_missing": "the requested image does not exist on the backend",
+    # sandbox: our sandbox's lifecycle and file/terminal operations
+    "sandbox_allocation_failed": "creating the sandbox failed",
+    "sandbox_not_ready": "the sandbox never became ready within its deadline",
+    "sandbox_lost": "the sandbox failed, terminated or disappeared while in use",
+    "sandbox_file_failed": "an upload or download failed",
+    "sandbox_pty_failed": "an interactive terminal failed",
+    "sandbox_release_failed": "releasing or destroying the sandbox failed",
+    # command: delivery and results of commands inside the sandbox
+    "command_delivery_uncertain": "a command may have reached the sandbox but its result is unknown",
+    "command_status_lost": "the command's status could not be recovered by its execution id",
+    "command_hard_cap_expired": "the command outlived its hard cap; its outcome stays unknown",
+    "command_failed": "a command the engine needed (not the agent) failed",
+    # install: OpenCode runtime preparation
+    "install_failed": "installing the pinned OpenCode runtime failed",
+    "install_integrity_mismatch": "the downloaded package does not match the registry's digest",
+    "install_prerequisite_missing": "the sandbox lacks a required program (shell, python3)",
+    "install_timeout": "the install did not finish within its budget",
+    # agent: the OpenCode run itself
+    "agent_timeout": "the run deadline fired (observed by the supervisor)",
+    "agent_nonzero_exit": "OpenCode exited non-zero",
+    "agent_did_not_finish": "OpenCode ended without a finished assistant turn",
+    "agent_context_limit": "the conversation exhausted the model's context window",
+    "agent_bootstrap_failed": "the supervisor or OpenCode could not be started",
+    # model: the model endpoint as seen by the recording proxy
+    "model_rate_limited": "the model endpoint answered 429",
+    "model_server_error": "the model endpoint answered 5xx",
+    "model_unreachable": "the model endpoint could not be reached",
+    "model_stalled": "the model stream stopped producing data",
+    "model_malformed_response": "the model endpoint sent a response that could not be parsed",
+    "model_api_error": "the model endpoint rejected the request (4xx other than 429)",
+    # cleanup and transcript
+    "cleanup_unconfirmed": "no positive cleanup receipt within the close budget",
+    "transcript_export_failed": "the transcript snapshot or export failed",
+    # verification
+    "verifier_error": "the verifier could not be run or crashed",
+    "verifier_timeout": "the verifier did not finish within its timeout",
+    "verification_inconclusive": "the verifier ran but its result could not be read",
+    # lifecycle
+    "run_cancelled": "the run was cancelled by the user",
+}
+
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+def register_kind(name: str, description: str) -> None:
+    """Add a kind to the vocabulary (for extensions); the name must follow ``<domain>_<condition>``."""
+    if not _KIND_RE.fullmatch(name):
+        raise ValueError(f"failure kind {name!r} must look like <domain>_<condition> (lowercase, underscores)")
+    _REGISTRY[name] = description
+
+
+def is_registered(name: str) -> bool:
+    return name in _REGISTRY
+
+
+def describe(name: str) -> str | None:
+    return _REGISTRY.get(name)
+
+
+def registered_kinds() -> dict[str, str]:
+    return dict(_REGISTRY)
+
+
+def check_kind(name: str) -> str:
+    """Return ``name`` unchanged; warn once per process when it is not registered."""
+    if name not in _REGISTRY:
+        with _lock:
+            first = name not in _warned
+            _warned.add(name)
+        if first:
+            shape = "" if _KIND_RE.fullmatch(name) else " (and it does not look like <domain>_<condition>)"
+            log.warning("unregistered failure kind %r kept as-is%s", name, shape)
+    return name

@@ -1,0 +1,173 @@
+"""Failure records: stage, class, cause chain, typed details and the FailureEvent itself."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from core.failures.evidence import Evidence, utcnow
+from core.failures.kinds import check_kind
+
+
+class FailureStage(StrEnum):
+    """Where in the episode the failure happened; classification depends on it."""
+
+    ADMISSION = "admission"
+    SEED = "seed"
+    INSTALL = "install"
+    AGENT = "agent"
+    CLEANUP = "cleanup"
+    VERIFICATION = "verification"
+
+
+class FailureClass(StrEnum):
+    """Who the failure is attributed to.
+
+    ``model``: the agent/model's own behaviour (e.g. it exhausted memory or its time budget).
+    ``evaluation``: the evaluation apparatus (sandbox, network, verifier, model endpoint) failed.
+    ``unknown``: the evidence does not allow a decision; kept unknown on purpose.
+    """
+
+    MODEL = "model"
+    EVALUATION = "evaluation"
+    UNKNOWN = "unknown"
+
+
+class Delivery(StrEnum):
+    """Whether a command submission reached the sandbox: only NOT_SENT may ever be resubmitted."""
+
+    NOT_SENT = "not_sent"
+    POSSIBLY_DELIVERED = "possibly_delivered"
+    DELIVERED = "delivered"
+
+
+class FailureCause(BaseModel):
+    """An exception, flattened: type, message, and the chain of causes behind it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+    message: str
+    cause: FailureCause | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, _depth: int = 0) -> FailureCause:
+        inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        return cls(
+            type=f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
+            message=str(exc)[:2000],
+            cause=cls.from_exception(inner, _depth + 1) if inner is not None and _depth < 8 else None,
+        )
+
+    def chain(self) -> list[FailureCause]:
+        out: list[FailureCause] = []
+        node: FailureCause | None = self
+        while node is not None:
+            out.append(node)
+            node = node.cause
+        return out
+
+
+class _Details(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OomDetails(_Details):
+    detail_type: Literal["oom"] = "oom"
+    container_id: str | None = None
+    memory_limit_bytes: int | None = None
+    exit_code: int | None = None
+
+
+class DeadlineDetails(_Details):
+    detail_type: Literal["deadline"] = "deadline"
+    budget_s: float
+    elapsed_s: float | None = None
+    timed_out_observed: bool = False
+
+
+class CommandDetails(_Details):
+    detail_type: Literal["command"] = "command"
+    execution_id: str | None = None
+    delivery: Delivery = Delivery.POSSIBLY_DELIVERED
+    submissions: int = 1
+    exit_code: int | None = None
+
+
+class HttpDetails(_Details):
+    detail_type: Literal["http"] = "http"
+    method: str
+    url: str
+    status: int | None = None
+    body_excerpt: str | None = None
+
+
+class CleanupDetails(_Details):
+    detail_type: Literal["cleanup"] = "cleanup"
+    receipt: dict[str, Any] | None = None
+    fallback: str | None = None
+
+
+class VerificationDetails(_Details):
+    detail_type: Literal["verification"] = "verification"
+    exit_code: int | None = None
+    output_excerpt: str | None = None
+
+
+class ModelCallDetails(_Details):
+    detail_type: Literal["model_call"] = "model_call"
+    call_id: str
+    status: int | None = None
+    attempts: int = 1
+
+
+class GenericDetails(_Details):
+    detail_type: Literal["generic"] = "generic"
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+FailureDetails = Annotated[
+    OomDetails
+    | DeadlineDetails
+    | CommandDetails
+    | HttpDetails
+    | CleanupDetails
+    | VerificationDetails
+    | ModelCallDetails
+    | GenericDetails,
+    Field(discriminator="detail_type"),
+]
+
+
+class FailureEvent(BaseModel):
+    """One failure, as observed: what failed, where, why, and what was seen.
+
+    ``failure_class`` is optional: a producer that knows better (e.g. a provider that saw
+    authoritative evidence) may supply it; otherwise the classifier decides from (kind, stage).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    stage: FailureStage
+    operation: str
+    message: str
+    http_status: int | None = Field(default=None, ge=100, le=599)
+    cause: FailureCause | None = None
+    evidence: list[Evidence] = Field(default_factory=list)
+    details: FailureDetails | None = None
+    failure_class: FailureClass | None = None
+    occurred_at: datetime = Field(default_factory=utcnow)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_or_warned(cls, value: str) -> str:
+        return check_kind(value)
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, **fields: Any) -> FailureEvent:
+        fields.setdefault("message", str(exc)[:2000] or type(exc).__name__)
+        return cls(cause=FailureCause.from_exception(exc), **fields)

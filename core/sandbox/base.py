@@ -1,0 +1,242 @@
+"""The sandbox protocol shared by every provider (docker, local bubblewrap, opensandbox).
+
+A provider creates *owned* sandboxes (we destroy them on release) or connects to *borrowed* ones
+(release removes our files and disconnects; the sandbox itself is never stopped by us).
+"""
+
+from __future__ import annotations
+
+import abc
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from enum import StrEnum
+from pathlib import PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from core.failures import Evidence, FailureEvent
+
+LABEL_RUN = "opencode-tui.run"
+LABEL_OWNER = "opencode-tui.owner"
+# Where the model proxy's Unix socket appears inside a model-only sandbox.
+SANDBOX_MODEL_SOCKET = "/run/opencode-tui/model.sock"
+
+
+class NetworkPolicy(StrEnum):
+    """``model-only``: no network inside; the model proxy is reached through a bound Unix socket."""
+
+    MODEL_ONLY = "model-only"
+    HOST = "host"
+
+
+class Mount(BaseModel):
+    """A host path made visible inside the sandbox (read-only unless said otherwise)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str
+    target: str
+    read_only: bool = True
+
+    @field_validator("target")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not PurePosixPath(value).is_absolute() or ".." in PurePosixPath(value).parts:
+            raise ValueError(f"mount target {value!r} must be an absolute path without '..'")
+        return value
+
+
+class SandboxSpec(BaseModel):
+    """What to create. Providers ignore fields they cannot honour only where ``status()`` says so."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    image: str | None = None
+    workdir: str = "/app"
+    memory_bytes: int | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
+    network: NetworkPolicy = NetworkPolicy.MODEL_ONLY
+    # Host path of the model proxy's Unix socket, bound at SANDBOX_MODEL_SOCKET (model-only network).
+    model_socket: str | None = None
+    mounts: list[Mount] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    ready_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class SandboxState(StrEnum):
+    CREATING = "creating"
+    RUNNING = "running"
+    EXITED = "exited"  # the sandbox's main process ended (e.g. OOM-killed)
+    FAILED = "failed"
+    GONE = "gone"  # it no longer exists
+    RELEASED = "released"
+    UNKNOWN = "unknown"
+
+
+class SandboxStatus(BaseModel):
+    """Lifecycle state plus what the provider can and cannot enforce."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox_id: str
+    provider: str
+    owned: bool
+    state: SandboxState
+    memory_limit_enforced: bool | None = None
+    notes: list[str] = Field(default_factory=list)
+    evidence: list[Evidence] = Field(default_factory=list)
+
+
+class OutputChunk(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    execution_id: str
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+OutputCallback = Callable[[OutputChunk], Awaitable[None] | None]
+
+
+class ExecResult(BaseModel):
+    """The result of one execution.
+
+    ``exit_code`` is ``None`` whenever the exit was not observed (deadline passed, stream lost):
+    nothing here rewrites an unknown exit into a timeout or a number like 124.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    execution_id: str
+    exit_code: int | None
+    signal: int | None = None
+    observed: bool
+    deadline_expired: bool = False
+    stdout: bytes = b""
+    stderr: bytes = b""
+    started_at: datetime
+    ended_at: datetime
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.observed and self.exit_code == 0
+
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+
+def new_execution_id() -> str:
+    return "ex-" + uuid.uuid4().hex[:16]
+
+
+class SandboxError(Exception):
+    """A provider operation failed; ``failure`` carries the structured FailureEvent when one applies."""
+
+    def __init__(self, message: str, *, failure: FailureEvent | None = None):
+        super().__init__(message)
+        self.failure = failure
+
+
+class SandboxClosedError(SandboxError):
+    """The sandbox was released or never created: the operation is refused (no host fallback)."""
+
+
+class UnsafeArchiveError(SandboxError, ValueError):
+    """A tar archive holds a member that could write outside its target."""
+
+
+class PtyHandle(abc.ABC):
+    """An interactive terminal inside the sandbox."""
+
+    @abc.abstractmethod
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        """Next output; ``b""`` once the terminal has closed."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def resize(self, cols: int, rows: int) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class Sandbox(abc.ABC):
+    """One sandbox, owned or borrowed."""
+
+    provider: str
+    sandbox_id: str
+    owned: bool
+
+    @abc.abstractmethod
+    async def status(self) -> SandboxStatus: ...
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        execution_id: str | None = None,
+    ) -> ExecResult:
+        """Run ``argv``; stream output to ``on_output`` as it comes; never wait past ``timeout``."""
+
+    @abc.abstractmethod
+    async def pty(
+        self, argv: Sequence[str], *, cols: int = 80, rows: int = 24, cwd: str | None = None
+    ) -> PtyHandle: ...
+
+    @abc.abstractmethod
+    async def upload_tar(self, dest_dir: str, archive: bytes) -> None:
+        """Extract a tar archive into ``dest_dir`` (created if missing); unsafe members are refused."""
+
+    @abc.abstractmethod
+    async def download_tar(self, path: str) -> bytes:
+        """A tar archive of ``path`` (file or directory), member names relative to its parent."""
+
+    @abc.abstractmethod
+    async def inspect(self) -> list[Evidence]:
+        """Structured, current evidence about this sandbox (state, OOM reports), each with its source."""
+
+    @abc.abstractmethod
+    async def release(self) -> None:
+        """Owned: destroy. Borrowed: disconnect only. Idempotent."""
+
+    # Convenience built on the primitives above.
+    async def upload_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        from core.sandbox.tarsafe import single_file_tar
+
+        parent = str(PurePosixPath(path).parent)
+        await self.upload_tar(parent, single_file_tar(PurePosixPath(path).name, data, mode))
+
+    async def download_file(self, path: str) -> bytes:
+        from core.sandbox.tarsafe import read_single_file
+
+        return read_single_file(await self.download_tar(path), PurePosixPath(path).name)
+
+
+class SandboxProvider(abc.ABC):
+    """Creates or connects sandboxes of one kind and sweeps leftovers."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    @abc.abstractmethod
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        """Attach to an existing sandbox, borrowed: ``release()`` will never destroy it."""
+
+    @abc.abstractmethod
+    async def sweep(self, *, dry_run: bool = False, owner: str | None = None) -> list[str]:
+        """Remove (or just list) leftover owned sandboxes found by label; returns their ids."""

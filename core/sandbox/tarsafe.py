@@ -1,0 +1,102 @@
+"""Tar handling that refuses members which could escape their target directory."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path, PurePosixPath
+
+from core.sandbox.base import UnsafeArchiveError
+
+
+def _check_name(name: str) -> PurePosixPath:
+    p = PurePosixPath(name)
+    if p.is_absolute():
+        raise UnsafeArchiveError(f"archive member {name!r} has an absolute path; only relative paths are allowed")
+    if ".." in p.parts:
+        raise UnsafeArchiveError(f"archive member {name!r} contains '..'; it could write outside the target")
+    return p
+
+
+def check_archive(archive: bytes) -> list[tarfile.TarInfo]:
+    """Validate every member; raise UnsafeArchiveError naming the first bad one. Returns the members."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tf:
+            members = tf.getmembers()
+    except tarfile.TarError as exc:
+        raise UnsafeArchiveError(f"not a readable tar archive: {exc}") from exc
+    for m in members:
+        p = _check_name(m.name)
+        if m.isdev() or m.isfifo():
+            raise UnsafeArchiveError(f"archive member {m.name!r} is a device or fifo; refused")
+        if m.issym():
+            target = PurePosixPath(m.linkname)
+            resolved = target if target.is_absolute() else (p.parent / target)
+            if target.is_absolute() or _escapes(resolved):
+                raise UnsafeArchiveError(
+                    f"archive member {m.name!r} is a symlink to {m.linkname!r}, outside the target; refused"
+                )
+        if m.islnk():
+            _check_name(m.linkname)
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            raise UnsafeArchiveError(f"archive member {m.name!r} has an unsupported type; refused")
+    return members
+
+
+def _escapes(path: PurePosixPath) -> bool:
+    depth = 0
+    for part in path.parts:
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif part not in ("", "."):
+            depth += 1
+    return False
+
+
+def safe_extract(archive: bytes, dest: Path) -> None:
+    """Extract into ``dest`` on this host after validation; also refuses writing through existing links."""
+    check_archive(archive)
+    dest = dest.resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tf:
+        for m in tf.getmembers():
+            target = (dest / m.name).resolve() if not m.issym() else (dest / m.name).parent.resolve()
+            if target != dest and dest not in target.parents:
+                raise UnsafeArchiveError(f"archive member {m.name!r} resolves outside {dest}; refused")
+        tf.extractall(dest, filter="tar")
+
+
+def single_file_tar(name: str, data: bytes, mode: int = 0o644) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = mode
+        tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def directory_tar(src: Path, arcname: str = ".") -> bytes:
+    """Tar a host directory (links kept as links; they are validated again on upload)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for root, dirs, files in os.walk(src):
+            dirs.sort()
+            for name in sorted(dirs) + sorted(files):
+                full = Path(root) / name
+                rel = full.relative_to(src)
+                tf.add(full, arcname=str(PurePosixPath(arcname) / rel), recursive=False)
+    return buf.getvalue()
+
+
+def read_single_file(archive: bytes, name: str) -> bytes:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tf:
+        for m in tf.getmembers():
+            if m.isfile() and PurePosixPath(m.name).name == name:
+                f = tf.extractfile(m)
+                assert f is not None
+                return f.read()
+    raise FileNotFoundError(f"{name!r} is not a regular file in the downloaded archive")
