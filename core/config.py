@@ -1,0 +1,213 @@
+"""Run configuration: budgets, model settings, sandbox selection, runtime pin, failure policy.
+
+Every model forbids unknown fields, so a typo in a config file is an error naming the field, not a
+silently ignored setting. ``load_config`` reads YAML or TOML and formats validation errors for humans.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from core.failures import ClassificationConfig, OutcomePolicyOverrides
+from core.sandbox.base import NetworkPolicy
+
+DEFAULT_OPENCODE_VERSION = "1.18.32"
+DEFAULT_IMAGE = "opencode-tui/base:bookworm"
+
+
+class ConfigError(ValueError):
+    """A configuration or request problem, phrased for the user (what is wrong, what to do)."""
+
+
+def _finite_positive(name: str, value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds greater than 0 (got {value!r})")
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Budgets(_Model):
+    """Time budgets in seconds; all finite and > 0. ``close_s`` is split across the cleanup phases."""
+
+    run_s: float = 10800.0
+    install_s: float = 600.0
+    close_s: float = 60.0
+
+    @field_validator("run_s", "install_s", "close_s")
+    @classmethod
+    def _check(cls, value: float, info: Any) -> float:
+        return _finite_positive(info.field_name, value)
+
+
+class ModelSettings(_Model):
+    """The model OpenCode talks to (through the recording proxy).
+
+    ``context_window`` and ``output_cap`` are independent: lowering the output cap never shrinks
+    the context window OpenCode assumes.
+    """
+
+    name: str = "scripted"
+    url: str | None = None  # None: the embedded scripted model replays the task's trajectory
+    api_key_env: str | None = None
+    context_window: int = Field(default=262144, gt=0)
+    output_cap: int = Field(default=32768, gt=0)
+    thinking: bool = True
+    request_timeout_s: float = 600.0
+
+    @field_validator("request_timeout_s")
+    @classmethod
+    def _timeout(cls, value: float) -> float:
+        return _finite_positive("request_timeout_s", value)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"model url {value!r} must start with http:// or https://")
+        return value.rstrip("/") if value else value
+
+
+class ProviderName(StrEnum):
+    LOCAL = "local"
+    DOCKER = "docker"
+    OPENSANDBOX = "opensandbox"
+
+
+class OpenSandboxSettings(_Model):
+    url: str = "http://127.0.0.1:8080"
+    api_key_env: str | None = "OPEN_SANDBOX_API_KEY"
+    request_timeout_s: float = 30.0
+    max_connections: int = Field(default=20, gt=0)
+
+
+class SandboxConfig(_Model):
+    """Which provider, owned or borrowed, and the network policy of owned sandboxes."""
+
+    provider: ProviderName = ProviderName.LOCAL
+    mode: Literal["owned", "borrowed"] = "owned"
+    sandbox_id: str | None = None  # required when borrowed
+    network: NetworkPolicy = NetworkPolicy.MODEL_ONLY
+    image: str | None = None  # overrides the task's image
+    keep_sandbox: bool = False
+    opensandbox: OpenSandboxSettings = Field(default_factory=OpenSandboxSettings)
+
+    @model_validator(mode="after")
+    def _borrowed_needs_id(self) -> SandboxConfig:
+        if self.mode == "borrowed" and not self.sandbox_id:
+            raise ValueError("sandbox.mode 'borrowed' needs sandbox.sandbox_id (the sandbox to attach to)")
+        if self.mode == "owned" and self.sandbox_id:
+            raise ValueError("sandbox.sandbox_id is only meaningful with sandbox.mode 'borrowed'")
+        return self
+
+
+class RuntimeSettings(_Model):
+    opencode_version: str = DEFAULT_OPENCODE_VERSION
+    registry_url: str = "https://registry.npmjs.org"
+    cache_dir: str | None = None
+
+
+class AgentConfig(_Model):
+    """Everything that configures a run; the defaults are the embedded defaults (local, scripted)."""
+
+    budgets: Budgets = Field(default_factory=Budgets)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    policy: OutcomePolicyOverrides = Field(default_factory=OutcomePolicyOverrides)
+    classification: ClassificationConfig | None = None
+    runs_dir: str = "runs"
+    theme: str = "opencode-dark"
+
+
+def format_validation_error(exc: ValidationError, where: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (not supported here; check the spelling or remove it)"
+        lines.append(f"{where}: {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
+    """Read a YAML or TOML config file (or none) and apply ``overrides`` (nested dicts) on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = p.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
+        try:
+            loaded = tomllib.loads(raw) if p.suffix == ".toml" else yaml.safe_load(raw)
+        except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}")
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+        data = loaded
+    data = _deep_merge(data, overrides or {})
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(path or "config"))) from exc
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# Fields a caller may NOT set on a sandbox session, with the reason shown to the user.
+_REFUSED_SESSION_FIELDS = {
+    "env": "custom sandbox environment variables are not supported for sandbox sessions; bake them into "
+    "the task image or the task files",
+    "command": "a custom command is not supported for sandbox sessions; the engine always runs the pinned "
+    "OpenCode under its supervisor",
+    "extra_args": "extra OpenCode CLI arguments are not supported for sandbox sessions; use the config "
+    "file's model/budget settings",
+    "cli_args": "extra OpenCode CLI arguments are not supported for sandbox sessions; use the config "
+    "file's model/budget settings",
+}
+
+
+class SessionRequest(_Model):
+    """What a caller may ask of one sandbox session: an explicit allow-list of fields."""
+
+    task_id: str = Field(min_length=1)
+    prompt: str = Field(min_length=1)
+    workdir: str
+    run_timeout_s: float | None = None
+    instructions: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, why in _REFUSED_SESSION_FIELDS.items():
+                if name in data:
+                    raise ValueError(f"field '{name}' is refused: {why}")
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                allowed = ", ".join(cls.model_fields)
+                raise ValueError(f"unsupported field(s) {', '.join(repr(u) for u in unknown)}; allowed: {allowed}")
+        return data
+
+    @field_validator("run_timeout_s")
+    @classmethod
+    def _timeout(cls, value: float | None) -> float | None:
+        return None if value is None else _finite_positive("run_timeout_s", value)

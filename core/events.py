@@ -1,0 +1,296 @@
+"""The typed event stream: every observable fact of an episode, in order.
+
+One discriminated union (``Event``), each member with a monotonically increasing ``seq`` and a
+timestamp. The same events feed the live TUI, the run directory (``events.jsonl``) and batch output;
+a replayed run directory feeds them to the same widgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from core.failures import Action, Decision, Evidence, FailureClass, FailureEvent
+from core.failures.evidence import utcnow
+
+
+class Phase(StrEnum):
+    ADMISSION = "admission"
+    SEED = "seed"
+    INSTALL = "install"
+    AGENT = "agent"
+    CLOSING = "closing"
+    TRANSCRIPT = "transcript"
+    VERIFICATION = "verification"
+    RELEASE = "release"
+    DONE = "done"
+
+
+class StepState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: int = 0
+    ts: datetime = Field(default_factory=utcnow)
+    attempt: int = 1
+
+
+class EpisodeStarted(_Event):
+    type: Literal["episode_started"] = "episode_started"
+    run_id: str
+    task_id: str
+    provider: str
+    opencode_version: str
+    run_budget_s: float
+    close_budget_s: float
+    model: str
+    model_url: str | None = None  # None: the embedded scripted model
+
+
+class PhaseChanged(_Event):
+    type: Literal["phase"] = "phase"
+    phase: Phase
+    state: StepState = StepState.RUNNING
+    detail: str | None = None
+
+
+class SandboxReady(_Event):
+    type: Literal["sandbox"] = "sandbox"
+    sandbox_id: str
+    provider: str
+    owned: bool
+    network: str
+    memory_limit_enforced: bool | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class InstallProgress(_Event):
+    type: Literal["install_progress"] = "install_progress"
+    package: str
+    bytes_done: int
+    bytes_total: int | None = None
+    cached: bool = False
+
+
+class Warning_(_Event):
+    type: Literal["warning"] = "warning"
+    code: str
+    message: str
+
+
+class TerminalOutput(_Event):
+    """Bytes the harness (or an exec) printed, decoded as UTF-8; ``stream`` says which pipe."""
+
+    type: Literal["terminal"] = "terminal"
+    stream: Literal["stdout", "stderr", "pty", "display"]
+    data: str
+
+
+class OpenCodeEvent(_Event):
+    """One JSON event from ``opencode run --format json`` or the server's event stream, as received."""
+
+    type: Literal["opencode"] = "opencode"
+    event_type: str
+    payload: dict[str, Any]
+
+
+class ModelCall(_Event):
+    """One model call seen by the recording proxy (bodies live in model_calls.jsonl)."""
+
+    type: Literal["model_call"] = "model_call"
+    call_id: str
+    method: str
+    path: str
+    status: int | None
+    started_at: datetime
+    latency_s: float | None
+    ttft_s: float | None = None
+    kind: Literal["title", "agent", "compaction", "other"] = "other"
+    session_id: str | None = None
+    message_id: str | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    tokens_cache_read: int | None = None
+    tokens_reasoning: int | None = None
+    error: str | None = None
+
+
+class ToolCall(_Event):
+    type: Literal["tool_call"] = "tool_call"
+    call_id: str
+    tool: str
+    status: Literal["running", "completed", "error"]
+    title: str | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    output: str | None = None
+    message_id: str | None = None
+
+
+class Compaction(_Event):
+    type: Literal["compaction"] = "compaction"
+    count: int
+    trigger: Literal["auto", "overflow", "manual", "unknown"] = "unknown"
+
+
+class CleanupStep(StrEnum):
+    RECEIPT = "receipt"
+    DESCENDANTS = "descendants"
+    TRANSCRIPT_SNAPSHOT = "transcript_snapshot"
+    SANDBOX_RELEASED = "sandbox_released"
+
+
+class CleanupObserved(_Event):
+    type: Literal["cleanup"] = "cleanup"
+    step: CleanupStep
+    state: StepState
+    reason: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class FailureRecorded(_Event):
+    type: Literal["failure"] = "failure"
+    failure: FailureEvent
+    decision: Decision
+
+
+class VerificationFinished(_Event):
+    type: Literal["verification"] = "verification"
+    exit_code: int | None
+    reward: float | None
+    passed: bool | None
+    duration_s: float
+    output_excerpt: str = ""
+
+
+class TranscriptStats(_Event):
+    """Counts from the transcript snapshot taken after confirmed cleanup (the source of truth)."""
+
+    type: Literal["transcript"] = "transcript"
+    messages: int
+    tool_calls: dict[str, int]
+    compactions: int
+    compaction_triggers: list[str] = Field(default_factory=list)
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    tokens_cache_read: int | None = None
+    tokens_reasoning: int | None = None
+
+
+class OutcomeDecided(_Event):
+    type: Literal["outcome"] = "outcome"
+    action: Action | Literal["scored"]
+    reward: float | None
+    failure_kind: str | None = None
+    failure_class: FailureClass | None = None
+    summary: str
+    evidence: list[Evidence] = Field(default_factory=list)
+
+
+Event = Annotated[
+    EpisodeStarted
+    | PhaseChanged
+    | SandboxReady
+    | InstallProgress
+    | Warning_
+    | TerminalOutput
+    | OpenCodeEvent
+    | ModelCall
+    | ToolCall
+    | Compaction
+    | CleanupObserved
+    | FailureRecorded
+    | VerificationFinished
+    | TranscriptStats
+    | OutcomeDecided,
+    Field(discriminator="type"),
+]
+
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def encode(event: Event) -> str:
+    """One JSON line (no trailing newline)."""
+    return event.model_dump_json()
+
+
+def decode(line: str | bytes) -> Event:
+    return _ADAPTER.validate_json(line)
+
+
+def read_jsonl(lines: Iterable[str | bytes]) -> Iterator[Event]:
+    for line in lines:
+        if line.strip():
+            yield decode(line)
+
+
+Subscriber = Callable[[Event], None]
+
+
+class EventBus:
+    """Stamps events with ``seq`` and fans them out to subscribers, in order, on every thread.
+
+    Subscribers must be quick (append to a file, put on a queue); a failing subscriber is removed so
+    one broken consumer cannot stop the episode.
+    """
+
+    def __init__(self, attempt: int = 1) -> None:
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._subscribers: list[Subscriber] = []
+        self.attempt = attempt
+        self.errors: list[str] = []
+
+    def subscribe(self, fn: Subscriber) -> None:
+        self._subscribers.append(fn)
+
+    def queue(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Queue[Event]:
+        """A queue that receives every event from now on (thread-safe delivery onto ``loop``)."""
+        loop = loop or asyncio.get_running_loop()
+        q: asyncio.Queue[Event] = asyncio.Queue()
+
+        def put(ev: Event) -> None:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                q.put_nowait(ev)
+            else:
+                loop.call_soon_threadsafe(q.put_nowait, ev)
+
+        self.subscribe(put)
+        return q
+
+    def emit(self, event: Event) -> Event:
+        with self._lock:
+            self._seq += 1
+            stamped = event.model_copy(update={"seq": self._seq, "attempt": self.attempt})
+            for fn in list(self._subscribers):
+                try:
+                    fn(stamped)
+                except Exception as exc:  # a broken consumer must not break the episode
+                    self.errors.append(f"{fn!r}: {exc!r}")
+                    self._subscribers.remove(fn)
+        return stamped
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+
+def to_json_dict(event: Event) -> dict[str, Any]:
+    return json.loads(encode(event))

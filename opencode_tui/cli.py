@@ -1,0 +1,75 @@
+"""The ``opencode-tui`` command line.
+
+Exit codes (stable, documented in README.md):
+  0  every episode was scored (reward recorded, including count_as_zero)
+  1  some episode failed on the model side (class model) and none on the infrastructure side
+  2  usage or configuration error (bad task file, unknown field, missing image, ...)
+  3  infrastructure failure (evaluation-side: sandbox, install, model endpoint, verifier)
+  4  cleanup unconfirmed (a sandbox may still hold processes; see `opencode-tui sweep`)
+  130 interrupted (Ctrl-C) after cleanup
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from core import __version__
+
+EXIT_OK = 0
+EXIT_MODEL_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INFRA = 3
+EXIT_CLEANUP_UNCONFIRMED = 4
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="opencode-tui",
+        description="Run the OpenCode coding agent in a sandbox, watch it live, and trust why it failed.",
+    )
+    p.add_argument("--version", action="version", version=f"opencode-tui {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run task episodes (TUI for one task, or --batch for JSON lines)")
+    run.add_argument("tasks", nargs="+", metavar="TASK", help="task directory or task.yaml")
+    run.add_argument("--batch", action="store_true", help="headless: JSON lines on stdout")
+    run.add_argument("--jobs", type=int, default=1, help="episodes at once in --batch (default 1)")
+    run.add_argument("--provider", choices=["local", "docker", "opensandbox"], help="sandbox provider")
+    run.add_argument("--model-url", help="OpenAI-compatible base URL (default: the task's scripted model)")
+    run.add_argument("--model", help="model name at --model-url")
+    run.add_argument("--api-key-env", help="environment variable holding the model API key")
+    run.add_argument("--attempts", type=int, help="maximum attempts per episode (retry policy bound)")
+    run.add_argument("--keep-sandbox", action="store_true", help="do not destroy the sandbox afterwards")
+    run.add_argument("--runs-dir", help="where run directories go (default ./runs)")
+    run.add_argument("--config", help="config file (YAML or TOML)")
+
+    op = sub.add_parser("open", help="open a run directory in the TUI (replay)")
+    op.add_argument("run_dir")
+    rs = sub.add_parser("runs", help="list run directories with their outcome")
+    rs.add_argument("--runs-dir", default="runs")
+    rs.add_argument("--json", action="store_true")
+    sw = sub.add_parser("sweep", help="remove leftover owned sandboxes (found by label)")
+    sw.add_argument("--dry-run", action="store_true")
+    sw.add_argument("--provider", choices=["local", "docker", "all"], default="all")
+    dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
+    dr.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    from opencode_tui import commands
+
+    handler = getattr(commands, f"cmd_{args.command}")
+    return int(handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
