@@ -28,6 +28,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -174,6 +175,14 @@ def _sri_digest(integrity: str) -> tuple[str, str]:
     return best
 
 
+def _version_key(version: str) -> tuple[int, int, int, int, str]:
+    """Sort key for semver strings: releases after their pre-releases, unparsable ones first."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)(-.+)?$", version)
+    if not m:
+        return (-1, 0, 0, 0, version)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), 0 if m.group(4) else 1, m.group(4) or "")
+
+
 class _Metadata(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -250,7 +259,8 @@ class Installer:
         return self.entry_dir(target) / BINARY_NAME
 
     def _partial_path(self, target: Target) -> Path:
-        return self.config.cache_dir / ".downloads" / f"{target.package_name}-{self.config.version}.tgz.partial"
+        name = f"{target.package_name}-{self.config.version}.tgz.partial"
+        return self.config.cache_dir / ".downloads" / name
 
     def _lock_path(self, target: Target) -> Path:
         return self.config.cache_dir / ".locks" / f"{target.package_name}-{self.config.version}.lock"
@@ -338,14 +348,7 @@ class Installer:
             try:
                 return await asyncio.wait_for(waiter, remaining)
             except TimeoutError:
-                raise InstallError(
-                    "install_timeout",
-                    f"Installing OpenCode {self.config.version} ({target.package_name}) did not finish within "
-                    f"{self.config.timeout_s:g} s. Retry (a partial download is resumed), raise the "
-                    "installer timeout, or use a closer registry mirror (registry_url).",
-                    package=target.package_name,
-                    version=self.config.version,
-                ) from None
+                raise self._timeout_error(target, None, "still running") from None
         finally:
             flight.unsubscribe(sub_id)
 
@@ -359,9 +362,10 @@ class Installer:
                 return flight
             flight = _Flight(key, target, time.monotonic() + self.config.timeout_s)
             self._flights[key] = flight
-        thread = threading.Thread(
-            target=self._run_flight, args=(flight,), name=f"opencode-install-{target.package_name}", daemon=True
-        )
+        # A daemon thread of its own (not a loop's executor): it outlives cancelled waiters and closed loops,
+        # and never holds up interpreter exit (the cache entry is only ever renamed into place, whole).
+        name = f"opencode-install-{target.package_name}"
+        thread = threading.Thread(target=self._run_flight, args=(flight,), name=name, daemon=True)
         thread.start()
         return flight
 
@@ -411,10 +415,12 @@ class Installer:
                 result = self._commit(tarball, meta, target)
             # Only after the entry is in place: a crash before this keeps the .partial for a resume.
             tarball.unlink(missing_ok=True)
+            tarball.with_name(tarball.name + ".json").unlink(missing_ok=True)
             return result
 
     def _mkdirs(self) -> None:
-        for d in (self.config.cache_dir, self.config.cache_dir / ".downloads", self.config.cache_dir / ".locks"):
+        root = self.config.cache_dir
+        for d in (root, root / ".downloads", root / ".locks"):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     @contextlib.contextmanager
@@ -473,8 +479,8 @@ class Installer:
         else:
             err = self._failed(
                 target,
-                f"Could not {doing} from {url}: {type(exc).__name__}: {exc or 'no detail'}. Check the network "
-                "or proxy settings, or set registry_url to a reachable mirror, then retry.",
+                f"Could not {doing} from {url}: {type(exc).__name__}: {str(exc) or 'no detail'}. Check the "
+                "network or proxy settings, or set registry_url to a reachable mirror, then retry.",
                 url=url,
             )
         err.__cause__ = exc
@@ -495,9 +501,10 @@ class Installer:
             hint = self._available_versions_hint(client, target, deadline)
             raise self._failed(
                 target,
-                f"The registry {self.config.registry_url} has no {package}@{version} (HTTP 404 for {url}).{hint}"
-                " Use a sandbox platform this OpenCode version is published for, pin a version the registry "
-                "has for this platform, or point registry_url at a mirror that serves it.",
+                f"The registry {self.config.registry_url} has no {package}@{version} "
+                f"(HTTP 404 for {url}).{hint} Use a sandbox platform this OpenCode version is published "
+                "for, pin a version the registry has for this platform, or point registry_url at a mirror "
+                "that serves it.",
                 url=url,
                 status=404,
             )
@@ -554,7 +561,8 @@ class Installer:
             return ""
         if not versions:
             return ""
-        return f" Versions it has for {target.package_name}: {', '.join(versions[-5:])}."
+        newest = sorted(versions, key=_version_key)[-5:]
+        return f" Versions it has for {target.package_name} (newest): {', '.join(newest)}."
 
     # -- download ----------------------------------------------------------------------------------
 
@@ -625,15 +633,18 @@ class Installer:
         headers = {"range": f"bytes={start}-"} if start else {}
         timeout = self._timeouts(deadline, target, url, "downloading the package tarball")
         done = start
+        written = [0]  # bytes this attempt wrote, also when a 200 restarted the file
         try:
             with client.stream("GET", url, headers=headers, timeout=timeout) as resp:
                 total: int | None
                 if start and resp.status_code == 206:
                     m = _CONTENT_RANGE_RE.fullmatch(resp.headers.get("content-range", "").strip())
-                    if not m or int(m.group(1)) != start or (
-                        m.group(3) != "*" and int(m.group(2)) != int(m.group(3)) - 1
+                    if (
+                        not m
+                        or int(m.group(1)) != start
+                        or (m.group(3) != "*" and int(m.group(2)) != int(m.group(3)) - 1)
                     ):
-                        log.info("resume refused (Content-Range %r); restarting", resp.headers.get("content-range"))
+                        log.info("resume refused (Content-Range %r); restarting", m and m.group(0))
                         partial.unlink(missing_ok=True)
                         return False, False
                     total = None if m.group(3) == "*" else int(m.group(3))
@@ -659,14 +670,22 @@ class Installer:
                         status=resp.status_code,
                     )
                 if total is not None and total > _MAX_TARBALL_BYTES:
-                    raise self._failed(target, f"The tarball at {url} claims {total} bytes; refusing.", url=url)
-                return self._stream_body(resp, flight, partial, mode, done, total), resumed
+                    raise self._failed(
+                        target, f"The tarball at {url} claims {total} bytes; refused.", url=url
+                    )
+                return self._stream_body(resp, flight, partial, mode, done, total, written), resumed
         except httpx.HTTPError as exc:
-            now = partial.stat().st_size if partial.exists() else 0
-            raise _StreamBroken(exc, progressed=now > start) from exc
+            raise _StreamBroken(exc, progressed=written[0] > 0) from exc
 
     def _stream_body(
-        self, resp: httpx.Response, flight: _Flight, partial: Path, mode: str, done: int, total: int | None
+        self,
+        resp: httpx.Response,
+        flight: _Flight,
+        partial: Path,
+        mode: str,
+        done: int,
+        total: int | None,
+        written: list[int],
     ) -> bool:
         target, url = flight.target, str(resp.request.url)
         last_report = 0.0
@@ -675,10 +694,12 @@ class Installer:
             for chunk in resp.iter_bytes(_CHUNK):
                 f.write(chunk)
                 done += len(chunk)
+                written[0] += len(chunk)
                 if done > _MAX_TARBALL_BYTES:
                     f.close()
                     partial.unlink(missing_ok=True)
-                    raise self._failed(target, f"The tarball at {url} exceeds {_MAX_TARBALL_BYTES} bytes.", url=url)
+                    too_big = f"The tarball at {url} exceeds {_MAX_TARBALL_BYTES} bytes; refused."
+                    raise self._failed(target, too_big, url=url)
                 now = time.monotonic()
                 if now - last_report >= _PROGRESS_INTERVAL_S:
                     last_report = now
@@ -726,8 +747,8 @@ class Installer:
             os.chmod(tmp, 0o755)
             if entry.exists():
                 # Incomplete or stale (cached() rejected it): move it aside first so the rename is atomic.
-                aside = Path(tempfile.mkdtemp(prefix=f".{target.package_name}.", suffix=".tmp", dir=version_dir))
-                os.rename(entry, aside / "old")
+                aside = tempfile.mkdtemp(prefix=f".{target.package_name}.", suffix=".tmp", dir=version_dir)
+                os.rename(entry, Path(aside) / "old")
             os.rename(tmp, entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -761,7 +782,8 @@ class Installer:
                 found: tarfile.TarInfo | None = None
                 for member in tf:
                     name = PurePosixPath(member.name)
-                    if name.is_absolute() or ".." in name.parts or not name.parts or name.parts[0] != "package":
+                    outside = name.is_absolute() or ".." in name.parts or not name.parts
+                    if outside or name.parts[0] != "package":
                         raise bad(f"member {member.name!r} is outside package/")
                     if not (member.isreg() or member.isdir()):
                         raise bad(f"member {member.name!r} is a link, device or other special file")
@@ -774,14 +796,17 @@ class Installer:
                         sha256, size = self._copy_member(tf, member, dest)
                 if found is None:
                     raise bad(f"it has no {BINARY_MEMBER}")
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            if isinstance(exc, OSError) and not isinstance(exc, tarfile.TarError | EOFError):
-                if exc.errno is not None:  # a local file-system problem, not a bad archive
-                    raise self._failed(
-                        target, f"Writing the OpenCode binary to {dest} failed: {exc}. Check free space and "
-                        f"permissions of {self.config.cache_dir}.", url=url
-                    ) from exc
+        except (tarfile.TarError, EOFError, zlib.error) as exc:
             raise bad(f"it is not a readable gzip tar archive ({exc})") from exc
+        except OSError as exc:
+            if exc.errno is None:  # gzip.BadGzipFile and friends: a bad archive, not a local problem
+                raise bad(f"it is not a readable gzip tar archive ({exc})") from exc
+            raise self._failed(
+                target,
+                f"Writing the OpenCode binary to {dest} failed: {exc}. Check free space and permissions of "
+                f"{self.config.cache_dir}.",
+                url=url,
+            ) from exc
         return sha256, size
 
     @staticmethod

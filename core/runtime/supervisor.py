@@ -317,9 +317,7 @@ def _drain(budget: float) -> tuple[int, str | None]:
         return len(killed), None
     listed = sorted(remaining)
     shown = ", ".join(str(pid) for pid in listed[:20]) or "unlisted"
-    return len(killed), (
-        f"cleanup: descendants still present after {budget:g}s of draining (pids: {shown})"
-    )
+    return len(killed), (f"cleanup: descendants still present after {budget:g}s of draining (pids: {shown})")
 
 
 def _check_budgets(timeout: float, cleanup_timeout: float) -> str | None:
@@ -435,6 +433,7 @@ def _supervise(proc: subprocess.Popen, opts: argparse.Namespace, receipt_path: s
         if not reaped:
             error = f"cleanup: harness pid {pid} did not exit within {cleanup:g}s after SIGKILL"
         elif preserve:
+            _reap_zombies()
             _log("harness exited cleanly; descendants are preserved as requested")
         else:
             killed, error = _drain(cleanup)

@@ -138,8 +138,10 @@ def launch_script(
     """The exec argv that claims the launch and execs the supervisor around ``harness_argv``.
 
     Exit codes: 0 with no output when the session dir is gone or the claim was already taken (a stop
-    fenced us); 127 when ``python`` cannot load the supervisor (nothing claimed, no receipt);
-    otherwise the supervisor's own status (0 = cleanup confirmed without error, 1 = see the receipt).
+    fenced us); 127 when ``python`` cannot load the supervisor and 2 when ``stdin_file`` is unreadable
+    (both before the claim: nothing claimed, no receipt, a later stop fences the launch); otherwise the
+    supervisor's own status (0 = cleanup confirmed without error, 1 = see the receipt). A non-zero
+    harness exit is reported in the receipt, not in this status.
 
     The harness's stdout is the exec's stdout, streamed as it is produced. The supervisor's stderr,
     and so the harness's stderr, is appended to ``output.log``: a plain redirect keeps every process in
@@ -275,7 +277,9 @@ while :; do
     unconfirmed "the supervisor (pid $pid) exited without a confirmed cleanup receipt"
   fi
   [ "$i" -ge {polls} ] && break
-  if sleep {_STOP_POLL_SECONDS} 2>/dev/null; then i=$((i + 1)); else sleep 1; i=$((i + {steps_per_second})); fi
+  # Fractional sleep is not POSIX; where it fails, count a one-second sleep as that many polls.
+  if sleep {_STOP_POLL_SECONDS} 2>/dev/null; then i=$((i + 1))
+  else sleep 1; i=$((i + {steps_per_second})); fi
 done
 unconfirmed 'no confirmed cleanup receipt within {float(timeout):g}s; launch outcome is unknown'
 """
@@ -337,7 +341,9 @@ def parse_receipt(text: str | bytes) -> CleanupReceipt:
     if data.get("cleanup_confirmed") is not True:
         detail = data.get("error")
         suffix = f": {detail}" if isinstance(detail, str) and detail else ""
-        raise ReceiptError(f"cleanup not confirmed (cleanup_confirmed={data.get('cleanup_confirmed')!r}){suffix}")
+        raise ReceiptError(
+            f"cleanup not confirmed (cleanup_confirmed={data.get('cleanup_confirmed')!r}){suffix}"
+        )
 
     problems: list[str] = []
 
@@ -369,7 +375,9 @@ def parse_receipt(text: str | bytes) -> CleanupReceipt:
         signal=field("signal", lambda v: is_int(v) and v > 0, None),
     )
     if problems:
-        log.warning("cleanup receipt confirms cleanup but has malformed fields (coerced): %s", "; ".join(problems))
+        log.warning(
+            "cleanup receipt confirms cleanup but has malformed fields (coerced): %s", "; ".join(problems)
+        )
     return receipt
 
 
@@ -403,5 +411,10 @@ def _session_dir(session_dir: str) -> str:
 
 
 def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

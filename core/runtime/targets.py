@@ -128,7 +128,7 @@ class SandboxFacts(BaseModel):
 
 def probe_script() -> str:
     """A POSIX ``sh`` script that prints the sandbox's facts as ``key=value`` lines (never fails)."""
-    # `emit` strips newlines/CRs so one fact is always exactly one line. No `set -e`: a missing tool is a fact.
+    # `emit` strips newlines so one fact is always one line. No `set -e`: a missing tool is a fact.
     return r"""emit() { printf '%s=%s\n' "$1" "$(printf '%s' "$2" | tr -d '\r\n')"; }
 first() { for f in "$@"; do if [ -e "$f" ]; then printf '%s' "$f"; return 0; fi; done; return 0; }
 echo 'opencode_tui_probe=1'
@@ -137,7 +137,9 @@ emit machine "$(uname -m 2>/dev/null)"
 emit musl_loader "$(first /lib/ld-musl-*.so.1 /usr/lib/ld-musl-*.so.1)"
 emit glibc_loader "$(first /lib64/ld-linux-*.so.2 /lib/ld-linux-*.so.* /lib/*-linux-gnu/ld-linux-*.so.* \
   /usr/lib/*-linux-gnu/ld-linux-*.so.*)"
-if command -v ldd >/dev/null 2>&1; then emit ldd_version "$(ldd --version 2>&1 | head -n 1)"; else emit ldd_version ""; fi
+# Alpine's ldd prints "musl libc ..." to stderr and exits 1; glibc's says "ldd (... GLIBC ...)".
+if command -v ldd >/dev/null 2>&1; then emit ldd_version "$(ldd --version 2>&1 | head -n 1)"
+else emit ldd_version ""; fi
 emit gnu_libc_version "$(getconf GNU_LIBC_VERSION 2>/dev/null)"
 if [ -r /proc/cpuinfo ]; then
   if grep -E '^flags[[:space:]]*:' /proc/cpuinfo 2>/dev/null | head -n 1 | grep -qw avx2; then emit avx2 yes
@@ -185,7 +187,7 @@ def parse_probe(text: str) -> SandboxFacts:
     try:
         end = lines.index(PROBE_END, start + 1)
     except ValueError:
-        raise ProbeError("probe output is truncated (no end marker); the probe script did not finish") from None
+        raise ProbeError("probe output is truncated (no end marker): the probe did not finish") from None
     raw: dict[str, str] = {}
     for line in lines[start + 1 : end]:
         key, sep, value = line.partition("=")

@@ -1,0 +1,104 @@
+"""Run directory: permissions, redaction on disk, diagnostics cap, reader round-trip."""
+
+import json
+import stat
+
+import pytest
+
+from core.artifacts import DIAGNOSTICS_CAP, RunDir, RunDirReader, RunInfo, cap_diagnostics, list_runs
+from core.events import TerminalOutput
+from core.redaction import REDACTED, redact, redact_text
+
+KEY = "sk-proj-abcdefghijklmnopqrstuvwx"
+
+
+def test_run_dir_is_private_and_redacts_everything(tmp_path):
+    rd = RunDir.create(tmp_path / "runs", "r1", secrets=("hunter2-literal",))
+    assert stat.S_IMODE(rd.path.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "runs").stat().st_mode) == 0o700
+    rd.append_event(TerminalOutput(stream="stdout", data=f"export OPENAI_API_KEY={KEY}\n"))
+    rd.append_event(TerminalOutput(stream="stdout", data="password is hunter2-literal\n"))
+    rd.write_json("cleanup.json", {"headers": {"Authorization": "Bearer abcdefghijklmnop"}, "ok": True})
+    rd.write_text("stderr.log", f"curl -H 'Authorization: Bearer {KEY}'\n")
+    rd.cast().output(f"echo {KEY}\r\n")
+    rd.write_run_info(RunInfo(run_id="r1", task_id="t", provider="local"))
+    rd.close()
+    assert stat.S_IMODE((rd.path / "cleanup.json").parent.stat().st_mode) == 0o700
+    for p in rd.path.rglob("*"):
+        if p.is_file():
+            text = p.read_text()
+            assert KEY not in text, p
+            assert "hunter2-literal" not in text, p
+            assert "abcdefghijklmnop" not in text, p
+    assert json.loads((rd.path / "cleanup.json").read_text())["headers"]["Authorization"] == REDACTED
+    reader = RunDirReader(rd.path)
+    events = list(reader.events())
+    assert len(events) == 2 and REDACTED in events[0].data
+    assert reader.info().task_id == "t"
+    cast = (rd.path / "terminal.cast").read_text().splitlines()
+    assert json.loads(cast[0])["version"] == 2
+    assert json.loads(cast[1])[1] == "o"
+    assert [p for p, _ in list_runs(tmp_path / "runs")] == [rd.path]
+
+
+def test_reader_refuses_non_run_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        RunDirReader(tmp_path)
+
+
+def test_redaction_nested_json_and_free_text():
+    data = {
+        "model": {"api_key": "plain-value-1234", "nested": [{"Authorization": "Basic dXNlcjpwYXNz"}]},
+        "messages": [{"content": f"my key is {KEY}, token=abcd1234efgh and Bearer eyJhbGciOi.x.y"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3},
+    }
+    out = redact(data)
+    assert out["model"]["api_key"] == REDACTED
+    assert out["model"]["nested"][0]["Authorization"] == REDACTED
+    content = out["messages"][0]["content"]
+    assert KEY not in content and "abcd1234efgh" not in content and "eyJhbGciOi" not in content
+    assert out["usage"] == {"prompt_tokens": 12, "completion_tokens": 3}  # token counts are not secrets
+    assert redact_text("Authorization: Bearer xyz12345678\nnext") == f"Authorization: {REDACTED}\nnext"
+    assert redact_text("nothing secret here: tokens_in=5") == "nothing secret here: tokens_in=5"
+
+
+def test_diagnostics_fit_untouched_when_small():
+    out = cap_diagnostics([("stdout", "hello\n"), ("log", "world")])
+    assert out == "===== stdout =====\nhello\n===== log =====\nworld\n"
+
+
+def test_diagnostics_cap_exact_with_head_and_tail():
+    big = "HEAD" + "x" * 50_000 + "TAIL"
+    out = cap_diagnostics([("output.log", big), ("cleanup", "small part\n")])
+    assert len(out) == DIAGNOSTICS_CAP
+    assert "small part" in out  # a small part keeps all of it
+    assert "===== output.log =====\nHEAD" in out
+    assert "TAIL\n===== cleanup" in out
+    assert "characters truncated" in out
+
+
+def test_diagnostics_even_split_between_oversized_parts():
+    out = cap_diagnostics([("first", "q" * 40_000), ("second", "z" * 40_000)])
+    assert len(out) == DIAGNOSTICS_CAP
+    nq, nz = out.count("q"), out.count("z")
+    assert abs(nq - nz) <= len("second") - len("first") + 1  # even split; only header lengths differ
+
+
+def test_diagnostics_stderr_not_duplicated():
+    log = "Traceback...\nboom\n" * 10
+    out = cap_diagnostics([("output.log", "start\n" + log + "end\n"), ("stderr", log)])
+    assert "===== stderr" not in out
+    out2 = cap_diagnostics([("output.log", "start\n"), ("stderr", log)])
+    assert "===== stderr" in out2
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_diagnostics_cap_holds_for_many_parts(n):
+    parts = [(f"p{i}", str(i) * (10_000 + i * 977)) for i in range(n)]
+    out = cap_diagnostics(parts)
+    if sum(len(t) for _, t in parts) > DIAGNOSTICS_CAP:
+        assert len(out) == DIAGNOSTICS_CAP
+    else:
+        assert len(out) < DIAGNOSTICS_CAP and "truncated" not in out
+    for i in range(n):
+        assert f"===== p{i} =====" in out
