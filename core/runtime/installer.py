@@ -58,7 +58,6 @@ META_NAME = "meta.json"
 # Far above the real sizes (60 MB tarball, 185 MB binary); a bound for a misbehaving server or archive.
 _MAX_TARBALL_BYTES = 1 << 30
 _MAX_BINARY_BYTES = 2 << 30
-_CHUNK = 256 * 1024
 _PROGRESS_INTERVAL_S = 0.1
 # Per-request ceilings; the whole install is additionally bounded by InstallerConfig.timeout_s.
 _CONNECT_TIMEOUT_S = 30.0
@@ -412,10 +411,17 @@ class Installer:
             ) as client:
                 meta = self._fetch_metadata(client, target, flight.deadline)
                 tarball = self._download(client, meta, flight)
+            sidecar = tarball.with_name(tarball.name + ".json")
+            try:
                 result = self._commit(tarball, meta, target)
+            except InstallError:
+                # A verified but unusable package: keeping it would only make a retry fail the same way.
+                tarball.unlink(missing_ok=True)
+                sidecar.unlink(missing_ok=True)
+                raise
             # Only after the entry is in place: a crash before this keeps the .partial for a resume.
             tarball.unlink(missing_ok=True)
-            tarball.with_name(tarball.name + ".json").unlink(missing_ok=True)
+            sidecar.unlink(missing_ok=True)
             return result
 
     def _mkdirs(self) -> None:
@@ -691,7 +697,8 @@ class Installer:
         last_report = 0.0
         flight.publish(done, total)
         with open(partial, mode) as f:
-            for chunk in resp.iter_bytes(_CHUNK):
+            # No chunk_size: httpx would buffer up to it and lose the buffer when the stream breaks.
+            for chunk in resp.iter_bytes():
                 f.write(chunk)
                 done += len(chunk)
                 written[0] += len(chunk)

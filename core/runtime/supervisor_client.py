@@ -200,7 +200,10 @@ fi
 exec 3< {q(stdin_path)} 4>> {q(paths.output_log)}
 trap '' TERM
 ln -s {CLAIM_LAUNCH} {q(paths.claim)} 2>/dev/null || exit 0
-if ! {{ printf '%s\\n' "$$" > {q(pid_tmp)} && mv -f {q(pid_tmp)} {q(paths.pid)}; }}; then
+# The pid is only meaningful in this pid namespace; some providers (local bubblewrap) run every
+# exec in a fresh one, so the stop script compares namespaces before signalling.
+pidns=$(readlink /proc/self/ns/pid 2>/dev/null || echo unknown)
+if ! {{ printf '%s %s\\n' "$$" "$pidns" > {q(pid_tmp)} && mv -f {q(pid_tmp)} {q(paths.pid)}; }}; then
   echo 'opencode-tui: cannot record the supervisor pid; a stop will rely on the stop file' >&2
 fi
 exec {shlex.join(supervisor_cmd)} <&3 2>&4 3<&- 4>&-
@@ -266,13 +269,20 @@ pid=
 while :; do
   if confirmed; then cat {receipt}; exit 0; fi
   if [ -z "$pid" ] && [ -s {q(paths.pid)} ]; then
-    pid=$(cat {q(paths.pid)} 2>/dev/null)
+    read -r pid pidns < {q(paths.pid)} 2>/dev/null || pid=
     case "$pid" in
       ''|*[!0-9]*) pid= ;;
-      *) kill -TERM "$pid" 2>/dev/null ;;
+      *)
+        if [ "$pidns" != "$(readlink /proc/self/ns/pid 2>/dev/null || echo unknown)" ]; then
+          # Another pid namespace: the number names some other process here. The supervisor
+          # polls the stop file, so waiting for the receipt is enough.
+          pid=foreign
+        else
+          kill -TERM "$pid" 2>/dev/null
+        fi ;;
     esac
   fi
-  if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+  if [ -n "$pid" ] && [ "$pid" != foreign ] && ! kill -0 "$pid" 2>/dev/null; then
     confirmed && {{ cat {receipt}; exit 0; }}
     unconfirmed "the supervisor (pid $pid) exited without a confirmed cleanup receipt"
   fi
