@@ -14,7 +14,8 @@ Format (see docs/task-format.md)::
       command: python3 -m pytest -q
       timeout: 120
       reward_file: null             # optional: a file in the sandbox holding a float reward
-    limits: {memory: 256m, cpus: 1} # optional
+      files: hidden                 # optional: hidden tests, copied in only after cleanup
+    limits: {memory: 256m, cpus: 1, run_s: 600}   # optional
     model: {trajectory: trajectory.yaml}
 """
 
@@ -55,11 +56,15 @@ class VerifySpec(_Model):
     command: str = Field(min_length=1)
     timeout: float = Field(default=120.0, gt=0, allow_inf_nan=False)
     reward_file: str | None = None
+    # Hidden test files, copied into the workdir only after the agent's cleanup is confirmed.
+    files: str | None = None
 
 
 class Limits(_Model):
     memory: str | int | None = None
     cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Caps the configured run budget for this task (the smaller of the two applies).
+    run_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @field_validator("memory")
     @classmethod
@@ -110,6 +115,10 @@ class Task(_Model):
         return None if self.files is None else (self.root / self.files)
 
     @property
+    def verify_files_dir(self) -> Path | None:
+        return None if self.verify.files is None else (self.root / self.verify.files)
+
+    @property
     def trajectory_path(self) -> Path | None:
         return None if self.model.trajectory is None else (self.root / self.model.trajectory)
 
@@ -131,11 +140,14 @@ def load_task(path: str | Path) -> Task:
         task = Task.model_validate({**data, "root": file.parent.resolve()})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(file))) from exc
-    for label, ref in (("files", task.files_dir), ("model.trajectory", task.trajectory_path)):
+    refs = (("files", task.files_dir), ("verify.files", task.verify_files_dir),
+            ("model.trajectory", task.trajectory_path))
+    for label, ref in refs:
         if ref is not None and not ref.exists():
             raise ConfigError(f"{file}: {label}: {ref} does not exist")
-    if task.files_dir is not None and not task.files_dir.is_dir():
-        raise ConfigError(f"{file}: files: {task.files_dir} must be a directory")
+    for label, ref in refs[:2]:
+        if ref is not None and not ref.is_dir():
+            raise ConfigError(f"{file}: {label}: {ref} must be a directory")
     return task
 
 

@@ -373,21 +373,32 @@ class Installer:
         try:
             result = self._install_sync(flight)
         except BaseException as exc:
-            if not isinstance(exc, InstallError):
-                log.exception("unexpected error while installing %s", flight.target.package_name)
-                exc = InstallError(
-                    "install_failed",
-                    f"Installing OpenCode {self.config.version} ({flight.target.package_name}) failed "
-                    f"unexpectedly: {type(exc).__name__}: {exc}. Retry; if it persists, clear "
-                    f"{self.config.cache_dir} and report the problem.",
-                    package=flight.target.package_name,
-                    version=self.config.version,
-                )
+            error = exc if isinstance(exc, InstallError) else self._unexpected(flight.target, exc)
             self._forget(flight)
-            flight.future.set_exception(exc)
+            flight.future.set_exception(error)
         else:
             self._forget(flight)
             flight.future.set_result(result)
+
+    def _unexpected(self, target: Target, exc: BaseException) -> InstallError:
+        where = f"OpenCode {self.config.version} ({target.package_name})"
+        if isinstance(exc, OSError):
+            message = (
+                f"Installing {where} failed on the local file system: {exc}. Make sure the cache directory "
+                f"{self.config.cache_dir} is writable and has about 300 MB free (or configure another "
+                "cache_dir), then retry."
+            )
+        else:
+            log.error("unexpected error while installing %s", where, exc_info=exc)
+            message = (
+                f"Installing {where} failed unexpectedly: {type(exc).__name__}: {exc}. Retry; if it "
+                f"persists, clear {self.config.cache_dir} and report the problem."
+            )
+        error = InstallError(
+            "install_failed", message, package=target.package_name, version=self.config.version
+        )
+        error.__cause__ = exc
+        return error
 
     def _forget(self, flight: _Flight) -> None:
         # Removed before the future settles so a caller woken by a failure starts a fresh install.

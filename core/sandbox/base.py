@@ -150,6 +150,10 @@ class UnsafeArchiveError(SandboxError, ValueError):
     """A tar archive holds a member that could write outside its target."""
 
 
+class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
+    """A path asked for (e.g. by ``download_tar``) does not exist inside the sandbox."""
+
+
 class PtyHandle(abc.ABC):
     """An interactive terminal inside the sandbox."""
 

@@ -41,7 +41,30 @@ def check_archive(archive: bytes) -> list[tarfile.TarInfo]:
             _check_name(m.linkname)
         if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
             raise UnsafeArchiveError(f"archive member {m.name!r} has an unsupported type; refused")
+    _check_no_path_through_symlink(members)
     return members
+
+
+def _check_no_path_through_symlink(members: list[tarfile.TarInfo]) -> None:
+    """Refuse members placed *through* a symlink of the same archive.
+
+    Each link is checked lexically above, but links can chain: ``a -> .`` then ``a/b -> ..`` each
+    stay inside on their own, yet ``a/b/x`` lands outside the target. No member path (and no
+    hard-link target) may pass through a directory that the archive itself declares as a symlink.
+    """
+    links = {PurePosixPath(m.name).parts for m in members if m.issym()}
+    if not links:
+        return
+    for m in members:
+        names = [m.name, m.linkname] if m.islnk() else [m.name]
+        for name in names:
+            parts = PurePosixPath(name).parts
+            for i in range(1, len(parts)):
+                if parts[:i] in links:
+                    raise UnsafeArchiveError(
+                        f"archive member {m.name!r} is placed through the archive's own symlink "
+                        f"{'/'.join(parts[:i])!r}; refused"
+                    )
 
 
 def _escapes(path: PurePosixPath) -> bool:

@@ -702,6 +702,15 @@ async def test_unreachable_registry(tmp_path: Path) -> None:
     assert "http://127.0.0.1:9" in str(info.value) and "registry_url" in str(info.value)
 
 
+async def test_unwritable_cache_dir_says_so(mirror: Mirror, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(InstallError) as info:
+        await make_installer(mirror, blocker / "cache").ensure(X64)
+    assert info.value.kind == "install_failed"
+    assert "cache directory" in str(info.value) and str(blocker) in str(info.value)
+
+
 # --------------------------------------------------------------------------------------------------
 # The real registry (one cold install per session)
 # --------------------------------------------------------------------------------------------------
