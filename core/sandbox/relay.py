@@ -31,7 +31,7 @@ RELAY_SCRIPT_PATH = Path(os.path.abspath(__file__))
 
 def _log(message):
     try:
-        sys.stderr.write("relay: %s\n" % message)
+        sys.stderr.write(f"relay: {message}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
@@ -63,7 +63,7 @@ def _serve_connection(client, socket_path):
     try:
         upstream.connect(socket_path)
     except OSError as exc:
-        _log("cannot reach %s: %s" % (socket_path, exc))
+        _log(f"cannot reach {socket_path}: {exc}")
         upstream.close()
         client.close()
         return
@@ -85,17 +85,17 @@ def serve(port, socket_path, out=None):
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((LISTEN_HOST, port))
     listener.listen(128)
-    out.write("%d\n" % listener.getsockname()[1])
+    out.write(f"{listener.getsockname()[1]}\n")
     out.flush()
     if not os.path.exists(socket_path):
-        _log("warning: %s does not exist (yet); connections will fail until it does" % socket_path)
+        _log(f"warning: {socket_path} does not exist (yet); connections fail until it does")
     while True:
         try:
             client, _ = listener.accept()
         except InterruptedError:
             continue
         except OSError as exc:
-            _log("accept failed: %s" % exc)
+            _log(f"accept failed: {exc}")
             continue
         threading.Thread(target=_serve_connection, args=(client, socket_path), daemon=True).start()
 
@@ -110,7 +110,7 @@ def main(argv=None):
         if not 0 <= port <= 65535:
             raise ValueError(port)
     except ValueError:
-        sys.stderr.write("relay.py: PORT must be an integer between 0 and 65535, got %r\n" % args[0])
+        sys.stderr.write(f"relay.py: PORT must be an integer between 0 and 65535, got {args[0]!r}\n")
         return 2
     socket_path = args[1] if len(args) > 1 else DEFAULT_SOCKET
     try:
@@ -118,7 +118,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         return 0
     except OSError as exc:
-        sys.stderr.write("relay.py: cannot listen on %s:%d: %s\n" % (LISTEN_HOST, port, exc))
+        sys.stderr.write(f"relay.py: cannot listen on {LISTEN_HOST}:{port}: {exc}\n")
         return 1
     return 0
 
