@@ -341,7 +341,7 @@ class Episode(EpisodeControl):
     async def _work(self, stack: contextlib.AsyncExitStack) -> None:
         from core.model.endpoint import ModelEndpoint
         from core.runtime.opencode import OpenCodeHarness
-        from core.runtime.prepare import RUNTIME_CACHE_MOUNT, prepare_runtime
+        from core.runtime.prepare import RUNTIME_CACHE_MOUNT, RuntimeNotReady, prepare_runtime
         from core.sandbox.base import Mount
         from core.sandbox.providers import get_provider
         from core.sandbox.tarsafe import directory_tar
@@ -422,8 +422,8 @@ class Episode(EpisodeControl):
                     details=DeadlineDetails(budget_s=self.config.budgets.install_s),
                 )
             ) from exc
-        except StageFailure:
-            raise
+        except RuntimeNotReady as exc:
+            raise StageFailure(exc.failure) from exc
 
         # ---- agent: OpenCode under the supervisor ----
         self._enter(Phase.AGENT)

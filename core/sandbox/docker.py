@@ -103,6 +103,33 @@ FILE_DEADLINE_S = 300.0  # put_archive / get_archive
 PTY_WRITE_DEADLINE_S = 30.0
 EXIT_POLL_S = 5.0  # after the output ends, how long to wait for the engine to report the exit code
 OUTPUT_CAP_BYTES = 4 << 20  # per stream, tail kept
+# Every PTY process carries this variable (value unique per terminal): close() ends the processes
+# that carry it, since a closed attach socket alone leaves an interactive shell running.
+PTY_MARKER_ENV = "OPENCODE_TUI_PTY"
+PTY_END_DEADLINE_S = 5.0
+_END_MARKED_SH = r"""
+m=$1
+pids() {
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$$" ] && continue
+    tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -Fqx -- "$m" && echo "$p"
+  done
+}
+p=$(pids)
+[ -z "$p" ] && exit 0
+kill -HUP $p 2>/dev/null
+kill -CONT $p 2>/dev/null
+i=0
+while [ $i -lt 15 ]; do
+  sleep 0.1
+  p=$(pids)
+  [ -z "$p" ] && exit 0
+  i=$((i + 1))
+done
+kill -KILL $p 2>/dev/null
+exit 0
+"""
 CGROUP_V1_ROOT = Path("/sys/fs/cgroup/memory")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -539,10 +566,16 @@ class DockerPty(PtyHandle):
     """An interactive terminal: a tty exec over its attach socket."""
 
     def __init__(
-        self, sandbox: DockerSandbox, exec_id: str, conn: _AttachConn, loop: asyncio.AbstractEventLoop
+        self,
+        sandbox: DockerSandbox,
+        exec_id: str,
+        conn: _AttachConn,
+        loop: asyncio.AbstractEventLoop,
+        marker: str,
     ):
         self._sandbox = sandbox
         self.exec_id = exec_id
+        self.marker = marker  # "OPENCODE_TUI_PTY=<token>" in the environment of the terminal's processes
         self._conn = conn
         self._loop = loop
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -610,13 +643,23 @@ class DockerPty(PtyHandle):
             raise self._pty_error("resize", exc) from exc
 
     async def close(self) -> None:
+        """Disconnect and end the terminal's processes (HUP, then KILL after a short grace)."""
         if self._closed:
             return
         self._closed = True
         self._conn.close()
         self._sandbox._ptys.discard(self)
+        if self._sandbox.owned and self._sandbox.closed:
+            return  # the container itself is being destroyed
+        try:
+            await self._sandbox._run_exec(
+                ["/bin/sh", "-c", _END_MARKED_SH, "sh", self.marker], timeout=PTY_END_DEADLINE_S
+            )
+        except SandboxError as exc:
+            log.warning("could not end the processes of terminal %s: %s", self.exec_id[:12], exc)
 
     def close_now(self) -> None:
+        """Disconnect only (the owned container is about to be removed)."""
         self._closed = True
         self._conn.close()
 
@@ -708,6 +751,14 @@ class DockerSandbox(Sandbox):
                 result = await self.exec(["true"], timeout=min(remaining, 10.0))
             except SandboxError as exc:
                 reason = str(exc)
+                if exc.failure is not None and exc.failure.kind == "sandbox_lost":
+                    with contextlib.suppress(Exception):
+                        attrs = await _blocking(
+                            self._api.inspect_container, self.sandbox_id, within=min(remaining, 10.0)
+                        )
+                        state = attrs.get("State") or {}
+                        if state.get("Status") in ("exited", "dead"):
+                            return f"the container's main process ended (exit code {state.get('ExitCode')})"
             else:
                 if result.ok:
                     return None
@@ -728,6 +779,27 @@ class DockerSandbox(Sandbox):
         execution_id: str | None = None,
     ) -> ExecResult:
         self._ensure_open("exec")
+        return await self._run_exec(
+            argv,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin=stdin,
+            on_output=on_output,
+            execution_id=execution_id,
+        )
+
+    async def _run_exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float,  # noqa: ASYNC109
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+        execution_id: str | None = None,
+    ) -> ExecResult:
         if not argv:
             raise ValueError("argv must not be empty")
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
@@ -827,7 +899,7 @@ class DockerSandbox(Sandbox):
         if not argv:
             raise ValueError("argv must not be empty")
         loop = asyncio.get_running_loop()
-        exec_id: str | None = None
+        token = uuid.uuid4().hex
         try:
             created = await _blocking(
                 self._api.exec_create,
@@ -837,7 +909,7 @@ class DockerSandbox(Sandbox):
                 stderr=True,
                 stdin=True,
                 tty=True,
-                environment={"TERM": "xterm-256color"},
+                environment={"TERM": "xterm-256color", PTY_MARKER_ENV: token},
                 workdir=cwd,
                 within=CALL_DEADLINE_S,
             )
@@ -853,7 +925,7 @@ class DockerSandbox(Sandbox):
                 default_kind="sandbox_pty_failed",
                 what=f"opening a terminal ({argv[0]!r}) failed",
             ) from exc
-        handle = DockerPty(self, exec_id, _AttachConn(sock), loop)
+        handle = DockerPty(self, exec_id, _AttachConn(sock), loop, f"{PTY_MARKER_ENV}={token}")
         self._ptys.add(handle)
         # The process may not have started when the upgrade answers: retry the first resize briefly.
         for attempt in range(20):
@@ -1116,7 +1188,10 @@ class DockerSandbox(Sandbox):
                 job.close()
             self._jobs.clear()
             for handle in list(self._ptys):
-                handle.close_now()
+                if self.owned:
+                    handle.close_now()  # removing the container ends its processes
+                else:
+                    await handle.close()  # borrowed: end the terminals we opened, nothing else
             self._ptys.clear()
             if not self.owned or self._removed:
                 return  # borrowed: disconnect only, the container is never stopped or removed
