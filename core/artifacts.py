@@ -80,8 +80,13 @@ class CastWriter:
     def __init__(self, path: Path, width: int = 120, height: int = 36) -> None:
         self._f: TextIO = path.open("w", encoding="utf-8")
         self._t0 = time.monotonic()
-        header = {"version": 2, "width": width, "height": height, "timestamp": int(time.time()),
-                  "env": {"TERM": "xterm-256color"}}
+        header = {
+            "version": 2,
+            "width": width,
+            "height": height,
+            "timestamp": int(time.time()),
+            "env": {"TERM": "xterm-256color"},
+        }
         self._f.write(json.dumps(header) + "\n")
 
     def output(self, text: str, at: float | None = None) -> None:
@@ -156,7 +161,17 @@ class RunDir:
                 self._cast.close()
 
 
-_SECRET_HINTS = ("uthorization", "earer", "sk-", "api_key", "apikey", "api-key", "token", "secret", "password")
+_SECRET_HINTS = (
+    "uthorization",
+    "earer",
+    "sk-",
+    "api_key",
+    "apikey",
+    "api-key",
+    "token",
+    "secret",
+    "password",
+)
 
 
 def _might_hold_secret(line: str) -> bool:

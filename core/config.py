@@ -152,7 +152,9 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         try:
             loaded = tomllib.loads(raw) if p.suffix == ".toml" else yaml.safe_load(raw)
         except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}")
+            raise ConfigError(
+                f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}"
+            )
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -204,7 +206,9 @@ class SessionRequest(_Model):
             unknown = sorted(set(data) - set(cls.model_fields))
             if unknown:
                 allowed = ", ".join(cls.model_fields)
-                raise ValueError(f"unsupported field(s) {', '.join(repr(u) for u in unknown)}; allowed: {allowed}")
+                raise ValueError(
+                    f"unsupported field(s) {', '.join(repr(u) for u in unknown)}; allowed: {allowed}"
+                )
         return data
 
     @field_validator("run_timeout_s")

@@ -24,7 +24,10 @@ _TEXT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     # Bearer/Basic tokens anywhere.
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
     # Provider-style keys: sk-..., sk-proj-..., nvapi-..., ghp_..., xox?-...
-    (re.compile(r"\b(?:sk-(?:proj-|ant-)?|nvapi-|ghp_|gho_|github_pat_|xox[abpr]-)[A-Za-z0-9_-]{12,}"), REDACTED),
+    (
+        re.compile(r"\b(?:sk-(?:proj-|ant-)?|nvapi-|ghp_|gho_|github_pat_|xox[abpr]-)[A-Za-z0-9_-]{12,}"),
+        REDACTED,
+    ),
     # key=value / "key": "value" with a secret-looking key.
     (
         re.compile(

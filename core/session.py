@@ -115,7 +115,9 @@ class SandboxSession:
         error or cancellation the session is finalized (stop, confirm, collect) before re-raising.
         """
         if self.state is not SessionState.NEW or self._close_requested:
-            raise SessionRefused(f"session is {self.state.value}; a session runs one harness and is then closed")
+            raise SessionRefused(
+                f"session is {self.state.value}; a session runs one harness and is then closed"
+            )
         self._collect = collect
         self.state = SessionState.STAGING
         # Staging is shielded: a cancelled caller must not leave a half-uploaded session behind
@@ -147,7 +149,9 @@ class SandboxSession:
         sd = self.paths.session_dir
         r = await self.sandbox.exec(["/bin/sh", "-c", f"mkdir -p '{sd}' && chmod 700 '{sd}'"], timeout=30)
         if not r.ok:
-            raise SandboxError(f"cannot create the session directory {sd}: {r.stderr.decode(errors='replace')}")
+            raise SandboxError(
+                f"cannot create the session directory {sd}: {r.stderr.decode(errors='replace')}"
+            )
         await self.sandbox.upload_file(f"{sd}/{SUPERVISOR_FILE}", supervisor_source(), 0o644)
         if stdin is not None:
             await self.sandbox.upload_file(f"{sd}/stdin", stdin, 0o600)
@@ -206,8 +210,14 @@ class SandboxSession:
                 # Staging never created the directory, so the launch script (which exits when the
                 # directory is missing) cannot have started anything: nothing ran, nothing to clean.
                 receipt = CleanupReceipt(cleanup_confirmed=True, return_code=None)
-                self._emit(CleanupObserved(step=CleanupStep.RECEIPT, state=StepState.OK,
-                                           reason="nothing was launched", data=receipt.model_dump()))
+                self._emit(
+                    CleanupObserved(
+                        step=CleanupStep.RECEIPT,
+                        state=StepState.OK,
+                        reason="nothing was launched",
+                        data=receipt.model_dump(),
+                    )
+                )
                 return receipt
             if not r.observed:
                 why = f"the stop request did not finish within {self.budgets.stop_exec_timeout:g}s ({why})"
@@ -242,8 +252,12 @@ class SandboxSession:
             r = await self.sandbox.exec(remove_session_dir_script(self.paths.session_dir), timeout=30)
             if not r.ok:
                 reason = r.stderr.decode("utf-8", "replace").strip() or f"exit {r.exit_code}"
-                self._emit(CleanupObserved(step=CleanupStep.SANDBOX_RELEASED, state=StepState.FAILED, reason=reason))
-                raise SandboxError(f"could not remove the session directory from the borrowed sandbox: {reason}")
+                self._emit(
+                    CleanupObserved(step=CleanupStep.SANDBOX_RELEASED, state=StepState.FAILED, reason=reason)
+                )
+                raise SandboxError(
+                    f"could not remove the session directory from the borrowed sandbox: {reason}"
+                )
         await self.sandbox.release()
         self.released = True
         self.state = SessionState.CLOSED
@@ -251,7 +265,10 @@ class SandboxSession:
             CleanupObserved(
                 step=CleanupStep.SANDBOX_RELEASED,
                 state=StepState.OK,
-                data={"owned": self.sandbox.owned, "action": "destroyed" if self.sandbox.owned else "disconnected"},
+                data={
+                    "owned": self.sandbox.owned,
+                    "action": "destroyed" if self.sandbox.owned else "disconnected",
+                },
             )
         )
 

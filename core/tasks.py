@@ -140,8 +140,11 @@ def load_task(path: str | Path) -> Task:
         task = Task.model_validate({**data, "root": file.parent.resolve()})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(file))) from exc
-    refs = (("files", task.files_dir), ("verify.files", task.verify_files_dir),
-            ("model.trajectory", task.trajectory_path))
+    refs = (
+        ("files", task.files_dir),
+        ("verify.files", task.verify_files_dir),
+        ("model.trajectory", task.trajectory_path),
+    )
     for label, ref in refs:
         if ref is not None and not ref.exists():
             raise ConfigError(f"{file}: {label}: {ref} does not exist")

@@ -73,7 +73,9 @@ _lock = threading.Lock()
 def register_kind(name: str, description: str) -> None:
     """Add a kind to the vocabulary (for extensions); the name must follow ``<domain>_<condition>``."""
     if not _KIND_RE.fullmatch(name):
-        raise ValueError(f"failure kind {name!r} must look like <domain>_<condition> (lowercase, underscores)")
+        raise ValueError(
+            f"failure kind {name!r} must look like <domain>_<condition> (lowercase, underscores)"
+        )
     _REGISTRY[name] = description
 
 

@@ -73,7 +73,9 @@ class OutcomePolicyConfig(BaseModel):
     def _status_keys(cls, table: dict[str, Action]) -> dict[str, Action]:
         bad = [k for k in table if not _STATUS_KEY.fullmatch(k)]
         if bad:
-            raise ValueError(f"http_status keys must be a status like '429' or a class like '5xx'; bad: {bad}")
+            raise ValueError(
+                f"http_status keys must be a status like '429' or a class like '5xx'; bad: {bad}"
+            )
         return table
 
     @field_validator("kind")

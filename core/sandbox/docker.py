@@ -773,7 +773,7 @@ class DockerSandbox(Sandbox):
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        timeout: float,  # noqa: ASYNC109 (the protocol's deadline parameter)
+        timeout: float,
         stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
         execution_id: str | None = None,
@@ -795,7 +795,7 @@ class DockerSandbox(Sandbox):
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        timeout: float,  # noqa: ASYNC109
+        timeout: float,
         stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
         execution_id: str | None = None,

@@ -13,7 +13,9 @@ from core.sandbox.base import UnsafeArchiveError
 def _check_name(name: str) -> PurePosixPath:
     p = PurePosixPath(name)
     if p.is_absolute():
-        raise UnsafeArchiveError(f"archive member {name!r} has an absolute path; only relative paths are allowed")
+        raise UnsafeArchiveError(
+            f"archive member {name!r} has an absolute path; only relative paths are allowed"
+        )
     if ".." in p.parts:
         raise UnsafeArchiveError(f"archive member {name!r} contains '..'; it could write outside the target")
     return p
