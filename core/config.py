@@ -152,9 +152,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         try:
             loaded = tomllib.loads(raw) if p.suffix == ".toml" else yaml.safe_load(raw)
         except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(
-                f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}"
-            )
+            kind = "TOML" if p.suffix == ".toml" else "YAML"
+            raise ConfigError(f"config file {p} is not valid {kind}: {exc}") from exc
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
