@@ -105,6 +105,17 @@ def sandbox_spec(**overrides: Any) -> SandboxSpec:
     return SandboxSpec(**fields)
 
 
+@pytest.fixture(scope="session")
+def test_run_id() -> str:
+    """The ``opencode-tui.run`` label value of every container this test session creates."""
+    return TEST_RUN_ID
+
+
+@pytest.fixture
+def spec_factory() -> Callable[..., SandboxSpec]:
+    return sandbox_spec
+
+
 @pytest.fixture
 async def make_sandbox(provider: SandboxProvider) -> AsyncIterator[MakeSandbox]:
     """A factory for owned sandboxes from ``provider``; every one is released at teardown."""

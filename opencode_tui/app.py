@@ -1,0 +1,312 @@
+"""The Textual app: one episode live, a run directory replayed, or the runs browser.
+
+``OpenCodeTUI(control=...)``: live. Events come from ``control.bus.queue()`` (subscribed when the app is
+created inside a running event loop, else when it mounts: start the episode after that, or events
+emitted earlier are not shown). ``run_dir`` may be given too: model-call bodies are then read from it.
+
+``OpenCodeTUI(run_dir=...)``: replay of a run directory. ``OpenCodeTUI(runs_dir=...)``: the runs browser.
+
+Quitting a live episode asks first, then cancels it and waits until the engine reports the episode done
+(cleanup confirmed), so leaving the TUI always cleans up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from core.events import Event
+from opencode_tui.messages import CancelRequested, Copied, EpisodeFinished, KeepSandboxChanged, ShellStateChanged
+from opencode_tui.screens.help import HelpScreen
+from opencode_tui.screens.modals import CleanupWaitScreen, ConfirmScreen
+from opencode_tui.screens.run import RunScreen
+from opencode_tui.screens.runs import RunsScreen
+from opencode_tui.screens.shell import ShellScreen
+from opencode_tui.themes import APP_VARIABLES, DEFAULT_THEME, load_themes, next_theme
+
+if TYPE_CHECKING:
+    from core.control import EpisodeControl
+
+
+class OpenCodeTUI(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "opencode-tui"
+    ENABLE_COMMAND_PALETTE = True
+
+    BINDINGS = [
+        Binding("q", "request_quit", "Quit"),
+        Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True),
+        Binding("t", "next_theme", "Theme"),
+        Binding("y", "copy", "Copy", tooltip="Copy the selection / selected call / failure (OSC 52)"),
+        Binding("f1,question_mark", "help", "Help", key_display="f1/?"),
+    ]
+
+    def __init__(
+        self,
+        control: EpisodeControl | None = None,
+        run_dir: Path | None = None,
+        runs_dir: Path | None = None,
+        theme: str = DEFAULT_THEME,
+        theme_dirs: Iterable[Path] = (),
+    ) -> None:
+        if control is None and run_dir is None and runs_dir is None:
+            raise ValueError("OpenCodeTUI needs a control (live), a run_dir (replay) or a runs_dir (browser)")
+        super().__init__()
+        self.control = control
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.runs_dir = Path(runs_dir) if runs_dir is not None else None
+        self.themes = load_themes(theme_dirs)
+        for t in self.themes.values():
+            self.register_theme(t)
+        if theme not in self.available_themes:
+            raise ValueError(f"unknown theme {theme!r}; available: {', '.join(self.themes)}")
+        self.theme = theme
+        self.episode_done = control is None
+        self.quitting = False
+        self.keep = False
+        self._queue: asyncio.Queue[Event] | None = None
+        if control is not None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                pass
+            else:
+                self._queue = control.bus.queue()
+
+    # -- screens -------------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen:
+        if self.control is not None:
+            return RunScreen(control=self.control, run_dir=self.run_dir)
+        if self.run_dir is not None:
+            return RunScreen(run_dir=self.run_dir)
+        assert self.runs_dir is not None
+        return RunsScreen(self.runs_dir)
+
+    def on_mount(self) -> None:
+        if self.control is not None:
+            self.live_queue()
+            self._watch_episode()
+
+    def live_queue(self) -> asyncio.Queue[Event]:
+        """The queue of live events (subscribed to ``control.bus`` once, in this app's loop)."""
+        assert self.control is not None
+        if self._queue is None:
+            self._queue = self.control.bus.queue()
+        return self._queue
+
+    def bodies_dir(self, screen: RunScreen) -> Path | None:
+        """Where ``model_calls.jsonl`` is: the screen's run directory, or the live control's one."""
+        return screen.run_dir or getattr(self.control, "run_dir", None)
+
+    @work(exclusive=True, group="episode-wait")
+    async def _watch_episode(self) -> None:
+        assert self.control is not None
+        error = None
+        try:
+            await self.control.wait()
+        except Exception as exc:  # the episode's own failure is reported through its events
+            error = f"{type(exc).__name__}: {exc}"
+        self.post_message(EpisodeFinished(error))
+
+    def on_episode_finished(self, message: EpisodeFinished) -> None:
+        self.episode_done = True
+        for screen in self.screen_stack:
+            if isinstance(screen, RunScreen):
+                screen.episode_running = False
+                screen._show_header()
+        if message.error and not self.quitting:
+            self.notify(f"The episode ended with an error: {message.error}", severity="error", timeout=8)
+        elif not self.quitting:
+            self.notify("The episode has finished.", timeout=4)
+
+    @property
+    def episode_running(self) -> bool:
+        if self.control is None or self.episode_done:
+            return False
+        try:
+            return bool(self.control.running)
+        except Exception:
+            return True
+
+    # -- theme, CSS variables ------------------------------------------------------------------
+
+    def get_css_variables(self) -> dict[str, str]:
+        variables = super().get_css_variables()
+        for name, default in APP_VARIABLES.items():
+            if name not in variables:
+                variables[name] = variables.get(default[1:], "") if default.startswith("$") else default
+        self.theme_variables = variables
+        return variables
+
+    def action_next_theme(self) -> None:
+        self.theme = next_theme(list(self.themes), self.theme)
+        self.notify(f"Theme: {self.theme}", timeout=2)
+
+    def set_theme(self, name: str) -> None:
+        self.theme = name
+
+    # -- command palette -----------------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        if isinstance(screen, RunScreen):
+            live = screen.mode == "live"
+            yield SystemCommand("Open shell", "Interactive shell in the sandbox (s)", screen.action_open_shell)
+            if live:
+                yield SystemCommand("Cancel episode", "Stop the agent; cleanup is confirmed (c)", self.request_cancel)
+                yield SystemCommand(
+                    "Keep sandbox", "Toggle keeping the sandbox after the run (k)", lambda: self.toggle_keep(screen)
+                )
+            else:
+                yield SystemCommand("Play terminal recording", "Play/pause terminal.cast (p)", screen.action_play)
+                yield SystemCommand("Fast playback", "Toggle 1× / fast playback (f)", screen.action_fast)
+                yield SystemCommand("Next failure", "Jump the timeline to the next failure (n)",
+                                    screen.action_next_failure)
+            yield SystemCommand("Follow output", "Follow / pause the terminal (l)", screen.terminal.action_toggle_follow)
+            yield SystemCommand("Raw output", "Toggle the raw stdout/stderr view (r)", screen.terminal.action_toggle_raw)
+        yield SystemCommand("Copy", "Copy the selection / selected item to the clipboard (y)", self.action_copy)
+        yield SystemCommand("Next theme", "Cycle the opencode themes (t)", self.action_next_theme)
+        for name in self.themes:
+            yield SystemCommand(f"Theme: {name}", f"Switch to the {name} theme", lambda n=name: self.set_theme(n))
+        yield SystemCommand("Help", "Keys and what each panel means (f1, ?)", self.action_help)
+        yield SystemCommand("Quit", "Quit (asks first while an episode runs) (q)", self.action_request_quit)
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        self.push_screen(HelpScreen(self.screen))
+
+    def action_copy(self) -> None:
+        screen = self.screen
+        text = screen.get_selected_text()
+        what = "selection"
+        if not text:
+            target = screen.copy_target() if isinstance(screen, RunScreen) else None
+            if target is None:
+                self.notify("Nothing to copy here.", timeout=2)
+                return
+            what, text = target
+        self.copy_to_clipboard(text)
+        self.post_message(Copied(what, text))
+        self.notify(f"Copied {what} ({len(text):,} characters) to the clipboard (OSC 52)", timeout=2)
+
+    def open_shell(self, screen: RunScreen) -> None:
+        if self.control is None:
+            self.post_message(ShellStateChanged("unavailable", "replay"))
+            self.notify(
+                "Shell unavailable in a replay: the run's sandbox was released when the run ended.",
+                severity="warning",
+                timeout=4,
+            )
+            return
+        sandbox = screen.state.sandbox_id or "sandbox"
+        self.push_screen(ShellScreen(self.control.open_shell, sandbox))
+
+    def request_cancel(self) -> None:
+        if self.control is None:
+            self.notify("Nothing to cancel in a replay.", timeout=3)
+            return
+        if not self.episode_running:
+            self.notify("The episode has already finished.", timeout=3)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._cancel("cancel")
+
+        self.push_screen(
+            ConfirmScreen(
+                "Cancel the episode?",
+                "The agent is stopped, cleanup is confirmed and the sandbox released (or kept, if 'keep' is on).",
+                yes="Cancel episode",
+                no="Keep running",
+            ),
+            answered,
+        )
+
+    @work(exclusive=True, group="cancel")
+    async def _cancel(self, reason: str) -> None:
+        assert self.control is not None
+        self.post_message(CancelRequested(reason))
+        try:
+            await self.control.cancel()
+        except Exception as exc:
+            self.notify(f"Cancel failed: {exc}", severity="error", timeout=8)
+            return
+        if reason == "cancel":
+            self.notify("Cancel requested: the engine is closing the episode.", timeout=4)
+
+    def toggle_keep(self, screen: RunScreen) -> None:
+        if self.control is None:
+            self.notify("Replay: there is no sandbox to keep.", timeout=3)
+            return
+        self.keep = not self.keep
+        try:
+            self.control.keep_sandbox(self.keep)
+        except Exception as exc:
+            self.keep = not self.keep
+            self.notify(f"Could not change keep-sandbox: {exc}", severity="error", timeout=6)
+            return
+        screen.keep = self.keep
+        screen._show_header()
+        self.post_message(KeepSandboxChanged(self.keep))
+        self.notify(
+            "The sandbox will be kept after the run." if self.keep else "The sandbox will be released after the run.",
+            timeout=3,
+        )
+
+    async def action_request_quit(self) -> None:
+        if self.quitting:
+            self.notify("Waiting for the episode's cleanup to finish…", timeout=3)
+            return
+        if not self.episode_running:
+            self.exit()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._quit_after_cleanup()
+
+        self.push_screen(
+            ConfirmScreen(
+                "Quit while the episode is running?",
+                "The episode is cancelled and the app waits until the engine has confirmed cleanup "
+                "(the sandbox is released, or kept if 'keep' is on).",
+                yes="Cancel and quit",
+                no="Stay",
+            ),
+            answered,
+        )
+
+    async def action_quit(self) -> None:
+        await self.action_request_quit()
+
+    @work(exclusive=True, group="quit")
+    async def _quit_after_cleanup(self) -> None:
+        assert self.control is not None
+        self.quitting = True
+        budget = None
+        for screen in self.screen_stack:
+            if isinstance(screen, RunScreen) and screen.state.started is not None:
+                budget = screen.state.started.close_budget_s
+        self.push_screen(CleanupWaitScreen(budget))
+        self.post_message(CancelRequested("quit"))
+        try:
+            await self.control.cancel()
+        except Exception as exc:
+            self.notify(f"Cancel failed: {exc}", severity="error", timeout=8)
+        try:
+            await self.control.wait()
+        except Exception:
+            pass  # the episode's failure is in its events; what matters here is that it has ended
+        self.episode_done = True
+        self.exit()

@@ -1,0 +1,120 @@
+"""Small formatting helpers shared by widgets (numbers, durations, one-line event summaries)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from core.events import (
+    CleanupObserved,
+    Compaction,
+    EpisodeStarted,
+    Event,
+    FailureRecorded,
+    InstallProgress,
+    ModelCall,
+    OpenCodeEvent,
+    OutcomeDecided,
+    PhaseChanged,
+    SandboxReady,
+    TerminalOutput,
+    ToolCall,
+    TranscriptStats,
+    VerificationFinished,
+    Warning_,
+)
+
+DASH = "–"
+
+
+def duration(seconds: float | None) -> str:
+    """``1:02:03`` / ``2:03`` style; unknown is a dash."""
+    if seconds is None:
+        return DASH
+    seconds = max(seconds, 0.0)
+    total = int(seconds)
+    h, rem = divmod(total, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def seconds(value: float | None, digits: int = 2) -> str:
+    return DASH if value is None else f"{value:.{digits}f}s"
+
+
+def offset(ts: datetime, start: datetime | None) -> str:
+    """Time since the episode start as ``+m:ss.s``."""
+    if start is None:
+        return ts.strftime("%H:%M:%S")
+    delta = (ts - start).total_seconds()
+    sign = "-" if delta < 0 else "+"
+    delta = abs(delta)
+    m, s = divmod(delta, 60)
+    return f"{sign}{int(m)}:{s:04.1f}"
+
+
+def count(value: int | None) -> str:
+    return DASH if value is None else f"{value:,}"
+
+
+def nbytes(value: int | None) -> str:
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{value} B"
+
+
+def short(text: Any, limit: int = 80) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def pretty_json(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def summarize(ev: Event) -> str:
+    """One line describing an event, for the timeline."""
+    if isinstance(ev, TerminalOutput):
+        return f"{ev.stream}: {short(ev.data.replace(chr(27), '␛'), 60)!s}"
+    if isinstance(ev, OpenCodeEvent):
+        return f"opencode {ev.event_type}"
+    if isinstance(ev, ToolCall):
+        what = ev.input.get("command") or ev.input.get("filePath") or ev.title or ""
+        return f"tool {ev.tool} {ev.status} {short(what, 50)}"
+    if isinstance(ev, ModelCall):
+        return f"model call {ev.kind} {ev.status or 'no status'} {ev.call_id}"
+    if isinstance(ev, PhaseChanged):
+        return f"phase {ev.phase} {ev.state}" + (f" ({short(ev.detail, 40)})" if ev.detail else "")
+    if isinstance(ev, FailureRecorded):
+        f = ev.failure
+        return f"FAILURE {f.kind} @{f.stage} → {ev.decision.action} ({ev.decision.failure_class})"
+    if isinstance(ev, CleanupObserved):
+        return f"cleanup {ev.step} {ev.state}" + (f": {short(ev.reason, 40)}" if ev.reason else "")
+    if isinstance(ev, EpisodeStarted):
+        return f"episode started: {ev.task_id} on {ev.provider}"
+    if isinstance(ev, SandboxReady):
+        return f"sandbox {ev.sandbox_id} ready ({'owned' if ev.owned else 'borrowed'})"
+    if isinstance(ev, InstallProgress):
+        return f"install {ev.package} {nbytes(ev.bytes_done)}/{nbytes(ev.bytes_total)}"
+    if isinstance(ev, Warning_):
+        return f"warning {ev.code}: {short(ev.message, 50)}"
+    if isinstance(ev, Compaction):
+        return f"compaction #{ev.count} ({ev.trigger})"
+    if isinstance(ev, VerificationFinished):
+        return f"verification reward={ev.reward} passed={ev.passed}"
+    if isinstance(ev, TranscriptStats):
+        return f"transcript {ev.messages} messages, {sum(ev.tool_calls.values())} tool calls"
+    if isinstance(ev, OutcomeDecided):
+        return f"outcome {ev.action} reward={ev.reward}"
+    return getattr(ev, "type", type(ev).__name__)

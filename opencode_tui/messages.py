@@ -1,0 +1,61 @@
+"""App-level messages. Live and replay both deliver events as :class:`EventsReceived` batches; the
+rest record what the user asked of the episode, so functional tests can assert on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from textual.message import Message
+
+from core.events import Event
+
+
+@dataclass
+class EventsReceived(Message):
+    """A batch of events, in order, from a live episode or from a run directory."""
+
+    events: list[Event]
+    source: Literal["live", "replay"]
+
+
+@dataclass
+class ReplayLoaded(Message):
+    """The replay loader has read the whole ``events.jsonl``."""
+
+    events: int
+    seconds: float
+    bad_lines: int = 0
+
+
+@dataclass
+class EpisodeFinished(Message):
+    """The live episode's ``wait()`` returned (or raised: ``error``)."""
+
+    error: str | None = None
+
+
+@dataclass
+class CancelRequested(Message):
+    """The user confirmed cancelling the live episode (``reason``: "cancel" or "quit")."""
+
+    reason: str
+
+
+@dataclass
+class KeepSandboxChanged(Message):
+    keep: bool
+
+
+@dataclass
+class ShellStateChanged(Message):
+    state: Literal["opening", "open", "closed", "unavailable", "failed"]
+    detail: str = ""
+
+
+@dataclass
+class Copied(Message):
+    """Text sent to the clipboard (OSC 52); ``what`` names the source."""
+
+    what: str
+    text: str

@@ -1,0 +1,1 @@
+"""Screens: the run screen (live and replay), the runs browser, modals, help and the shell."""

@@ -1,0 +1,71 @@
+"""Help: every key binding of the current screen and what each panel means."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Markdown
+
+PANELS = """\
+## Panels
+
+- **Header**: task, provider, sandbox id (*owned*: created and destroyed by us; *borrowed*: attached by
+  id and never destroyed), OpenCode version, model, current phase and its state, elapsed time against the
+  run budget, LIVE or REPLAY, and whether the sandbox is kept after the run.
+- **Terminal**: what a person would have seen: the agent's terminal output with its colours, each bash
+  tool call as `$ command` followed by its output, file edits as a short diff, the assistant's text.
+  `l` follows new output or pauses (scrolling up pauses too); `r` shows the harness's raw stdout/stderr
+  byte for byte, escape sequences visible. Select text with the mouse and press `y` to copy it.
+- **Stats**: compactions (and what triggered the last one), tool calls by tool, model calls by kind,
+  tokens (a dash means *unknown*, never zero). The transcript line appears once cleanup is confirmed:
+  its counts come from OpenCode's own database and are the source of truth.
+- **Cleanup**: the four steps the engine must confirm before exporting or verifying anything: the
+  supervisor's cleanup receipt, descendants drained, transcript snapshot, sandbox released. Each is
+  pending ○, running ◐, ok ✓, failed ✗ or skipped –, with the engine's reason.
+- **Model calls**: every call seen by the recording proxy: time since start, kind (title, agent,
+  compaction), the assistant message it belongs to, HTTP status, tokens, latency and time to first token.
+  Enter shows the redacted request and response.
+- **Failures**: each failure event with its stage, its class (*model*, *evaluation* or *unknown*) and
+  the outcome policy's action. Enter shows the message, the cause chain and the evidence (source, scope,
+  when it was observed, what it said).
+- **Timeline** (replay): the position in the event stream; failures are marked ✗. The panels show the
+  run as it was at that event.
+
+## Live and replay
+
+A live run streams events from the engine; `opencode-tui open RUN_DIR` replays a run directory through
+the same widgets. Quitting a live run asks first, cancels the episode and waits until the engine has
+confirmed cleanup. The shell (`s`) needs a live sandbox; in a replay it is unavailable.
+"""
+
+
+def bindings_markdown(screen: Screen) -> str:
+    rows: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for key, active in screen.active_bindings.items():
+        binding: Binding = active.binding
+        if not active.enabled or not binding.description or key in seen:
+            continue
+        seen.add(key)
+        display = binding.key_display or screen.app.get_key_display(binding)
+        rows.append((display, binding.tooltip or binding.description))
+    table = ["| key | what it does |", "|---|---|"]
+    table += [f"| `{k}` | {d} |" for k, d in rows]
+    return "## Keys on this screen\n\n" + "\n".join(table) + "\n\n`ctrl+p` opens the command palette.\n"
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,f1,question_mark", "dismiss", "Close")]
+
+    def __init__(self, for_screen: Screen) -> None:
+        super().__init__(classes="modal")
+        self.text = "# opencode-tui\n\n" + bindings_markdown(for_screen) + "\n" + PANELS
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog help") as dialog:
+            dialog.border_title = "Help"
+            dialog.border_subtitle = "esc close"
+            with VerticalScroll():
+                yield Markdown(self.text, id="help-text")

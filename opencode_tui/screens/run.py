@@ -1,0 +1,500 @@
+"""The run screen: one episode, live (events from ``EpisodeControl.bus``) or replayed (``events.jsonl``).
+
+Both sources deliver :class:`EventsReceived` batches to :meth:`RunScreen.on_events_received`, the one
+event-handling path: the terminal pane ingests the batch, :class:`RunState` folds it, and the panels are
+redrawn once per batch. Replay adds the timeline: the cursor can be moved to any event; the panels then
+show the state folded up to it and the terminal pane the lines written up to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from array import array
+from bisect import bisect_right
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from core.artifacts import RunInfo
+from core.events import Event, FailureRecorded, ModelCall, OutcomeDecided, TerminalOutput
+from opencode_tui import format as fmt
+from opencode_tui.feeds import Cast, EventIndex, LoadStats, find_model_call, iter_event_batches, read_cast
+from opencode_tui.messages import EventsReceived, ReplayLoaded
+from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
+from opencode_tui.state import RunState
+from opencode_tui.widgets.cleanup import CleanupPanel
+from opencode_tui.widgets.failures import FailuresTable
+from opencode_tui.widgets.header import RunHeader
+from opencode_tui.widgets.model_calls import ModelCallsTable
+from opencode_tui.widgets.progress import InstallProgressBar, WarningsBar
+from opencode_tui.widgets.stats import StatsPanel
+from opencode_tui.widgets.terminal import TerminalView
+from opencode_tui.widgets.timeline import Timeline
+
+if TYPE_CHECKING:
+    from core.control import EpisodeControl
+
+LIVE_BATCH_INTERVAL = 1 / 30  # at most this often a live batch is delivered (events are coalesced)
+LIVE_BATCH_CHARS = 2_000_000  # a batch stops growing here, so one batch never stalls the screen long
+LIVE_BATCH_EVENTS = 20_000
+REPLAY_BATCH = 2000
+FAST = 10.0  # "fast" playback speed; idle gaps longer than FAST_GAP_S are skipped too
+FAST_GAP_S = 0.5
+PLAY_TICK = 0.05
+
+LIVE_ONLY = {"cancel_episode", "toggle_keep"}
+REPLAY_ONLY = {"step", "key_event", "next_failure", "prev_failure", "play", "fast"}
+
+
+class RunScreen(Screen[None]):
+    BINDINGS = [
+        Binding("s", "open_shell", "Shell", tooltip="Interactive shell in the sandbox (ctrl+] to return)"),
+        Binding("c", "cancel_episode", "Cancel", tooltip="Cancel the episode (cleanup is still confirmed)"),
+        Binding("k", "toggle_keep", "Keep sandbox", tooltip="Keep the sandbox after the run for debugging"),
+        Binding("left_square_bracket", "step(-1)", "◀ Event", key_display="["),
+        Binding("right_square_bracket", "step(1)", "Event ▶", key_display="]"),
+        Binding("left_curly_bracket", "key_event(-1)", "Prev key event", show=False, key_display="{"),
+        Binding("right_curly_bracket", "key_event(1)", "Next key event", show=False, key_display="}"),
+        Binding("n", "next_failure", "Next failure"),
+        Binding("N", "prev_failure", "Prev failure", show=False),
+        Binding("p", "play", "Play/pause"),
+        Binding("f", "fast", "Fast"),
+        Binding("escape", "back", "Back", show=False),
+    ]
+
+    def __init__(
+        self,
+        *,
+        control: EpisodeControl | None = None,
+        run_dir: Path | None = None,
+        from_browser: bool = False,
+    ) -> None:
+        super().__init__()
+        if control is None and run_dir is None:
+            raise ValueError("RunScreen needs a live EpisodeControl or a run directory")
+        self.control = control
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.mode = "live" if control is not None else "replay"
+        self.from_browser = from_browser
+        self.info: RunInfo | None = self._read_info()
+        self.state = RunState(info=self.info)
+        self.view_state = self.state
+        self.total = 0
+        self.ts = array("d")
+        self.key_idx = array("q")
+        self.key_evs: list[Event] = []
+        self.failure_idx: list[int] = []
+        self.cursor: int | None = None
+        self.loading = self.mode == "replay"
+        self.load_stats = LoadStats()
+        self.load_seconds: float | None = None
+        self.index: EventIndex | None = None
+        if self.run_dir is not None and self.mode == "replay":
+            self.index = EventIndex(self.run_dir / "events.jsonl")
+        self.keep = False
+        self.episode_running = self.mode == "live"
+        self.mounted_at: float | None = None
+        # playback
+        self.cast: Cast | None = None
+        self.cast_checked = False
+        self.playing = False
+        self.speed = 1.0
+        self.play_clock = 0.0
+        self.play_frame = 0
+        self.play_source: str | None = None  # "cast" | "events"
+
+    def _read_info(self) -> RunInfo | None:
+        if self.run_dir is None:
+            return None
+        try:
+            return RunInfo.model_validate_json((self.run_dir / "run.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        yield WarningsBar(id="warnings")
+        yield InstallProgressBar(id="install")
+        with Horizontal(id="main"):
+            yield TerminalView(id="terminal")
+            with Vertical(id="side"):
+                yield StatsPanel(id="stats")
+                yield CleanupPanel(id="cleanup")
+        with Horizontal(id="bottom"):
+            yield ModelCallsTable(id="calls")
+            yield FailuresTable(id="failures")
+        if self.mode == "replay":
+            yield Timeline(id="timeline")
+        yield Footer()
+
+    @property
+    def terminal(self) -> TerminalView:
+        return self.query_one(TerminalView)
+
+    def on_mount(self) -> None:
+        self.mounted_at = time.perf_counter()
+        self.query_one("#stats").border_title = "Stats"
+        self.query_one("#cleanup").border_title = "Cleanup"
+        self.app.theme_changed_signal.subscribe(self, self._on_theme_changed)
+        self.refresh_panels()
+        self.terminal.focus()
+        if self.mode == "live":
+            self._live_feed()
+            self.set_interval(1.0, self._tick_header)
+        else:
+            self._load_replay()
+            self.refresh_timeline()
+        self.set_interval(PLAY_TICK, self._play_tick, pause=False)
+
+    def _on_theme_changed(self, _theme: object) -> None:
+        self.query_one(ModelCallsTable).sync(self.view_state.model_calls, self.view_state.start_time, force=True)
+        self.query_one(FailuresTable).sync(self.view_state.failures, force=True)
+
+    # -- sources -------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="live-feed")
+    async def _live_feed(self) -> None:
+        """Drain the bus queue into batches: at most one batch per LIVE_BATCH_INTERVAL."""
+        queue = self.app.live_queue()  # type: ignore[attr-defined]
+        while True:
+            first = await queue.get()
+            batch = [first]
+            chars = len(first.data) if type(first) is TerminalOutput else 0
+            while not queue.empty() and chars < LIVE_BATCH_CHARS and len(batch) < LIVE_BATCH_EVENTS:
+                ev = queue.get_nowait()
+                batch.append(ev)
+                if type(ev) is TerminalOutput:
+                    chars += len(ev.data)
+            self.post_message(EventsReceived(batch, "live"))
+            await asyncio.sleep(0 if not queue.empty() else LIVE_BATCH_INTERVAL)
+
+    @work(thread=True, exclusive=True, group="replay-load")
+    def _load_replay(self) -> None:
+        assert self.run_dir is not None and self.index is not None
+        start = time.perf_counter()
+        path = self.run_dir / "events.jsonl"
+        for batch in iter_event_batches(path, self.index, REPLAY_BATCH, self.load_stats):
+            if not self.is_attached:
+                return
+            self.post_message(EventsReceived(batch, "replay"))
+        self.post_message(
+            ReplayLoaded(self.load_stats.events, time.perf_counter() - start, self.load_stats.bad_lines)
+        )
+
+    # -- the one event-handling path -----------------------------------------------------------
+
+    @on(EventsReceived)
+    def on_events_received(self, message: EventsReceived) -> None:
+        self.ingest(message.events)
+
+    def ingest(self, events: list[Event]) -> None:
+        term = self.terminal
+        term.ingest(events)
+        state = self.state
+        apply = state.apply
+        ts = self.ts
+        changed = False
+        base = self.total
+        for i, ev in enumerate(events):
+            ts.append(ev.ts.timestamp())
+            if apply(ev):
+                changed = True
+                self.key_idx.append(base + i)
+                self.key_evs.append(ev)
+                if type(ev) is FailureRecorded:
+                    self.failure_idx.append(base + i)
+                elif type(ev) is OutcomeDecided and self.mode == "live":
+                    self.episode_running = bool(self.control and self.control.running)
+        self.total += len(events)
+        if self.cursor is None:
+            term.refresh_content()
+            if changed:
+                self.refresh_panels()
+            elif self.mode == "live":
+                self._tick_header()
+        if self.mode == "replay":
+            self.refresh_timeline()
+
+    @on(ReplayLoaded)
+    def on_replay_loaded(self, message: ReplayLoaded) -> None:
+        self.loading = False
+        self.load_seconds = message.seconds
+        if message.bad_lines:
+            examples = "; ".join(self.load_stats.bad_examples)
+            self.notify(
+                f"{message.bad_lines} line(s) of events.jsonl could not be read and were skipped ({examples})",
+                severity="warning",
+                timeout=8,
+            )
+        self.refresh_timeline()
+        self.refresh_panels()
+
+    # -- drawing -------------------------------------------------------------------------------
+
+    def refresh_panels(self) -> None:
+        state = self.view_state
+        self._show_header()
+        self.query_one(WarningsBar).show(state)
+        self.query_one(InstallProgressBar).show(state)
+        self.query_one(StatsPanel).show(state)
+        self.query_one(CleanupPanel).show(state)
+        self.query_one(ModelCallsTable).sync(state.model_calls, state.start_time)
+        self.query_one(FailuresTable).sync(state.failures)
+
+    def _show_header(self) -> None:
+        state = self.view_state
+        live_now = None
+        if self.mode == "live" and self.cursor is None and not state.finished:
+            live_now = datetime.now(UTC)
+        mode = "LIVE" if self.mode == "live" else f"REPLAY {self.run_dir.name if self.run_dir else ''}".strip()
+        self.query_one(RunHeader).show(
+            state, mode=mode, keep=self.keep if self.mode == "live" else None, now=live_now
+        )
+
+    def _tick_header(self) -> None:
+        self._show_header()
+
+    def refresh_timeline(self) -> None:
+        if self.mode != "replay":
+            return
+        timeline = self.query_one(Timeline)
+        pos = self.total - 1 if self.cursor is None else self.cursor
+        summary, when = "", ""
+        if pos >= 0 and self.index is not None:
+            ev = self.index.event_at(pos)
+            if ev is not None:
+                summary = fmt.summarize(ev)
+                when = fmt.offset(ev.ts, self.state.start_time)
+        timeline.show(
+            cursor=self.cursor,
+            total=self.total,
+            loading=self.loading,
+            summary=summary,
+            when=when,
+            failures=self.failure_idx,
+            playback=self._playback_status(),
+        )
+
+    # -- timeline ------------------------------------------------------------------------------
+
+    def seek(self, index: int | None) -> None:
+        """Show the run as of event ``index`` (``None``: the latest state, following new events)."""
+        if index is not None:
+            if self.total == 0:
+                return
+            index = min(max(index, 0), self.total - 1)
+        self.cursor = index
+        term = self.terminal
+        if index is None:
+            self.view_state = self.state
+            term.set_limit(None)
+        else:
+            k = bisect_right(self.key_idx, index)
+            view = RunState.fold(self.key_evs[:k], info=self.info)
+            view.last_ts = datetime.fromtimestamp(self.ts[index], UTC)
+            if view.first_ts is None:
+                view.first_ts = datetime.fromtimestamp(self.ts[0], UTC)
+            self.view_state = view
+            term.set_limit(term.marks[index])
+        self.refresh_panels()
+        self.refresh_timeline()
+        if index is not None and self.index is not None:
+            ev = self.index.event_at(index)
+            if isinstance(ev, FailureRecorded):
+                table = self.query_one(FailuresTable)
+                if table.records:
+                    table.move_cursor(row=len(table.records) - 1, animate=False)
+            elif isinstance(ev, ModelCall):
+                self.query_one(ModelCallsTable).select_call(ev.call_id)
+
+    @on(Timeline.Seek)
+    def on_timeline_seek(self, message: Timeline.Seek) -> None:
+        self._stop_playback()
+        self.seek(message.index)
+
+    def action_step(self, delta: int) -> None:
+        self._stop_playback()
+        pos = self.total - 1 if self.cursor is None else self.cursor
+        self.seek(pos + delta)
+
+    def action_key_event(self, direction: int) -> None:
+        """Jump to the previous/next event that changes a panel (skipping terminal output)."""
+        pos = self.total - 1 if self.cursor is None else self.cursor
+        i = bisect_right(self.key_idx, pos)
+        target = (self.key_idx[i] if i < len(self.key_idx) else None) if direction > 0 else None
+        if direction < 0:
+            j = bisect_right(self.key_idx, pos - 1) - 1
+            target = self.key_idx[j] if j >= 0 else 0
+        if target is not None:
+            self._stop_playback()
+            self.seek(target)
+
+    def action_next_failure(self) -> None:
+        self._jump_failure(True)
+
+    def action_prev_failure(self) -> None:
+        self._jump_failure(False)
+
+    def _jump_failure(self, forward: bool) -> None:
+        if not self.failure_idx:
+            self.notify("No failure events in this run.", timeout=3)
+            return
+        target = self.query_one(Timeline).next_failure(forward)
+        self._stop_playback()
+        self.seek(target)
+
+    # -- playback ------------------------------------------------------------------------------
+
+    def _playback_status(self) -> str:
+        if self.play_source is None:
+            return ""
+        speed = "fast" if self.speed > 1 else "1×"
+        state = "▶" if self.playing else "⏸"
+        if self.play_source == "cast" and self.cast is not None:
+            return f"{state} terminal.cast {speed} {fmt.duration(self.play_clock)}/{fmt.duration(self.cast.duration)}"
+        return f"{state} events {speed}"
+
+    def action_play(self) -> None:
+        if self.playing:
+            self.playing = False
+        else:
+            if not self.cast_checked and self.run_dir is not None:
+                self.cast = read_cast(self.run_dir / "terminal.cast")
+                self.cast_checked = True
+            if self.cast is not None and self.cast.frames:
+                if self.play_source != "cast" or self.play_frame >= len(self.cast.frames):
+                    self.play_source = "cast"
+                    self.play_clock = 0.0
+                    self.play_frame = 0
+                    self.terminal.cast_reset()
+                self.terminal.view = "cast"
+            else:
+                if self.total == 0:
+                    return
+                start_idx = 0 if self.cursor is None or self.cursor >= self.total - 1 else self.cursor
+                self.play_source = "events"
+                self.play_clock = self.ts[start_idx] - self.ts[0]
+                self.seek(start_idx)
+            self.playing = True
+        self.terminal.set_cast_status(self._playback_status())
+        self.refresh_timeline()
+
+    def action_fast(self) -> None:
+        self.speed = 1.0 if self.speed > 1 else FAST
+        self.terminal.set_cast_status(self._playback_status())
+        self.refresh_timeline()
+
+    def _stop_playback(self) -> None:
+        if self.play_source is not None:
+            self.playing = False
+            self.play_source = None
+            if self.terminal.view == "cast":
+                self.terminal.view = "rendered"
+            self.terminal.set_cast_status("")
+
+    def _play_tick(self) -> None:
+        if not self.playing:
+            return
+        dt = PLAY_TICK * self.speed
+        if self.play_source == "cast" and self.cast is not None:
+            frames = self.cast.frames
+            if self.speed > 1 and self.play_frame < len(frames):
+                gap = frames[self.play_frame][0] - self.play_clock
+                if gap > FAST_GAP_S:
+                    self.play_clock = frames[self.play_frame][0] - FAST_GAP_S
+            self.play_clock += dt
+            term = self.terminal
+            i = self.play_frame
+            while i < len(frames) and frames[i][0] <= self.play_clock:
+                term.cast_feed(frames[i][1])
+                i += 1
+            self.play_frame = i
+            term.refresh_content()
+            if i >= len(frames):
+                self.playing = False
+                self.play_clock = self.cast.duration
+            start = self.cast.start_epoch
+            if start is not None and self.total:
+                idx = bisect_right(self.ts, start + self.play_clock) - 1
+                if idx >= 0 and idx != self.cursor:
+                    self.seek(idx)
+            term.set_cast_status(self._playback_status())
+            self.refresh_timeline()
+        elif self.play_source == "events" and self.total:
+            t0 = self.ts[0]
+            pos = self.cursor or 0
+            if self.speed > 1 and pos + 1 < self.total:
+                gap = (self.ts[pos + 1] - t0) - self.play_clock
+                if gap > FAST_GAP_S:
+                    self.play_clock = self.ts[pos + 1] - t0 - FAST_GAP_S
+            self.play_clock += dt
+            idx = max(bisect_right(self.ts, t0 + self.play_clock) - 1, 0)
+            if idx >= self.total - 1:
+                self.playing = False
+                idx = self.total - 1
+            if idx != self.cursor:
+                self.seek(idx)
+            else:
+                self.refresh_timeline()
+
+    # -- panel interactions --------------------------------------------------------------------
+
+    @on(ModelCallsTable.Open)
+    def open_call(self, message: ModelCallsTable.Open) -> None:
+        self.app.push_screen(ModelCallScreen(message.call, self.app.bodies_dir(self)))  # type: ignore[attr-defined]
+
+    @on(FailuresTable.Open)
+    def open_failure(self, message: FailuresTable.Open) -> None:
+        self.app.push_screen(FailureScreen(message.record))
+
+    def copy_target(self) -> tuple[str, str] | None:
+        """What ``y`` copies here: the selected call's bodies, the selected failure, or the terminal."""
+        focused = self.focused
+        if isinstance(focused, ModelCallsTable) and focused.selected is not None:
+            call = focused.selected
+            record = find_model_call(self.app.bodies_dir(self), call.call_id)  # type: ignore[attr-defined]
+            data = json.loads(call.model_dump_json())
+            data["record"] = record if record is not None else "not recorded"
+            return "model call", json.dumps(data, indent=2)
+        if isinstance(focused, FailuresTable) and focused.selected is not None:
+            return "failure", json.dumps(json.loads(focused.selected.model_dump_json()), indent=2)
+        return "terminal", self.terminal.visible_text()
+
+    # -- actions (the app routes shell/cancel/keep to the control) -----------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in LIVE_ONLY and self.mode != "live":
+            return False
+        if action in REPLAY_ONLY and self.mode != "replay":
+            return False
+        if action == "back":
+            return self.from_browser or self.play_source is not None
+        return True
+
+    def action_open_shell(self) -> None:
+        self.app.open_shell(self)  # type: ignore[attr-defined]
+
+    def action_cancel_episode(self) -> None:
+        self.app.request_cancel()  # type: ignore[attr-defined]
+
+    def action_toggle_keep(self) -> None:
+        self.app.toggle_keep(self)  # type: ignore[attr-defined]
+
+    def action_back(self) -> None:
+        if self.play_source is not None:
+            self._stop_playback()
+            self.refresh_timeline()
+            return
+        if self.from_browser:
+            self.app.pop_screen()

@@ -1,0 +1,120 @@
+"""The runs browser: every run directory under ``runs_dir`` with its outcome; Enter replays one."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from core.artifacts import RunInfo, list_runs
+from opencode_tui import format as fmt
+
+COLUMNS = ("run", "task", "outcome", "reward", "failure kind", "duration", "started (UTC)")
+
+
+def run_rows(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
+    """``list_runs``, newest start first (run.json's ``started_at``; unreadable ones last)."""
+    runs = list_runs(runs_dir)
+    return sorted(
+        runs,
+        key=lambda item: (item[1] is not None, item[1].started_at.timestamp() if item[1] else 0.0, item[0].name),
+        reverse=True,
+    )
+
+
+def run_summary(path: Path, info: RunInfo | None) -> dict[str, Any]:
+    """One run as plain data (``opencode-tui runs --json`` prints these)."""
+    if info is None:
+        return {"run_dir": str(path), "run_id": path.name, "readable": False}
+    out = info.outcome
+    return {
+        "run_dir": str(path),
+        "run_id": info.run_id,
+        "task_id": info.task_id,
+        "provider": info.provider,
+        "attempt": info.attempt,
+        "outcome": out.action if out else None,
+        "reward": out.reward if out else None,
+        "failure_kind": out.failure_kind if out else None,
+        "failure_stage": out.failure_stage if out else None,
+        "failure_class": out.failure_class if out else None,
+        "duration_s": info.duration_s,
+        "started_at": info.started_at.isoformat(),
+        "ended_at": info.ended_at.isoformat() if info.ended_at else None,
+    }
+
+
+class RunsTable(DataTable):
+    BINDINGS = [Binding("enter", "select_cursor", "Open run", tooltip="Replay the run in the run screen")]
+
+
+class RunsScreen(Screen[None]):
+    BINDINGS = [Binding("g", "reload", "Reload")]
+
+    def __init__(self, runs_dir: Path) -> None:
+        super().__init__()
+        self.runs_dir = Path(runs_dir)
+        self.rows: list[tuple[Path, RunInfo | None]] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="runs-title")
+        yield RunsTable(id="runs", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for name in COLUMNS:
+            table.add_column(name, key=name)
+        self.action_reload()
+        table.focus()
+
+    def action_reload(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        self.rows = run_rows(self.runs_dir)
+        colors = self.app.theme_variables
+        for path, info in self.rows:
+            if info is None:
+                table.add_row(Text(path.name), Text("run.json unreadable", style="italic"), *[Text("")] * 5)
+                continue
+            out = info.outcome
+            action = out.action if out else "running/unknown"
+            style = colors.get("success", "") if action == "scored" else colors.get("error", "")
+            table.add_row(
+                Text(path.name),
+                Text(info.task_id, style="bold"),
+                Text(action, style=style if out else "italic"),
+                Text(fmt.DASH if not out or out.reward is None else f"{out.reward:g}", justify="right"),
+                Text((out.failure_kind if out else None) or fmt.DASH),
+                Text(fmt.duration(info.duration_s), justify="right"),
+                Text(info.started_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")),
+            )
+        self.query_one("#runs-title", Static).update(
+            Content.from_markup(
+                "[b]Runs[/] in $dir · $n run(s) · [dim]enter opens a run (replay) · esc returns here[/]",
+                dir=str(self.runs_dir),
+                n=str(len(self.rows)),
+            )
+            if self.rows
+            else Content.from_markup(
+                "[b]No run directories[/] in $dir (run one with `opencode-tui run TASK`)", dir=str(self.runs_dir)
+            )
+        )
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self._open(event.cursor_row)
+
+    def _open(self, row: int) -> None:
+        if not 0 <= row < len(self.rows):
+            return
+        from opencode_tui.screens.run import RunScreen
+
+        self.app.push_screen(RunScreen(run_dir=self.rows[row][0], from_browser=True))

@@ -1,0 +1,201 @@
+"""The panels' state: a fold over the event stream (pure Python, no Textual).
+
+Live and replay feed the same :meth:`RunState.apply`. For the replay timeline the state "as of" an
+event is rebuilt by folding only the key events (everything but terminal output and OpenCode's own
+events, which only affect the terminal pane) up to that point, which is cheap.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from core.artifacts import RunInfo
+from core.events import (
+    CleanupObserved,
+    CleanupStep,
+    Compaction,
+    EpisodeStarted,
+    Event,
+    FailureRecorded,
+    InstallProgress,
+    ModelCall,
+    OpenCodeEvent,
+    OutcomeDecided,
+    PhaseChanged,
+    SandboxReady,
+    TerminalOutput,
+    ToolCall,
+    TranscriptStats,
+    VerificationFinished,
+    Warning_,
+)
+
+CLEANUP_ORDER = (
+    CleanupStep.RECEIPT,
+    CleanupStep.DESCENDANTS,
+    CleanupStep.TRANSCRIPT_SNAPSHOT,
+    CleanupStep.SANDBOX_RELEASED,
+)
+
+
+def is_key_event(event: Event) -> bool:
+    """Events that change a panel other than the terminal pane."""
+    return not isinstance(event, TerminalOutput | OpenCodeEvent)
+
+
+@dataclass
+class RunState:
+    """Everything the header and the panels show, folded from events (plus run.json when replaying)."""
+
+    info: RunInfo | None = None
+    started: EpisodeStarted | None = None
+    sandbox: SandboxReady | None = None
+    phase: PhaseChanged | None = None
+    install: dict[str, InstallProgress] = field(default_factory=dict)
+    warnings: list[Warning_] = field(default_factory=list)
+    model_calls: list[ModelCall] = field(default_factory=list)
+    tools: dict[str, str] = field(default_factory=dict)  # call id -> tool
+    tool_errors: int = 0
+    compactions: list[Compaction] = field(default_factory=list)
+    cleanup: dict[CleanupStep, CleanupObserved] = field(default_factory=dict)
+    failures: list[FailureRecorded] = field(default_factory=list)
+    verification: VerificationFinished | None = None
+    transcript: TranscriptStats | None = None
+    outcome: OutcomeDecided | None = None
+    first_ts: datetime | None = None
+    last_ts: datetime | None = None
+    events: int = 0
+    terminal_chars: int = 0
+    _call_rows: dict[str, int] = field(default_factory=dict)
+    _errored: set[str] = field(default_factory=set)
+
+    @classmethod
+    def fold(cls, events: Iterable[Event], info: RunInfo | None = None) -> RunState:
+        state = cls(info=info)
+        for event in events:
+            state.apply(event)
+        return state
+
+    def apply(self, ev: Event) -> bool:
+        """Fold one event in; True when a panel other than the terminal changed."""
+        self.events += 1
+        if self.first_ts is None:
+            self.first_ts = ev.ts
+        self.last_ts = ev.ts
+        if isinstance(ev, TerminalOutput):
+            self.terminal_chars += len(ev.data)
+            return False
+        if isinstance(ev, OpenCodeEvent):
+            return False
+        if isinstance(ev, ModelCall):
+            row = self._call_rows.get(ev.call_id)
+            if row is None:
+                self._call_rows[ev.call_id] = len(self.model_calls)
+                self.model_calls.append(ev)
+            else:
+                self.model_calls[row] = ev
+        elif isinstance(ev, ToolCall):
+            self.tools.setdefault(ev.call_id, ev.tool)
+            if ev.status == "error" and ev.call_id not in self._errored:
+                self._errored.add(ev.call_id)
+                self.tool_errors += 1
+        elif isinstance(ev, PhaseChanged):
+            self.phase = ev
+        elif isinstance(ev, EpisodeStarted):
+            self.started = ev
+        elif isinstance(ev, SandboxReady):
+            self.sandbox = ev
+        elif isinstance(ev, InstallProgress):
+            self.install[ev.package] = ev
+        elif isinstance(ev, Warning_):
+            self.warnings.append(ev)
+        elif isinstance(ev, Compaction):
+            self.compactions.append(ev)
+        elif isinstance(ev, CleanupObserved):
+            self.cleanup[ev.step] = ev
+        elif isinstance(ev, FailureRecorded):
+            self.failures.append(ev)
+        elif isinstance(ev, VerificationFinished):
+            self.verification = ev
+        elif isinstance(ev, TranscriptStats):
+            self.transcript = ev
+        elif isinstance(ev, OutcomeDecided):
+            self.outcome = ev
+        return True
+
+    # -- derived values ------------------------------------------------------------------------
+
+    @property
+    def task_id(self) -> str | None:
+        return self.started.task_id if self.started else (self.info.task_id if self.info else None)
+
+    @property
+    def provider(self) -> str | None:
+        if self.sandbox:
+            return self.sandbox.provider
+        if self.started:
+            return self.started.provider
+        return self.info.provider if self.info else None
+
+    @property
+    def sandbox_id(self) -> str | None:
+        return self.sandbox.sandbox_id if self.sandbox else (self.info.sandbox_id if self.info else None)
+
+    @property
+    def sandbox_owned(self) -> bool | None:
+        return self.sandbox.owned if self.sandbox else (self.info.sandbox_owned if self.info else None)
+
+    @property
+    def opencode_version(self) -> str | None:
+        if self.started:
+            return self.started.opencode_version
+        return self.info.versions.get("opencode") if self.info else None
+
+    @property
+    def run_budget_s(self) -> float | None:
+        return self.started.run_budget_s if self.started else None
+
+    @property
+    def start_time(self) -> datetime | None:
+        if self.started:
+            return self.started.ts
+        if self.info:
+            return self.info.started_at
+        return self.first_ts
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None or (self.phase is not None and self.phase.phase == "done")
+
+    def elapsed_s(self, now: datetime | None = None) -> float | None:
+        """Seconds since the episode started, up to ``now`` (live) or the last event seen (replay)."""
+        start = self.start_time
+        end = now or self.last_ts
+        if start is None or end is None:
+            return None
+        return max((end - start).total_seconds(), 0.0)
+
+    @property
+    def tool_counts(self) -> dict[str, int]:
+        return dict(Counter(self.tools.values()).most_common())
+
+    @property
+    def compaction_count(self) -> int:
+        if not self.compactions:
+            return 0
+        return max(self.compactions[-1].count, len(self.compactions))
+
+    def tokens(self, attr: str) -> int | None:
+        """Sum of a ModelCall token field; None when no call reported it (unknown is not zero)."""
+        values = [getattr(c, attr) for c in self.model_calls if getattr(c, attr) is not None]
+        return sum(values) if values else None
+
+    @property
+    def install_totals(self) -> tuple[int, int | None]:
+        done = sum(p.bytes_done for p in self.install.values())
+        totals = [p.bytes_total for p in self.install.values()]
+        total = None if not totals or any(t is None for t in totals) else sum(t for t in totals if t)
+        return done, total

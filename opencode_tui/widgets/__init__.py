@@ -1,0 +1,1 @@
+"""Widgets, grouped by domain: header, terminal, model calls, stats, cleanup, failures, timeline."""

@@ -1,0 +1,69 @@
+"""Failure events with their classification and the policy's action; Enter opens the detail."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import DataTable
+
+from core.events import FailureRecorded
+
+COLUMNS = ("kind", "stage", "class", "action", "evidence")
+
+
+class FailuresTable(DataTable):
+    BINDINGS = [Binding("enter", "select_cursor", "Failure detail", tooltip="Message, cause chain, evidence")]
+
+    class Open(Message):
+        def __init__(self, record: FailureRecorded) -> None:
+            self.record = record
+            super().__init__()
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.records: list[FailureRecorded] = []
+
+    def on_mount(self) -> None:
+        for name in COLUMNS:
+            self.add_column(name, key=name)
+        self.border_title = "Failures"
+        self.border_subtitle = "0"
+
+    def _row(self, rec: FailureRecorded) -> list[Text]:
+        colors = self.app.theme_variables
+        f, d = rec.failure, rec.decision
+        cls_style = {"model": colors.get("warning", ""), "evaluation": colors.get("error", "")}.get(
+            str(d.failure_class), ""
+        )
+        sources = ", ".join(e.source for e in f.evidence) or "none"
+        return [
+            Text(f.kind, style=f"bold {colors.get('error', '')}"),
+            Text(str(f.stage)),
+            Text(str(d.failure_class), style=cls_style),
+            Text(str(d.action), style="bold"),
+            Text(sources),
+        ]
+
+    def sync(self, records: list[FailureRecorded], force: bool = False) -> None:
+        mine = self.records
+        rebuild = force or len(records) < len(mine) or any(records[i] is not r for i, r in enumerate(mine))
+        if rebuild:
+            self.clear()
+            mine = self.records = []
+        for i, rec in enumerate(records[len(mine) :], start=len(mine)):
+            self.add_row(*self._row(rec), key=str(i))
+            mine.append(rec)
+        self.border_subtitle = str(len(records))
+
+    @property
+    def selected(self) -> FailureRecorded | None:
+        if not self.records or not 0 <= self.cursor_row < len(self.records):
+            return None
+        return self.records[self.cursor_row]
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        rec = self.selected
+        if rec is not None:
+            self.post_message(self.Open(rec))

@@ -1,0 +1,83 @@
+"""Stats: compactions, tool calls by tool, model calls and tokens, verification and outcome."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from textual.content import Content
+from textual.widgets import Static
+
+from opencode_tui import format as fmt
+from opencode_tui.state import RunState
+
+
+def _by_tool(counts: dict[str, int]) -> str:
+    return " · ".join(f"{tool} {n}" for tool, n in counts.items()) or "none"
+
+
+class StatsPanel(Static):
+    """Live counts from events; the transcript's counts (the source of truth) once cleanup confirmed."""
+
+    def show(self, state: RunState) -> None:
+        rows: list[Content] = []
+
+        def row(label: str, markup: str, **values: object) -> None:
+            rows.append(Content.from_markup(f"[b]{label:<13}[/]" + markup, **values))
+
+        last = state.compactions[-1].trigger if state.compactions else None
+        row("Compactions", "$n$last", n=str(state.compaction_count), last=f" (last: {last})" if last else "")
+        tools = state.tool_counts
+        row("Tool calls", "$n  $by", n=str(sum(tools.values())), by=_by_tool(tools))
+        if state.tool_errors:
+            row("", "[$state-failed]$n failed[/]", n=str(state.tool_errors))
+        kinds = Counter(c.kind for c in state.model_calls)
+        row(
+            "Model calls",
+            "$n  $kinds",
+            n=str(len(state.model_calls)),
+            kinds=" · ".join(f"{k} {v}" for k, v in kinds.items()),
+        )
+        row(
+            "Tokens",
+            "in $tin · out $tout · cache $tc · reasoning $tr",
+            tin=fmt.count(state.tokens("tokens_in")),
+            tout=fmt.count(state.tokens("tokens_out")),
+            tc=fmt.count(state.tokens("tokens_cache_read")),
+            tr=fmt.count(state.tokens("tokens_reasoning")),
+        )
+        t = state.transcript
+        if t is None:
+            row("Transcript", "[dim]after confirmed cleanup[/]")
+        else:
+            row(
+                "Transcript",
+                "$msgs messages · $comp compactions$trig",
+                msgs=str(t.messages),
+                comp=str(t.compactions),
+                trig=f" ({', '.join(t.compaction_triggers)})" if t.compaction_triggers else "",
+            )
+            row("", "tools $by", by=_by_tool(dict(sorted(t.tool_calls.items(), key=lambda kv: -kv[1]))))
+            row("", "tokens in $tin · out $tout", tin=fmt.count(t.tokens_in), tout=fmt.count(t.tokens_out))
+        v = state.verification
+        if v is not None:
+            verdict = "passed" if v.passed else ("failed" if v.passed is False else "inconclusive")
+            style = "$state-ok" if v.passed else "$state-failed"
+            row(
+                "Verification",
+                f"[{style}]$verdict[/] · reward $reward · exit $exit · $dur",
+                verdict=verdict,
+                reward=fmt.DASH if v.reward is None else f"{v.reward:g}",
+                exit=fmt.DASH if v.exit_code is None else str(v.exit_code),
+                dur=fmt.seconds(v.duration_s, 1),
+            )
+        o = state.outcome
+        if o is not None:
+            style = "$state-ok" if o.action == "scored" else "$state-failed"
+            row(
+                "Outcome",
+                f"[b {style}]$action[/] · reward $reward · $summary",
+                action=str(o.action),
+                reward=fmt.DASH if o.reward is None else f"{o.reward:g}",
+                summary=fmt.short(o.summary, 120),
+            )
+        self.update(Content("\n").join(rows))
