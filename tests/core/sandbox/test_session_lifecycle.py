@@ -1,0 +1,141 @@
+"""SandboxSession against real providers: confirmed cleanup, idempotent close, staging fences.
+
+Every harness is a real process tree inside a real sandbox (Docker container or bubblewrap); leftover
+processes are looked for on the host by a unique marker argument, which sees inside both kinds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+
+import pytest
+
+from core.sandbox.base import Sandbox, SandboxClosedError
+from core.session import ClosedBeforeLaunch, SandboxSession, SessionRefused, SessionState
+
+
+def _marker() -> str:
+    # A unique duration doubles as a marker: `sleep 1000.<n>` is findable from the host.
+    return f"1000.{uuid.uuid4().int % 10**9}"
+
+
+def _host_pids(marker: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _session(sandbox: Sandbox, run: float = 30, close: float = 9) -> SandboxSession:
+    return SandboxSession(
+        sandbox, f"/tmp/.opencode-tui/s-{uuid.uuid4().hex[:8]}", run_timeout_s=run, close_timeout_s=close
+    )
+
+
+async def test_double_forked_descendant_is_drained(sandbox: Sandbox):
+    marker = _marker()
+    s = _session(sandbox)
+    script = f"setsid sh -c 'sleep {marker}' </dev/null >/dev/null 2>&1 & echo started"
+    result = await s.execute(["/bin/sh", "-c", script])
+    assert result.exit_code == 0 and b"started" in result.stdout
+    receipt = await s.close()
+    assert receipt.cleanup_confirmed and receipt.return_code == 0
+    assert receipt.descendants_killed >= 1
+    assert _host_pids(marker) == []
+
+
+async def test_double_forked_descendant_gone_inside_container(provider, sandbox: Sandbox):
+    if provider.name != "docker":
+        pytest.skip(
+            "local: every exec has its own pid namespace, so `ps` in a later exec cannot see the "
+            "harness's tree; the host-side check in test_double_forked_descendant_is_drained covers it"
+        )
+    marker = _marker()
+    s = _session(sandbox)
+    await s.execute(["/bin/sh", "-c", f"setsid sh -c 'sleep {marker}' </dev/null >/dev/null 2>&1 &"])
+    await s.finalize()
+    ps = await sandbox.exec(["ps", "-eo", "args"], timeout=20)
+    assert f"sleep {marker}" not in ps.text()
+    await s.release()
+
+
+async def test_term_ignoring_harness_is_killed_and_deadline_sets_timed_out(sandbox: Sandbox):
+    marker = _marker()
+    s = _session(sandbox, run=2, close=6)
+    result = await s.execute(["/bin/sh", "-c", f"trap '' TERM; sleep {marker}"])
+    assert result.observed
+    receipt = await s.close()
+    assert receipt.cleanup_confirmed
+    assert receipt.timed_out is True
+    assert receipt.return_code is None and receipt.signal == 9
+    assert _host_pids(marker) == []
+
+
+async def test_close_is_idempotent_and_collects_once(sandbox: Sandbox):
+    calls = []
+
+    async def collect(sb, receipt):
+        calls.append(receipt)
+        await asyncio.sleep(0.2)
+
+    s = _session(sandbox)
+    await s.execute(["/bin/sh", "-c", "echo hi"], collect=collect)
+    r1, r2 = await asyncio.gather(s.finalize(), s.finalize())
+    r3 = await s.close()
+    r4 = await s.close()
+    assert r1 == r2 == r3 == r4
+    assert len(calls) == 1
+    assert s.state is SessionState.CLOSED
+
+
+async def test_close_during_staging_prevents_launch(sandbox: Sandbox):
+    s = _session(sandbox)
+    gate = asyncio.Event()
+    staged = asyncio.Event()
+
+    async def slow_stage(sb):
+        staged.set()
+        await gate.wait()
+
+    ran_marker = f"{s.paths.session_dir}/harness-ran"
+    execute = asyncio.ensure_future(s.execute(["/bin/sh", "-c", f"touch {ran_marker}"], stage=slow_stage))
+    await staged.wait()
+    closing = asyncio.ensure_future(s.finalize())
+    await asyncio.sleep(0.1)
+    gate.set()
+    with pytest.raises(ClosedBeforeLaunch):
+        await execute
+    receipt = await closing
+    assert receipt.cleanup_confirmed and receipt.return_code is None
+    probe = await sandbox.exec(["/bin/sh", "-c", f"test -e {ran_marker}"], timeout=10)
+    assert probe.exit_code == 1, "the harness must never have run"
+    await s.release()
+
+
+async def test_cancelled_close_stays_closing_and_can_retry(sandbox: Sandbox):
+    marker = _marker()
+    s = _session(sandbox, run=60, close=6)
+    task = asyncio.ensure_future(s.execute(["/bin/sh", "-c", f"trap '' TERM; sleep {marker}"]))
+    await asyncio.sleep(1.5)
+    closer = asyncio.ensure_future(s.close())
+    await asyncio.sleep(0.3)
+    closer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closer
+    assert s.state is not SessionState.CLOSED
+    receipt = await s.close()
+    assert receipt.cleanup_confirmed
+    await task
+    assert _host_pids(marker) == []
+
+
+async def test_closed_session_refuses_and_never_falls_back_to_host(sandbox: Sandbox, tmp_path):
+    s = _session(sandbox)
+    await s.execute(["/bin/sh", "-c", "true"])
+    await s.close()
+    host_marker = tmp_path / "ran-on-host"
+    with pytest.raises(SessionRefused):
+        await s.execute(["/bin/sh", "-c", f"touch {host_marker}"])
+    with pytest.raises(SandboxClosedError):
+        await sandbox.exec(["/bin/sh", "-c", f"touch {host_marker}"], timeout=5)
+    assert not host_marker.exists()
