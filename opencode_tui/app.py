@@ -23,7 +23,14 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from core.events import Event
-from opencode_tui.messages import CancelRequested, Copied, EpisodeFinished, KeepSandboxChanged, ShellStateChanged
+from opencode_tui import format as fmt
+from opencode_tui.messages import (
+    CancelRequested,
+    Copied,
+    EpisodeFinished,
+    KeepSandboxChanged,
+    ShellStateChanged,
+)
 from opencode_tui.screens.help import HelpScreen
 from opencode_tui.screens.modals import CleanupWaitScreen, ConfirmScreen
 from opencode_tui.screens.run import RunScreen
@@ -41,11 +48,13 @@ class OpenCodeTUI(App[None]):
     ENABLE_COMMAND_PALETTE = True
 
     BINDINGS = [
-        Binding("q", "request_quit", "Quit"),
+        Binding(
+            "q", "request_quit", "Quit", tooltip="Quit (while an episode runs: cancel it, wait for cleanup)"
+        ),
         Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True),
-        Binding("t", "next_theme", "Theme"),
+        Binding("t", "next_theme", "Theme", tooltip="Next theme (all themes: command palette)"),
         Binding("y", "copy", "Copy", tooltip="Copy the selection / selected call / failure (OSC 52)"),
-        Binding("f1,question_mark", "help", "Help", key_display="f1/?"),
+        Binding("f1,question_mark", "help", "Help", key_display="f1/?", tooltip="This help"),
     ]
 
     def __init__(
@@ -158,23 +167,42 @@ class OpenCodeTUI(App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         if isinstance(screen, RunScreen):
             live = screen.mode == "live"
-            yield SystemCommand("Open shell", "Interactive shell in the sandbox (s)", screen.action_open_shell)
+            yield SystemCommand(
+                "Open shell", "Interactive shell in the sandbox (s)", screen.action_open_shell
+            )
             if live:
-                yield SystemCommand("Cancel episode", "Stop the agent; cleanup is confirmed (c)", self.request_cancel)
                 yield SystemCommand(
-                    "Keep sandbox", "Toggle keeping the sandbox after the run (k)", lambda: self.toggle_keep(screen)
+                    "Cancel episode", "Stop the agent; cleanup is confirmed (c)", self.request_cancel
+                )
+                yield SystemCommand(
+                    "Keep sandbox",
+                    "Toggle keeping the sandbox after the run (k)",
+                    lambda: self.toggle_keep(screen),
                 )
             else:
-                yield SystemCommand("Play terminal recording", "Play/pause terminal.cast (p)", screen.action_play)
-                yield SystemCommand("Fast playback", "Toggle 1× / fast playback (f)", screen.action_fast)
-                yield SystemCommand("Next failure", "Jump the timeline to the next failure (n)",
-                                    screen.action_next_failure)
-            yield SystemCommand("Follow output", "Follow / pause the terminal (l)", screen.terminal.action_toggle_follow)
-            yield SystemCommand("Raw output", "Toggle the raw stdout/stderr view (r)", screen.terminal.action_toggle_raw)
-        yield SystemCommand("Copy", "Copy the selection / selected item to the clipboard (y)", self.action_copy)
+                yield SystemCommand(
+                    "Play terminal recording", "Play/pause terminal.cast (p)", screen.action_play
+                )
+                yield SystemCommand(
+                    "Fast playback", f"Toggle 1{fmt.TIMES} / fast playback (f)", screen.action_fast
+                )
+                yield SystemCommand(
+                    "Next failure", "Jump the timeline to the next failure (n)", screen.action_next_failure
+                )
+            yield SystemCommand(
+                "Follow output", "Follow / pause the terminal (l)", screen.terminal.action_toggle_follow
+            )
+            yield SystemCommand(
+                "Raw output", "Toggle the raw stdout/stderr view (r)", screen.terminal.action_toggle_raw
+            )
+        yield SystemCommand(
+            "Copy", "Copy the selection / selected item to the clipboard (y)", self.action_copy
+        )
         yield SystemCommand("Next theme", "Cycle the opencode themes (t)", self.action_next_theme)
         for name in self.themes:
-            yield SystemCommand(f"Theme: {name}", f"Switch to the {name} theme", lambda n=name: self.set_theme(n))
+            yield SystemCommand(
+                f"Theme: {name}", f"Switch to the {name} theme", lambda n=name: self.set_theme(n)
+            )
         yield SystemCommand("Help", "Keys and what each panel means (f1, ?)", self.action_help)
         yield SystemCommand("Quit", "Quit (asks first while an episode runs) (q)", self.action_request_quit)
 
@@ -260,7 +288,9 @@ class OpenCodeTUI(App[None]):
         screen._show_header()
         self.post_message(KeepSandboxChanged(self.keep))
         self.notify(
-            "The sandbox will be kept after the run." if self.keep else "The sandbox will be released after the run.",
+            "The sandbox will be kept after the run."
+            if self.keep
+            else "The sandbox will be released after the run.",
             timeout=3,
         )
 
@@ -309,4 +339,7 @@ class OpenCodeTUI(App[None]):
         except Exception:
             pass  # the episode's failure is in its events; what matters here is that it has ended
         self.episode_done = True
+        for screen in self.screen_stack:
+            if isinstance(screen, RunScreen):
+                screen.flush_live()
         self.exit()

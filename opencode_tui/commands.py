@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from pathlib import Path
 
-from opencode_tui.cli import EXIT_USAGE
+from opencode_tui.cli import EXIT_OK, EXIT_USAGE
+
+THEME_ENV = "OPENCODE_TUI_THEME"
 
 
 def _not_yet(name: str) -> int:
@@ -17,12 +22,64 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _not_yet("run")
 
 
+def _theme() -> str | None:
+    """The theme for `open`/`runs` (``OPENCODE_TUI_THEME``), checked before the app starts."""
+    from opencode_tui.themes import DEFAULT_THEME, ThemeError, load_themes
+
+    name = os.environ.get(THEME_ENV) or DEFAULT_THEME
+    try:
+        names = list(load_themes())
+    except ThemeError as exc:
+        print(f"opencode-tui: {exc}", file=sys.stderr)
+        return None
+    if name not in names:
+        print(
+            f"opencode-tui: unknown theme {name!r} in {THEME_ENV}; available: {', '.join(names)}",
+            file=sys.stderr,
+        )
+        return None
+    return name
+
+
 def cmd_open(args: argparse.Namespace) -> int:
-    return _not_yet("open")
+    from core.artifacts import RunDirReader
+
+    path = Path(args.run_dir)
+    try:
+        RunDirReader(path)
+    except FileNotFoundError as exc:
+        print(f"opencode-tui open: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    theme = _theme()
+    if theme is None:
+        return EXIT_USAGE
+    from opencode_tui.app import OpenCodeTUI
+
+    OpenCodeTUI(run_dir=path, theme=theme).run()
+    return EXIT_OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    return _not_yet("runs")
+    from opencode_tui.feeds import run_rows, run_summary
+
+    runs_dir = Path(args.runs_dir)
+    if not runs_dir.is_dir():
+        print(
+            f"opencode-tui runs: {runs_dir} is not a directory (run an episode first, or pass --runs-dir)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.json:
+        for path, info in run_rows(runs_dir):
+            print(json.dumps(run_summary(path, info)))
+        return EXIT_OK
+    theme = _theme()
+    if theme is None:
+        return EXIT_USAGE
+    from opencode_tui.app import OpenCodeTUI
+
+    OpenCodeTUI(runs_dir=runs_dir, theme=theme).run()
+    return EXIT_OK
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from core.artifacts import RunInfo, list_runs
 from core.events import Event, decode
 
 
@@ -164,3 +165,39 @@ def find_model_call(run_dir: Path | None, call_id: str) -> dict[str, Any] | None
             if isinstance(record, dict) and str(record.get("call_id")) == call_id:
                 found = record
     return found
+
+
+def run_rows(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
+    """``list_runs``, newest start first (run.json's ``started_at``; unreadable ones last)."""
+    runs = list_runs(runs_dir)
+    return sorted(
+        runs,
+        key=lambda item: (
+            item[1] is not None,
+            item[1].started_at.timestamp() if item[1] else 0.0,
+            item[0].name,
+        ),
+        reverse=True,
+    )
+
+
+def run_summary(path: Path, info: RunInfo | None) -> dict[str, Any]:
+    """One run as plain data (``opencode-tui runs --json`` prints these)."""
+    if info is None:
+        return {"run_dir": str(path), "run_id": path.name, "readable": False}
+    out = info.outcome
+    return {
+        "run_dir": str(path),
+        "run_id": info.run_id,
+        "task_id": info.task_id,
+        "provider": info.provider,
+        "attempt": info.attempt,
+        "outcome": out.action if out else None,
+        "reward": out.reward if out else None,
+        "failure_kind": out.failure_kind if out else None,
+        "failure_stage": out.failure_stage if out else None,
+        "failure_class": out.failure_class if out else None,
+        "duration_s": info.duration_s,
+        "started_at": info.started_at.isoformat(),
+        "ended_at": info.ended_at.isoformat() if info.ended_at else None,
+    }

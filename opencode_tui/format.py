@@ -25,7 +25,8 @@ from core.events import (
     Warning_,
 )
 
-DASH = "–"
+DASH = "\u2013"  # en dash: "unknown" (never zero)
+TIMES = "\u00d7"
 
 
 def duration(seconds: float | None) -> str:

@@ -12,7 +12,7 @@ from core.events import Event
 
 
 @dataclass
-class EventsReceived(Message):
+class EventsReceived(Message, bubble=False):
     """A batch of events, in order, from a live episode or from a run directory."""
 
     events: list[Event]
@@ -20,7 +20,7 @@ class EventsReceived(Message):
 
 
 @dataclass
-class ReplayLoaded(Message):
+class ReplayLoaded(Message, bubble=False):
     """The replay loader has read the whole ``events.jsonl``."""
 
     events: int

@@ -115,10 +115,12 @@ class TranscriptWriter:
             new = output
             self.buffer.ensure_line_start()
         if new:
-            self._write(cid, new if ev.status != "error" else f"{RED}{new}{RESET}")
+            self._write(cid, new)
         self._printed_output[cid] = output
         if ev.status != "running":
             self.buffer.ensure_line_start()
+            if ev.status == "error":
+                self.buffer.append(f"{RED}✗ {ev.title or 'command'} failed{RESET}\n")
             self.owner = None
             self._printed_output.pop(cid, None)
 

@@ -1308,8 +1308,9 @@ class DockerProvider(SandboxProvider):
                     message,
                     failure=_failure("sandbox_allocation_failed", stage=stage, operation=op, message=message),
                 )
+            # Read-only: connect() still works, but the sandbox cannot chmod/chown the host's socket.
             mounts.append(
-                DockerMount(target=SANDBOX_MODEL_SOCKET, source=source, type="bind", read_only=False)
+                DockerMount(target=SANDBOX_MODEL_SOCKET, source=source, type="bind", read_only=True)
             )
         name = f"opencode-tui-{_slug(spec.run_id)}-{uuid.uuid4().hex[:8]}"
         kwargs: dict[str, Any] = {

@@ -216,7 +216,10 @@ ETC_ALLOW = (
 )
 # pid 1 of every sandbox: reaps orphans (``wait`` reaps any child) and never exits on its own. As a
 # PID-namespace init it only receives signals it handles, so nothing inside can kill it.
-_KEEPER_SCRIPT = "command -v sleep >/dev/null 2>&1 || exit 127; while :; do sleep 3600 & wait; done"
+_KEEPER_SCRIPT = (
+    "command -v sleep >/dev/null 2>&1 || exit 127; echo ready; exec >/dev/null; "
+    "while :; do sleep 3600 & wait; done"
+)
 _CGROUP_WRAPPER = 'echo $$ > "$0" && exec "$@"'
 _REQUIRED_OPTIONS = (
     "--json-status-fd",
@@ -672,8 +675,17 @@ def _open_dir(parent_fd: int, name: str, *, create: bool) -> int:
     return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
 
 
-def _walk(root_fd: int, parts: Sequence[str], *, create: bool, shown: str) -> int:
-    """Open ``parts`` below ``root_fd`` one component at a time, never following a symlink."""
+class _SymlinkInTheWay(Exception):
+    def __init__(self, component: str):
+        super().__init__(component)
+        self.component = component
+
+
+def _walk(root_fd: int, parts: Sequence[str], *, create: bool) -> int:
+    """Open ``parts`` below ``root_fd`` one component at a time, never following a symlink.
+
+    Raises ``_SymlinkInTheWay`` when a component is a symlink (or not a directory).
+    """
     fd = os.dup(root_fd)
     try:
         for part in parts:
@@ -681,10 +693,7 @@ def _walk(root_fd: int, parts: Sequence[str], *, create: bool, shown: str) -> in
                 nxt = _open_dir(fd, part, create=create)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafeArchiveError(
-                        f"{shown}: component {part!r} is a symlink or not a directory; the local provider does "
-                        "not follow links on the host"
-                    ) from exc
+                    raise _SymlinkInTheWay(part) from exc
                 raise
             os.close(fd)
             fd = nxt
@@ -692,6 +701,48 @@ def _walk(root_fd: int, parts: Sequence[str], *, create: bool, shown: str) -> in
     except BaseException:
         os.close(fd)
         raise
+
+
+def _walk_existing(root_fd: int, parts: Sequence[str]) -> str | None:
+    """The first component of ``parts`` that is a symlink or non-directory on disk (None if none)."""
+    try:
+        os.close(_walk(root_fd, parts, create=False))
+    except _SymlinkInTheWay as exc:
+        return exc.component
+    except FileNotFoundError:
+        pass  # the rest will be created
+    return None
+
+
+def _dest_error(shown: str, component: str) -> SandboxError:
+    return _error(
+        "sandbox_file_failed",
+        "upload",
+        f"{shown}: path component {component!r} is a symlink or not a directory; the local provider does not "
+        "follow links on the host",
+        stage=FailureStage.AGENT,
+    )
+
+
+def _member_error(name: str, component: str, why: str) -> UnsafeArchiveError:
+    return UnsafeArchiveError(f"archive member {name!r} goes through {component!r}, {why}; refused")
+
+
+def _preflight(dest_fd: int | None, members: Sequence[tarfile.TarInfo]) -> None:
+    """Refuse, before anything is written, members that would pass through a symlink: one from the
+    archive itself (``a -> .`` then ``a/b``) or one already on disk. (A symlink planted on disk
+    *during* the extraction is caught by the O_NOFOLLOW walk, at that member.)"""
+    links = {_member_parts(m.name) for m in members if m.issym()}
+    for m in members:
+        paths = [_member_parts(m.name)]
+        if m.islnk():
+            paths.append(_member_parts(m.linkname))
+        for parts in paths:
+            for i in range(1, len(parts)):
+                if parts[:i] in links:
+                    raise _member_error(m.name, "/".join(parts[:i]), "a symlink in the same archive")
+            if dest_fd is not None and (bad := _walk_existing(dest_fd, parts[:-1])) is not None:
+                raise _member_error(m.name, bad, "a symlink (or non-directory) already in the target")
 
 
 def _remove_nondir(dir_fd: int, name: str) -> None:
@@ -714,80 +765,99 @@ def _safe_mode(mode: int) -> int:
 
 
 def _extract_pinned(root: Path, rel: Sequence[str], archive: bytes, shown: str) -> None:
-    root_fd = os.open(root, _DIR_FLAGS)
-    try:
-        dest_fd = _walk(root_fd, rel, create=True, shown=shown)
-    finally:
-        os.close(root_fd)
-    dir_modes: list[tuple[tuple[str, ...], int, float]] = []
-    try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tf:
-            for m in tf.getmembers():
-                parts = _member_parts(m.name)
-                if not parts:
-                    if m.isdir():
-                        dir_modes.append(((), m.mode, m.mtime))
-                    continue
-                parent = _walk(dest_fd, parts[:-1], create=True, shown=f"{shown}/{m.name}")
-                name = parts[-1]
-                try:
-                    if m.isdir():
-                        try:
-                            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                            if not stat.S_ISDIR(st.st_mode):
-                                os.unlink(name, dir_fd=parent)
-                                os.mkdir(name, 0o755, dir_fd=parent)
-                        except FileNotFoundError:
-                            os.mkdir(name, 0o755, dir_fd=parent)
-                        dir_modes.append((parts, m.mode, m.mtime))
-                    elif m.isfile():
-                        _remove_nondir(parent, name)
-                        fd = os.open(
-                            name,
-                            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                            0o600,
-                            dir_fd=parent,
-                        )
-                        try:
-                            src = tf.extractfile(m)
-                            assert src is not None
-                            while chunk := src.read(1 << 20):
-                                os.write(fd, chunk)
-                            os.fchmod(fd, _safe_mode(m.mode))
-                            os.utime(fd, (m.mtime, m.mtime))
-                        finally:
-                            os.close(fd)
-                    elif m.issym():
-                        _remove_nondir(parent, name)
-                        os.symlink(m.linkname, name, dir_fd=parent)
-                    elif m.islnk():
-                        src_parts = _member_parts(m.linkname)
-                        src_parent = _walk(
-                            dest_fd, src_parts[:-1], create=False, shown=f"{shown}/{m.linkname}"
-                        )
-                        try:
-                            _remove_nondir(parent, name)
-                            os.link(
-                                src_parts[-1],
-                                name,
-                                src_dir_fd=src_parent,
-                                dst_dir_fd=parent,
-                                follow_symlinks=False,
-                            )
-                        finally:
-                            os.close(src_parent)
-                finally:
-                    os.close(parent)
-        # Directory modes last (a read-only directory must not block its own members), deepest first.
-        for parts, mode, mtime in sorted(dir_modes, key=lambda x: len(x[0]), reverse=True):
-            fd = _walk(dest_fd, parts, create=False, shown=shown)
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tf:
+        members = tf.getmembers()
+        root_fd = os.open(root, _DIR_FLAGS)
+        try:
+            bad = _walk_existing(root_fd, rel)
+            if bad is not None:
+                raise _dest_error(shown, bad)
             try:
-                os.fchmod(fd, _safe_mode(mode) | 0o700)
-                os.utime(fd, (mtime, mtime))
+                existing: int | None = _walk(root_fd, rel, create=False)
+            except FileNotFoundError:
+                existing = None
+            try:
+                _preflight(existing, members)
             finally:
-                os.close(fd)
-    finally:
-        os.close(dest_fd)
+                if existing is not None:
+                    os.close(existing)
+            try:
+                dest_fd = _walk(root_fd, rel, create=True)
+            except _SymlinkInTheWay as exc:
+                raise _dest_error(shown, exc.component) from exc
+        finally:
+            os.close(root_fd)
+        try:
+            _extract_members(tf, members, dest_fd)
+        finally:
+            os.close(dest_fd)
+
+
+def _extract_members(tf: tarfile.TarFile, members: Sequence[tarfile.TarInfo], dest_fd: int) -> None:
+    dir_modes: list[tuple[tuple[str, ...], int, float]] = []
+    for m in members:
+        parts = _member_parts(m.name)
+        if not parts:
+            if m.isdir():
+                dir_modes.append(((), m.mode, m.mtime))
+            continue
+        try:
+            parent = _walk(dest_fd, parts[:-1], create=True)
+        except _SymlinkInTheWay as exc:
+            raise _member_error(m.name, exc.component, "a symlink (or non-directory) in the target") from exc
+        name = parts[-1]
+        try:
+            if m.isdir():
+                try:
+                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                    if not stat.S_ISDIR(st.st_mode):
+                        os.unlink(name, dir_fd=parent)
+                        os.mkdir(name, 0o755, dir_fd=parent)
+                except FileNotFoundError:
+                    os.mkdir(name, 0o755, dir_fd=parent)
+                dir_modes.append((parts, m.mode, m.mtime))
+            elif m.isfile():
+                _remove_nondir(parent, name)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(name, flags, 0o600, dir_fd=parent)
+                try:
+                    src = tf.extractfile(m)
+                    assert src is not None
+                    while chunk := src.read(1 << 20):
+                        os.write(fd, chunk)
+                    os.fchmod(fd, _safe_mode(m.mode))
+                    os.utime(fd, (m.mtime, m.mtime))
+                finally:
+                    os.close(fd)
+            elif m.issym():
+                _remove_nondir(parent, name)
+                os.symlink(m.linkname, name, dir_fd=parent)
+            elif m.islnk():
+                src_parts = _member_parts(m.linkname)
+                try:
+                    src_parent = _walk(dest_fd, src_parts[:-1], create=False)
+                except _SymlinkInTheWay as exc:
+                    raise _member_error(m.name, exc.component, "a symlink in the target") from exc
+                try:
+                    _remove_nondir(parent, name)
+                    os.link(
+                        src_parts[-1], name, src_dir_fd=src_parent, dst_dir_fd=parent, follow_symlinks=False
+                    )
+                finally:
+                    os.close(src_parent)
+        finally:
+            os.close(parent)
+    # Directory modes last (a read-only directory must not block its own members), deepest first.
+    for parts, mode, mtime in sorted(dir_modes, key=lambda x: len(x[0]), reverse=True):
+        try:
+            fd = _walk(dest_fd, parts, create=False)
+        except (_SymlinkInTheWay, FileNotFoundError):
+            continue  # changed under us by the sandbox: nothing to set
+        try:
+            os.fchmod(fd, _safe_mode(mode) | 0o700)
+            os.utime(fd, (mtime, mtime))
+        finally:
+            os.close(fd)
 
 
 def _tarinfo(arcname: str, st: os.stat_result) -> tarfile.TarInfo:
@@ -837,7 +907,15 @@ def _archive_pinned(root: Path, rel: Sequence[str], arcname: str, shown: str) ->
         else:
             root_fd = os.open(root, _DIR_FLAGS)
             try:
-                parent_fd = _walk(root_fd, rel[:-1], create=False, shown=shown)
+                parent_fd = _walk(root_fd, rel[:-1], create=False)
+            except _SymlinkInTheWay as exc:
+                raise _error(
+                    "sandbox_file_failed",
+                    "download",
+                    f"{shown}: path component {exc.component!r} is a symlink or not a directory; the local "
+                    "provider does not follow links on the host",
+                    stage=FailureStage.AGENT,
+                ) from exc
             finally:
                 os.close(root_fd)
             try:
@@ -908,7 +986,7 @@ class _StatusReader:
             try:
                 data = os.read(self.fd, 4096)
             except BlockingIOError:
-                return
+                break
             except OSError:
                 data = b""
             if not data:
@@ -950,6 +1028,34 @@ class _StatusReader:
                 pass
             finally:
                 loop.remove_reader(self.fd)
+
+
+async def _read_token(fd: int, token: bytes, timeout: float) -> bool:
+    """Read ``fd`` until ``token`` has been seen (True), or EOF / timeout (False)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + max(timeout, 0)
+    os.set_blocking(fd, False)
+    buf = b""
+    while token not in buf:
+        try:
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            remaining = end - loop.time()
+            if remaining <= 0:
+                return False
+            fut: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, lambda f=fut: f.done() or f.set_result(None))
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                loop.remove_reader(fd)
+            continue
+        if not data:
+            return False
+        buf += data
+    return True
 
 
 class _Pump:
@@ -1019,8 +1125,8 @@ class LocalSandbox(Sandbox):
         self._released = False
         self._lock = asyncio.Lock()
         self._ptys: set[_LocalPty] = set()
-        self._procs: set[int] = set()  # pids of bwrap processes we started (process-group leaders)
-        self._final_evidence: list[Evidence] = []
+        # Exec bwrap processes still running (process-group leaders, our children): killed on release.
+        self._execs: set[asyncio.subprocess.Process] = set()
         self._binds = self._compute_binds()
         self._fs_cache: list[str] | None = None
 
@@ -1078,7 +1184,12 @@ class LocalSandbox(Sandbox):
                 continue
             src = f"/etc/{name}"
             if os.path.islink(src):
-                args += ["--symlink", os.readlink(src), src]
+                # Keep a link whose target is visible inside (os-release, localtime, mtab); bind the
+                # file itself when it points elsewhere (resolv.conf -> /run/systemd/...).
+                if os.path.realpath(src).startswith(("/usr/", "/etc/", "/proc/")):
+                    args += ["--symlink", os.readlink(src), src]
+                elif os.path.exists(src):
+                    args += ["--ro-bind", src, src]
             else:
                 args += ["--ro-bind", src, src]
         args += ["--proc", "/proc", "--dev", "/dev"]
@@ -1137,6 +1248,39 @@ class LocalSandbox(Sandbox):
                 stage=FailureStage.AGENT,
             )
         return bind, tuple(p.relative_to(bind.target).parts)
+
+    def _check_cwd(self, cwd: str, operation: str) -> None:
+        """Refuse, before anything starts, a working directory that does not exist under its bind.
+
+        (bwrap changes directory only after it has started the command's process, so its failure
+        would look like the command's exit 1.) Paths outside the binds, or reached through a
+        symlink, are left to bwrap."""
+        p = PurePosixPath(cwd)
+        if not p.is_absolute() or ".." in p.parts:
+            raise ValueError(f"cwd {cwd!r} must be absolute and without '..'")
+        try:
+            bind, rel = self._translate(cwd, write=False, operation=operation)
+        except SandboxError:
+            return
+        try:
+            root = os.open(bind.source, _DIR_FLAGS)
+        except OSError:
+            return
+        try:
+            os.close(_walk(root, rel, create=False))
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise _error(
+                "command_failed",
+                operation,
+                f"the working directory {cwd!r} does not exist in local sandbox {self.sandbox_id}; "
+                "nothing was started",
+                stage=FailureStage.AGENT,
+                details=CommandDetails(delivery=Delivery.NOT_SENT),
+            ) from exc
+        except (_SymlinkInTheWay, OSError):
+            return
+        finally:
+            os.close(root)
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -1198,27 +1342,33 @@ class LocalSandbox(Sandbox):
         argv = self._wrap_cgroup(argv)
         log_path = self.state_dir / "keeper.log"
         reader = _StatusReader(status_r)
+        ready_r, ready_w = os.pipe()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
         try:
             # Started from the event-loop thread on purpose (not via to_thread): --die-with-parent
             # follows the *thread* that forked bwrap, and a worker thread may end at any time.
-            popen = _spawn_keeper(argv, log_path, status_w)
+            popen = _spawn_keeper(argv, log_path, status_w, ready_w)
         except OSError as exc:
-            os.close(status_r)
-            os.close(status_w)
+            for fd in (status_r, status_w, ready_r, ready_w):
+                os.close(fd)
             raise _error(
                 "sandbox_allocation_failed", "start keeper", f"cannot start bwrap: {exc}", exc=exc
             ) from exc
         os.close(status_w)
-        self._procs.add(popen.pid)
+        os.close(ready_w)
         try:
             child = await reader.wait_for("child-pid", timeout)
+            # "ready" comes from the shell loop itself: the namespaces, uid map and mounts are all
+            # set up (joining the user namespace any earlier races with bwrap writing its uid map).
+            ready = isinstance(child, int) and await _read_token(ready_r, b"ready\n", end - loop.time())
         finally:
             os.close(status_r)
-        if not isinstance(child, int):
+            os.close(ready_r)
+        if not isinstance(child, int) or not ready:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(popen.pid, signal.SIGKILL)
             await asyncio.to_thread(popen.wait)
-            self._procs.discard(popen.pid)
             why = log_path.read_text(errors="replace").strip()[-2000:] or "no output"
             raise _error(
                 "sandbox_allocation_failed",
@@ -1317,12 +1467,15 @@ class LocalSandbox(Sandbox):
         if not argv:
             raise ValueError("argv must not be empty")
         keeper = await self._live_keeper(operation)
+        self._check_cwd(cwd or self.spec.workdir, operation)
         p = self._provider
         opened: list[int] = []
         try:
-            for ns in ("user", "pid") + (("net", "ipc", "uts") if p.nsenter else ()):
+            for ns in ("user", "pid"):
                 opened.append(os.open(f"/proc/{keeper.pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC))
             # The fds pin the namespaces; check they are the keeper's and not a recycled pid's.
+            # (bwrap keeps these two fds open in the command: harmless, it is already in those
+            # namespaces and has no capability in them, so it cannot setns with them.)
             if not keeper.alive() or os.fstat(opened[1]).st_ino != keeper.pidns:
                 raise SandboxError(f"local sandbox {self.sandbox_id}: its pid 1 exited while an exec started")
             status_r, status_w = os.pipe()
@@ -1336,14 +1489,11 @@ class LocalSandbox(Sandbox):
         launch.child_fds = [*opened, status_w, block_r]
         cmd: list[str] = []
         if p.nsenter:
-            net_fd, ipc_fd, uts_fd = opened[2:]
-            cmd += [
-                p.nsenter,
-                f"--net=/proc/self/fd/{net_fd}",
-                f"--ipc=/proc/self/fd/{ipc_fd}",
-                f"--uts=/proc/self/fd/{uts_fd}",
-                "--",
-            ]
+            # By path, so that no fd of them leaks into the command. Should the keeper die and its
+            # pid be recycled in between, the pinned PID namespace above is dead: bwrap cannot
+            # start anything in it, so a wrong network namespace can never run a command.
+            ns_dir = f"/proc/{keeper.pid}/ns"
+            cmd += [p.nsenter, f"--net={ns_dir}/net", f"--ipc={ns_dir}/ipc", f"--uts={ns_dir}/uts", "--"]
         cmd += [p.bwrap.path, "--userns", str(user_fd), "--pidns", str(pid_fd)]
         if not p.nsenter:
             cmd += ["--unshare-ipc", "--unshare-uts", "--hostname", self.hostname]
@@ -1357,7 +1507,9 @@ class LocalSandbox(Sandbox):
         cmd += ["--chdir", cwd or self.spec.workdir, "--clearenv"]
         for k, v in self._env(env, tty=tty).items():
             cmd += ["--setenv", k, v]
-        cmd += ["--", *argv]
+        # Through `sh -c 'exec "$@"'` (same pid, same argv): a missing or non-executable command is
+        # then the shell's 127/126, as in any container, not bwrap's own "exit 1".
+        cmd += ["--", "/bin/sh", "-c", 'exec "$@"', "sh", *argv]
         launch.argv = self._wrap_cgroup(cmd)
         launch.pass_fds = tuple(launch.child_fds)
         return launch
@@ -1398,7 +1550,7 @@ class LocalSandbox(Sandbox):
 
     async def inspect(self) -> list[Evidence]:
         if self._released:
-            return list(self._final_evidence)
+            raise SandboxClosedError(f"local sandbox {self.sandbox_id} was released; inspect refused")
         out: list[Evidence] = []
         if self._cgroup is not None and self._cgroup.exists():
             out.append(self._cgroup.evidence(self._oom_baseline))
@@ -1475,13 +1627,13 @@ class LocalSandbox(Sandbox):
                 os.close(out_w)
             with contextlib.suppress(OSError):
                 os.close(err_w)
-        self._procs.add(proc.pid)
+        self._execs.add(proc)
         run = _ExecRun(self, eid, proc, launch, out_r, err_r, on_output)
         try:
             return await run.run(deadline, stdin, started)
         finally:
             await run.cleanup()
-            self._procs.discard(proc.pid)
+            self._execs.discard(proc)
 
     async def pty(
         self, argv: Sequence[str], *, cols: int = 80, rows: int = 24, cwd: str | None = None
@@ -1489,6 +1641,9 @@ class LocalSandbox(Sandbox):
         import ptyprocess
 
         launch = await self._prepare(argv, cwd=cwd, env=None, tty=True, operation="pty")
+        # ptyprocess only keeps pass_fds open; unlike subprocess it does not make them inheritable.
+        for fd in launch.pass_fds:
+            os.set_inheritable(fd, True)
         try:
             proc = ptyprocess.PtyProcess.spawn(
                 launch.argv, env=_HOST_ENV, dimensions=(rows, cols), pass_fds=launch.pass_fds
@@ -1503,7 +1658,6 @@ class LocalSandbox(Sandbox):
                 exc=exc,
             ) from exc
         launch.close_child_fds()
-        self._procs.add(proc.pid)
         reader = _StatusReader(launch.status_r)
         child = await reader.wait_for("child-pid", self.spec.ready_timeout_s)
         if not isinstance(child, int):
@@ -1515,7 +1669,6 @@ class LocalSandbox(Sandbox):
                 os.killpg(proc.pid, signal.SIGKILL)
             await asyncio.to_thread(proc.close, True)
             launch.close_all()
-            self._procs.discard(proc.pid)
             raise _error(
                 "sandbox_pty_failed",
                 "pty",
@@ -1584,17 +1737,12 @@ class LocalSandbox(Sandbox):
                 await _stop_keeper(k)
             return
         problems: list[str] = []
-        with contextlib.suppress(Exception):
-            self._final_evidence = await self._inspect_for_release()
         if self._keeper is not None:
             await _stop_keeper(self._keeper)
-        for pid in list(self._procs):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-        if self._keeper is not None:
-            for pid in _pids_in_ns(self._keeper.pidns):
+        for proc in list(self._execs):
+            if proc.returncode is None:  # not reaped: its pid (and group) cannot have been reused
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+                    os.killpg(proc.pid, signal.SIGKILL)
         if self._cgroup is not None:
             if not await self._cgroup.kill_all():
                 problems.append(f"processes still in cgroup {self._cgroup.path}: {self._cgroup.pids()}")
@@ -1608,17 +1756,13 @@ class LocalSandbox(Sandbox):
             msg = f"release of local sandbox {self.sandbox_id} incomplete: " + "; ".join(problems)
             raise _error("sandbox_release_failed", "release", msg, stage=FailureStage.CLEANUP)
 
-    async def _inspect_for_release(self) -> list[Evidence]:
-        ev = await self.inspect()
-        return [e for e in ev if e.source == SOURCE_CGROUP]
 
-
-def _spawn_keeper(argv: list[str], log_path: Path, status_w: int) -> subprocess.Popen[bytes]:
+def _spawn_keeper(argv: list[str], log_path: Path, status_w: int, ready_w: int) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as logf:
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=logf,
+            stdout=ready_w,
             stderr=logf,
             pass_fds=(status_w,),
             start_new_session=True,
@@ -1636,20 +1780,23 @@ def _protect_from_oom_killer(pid: int) -> None:
         Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
 
 
-async def _stop_keeper(k: _Keeper) -> None:
+async def _stop_keeper(k: _Keeper, budget: float = 5.0) -> None:
+    """Kill the sandbox's pid 1: the kernel then kills every process in its PID namespace, and the
+    keeper is only fully gone once they all are. (Only a keeper verified by its start time is
+    signalled; its bwrap parent exits by itself. No pid is ever signalled by namespace inode after
+    the namespace may have died: inode numbers are recycled.)"""
     if k.alive():
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(k.pid, signal.SIGKILL)  # pid 1 of the namespace: the kernel kills the rest
+            os.kill(k.pid, signal.SIGKILL)
     if k.popen is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(k.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            await asyncio.to_thread(k.popen.wait, 5)
-    elif k.bwrap_pid is not None:
-        st = _proc_stat(k.bwrap_pid)
-        if st is not None and st.sid == k.bwrap_pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(k.bwrap_pid, signal.SIGKILL)
+            await asyncio.to_thread(k.popen.wait, budget)
+    for _ in range(int(budget / 0.02)):
+        if not k.alive():
+            break
+        await asyncio.sleep(0.02)
 
 
 def _rmtree(path: Path) -> None:
@@ -1741,9 +1888,7 @@ class _ExecRun:
         try:
             await asyncio.wait_for(self.proc.wait(), max(deadline - loop.time(), 0))
         except TimeoutError:
-            self._kill()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), 2)
+            await self._terminate()
             await self._drain(0.05)
             await self._finish_dispatch()
             return self._result(
@@ -1817,9 +1962,7 @@ class _ExecRun:
     async def _setup_failed(self, started: datetime, deadline: float) -> ExecResult:
         loop = asyncio.get_running_loop()
         if loop.time() >= deadline and not self.status.eof:
-            self._kill()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), 2)
+            await self._terminate()
             return self._result(
                 started,
                 exit_code=None,
@@ -1842,17 +1985,22 @@ class _ExecRun:
             details=CommandDetails(execution_id=self.eid, delivery=Delivery.NOT_SENT),
         )
 
-    def _kill(self) -> None:
+    async def _terminate(self) -> None:
+        """Kill the command's tree; bwrap then reaps its child and exits by itself (killing bwrap
+        first would hand the command's zombie to the host's init). bwrap itself only as a fallback."""
         if self.child is not None:
             _kill_tree(self.child, self.sb.pidns)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), 1.5)
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), 2)
 
     async def cleanup(self) -> None:
         if self.proc.returncode is None:
-            self._kill()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), 2)
+            await self._terminate()
         pending = [t for t in self.tasks if not t.done()]
         if self.dispatcher is not None and not self.dispatcher.done():
             pending.append(self.dispatcher)
@@ -1959,7 +2107,6 @@ class _LocalPty(PtyHandle):
             os.killpg(self._proc.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._proc.close, True)
-        self._sb._procs.discard(self._proc.pid)
         self._sb._ptys.discard(self)
 
 
@@ -2260,9 +2407,6 @@ async def _destroy(state_dir: Path, meta: Mapping[str, Any]) -> None:
             pid=k["pid"], start_time=k["start_time"], pidns=k["pidns"], bwrap_pid=k.get("bwrap_pid")
         )
         await _stop_keeper(keeper)
-        for pid in _pids_in_ns(keeper.pidns):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
     cg = meta.get("cgroup")
     if cg:
         cgroup = _Cgroup(Path(cg))

@@ -23,7 +23,7 @@ PANELS = """\
   its counts come from OpenCode's own database and are the source of truth.
 - **Cleanup**: the four steps the engine must confirm before exporting or verifying anything: the
   supervisor's cleanup receipt, descendants drained, transcript snapshot, sandbox released. Each is
-  pending ○, running ◐, ok ✓, failed ✗ or skipped –, with the engine's reason.
+  pending ○, running ◐, ok ✓, failed ✗ or skipped -, with the engine's reason.
 - **Model calls**: every call seen by the recording proxy: time since start, kind (title, agent,
   compaction), the assistant message it belongs to, HTTP status, tokens, latency and time to first token.
   Enter shows the redacted request and response.
@@ -41,19 +41,31 @@ confirmed cleanup. The shell (`s`) needs a live sandbox; in a replay it is unava
 """
 
 
+MORE_KEYS = """\
+More keys: `tab` / `shift+tab` move the focus between panels · `enter` opens the selected model call or
+failure · in a replay `{` / `}` jump to the previous/next event that changed a panel, `N` to the previous
+failure, and with the timeline focused `←` / `→` (`shift` for 100), `home` / `end` · `escape` stops a
+playback or returns to the runs browser · in the shell every key goes to the shell, `ctrl+]` comes back ·
+`ctrl+p` opens the command palette.
+"""
+
+
 def bindings_markdown(screen: Screen) -> str:
+    """The keys shown in the footer of ``screen`` (with the focused widget's), with their descriptions."""
     rows: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for key, active in screen.active_bindings.items():
+    for active in screen.active_bindings.values():
         binding: Binding = active.binding
-        if not active.enabled or not binding.description or key in seen:
+        if not active.enabled or not binding.show or not binding.description:
             continue
-        seen.add(key)
         display = binding.key_display or screen.app.get_key_display(binding)
+        if display in seen:
+            continue
+        seen.add(display)
         rows.append((display, binding.tooltip or binding.description))
     table = ["| key | what it does |", "|---|---|"]
     table += [f"| `{k}` | {d} |" for k, d in rows]
-    return "## Keys on this screen\n\n" + "\n".join(table) + "\n\n`ctrl+p` opens the command palette.\n"
+    return "## Keys on this screen\n\n" + "\n".join(table) + "\n\n" + MORE_KEYS
 
 
 class HelpScreen(ModalScreen[None]):

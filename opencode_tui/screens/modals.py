@@ -104,10 +104,10 @@ class ModelCallScreen(ModalScreen[None]):
             ("error", c.error or fmt.DASH),
         ]
         if self.loaded:
-            fields.append(("bodies", "from model_calls.jsonl" if self.record else f"{NOT_RECORDED} (no record)"))
-        return Content("\n").join(
-            Content.from_markup("[b]$k[/]$v", k=f"{k:<24}", v=v) for k, v in fields
-        )
+            fields.append(
+                ("bodies", "from model_calls.jsonl" if self.record else f"{NOT_RECORDED} (no record)")
+            )
+        return Content("\n").join(Content.from_markup("[b]$k[/]$v", k=f"{k:<24}", v=v) for k, v in fields)
 
     def on_mount(self) -> None:
         for area in self.query(TextArea):
@@ -178,7 +178,10 @@ class FailureScreen(ModalScreen[None]):
         field("stage", f.stage)
         field("class", d.failure_class)
         line("[b]$k[/][b $accent]$v[/]", k=f"{'action':<16}", v=str(d.action))
-        field("decided by", f"{d.level} rule '{d.rule}'" + (" (retries exhausted)" if d.retries_exhausted else ""))
+        field(
+            "decided by",
+            f"{d.level} rule '{d.rule}'" + (" (retries exhausted)" if d.retries_exhausted else ""),
+        )
         field("operation", f.operation)
         field("http status", fmt.DASH if f.http_status is None else f.http_status)
         field("occurred at", f.occurred_at.isoformat())
@@ -193,8 +196,13 @@ class FailureScreen(ModalScreen[None]):
         else:
             for i, cause in enumerate(f.cause.chain()):
                 prefix = "" if i == 0 else "caused by "
-                line("$indent$prefix[b]$type[/]: $msg", indent="  " * i, prefix=prefix, type=cause.type,
-                     msg=cause.message)
+                line(
+                    "$indent$prefix[b]$type[/]: $msg",
+                    indent="  " * i,
+                    prefix=prefix,
+                    type=cause.type,
+                    msg=cause.message,
+                )
         line("")
         line("[b $primary]Evidence[/]")
         if not f.evidence:
@@ -244,4 +252,6 @@ class CleanupWaitScreen(ModalScreen[None]):
             yield LoadingIndicator()
 
     def action_still_waiting(self) -> None:
-        self.notify("Still waiting for cleanup to finish; the app exits as soon as it is confirmed.", timeout=3)
+        self.notify(
+            "Still waiting for cleanup to finish; the app exits as soon as it is confirmed.", timeout=3
+        )

@@ -60,14 +60,30 @@ class RunScreen(Screen[None]):
         Binding("s", "open_shell", "Shell", tooltip="Interactive shell in the sandbox (ctrl+] to return)"),
         Binding("c", "cancel_episode", "Cancel", tooltip="Cancel the episode (cleanup is still confirmed)"),
         Binding("k", "toggle_keep", "Keep sandbox", tooltip="Keep the sandbox after the run for debugging"),
-        Binding("left_square_bracket", "step(-1)", "◀ Event", key_display="["),
-        Binding("right_square_bracket", "step(1)", "Event ▶", key_display="]"),
+        Binding(
+            "left_square_bracket",
+            "step(-1)",
+            "◀ Event",
+            key_display="[",
+            tooltip="Replay: step the timeline one event back",
+        ),
+        Binding(
+            "right_square_bracket",
+            "step(1)",
+            "Event ▶",
+            key_display="]",
+            tooltip="Replay: step the timeline one event forward",
+        ),
         Binding("left_curly_bracket", "key_event(-1)", "Prev key event", show=False, key_display="{"),
         Binding("right_curly_bracket", "key_event(1)", "Next key event", show=False, key_display="}"),
-        Binding("n", "next_failure", "Next failure"),
+        Binding("n", "next_failure", "Next failure", tooltip="Replay: jump the timeline to the next failure"),
         Binding("N", "prev_failure", "Prev failure", show=False),
-        Binding("p", "play", "Play/pause"),
-        Binding("f", "fast", "Fast"),
+        Binding(
+            "p", "play", "Play/pause", tooltip="Replay: play/pause the terminal recording (terminal.cast)"
+        ),
+        Binding(
+            "f", "fast", "Fast", tooltip=f"Replay: toggle 1{fmt.TIMES} / fast playback (idle gaps skipped)"
+        ),
         Binding("escape", "back", "Back", show=False),
     ]
 
@@ -155,10 +171,12 @@ class RunScreen(Screen[None]):
         else:
             self._load_replay()
             self.refresh_timeline()
-        self.set_interval(PLAY_TICK, self._play_tick, pause=False)
+        self._play_timer = self.set_interval(PLAY_TICK, self._play_tick, pause=True)
 
     def _on_theme_changed(self, _theme: object) -> None:
-        self.query_one(ModelCallsTable).sync(self.view_state.model_calls, self.view_state.start_time, force=True)
+        self.query_one(ModelCallsTable).sync(
+            self.view_state.model_calls, self.view_state.start_time, force=True
+        )
         self.query_one(FailuresTable).sync(self.view_state.failures, force=True)
 
     # -- sources -------------------------------------------------------------------------------
@@ -178,6 +196,15 @@ class RunScreen(Screen[None]):
                     chars += len(ev.data)
             self.post_message(EventsReceived(batch, "live"))
             await asyncio.sleep(0 if not queue.empty() else LIVE_BATCH_INTERVAL)
+
+    def flush_live(self) -> None:
+        """Ingest whatever is still queued right now (before exiting, so the last state is shown)."""
+        queue = self.app.live_queue()  # type: ignore[attr-defined]
+        batch: list[Event] = []
+        while not queue.empty():
+            batch.append(queue.get_nowait())
+        if batch:
+            self.ingest(batch)
 
     @work(thread=True, exclusive=True, group="replay-load")
     def _load_replay(self) -> None:
@@ -257,7 +284,9 @@ class RunScreen(Screen[None]):
         live_now = None
         if self.mode == "live" and self.cursor is None and not state.finished:
             live_now = datetime.now(UTC)
-        mode = "LIVE" if self.mode == "live" else f"REPLAY {self.run_dir.name if self.run_dir else ''}".strip()
+        mode = (
+            "LIVE" if self.mode == "live" else f"REPLAY {self.run_dir.name if self.run_dir else ''}".strip()
+        )
         self.query_one(RunHeader).show(
             state, mode=mode, keep=self.keep if self.mode == "live" else None, now=live_now
         )
@@ -359,7 +388,7 @@ class RunScreen(Screen[None]):
     def _playback_status(self) -> str:
         if self.play_source is None:
             return ""
-        speed = "fast" if self.speed > 1 else "1×"
+        speed = "fast" if self.speed > 1 else f"1{fmt.TIMES}"
         state = "▶" if self.playing else "⏸"
         if self.play_source == "cast" and self.cast is not None:
             return f"{state} terminal.cast {speed} {fmt.duration(self.play_clock)}/{fmt.duration(self.cast.duration)}"
@@ -387,6 +416,10 @@ class RunScreen(Screen[None]):
                 self.play_clock = self.ts[start_idx] - self.ts[0]
                 self.seek(start_idx)
             self.playing = True
+        if self.playing:
+            self._play_timer.resume()
+        else:
+            self._play_timer.pause()
         self.terminal.set_cast_status(self._playback_status())
         self.refresh_timeline()
 
@@ -405,6 +438,7 @@ class RunScreen(Screen[None]):
 
     def _play_tick(self) -> None:
         if not self.playing:
+            self._play_timer.pause()
             return
         dt = PLAY_TICK * self.speed
         if self.play_source == "cast" and self.cast is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC
 from pathlib import Path
-from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -13,42 +12,11 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from core.artifacts import RunInfo, list_runs
+from core.artifacts import RunInfo
 from opencode_tui import format as fmt
+from opencode_tui.feeds import run_rows
 
 COLUMNS = ("run", "task", "outcome", "reward", "failure kind", "duration", "started (UTC)")
-
-
-def run_rows(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
-    """``list_runs``, newest start first (run.json's ``started_at``; unreadable ones last)."""
-    runs = list_runs(runs_dir)
-    return sorted(
-        runs,
-        key=lambda item: (item[1] is not None, item[1].started_at.timestamp() if item[1] else 0.0, item[0].name),
-        reverse=True,
-    )
-
-
-def run_summary(path: Path, info: RunInfo | None) -> dict[str, Any]:
-    """One run as plain data (``opencode-tui runs --json`` prints these)."""
-    if info is None:
-        return {"run_dir": str(path), "run_id": path.name, "readable": False}
-    out = info.outcome
-    return {
-        "run_dir": str(path),
-        "run_id": info.run_id,
-        "task_id": info.task_id,
-        "provider": info.provider,
-        "attempt": info.attempt,
-        "outcome": out.action if out else None,
-        "reward": out.reward if out else None,
-        "failure_kind": out.failure_kind if out else None,
-        "failure_stage": out.failure_stage if out else None,
-        "failure_class": out.failure_class if out else None,
-        "duration_s": info.duration_s,
-        "started_at": info.started_at.isoformat(),
-        "ended_at": info.ended_at.isoformat() if info.ended_at else None,
-    }
 
 
 class RunsTable(DataTable):
@@ -104,7 +72,8 @@ class RunsScreen(Screen[None]):
             )
             if self.rows
             else Content.from_markup(
-                "[b]No run directories[/] in $dir (run one with `opencode-tui run TASK`)", dir=str(self.runs_dir)
+                "[b]No run directories[/] in $dir (run one with `opencode-tui run TASK`)",
+                dir=str(self.runs_dir),
             )
         )
 

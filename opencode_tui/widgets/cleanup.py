@@ -14,7 +14,7 @@ LABELS = {
     CleanupStep.TRANSCRIPT_SNAPSHOT: "Transcript snapshot",
     CleanupStep.SANDBOX_RELEASED: "Sandbox released",
 }
-ICONS = {"pending": "○", "running": "◐", "ok": "✓", "failed": "✗", "skipped": "–"}
+ICONS = {"pending": "○", "running": "◐", "ok": "✓", "failed": "✗", "skipped": "\u2013"}
 
 
 class CleanupPanel(Static):
@@ -38,4 +38,6 @@ class CleanupPanel(Static):
         self.update(Content("\n").join(rows))
 
     def step_states(self, state: RunState) -> dict[str, str]:
-        return {str(s): str(state.cleanup[s].state) if s in state.cleanup else "pending" for s in CLEANUP_ORDER}
+        return {
+            str(s): str(state.cleanup[s].state) if s in state.cleanup else "pending" for s in CLEANUP_ORDER
+        }

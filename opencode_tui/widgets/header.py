@@ -10,8 +10,13 @@ from textual.widgets import Static
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
 
-_PHASE_STYLE = {"running": "$state-running", "ok": "$state-ok", "failed": "$state-failed",
-                "skipped": "$state-skipped", "pending": "$state-pending"}
+_PHASE_STYLE = {
+    "running": "$state-running",
+    "ok": "$state-ok",
+    "failed": "$state-failed",
+    "skipped": "$state-skipped",
+    "pending": "$state-pending",
+}
 
 
 class RunHeader(Static):

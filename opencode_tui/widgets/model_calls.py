@@ -18,7 +18,9 @@ COLUMNS = ("time", "kind", "message id", "status", "tok in", "tok out", "latency
 class ModelCallsTable(DataTable):
     """Rows follow ``RunState.model_calls`` (a prefix of it when the replay cursor is in the past)."""
 
-    BINDINGS = [Binding("enter", "select_cursor", "Call detail", tooltip="Show the call's request and response")]
+    BINDINGS = [
+        Binding("enter", "select_cursor", "Call detail", tooltip="Show the call's request and response")
+    ]
 
     class Open(Message):
         def __init__(self, call: ModelCall) -> None:
@@ -38,7 +40,7 @@ class ModelCallsTable(DataTable):
     def _row(self, call: ModelCall) -> list[Text]:
         colors = self.app.theme_variables
         if call.status is None:
-            status = Text(call.error and "error" or "pending", style=colors.get("warning", ""))
+            status = Text("error" if call.error else "pending", style=colors.get("warning", ""))
         elif call.status >= 400:
             status = Text(str(call.status), style=colors.get("error", ""))
         else:

@@ -23,12 +23,14 @@ class InstallProgressBar(Horizontal):
         if not state.install:
             return
         done, total = state.install_totals
-        names = ", ".join(
-            f"{p.package}{' (cached)' if p.cached else ''}" for p in state.install.values()
-        )
+        names = ", ".join(f"{p.package}{' (cached)' if p.cached else ''}" for p in state.install.values())
         self.query_one("#install-label", Label).update(
-            Content.from_markup("[b]install[/] $names $done/$total", names=names, done=fmt.nbytes(done),
-                                total=fmt.nbytes(total))
+            Content.from_markup(
+                "[b]install[/] $names $done/$total",
+                names=names,
+                done=fmt.nbytes(done),
+                total=fmt.nbytes(total),
+            )
         )
         if total:
             self.query_one(ProgressBar).update(total=total, progress=done)
@@ -45,7 +47,9 @@ class WarningsBar(Static):
         more = f" (+{len(state.warnings) - 1} more)" if len(state.warnings) > 1 else ""
         self.update(
             Content.from_markup(
-                "[b $warning]⚠ $code[/] $message$more", code=last.code, message=fmt.short(last.message, 160),
+                "[b $warning]⚠ $code[/] $message$more",
+                code=last.code,
+                message=fmt.short(last.message, 160),
                 more=more,
             )
         )

@@ -39,9 +39,13 @@ class StatsPanel(Static):
         )
         row(
             "Tokens",
-            "in $tin · out $tout · cache $tc · reasoning $tr",
+            "in $tin · out $tout",
             tin=fmt.count(state.tokens("tokens_in")),
             tout=fmt.count(state.tokens("tokens_out")),
+        )
+        row(
+            "",
+            "cache read $tc · reasoning $tr",
             tc=fmt.count(state.tokens("tokens_cache_read")),
             tr=fmt.count(state.tokens("tokens_reasoning")),
         )

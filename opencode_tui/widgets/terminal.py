@@ -119,7 +119,7 @@ class TerminalView(ScrollView, can_focus=True):
         buf = self.buffer
         self.virtual_size = Size(buf.width, self.line_count)
         if self.follow:
-            self.scroll_end(animate=False, immediate=True, x_axis=False)
+            self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
         # The open (last) line may have grown: its cache key includes its length, so a refresh is enough.
         self.refresh()
 

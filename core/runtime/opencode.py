@@ -1,0 +1,356 @@
+"""Running OpenCode in a sandbox: private layout, generated config, the harness command, the live
+JSON stream turned into engine events, and the artifacts collected after confirmed cleanup.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.artifacts import RunDir
+from core.config import AgentConfig, ModelSettings
+from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall, TranscriptStats
+from core.runtime import transcript
+from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
+from core.sandbox.tarsafe import safe_extract
+from core.tasks import Task, render_prompt
+
+PLUGIN_SOURCE = Path(__file__).with_name("attribution_plugin.js")
+RELAY_PORT = 47331  # inside the sandbox's own network namespace, so any fixed port is free
+PROVIDER_ID = "opencode-tui"
+# The proxy injects the real upstream key; OpenCode only ever sees this placeholder.
+PLACEHOLDER_API_KEY = "opencode-tui-proxy"
+
+# OpenCode's environment switches: no self-update, no sharing, no project config, no network fetches.
+OPENCODE_ENV = {
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+    "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+}
+
+# Applied whatever the model provider: the agent may edit and run commands in its sandbox without
+# asking (nobody is there to answer), but never fetch the web.
+DEFAULT_PERMISSIONS = {"edit": "allow", "bash": "allow", "webfetch": "deny"}
+
+
+@dataclass(frozen=True)
+class RuntimeLayout:
+    """OpenCode's private files inside the sandbox, all under one session directory."""
+
+    session_dir: str
+
+    def _p(self, *parts: str) -> str:
+        return "/".join([self.session_dir, *parts])
+
+    @property
+    def bin_dir(self) -> str:
+        return self._p("bin")
+
+    @property
+    def home(self) -> str:
+        return self._p("home")
+
+    @property
+    def xdg(self) -> dict[str, str]:
+        return {f"XDG_{k.upper()}_HOME": self._p("xdg", k) for k in ("config", "data", "cache", "state")}
+
+    @property
+    def data_dir(self) -> str:
+        return self._p("xdg", "data", "opencode")
+
+    @property
+    def plugin_file(self) -> str:
+        return self._p("plugin", "attribution.js")
+
+    @property
+    def instructions_file(self) -> str:
+        return self._p("instructions.md")
+
+    @property
+    def config_file(self) -> str:
+        return self._p("opencode.json")
+
+    @property
+    def relay_file(self) -> str:
+        return self._p("relay.py")
+
+    @property
+    def output_log(self) -> str:
+        return self._p("output.log")
+
+
+def build_config(
+    model: ModelSettings, base_url: str, plugin_file: str | None, instructions_file: str | None
+) -> dict:
+    """OpenCode's config: one provider (the recording proxy), independent context and output limits."""
+    entry: dict[str, Any] = {
+        "name": model.name,
+        # Independent on purpose: lowering the output cap never shrinks the context window.
+        "limit": {"context": model.context_window, "output": model.output_cap},
+        "reasoning": model.thinking,
+        "tool_call": True,
+    }
+    cfg: dict[str, Any] = {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "model": f"{PROVIDER_ID}/{model.name}",
+        "small_model": f"{PROVIDER_ID}/{model.name}",
+        "provider": {
+            PROVIDER_ID: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "opencode-tui recording proxy",
+                "options": {
+                    "baseURL": base_url,
+                    "apiKey": PLACEHOLDER_API_KEY,
+                    "timeout": int(model.request_timeout_s * 1000),
+                },
+                "models": {model.name: entry},
+            }
+        },
+        "permission": dict(DEFAULT_PERMISSIONS),
+    }
+    if plugin_file:
+        cfg["plugin"] = [f"file://{plugin_file}"]
+    if instructions_file:
+        cfg["instructions"] = [instructions_file]
+    return cfg
+
+
+class OpenCodeHarness:
+    """Everything about one OpenCode run in one sandbox."""
+
+    def __init__(self, run_id: str, task: Task, config: AgentConfig, endpoint: Any) -> None:
+        self.task = task
+        self.config = config
+        self.endpoint = endpoint
+        self.layout = RuntimeLayout(f"/tmp/.opencode-tui/{run_id}")
+        self.use_relay = (
+            config.sandbox.network.value == "model-only"
+            and getattr(endpoint, "unix_path", None)
+            and config.sandbox.mode == "owned"
+            and config.sandbox.provider.value != "opensandbox"
+        )
+        self.base_url = f"http://127.0.0.1:{RELAY_PORT}/v1" if self.use_relay else f"{endpoint.tcp_url}/v1"
+        self._stream = StreamTranslator(task.workdir)
+        self._stdout_log: Any = None
+
+    # ---- staging ----
+    def prompt_bytes(self) -> bytes:
+        return render_prompt(self.task).encode()
+
+    def config_dict(self) -> dict:
+        instructions = self.layout.instructions_file if self.task.instructions else None
+        return build_config(self.config.model, self.base_url, self.layout.plugin_file, instructions)
+
+    async def stage(self, sandbox: Sandbox) -> None:
+        """Upload config, plugin, instructions and the relay; create the private HOME/XDG dirs."""
+        dirs = [self.layout.home, self.layout.bin_dir, *self.layout.xdg.values()]
+        mk = "mkdir -p " + " ".join(shlex.quote(d) for d in dirs)
+        r = await sandbox.exec(["/bin/sh", "-c", mk], timeout=30)
+        if not r.ok:
+            raise SandboxError(
+                f"cannot create OpenCode's private directories: {r.stderr.decode(errors='replace')}"
+            )
+        await sandbox.upload_file(
+            self.layout.config_file, json.dumps(self.config_dict(), indent=2).encode(), 0o600
+        )
+        await sandbox.upload_file(self.layout.plugin_file, PLUGIN_SOURCE.read_bytes(), 0o644)
+        if self.task.instructions:
+            await sandbox.upload_file(self.layout.instructions_file, self.task.instructions.encode(), 0o644)
+        if self.use_relay:
+            from core.sandbox.relay import RELAY_SCRIPT_PATH
+
+            relay = Path(RELAY_SCRIPT_PATH).read_bytes()  # noqa: ASYNC240 (a few KB of package data)
+            await sandbox.upload_file(self.layout.relay_file, relay, 0o644)
+
+    def command(self, runtime: Any) -> tuple[list[str], dict[str, str]]:
+        """The harness argv (run under the supervisor) and its environment."""
+        q = shlex.quote
+        lines = [f"cd {q(self.task.workdir)} || exit 2"]
+        if self.use_relay:
+            # The relay is the sandbox's only way out (to the model proxy's Unix socket). It is a
+            # child of this shell, hence drained by the supervisor with everything else.
+            lines += [
+                f"{q(runtime.python)} -I {q(self.layout.relay_file)} {RELAY_PORT} {q(SANDBOX_MODEL_SOCKET)} "
+                f"</dev/null >/dev/null 2>>{q(self.layout.output_log)} &",
+                "i=0",
+                f'while ! {q(runtime.python)} -c \'import socket,sys; socket.create_connection(("127.0.0.1", '
+                f"{RELAY_PORT}), 1)' 2>/dev/null; do",
+                "  i=$((i+1)); [ $i -ge 100 ] && { echo 'opencode-tui: the model relay did not start' >&2; exit 3; }",
+                "  sleep 0.1",
+                "done",
+            ]
+        lines.append(f"exec {q(runtime.binary)} run --format json")
+        env = {
+            "HOME": self.layout.home,
+            **self.layout.xdg,
+            **OPENCODE_ENV,
+            "OPENCODE_CONFIG": self.layout.config_file,
+            "PATH": f"{self.layout.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "TERM": "xterm-256color",
+            "LANG": "C.UTF-8",
+            "NO_COLOR": "1",
+        }
+        return ["/bin/sh", "-c", "\n".join(lines)], env
+
+    # ---- live output ----
+    def on_output(self, emit: Callable[[Event], Any], run_dir: RunDir) -> Callable[[OutputChunk], None]:
+        path = run_dir.sub("opencode") / "stdout.jsonl"
+        self._stdout_log = path.open("ab")
+
+        def handle(chunk: OutputChunk) -> None:
+            if chunk.stream == "stdout":
+                self._stdout_log.write(chunk.data)
+                self._stdout_log.flush()
+            text = chunk.data.decode("utf-8", "replace")
+            emit(TerminalOutput(stream=chunk.stream, data=text))
+            if chunk.stream == "stdout":
+                for event in self._stream.feed(chunk.data):
+                    emit(event)
+
+        return handle
+
+    def flush(self, emit: Callable[[Event], Any]) -> None:
+        for event in self._stream.close():
+            emit(event)
+        if self._stdout_log is not None:
+            self._stdout_log.close()
+            self._stdout_log = None
+
+    @property
+    def finished_cleanly(self) -> bool:
+        return self._stream.finished_cleanly
+
+    @property
+    def last_error(self) -> str | None:
+        return self._stream.last_error
+
+    # ---- after confirmed cleanup ----
+    async def collect(self, sandbox: Sandbox, run_dir: RunDir) -> None:
+        """Bring OpenCode's database files and the supervisor log into the run directory."""
+        dest = run_dir.sub("opencode")
+        try:
+            log = await sandbox.download_file(self.layout.output_log)
+            run_dir.write_text("opencode/output.log", log.decode("utf-8", "replace"))
+        except (SandboxError, FileNotFoundError):
+            pass
+        archive = await sandbox.download_tar(self.layout.data_dir)
+        raw = dest / "data"
+        safe_extract(archive, raw)
+
+    def export_transcript(self, run_dir: RunDir) -> TranscriptStats:
+        raw = run_dir.path / "opencode" / "data" / "opencode"
+        db = transcript.snapshot(raw, run_dir.path / "opencode.db")
+        doc, stats = transcript.export(db)
+        run_dir.write_json("opencode/export.json", doc)
+        return stats
+
+
+_DIFF_LINES = 12
+
+
+class StreamTranslator:
+    """``opencode run --format json`` lines → OpenCodeEvent, ToolCall and display text.
+
+    A tool call is printed by OpenCode only once completed, so the display shows each command with
+    its output at that point (see docs/opencode-notes.md for what the server stream adds).
+    """
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir.rstrip("/")
+        self._buf = b""
+        self.finished_cleanly = False
+        self.last_error: str | None = None
+
+    def feed(self, data: bytes) -> list[Event]:
+        self._buf += data
+        out: list[Event] = []
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            out += self._line(line)
+        return out
+
+    def close(self) -> list[Event]:
+        rest, self._buf = self._buf, b""
+        return self._line(rest) if rest.strip() else []
+
+    def _line(self, line: bytes) -> list[Event]:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            text = line.decode("utf-8", "replace")
+            return [TerminalOutput(stream="display", data=text + "\n")] if text.strip() else []
+        if not isinstance(obj, dict):
+            return []
+        etype = str(obj.get("type", "unknown"))
+        events: list[Event] = [OpenCodeEvent(event_type=etype, payload=obj)]
+        part = obj.get("part") or {}
+        if etype == "tool_use":
+            events += self._tool(part)
+        elif etype == "text" and not part.get("synthetic"):
+            text = str(part.get("text", "")).rstrip()
+            if text:
+                events.append(TerminalOutput(stream="display", data=f"\x1b[36m{text}\x1b[0m\n"))
+        elif etype == "step_finish":
+            reason = part.get("reason")
+            self.finished_cleanly = reason == "stop"
+        elif etype == "error":
+            err = obj.get("error") or {}
+            msg = (err.get("data") or {}).get("message") if isinstance(err, dict) else None
+            self.last_error = str(msg or err)[:2000]
+            self.finished_cleanly = False
+            events.append(TerminalOutput(stream="display", data=f"\x1b[31m✖ {self.last_error}\x1b[0m\n"))
+        return events
+
+    def _rel(self, path: str) -> str:
+        return path[len(self.workdir) + 1 :] if path.startswith(self.workdir + "/") else path
+
+    def _tool(self, part: dict[str, Any]) -> list[Event]:
+        state = part.get("state") or {}
+        tool = str(part.get("tool", "unknown"))
+        status = state.get("status", "completed")
+        inp = state.get("input") or {}
+        output = state.get("output")
+        if status == "error":
+            output = state.get("error") or output
+        call = ToolCall(
+            call_id=str(part.get("callID") or part.get("id") or ""),
+            tool=tool,
+            status="error" if status == "error" else ("running" if status == "running" else "completed"),
+            title=state.get("title"),
+            input=inp if isinstance(inp, dict) else {},
+            output=str(output)[:20000] if output is not None else None,
+            message_id=part.get("messageID"),
+        )
+        return [call, TerminalOutput(stream="display", data=self._display(tool, inp, output, status))]
+
+    def _display(self, tool: str, inp: dict[str, Any], output: Any, status: str) -> str:
+        out = "" if output is None else str(output)
+        if tool == "bash":
+            body = out if out.endswith("\n") or not out else out + "\n"
+            return f"\x1b[1;32m$\x1b[0m \x1b[1m{inp.get('command', '')}\x1b[0m\n{body}"
+        path = self._rel(str(inp.get("filePath", inp.get("path", ""))))
+        if tool == "edit":
+            old = str(inp.get("oldString", "")).splitlines()[:_DIFF_LINES]
+            new = str(inp.get("newString", "")).splitlines()[:_DIFF_LINES]
+            diff = [f"\x1b[1m--- {path}\x1b[0m", f"\x1b[1m+++ {path}\x1b[0m"]
+            diff += [f"\x1b[31m-{line}\x1b[0m" for line in old] + [f"\x1b[32m+{line}\x1b[0m" for line in new]
+            return "\n".join(diff) + "\n"
+        if tool == "write":
+            lines = str(inp.get("content", "")).splitlines()
+            shown = "\n".join(f"\x1b[32m+{line}\x1b[0m" for line in lines[:_DIFF_LINES])
+            more = f"\n… {len(lines) - _DIFF_LINES} more lines" if len(lines) > _DIFF_LINES else ""
+            return f"\x1b[1m+++ {path}\x1b[0m (new, {len(lines)} lines)\n{shown}{more}\n"
+        mark = "✖" if status == "error" else "•"
+        detail = path or json.dumps(inp)[:200]
+        extra = f": {out.strip()[:300]}" if status == "error" else ""
+        return f"\x1b[2m{mark} {tool} {detail}{extra}\x1b[0m\n"

@@ -1,0 +1,101 @@
+"""OpenCode's transcript, read after confirmed cleanup only: snapshot the SQLite database with the
+backup API, export the root session's messages and parts, and count what happened.
+
+Schema facts (OpenCode 1.18.x, see docs/opencode-notes.md): tables ``session(id, parent_id, title…)``,
+``message(id, session_id, time_created, data JSON)``, ``part(id, message_id, session_id, time_created,
+data JSON)``. Assistant message data carries ``tokens {input, output, reasoning, cache {read, write}}``,
+``agent`` (``build``, ``compaction``, ``title``…) and ``finish``. A compaction is a user-message part
+``{"type": "compaction", "auto": bool, "overflow": bool}``; a tool call is a part of type ``tool``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from core.events import TranscriptStats
+
+
+def snapshot(source_dir: Path, dest: Path) -> Path:
+    """Consolidate ``opencode.db`` (+ its -wal) from ``source_dir`` into a single file ``dest``."""
+    src = source_dir / "opencode.db"
+    if not src.exists():
+        raise FileNotFoundError(f"OpenCode's database was not found in the sandbox copy ({src})")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        dest.unlink()
+    with sqlite3.connect(src) as conn, sqlite3.connect(dest) as out:
+        conn.backup(out)
+    return dest
+
+
+def _trigger(part: dict[str, Any]) -> str:
+    if part.get("overflow"):
+        return "overflow"
+    if part.get("auto"):
+        return "auto"
+    return "manual" if "auto" in part else "unknown"
+
+
+def export(db: Path) -> tuple[dict[str, Any], TranscriptStats]:
+    """The root session's messages with their parts, and the counts derived from them."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        sessions = conn.execute(
+            "SELECT s.id, s.title, (SELECT count(*) FROM message m WHERE m.session_id = s.id) AS n "
+            "FROM session s WHERE s.parent_id IS NULL ORDER BY n DESC, s.id"
+        ).fetchall()
+        if not sessions:
+            raise ValueError("OpenCode's database holds no root session: the agent never started a session")
+        session_id, title, _ = sessions[0]
+        messages = []
+        parts_by_message: dict[str, list[dict[str, Any]]] = {}
+        for part_id, msg_id, data in conn.execute(
+            "SELECT id, message_id, data FROM part WHERE session_id = ? ORDER BY time_created, id", (session_id,)
+        ):
+            part = json.loads(data)
+            part.setdefault("id", part_id)
+            parts_by_message.setdefault(msg_id, []).append(part)
+        for msg_id, data in conn.execute(
+            "SELECT id, data FROM message WHERE session_id = ? ORDER BY time_created, id", (session_id,)
+        ):
+            info = json.loads(data)
+            info.setdefault("id", msg_id)
+            messages.append({"info": info, "parts": parts_by_message.get(msg_id, [])})
+    finally:
+        conn.close()
+
+    tools: dict[str, int] = {}
+    triggers: list[str] = []
+    tin = tout = tcache = treason = 0
+    seen_tokens = False
+    for m in messages:
+        info = m["info"]
+        for part in m["parts"]:
+            if part.get("type") == "tool":
+                tools[part.get("tool", "unknown")] = tools.get(part.get("tool", "unknown"), 0) + 1
+            elif part.get("type") == "compaction":
+                triggers.append(_trigger(part))
+        tokens = info.get("tokens") if info.get("role") == "assistant" else None
+        if isinstance(tokens, dict):
+            seen_tokens = True
+            cache = tokens.get("cache") or {}
+            tin += int(tokens.get("input") or 0) + int(cache.get("read") or 0) + int(cache.get("write") or 0)
+            tout += int(tokens.get("output") or 0) + int(tokens.get("reasoning") or 0)
+            tcache += int(cache.get("read") or 0)
+            treason += int(tokens.get("reasoning") or 0)
+    stats = TranscriptStats(
+        messages=len(messages),
+        tool_calls=tools,
+        compactions=len(triggers),
+        compaction_triggers=triggers,
+        # Unknown stays null: only messages that reported tokens count.
+        tokens_in=tin if seen_tokens else None,
+        tokens_out=tout if seen_tokens else None,
+        tokens_cache_read=tcache if seen_tokens else None,
+        tokens_reasoning=treason if seen_tokens else None,
+    )
+    doc = {"session": {"id": session_id, "title": title}, "messages": messages}
+    return doc, stats

@@ -1,0 +1,321 @@
+"""Live mode: the app driven by an EpisodeControl whose events arrive over time on a real EventBus.
+
+``EngineDouble`` below is a test double of the engine (``core/episode.py`` is written separately): it
+plays a short episode on a real ``core.events.EventBus`` from a coroutine, honours ``cancel()`` by emitting
+the cleanup steps and an outcome, and opens a real shell on a local pseudo-terminal for ``open_shell``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import struct
+import subprocess
+import termios
+from datetime import UTC, datetime
+
+import pytest
+
+from core.control import EpisodeControl
+from core.events import (
+    CleanupObserved,
+    CleanupStep,
+    EpisodeStarted,
+    EventBus,
+    ModelCall,
+    OutcomeDecided,
+    Phase,
+    PhaseChanged,
+    SandboxReady,
+    StepState,
+    TerminalOutput,
+    ToolCall,
+)
+from core.sandbox.base import PtyHandle
+from opencode_tui.app import OpenCodeTUI
+from opencode_tui.messages import CancelRequested, EventsReceived, KeepSandboxChanged, ShellStateChanged
+from opencode_tui.screens.modals import CleanupWaitScreen, ConfirmScreen
+from opencode_tui.screens.run import RunScreen
+from opencode_tui.screens.shell import ShellScreen
+from opencode_tui.widgets.cleanup import CleanupPanel
+from opencode_tui.widgets.header import RunHeader
+from opencode_tui.widgets.model_calls import ModelCallsTable
+from opencode_tui.widgets.pty import PtyTerminal
+
+
+class LocalPty(PtyHandle):
+    """A real ``/bin/sh`` on a local pseudo-terminal, standing in for a sandbox PTY."""
+
+    def __init__(self, cols: int, rows: int) -> None:
+        self.fd, slave = os.openpty()
+        self._size(cols, rows, slave)
+        self.proc = subprocess.Popen(
+            ["/bin/sh", "-i"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            env={"PS1": "sandbox$ ", "TERM": "xterm", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )
+        os.close(slave)
+        self.closed = False
+
+    @staticmethod
+    def _size(cols: int, rows: int, fd: int) -> None:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        if self.closed:
+            return b""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bytes] = loop.create_future()
+
+        def ready() -> None:
+            loop.remove_reader(self.fd)
+            try:
+                data = os.read(self.fd, max_bytes)
+            except OSError:
+                data = b""
+            if not fut.done():
+                fut.set_result(data)
+
+        loop.add_reader(self.fd, ready)
+        try:
+            return await fut
+        finally:
+            if not self.closed:
+                loop.remove_reader(self.fd)
+
+    async def write(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        self._size(cols, rows, self.fd)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=5)
+        asyncio.get_running_loop().remove_reader(self.fd)
+        os.close(self.fd)
+
+
+class EngineDouble(EpisodeControl):
+    """Test double of the engine: a real EventBus fed by a coroutine emitting an episode over time."""
+
+    def __init__(self, ticks: int = 120) -> None:
+        self.bus = EventBus()
+        self.max_ticks = ticks
+        self.cancel_calls = 0
+        self.keep_calls: list[bool] = []
+        self.shells: list[LocalPty] = []
+        self._cancel = asyncio.Event()
+        self._done = asyncio.Event()
+        self.ticks = 0
+        self.task: asyncio.Task | None = None
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    async def cancel(self) -> None:
+        self.cancel_calls += 1
+        self._cancel.set()
+
+    def keep_sandbox(self, keep: bool = True) -> None:
+        self.keep_calls.append(keep)
+
+    async def open_shell(self, cols: int = 80, rows: int = 24) -> PtyHandle:
+        pty = LocalPty(cols, rows)
+        self.shells.append(pty)
+        return pty
+
+    async def wait(self) -> object:
+        await self._done.wait()
+        return "cancelled"
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._play())
+
+    async def _play(self) -> None:
+        emit = self.bus.emit
+        emit(
+            EpisodeStarted(
+                run_id="live-1",
+                task_id="live-task",
+                provider="local",
+                opencode_version="1.18.32",
+                run_budget_s=600,
+                close_budget_s=30,
+                model="scripted",
+            )
+        )
+        emit(SandboxReady(sandbox_id="bwrap-live01", provider="local", owned=True, network="model-only"))
+        emit(PhaseChanged(phase=Phase.AGENT))
+        await asyncio.sleep(0.05)
+        now = datetime.now(UTC)
+        emit(
+            ModelCall(
+                call_id="c1",
+                method="POST",
+                path="/v1/chat/completions",
+                status=200,
+                started_at=now,
+                latency_s=0.2,
+                kind="agent",
+                message_id="msg_1",
+                tokens_in=100,
+                tokens_out=10,
+            )
+        )
+        emit(ToolCall(call_id="t1", tool="bash", status="running", input={"command": "echo hello"}))
+        await asyncio.sleep(0.05)
+        emit(
+            ToolCall(
+                call_id="t1",
+                tool="bash",
+                status="completed",
+                input={"command": "echo hello"},
+                output="hello\n",
+            )
+        )
+        # Output streams for a while, then the agent "thinks" quietly until cancelled (a quiet app lets
+        # Pilot's key presses settle quickly).
+        while not self._cancel.is_set() and self.ticks < self.max_ticks:
+            self.ticks += 1
+            emit(TerminalOutput(stream="pty", data=f"\x1b[32mtick {self.ticks}\x1b[0m\n"))
+            try:
+                await asyncio.wait_for(self._cancel.wait(), 0.01)
+            except TimeoutError:
+                pass
+        await self._cancel.wait()
+        emit(PhaseChanged(phase=Phase.CLOSING))
+        for step in (
+            CleanupStep.RECEIPT,
+            CleanupStep.DESCENDANTS,
+            CleanupStep.TRANSCRIPT_SNAPSHOT,
+            CleanupStep.SANDBOX_RELEASED,
+        ):
+            await asyncio.sleep(0.05)
+            emit(CleanupObserved(step=step, state=StepState.OK, reason="confirmed"))
+        emit(OutcomeDecided(action="keep_unknown", reward=None, summary="cancelled by the user"))
+        emit(PhaseChanged(phase=Phase.DONE, state=StepState.OK))
+        self._done.set()
+
+
+@pytest.fixture
+async def engine():
+    double = EngineDouble()
+    yield double
+    if double.task is not None and not double.task.done():
+        double._cancel.set()
+        await asyncio.wait_for(double.task, 5)
+    for pty in double.shells:
+        await pty.close()
+
+
+def _screen(app) -> RunScreen:
+    return next(s for s in app.screen_stack if isinstance(s, RunScreen))
+
+
+async def test_live_screen_updates_and_quit_cancels_then_waits_for_cleanup(engine, wait):
+    messages: list = []
+    app = OpenCodeTUI(control=engine)
+    async with app.run_test(size=(140, 40), message_hook=messages.append) as pilot:
+        engine.start()
+        screen = _screen(app)
+        await wait(pilot, lambda: len(screen.state.model_calls) == 1, what="the model call")
+        await wait(pilot, lambda: screen.terminal.rendered.count > 10, what="terminal output")
+        header = app.screen.query_one(RunHeader)
+        text = str(header.render())
+        assert "live-task" in text and "bwrap-live01 (owned)" in text and "LIVE" in text
+        assert screen.query_one(ModelCallsTable).row_count == 1
+        lines = screen.terminal.rendered.lines
+        assert any("$" in line and "echo hello" in line for line in lines)
+        # the screen keeps updating while the episode runs
+        seen = screen.terminal.rendered.count
+        await wait(pilot, lambda: screen.terminal.rendered.count > seen + 5, what="more output")
+        live_batches = [m for m in messages if isinstance(m, EventsReceived)]
+        assert live_batches and all(m.source == "live" for m in live_batches)
+        assert any(len(m.events) > 1 for m in live_batches), "events are batched, not one refresh per event"
+        # quitting asks first
+        await pilot.press("q")
+        await wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the quit confirmation")
+        assert engine.cancel_calls == 0
+        await pilot.press("y")
+        await wait(pilot, lambda: engine.cancel_calls == 1, what="cancel()")
+        assert any(isinstance(m, CancelRequested) and m.reason == "quit" for m in messages)
+        await wait(
+            pilot,
+            lambda: any(isinstance(s, CleanupWaitScreen) for s in app.screen_stack) or not engine.running,
+            what="the cleanup wait dialog",
+        )
+        # the app exits only once the engine says the episode (with its cleanup) is done
+        await wait(pilot, lambda: app._exit, what="the app to exit")
+        assert not engine.running
+        states = screen.query_one(CleanupPanel).step_states(screen.state)
+        assert set(states.values()) == {"ok"}, states
+
+
+async def test_live_cancel_and_keep(engine, wait):
+    engine.max_ticks = 5
+    messages: list = []
+    app = OpenCodeTUI(control=engine)
+    async with app.run_test(size=(140, 40), message_hook=messages.append) as pilot:
+        engine.start()
+        screen = _screen(app)
+        await wait(pilot, lambda: screen.state.sandbox is not None, what="sandbox ready")
+        await pilot.press("k")
+        assert engine.keep_calls == [True]
+        assert any(isinstance(m, KeepSandboxChanged) and m.keep for m in messages)
+        assert "keep sandbox: on" in str(screen.query_one(RunHeader).render())
+        await pilot.press("c")
+        await wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the cancel confirmation")
+        await pilot.press("n")
+        await pilot.pause()
+        assert engine.cancel_calls == 0
+        await pilot.press("c")
+        await wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the cancel confirmation")
+        await pilot.press("y")
+        await wait(pilot, lambda: engine.cancel_calls == 1, what="cancel()")
+        await wait(pilot, lambda: screen.state.outcome is not None, what="the outcome")
+        assert any(isinstance(m, CancelRequested) and m.reason == "cancel" for m in messages)
+        await wait(pilot, lambda: app.episode_done, what="the episode to finish")
+        # finished: quitting no longer asks
+        await pilot.press("q")
+        await wait(pilot, lambda: app._exit, what="the app to exit")
+
+
+async def test_live_shell_is_interactive_and_keys_reach_it(engine, wait):
+    engine.max_ticks = 5
+    messages: list = []
+    app = OpenCodeTUI(control=engine)
+    async with app.run_test(size=(120, 36), message_hook=messages.append) as pilot:
+        engine.start()
+        screen = _screen(app)
+        await wait(pilot, lambda: screen.state.sandbox is not None, what="sandbox ready")
+        await pilot.press("s")
+        await wait(pilot, lambda: isinstance(app.screen, ShellScreen), what="the shell screen")
+        pty = app.screen.query_one(PtyTerminal)
+        await wait(pilot, lambda: any("sandbox$" in line for line in pty.display_lines()), what="the prompt")
+        # q, t, y and ? are app keys elsewhere: inside the shell they are typed into it
+        await pilot.press(*"echo q-t-y-?-$((40+2))", "enter")
+        await wait(
+            pilot,
+            lambda: any(line.strip() == "q-t-y-?-42" for line in pty.display_lines()),
+            what="the command's output",
+        )
+        assert not any(isinstance(s, ConfirmScreen) for s in app.screen_stack)
+        assert any(isinstance(m, ShellStateChanged) and m.state == "open" for m in messages)
+        await pilot.press("ctrl+right_square_bracket")
+        await wait(pilot, lambda: isinstance(app.screen, RunScreen), what="the run screen")
+        assert engine.shells[0].closed
+        # the episode kept streaming meanwhile
+        assert screen.terminal.rendered.count > 3
