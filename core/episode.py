@@ -92,6 +92,8 @@ class EpisodeResult(BaseModel):
     durations_s: dict[str, float] = Field(default_factory=dict)
     run_dir: str
     summary: str = ""
+    previous_attempts: list[str] = Field(default_factory=list)
+    resumed: bool = False
 
     @property
     def scored(self) -> bool:

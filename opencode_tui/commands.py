@@ -19,7 +19,9 @@ def _not_yet(name: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    return _not_yet("run")
+    from opencode_tui.run_command import cmd_run as run
+
+    return run(args)
 
 
 def _theme() -> str | None:

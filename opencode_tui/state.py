@@ -79,6 +79,24 @@ class RunState:
             state.apply(event)
         return state
 
+    def apply_batch(self, events: list[Event], base: int) -> list[int]:
+        """Fold a batch in; returns the stream indices (``base`` + position) of its key events."""
+        if not events:
+            return []
+        if self.first_ts is None:
+            self.first_ts = events[0].ts
+        self.last_ts = events[-1].ts
+        self.events += len(events)
+        keys: list[int] = []
+        for i, ev in enumerate(events):
+            kind = type(ev)
+            if kind is TerminalOutput:
+                self.terminal_chars += len(ev.data)
+            elif kind is not OpenCodeEvent:
+                self._apply_key(ev)
+                keys.append(base + i)
+        return keys
+
     def apply(self, ev: Event) -> bool:
         """Fold one event in; True when a panel other than the terminal changed."""
         self.events += 1
@@ -90,6 +108,10 @@ class RunState:
             return False
         if isinstance(ev, OpenCodeEvent):
             return False
+        self._apply_key(ev)
+        return True
+
+    def _apply_key(self, ev: Event) -> None:
         if isinstance(ev, ModelCall):
             row = self._call_rows.get(ev.call_id)
             if row is None:
@@ -124,7 +146,6 @@ class RunState:
             self.transcript = ev
         elif isinstance(ev, OutcomeDecided):
             self.outcome = ev
-        return True
 
     # -- derived values ------------------------------------------------------------------------
 

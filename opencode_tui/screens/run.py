@@ -13,7 +13,7 @@ import json
 import time
 from array import array
 from bisect import bisect_right
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -105,7 +105,7 @@ class RunScreen(Screen[None]):
         self.state = RunState(info=self.info)
         self.view_state = self.state
         self.total = 0
-        self.ts = array("d")
+        self.ts: list[datetime] = []
         self.key_idx = array("q")
         self.key_evs: list[Event] = []
         self.failure_idx: list[int] = []
@@ -226,27 +226,22 @@ class RunScreen(Screen[None]):
         self.ingest(message.events)
 
     def ingest(self, events: list[Event]) -> None:
-        term = self.terminal
-        term.ingest(events)
-        state = self.state
-        apply = state.apply
-        ts = self.ts
-        changed = False
+        if not events:
+            return
+        self.terminal.ingest(events)
         base = self.total
-        for i, ev in enumerate(events):
-            ts.append(ev.ts.timestamp())
-            if apply(ev):
-                changed = True
-                self.key_idx.append(base + i)
-                self.key_evs.append(ev)
-                if type(ev) is FailureRecorded:
-                    self.failure_idx.append(base + i)
-                elif type(ev) is OutcomeDecided and self.mode == "live":
-                    self.episode_running = bool(self.control and self.control.running)
+        self.ts.extend(ev.ts for ev in events)
+        keys = self.state.apply_batch(events, base)
         self.total += len(events)
+        for index in keys:
+            ev = events[index - base]
+            self.key_idx.append(index)
+            self.key_evs.append(ev)
+            if type(ev) is FailureRecorded:
+                self.failure_idx.append(index)
         if self.cursor is None:
-            term.refresh_content()
-            if changed:
+            self.terminal.refresh_content()
+            if keys:
                 self.refresh_panels()
             elif self.mode == "live":
                 self._tick_header()
@@ -331,9 +326,9 @@ class RunScreen(Screen[None]):
         else:
             k = bisect_right(self.key_idx, index)
             view = RunState.fold(self.key_evs[:k], info=self.info)
-            view.last_ts = datetime.fromtimestamp(self.ts[index], UTC)
+            view.last_ts = self.ts[index]
             if view.first_ts is None:
-                view.first_ts = datetime.fromtimestamp(self.ts[0], UTC)
+                view.first_ts = self.ts[0]
             self.view_state = view
             term.set_limit(term.marks[index])
         self.refresh_panels()
@@ -413,7 +408,7 @@ class RunScreen(Screen[None]):
                     return
                 start_idx = 0 if self.cursor is None or self.cursor >= self.total - 1 else self.cursor
                 self.play_source = "events"
-                self.play_clock = self.ts[start_idx] - self.ts[0]
+                self.play_clock = (self.ts[start_idx] - self.ts[0]).total_seconds()
                 self.seek(start_idx)
             self.playing = True
         if self.playing:
@@ -460,7 +455,9 @@ class RunScreen(Screen[None]):
                 self.play_clock = self.cast.duration
             start = self.cast.start_epoch
             if start is not None and self.total:
-                idx = bisect_right(self.ts, start + self.play_clock) - 1
+                t0 = self.ts[0]
+                at = t0 + timedelta(seconds=start + self.play_clock - t0.timestamp())
+                idx = bisect_right(self.ts, at) - 1
                 if idx >= 0 and idx != self.cursor:
                     self.seek(idx)
             term.set_cast_status(self._playback_status())
@@ -469,11 +466,11 @@ class RunScreen(Screen[None]):
             t0 = self.ts[0]
             pos = self.cursor or 0
             if self.speed > 1 and pos + 1 < self.total:
-                gap = (self.ts[pos + 1] - t0) - self.play_clock
+                gap = (self.ts[pos + 1] - t0).total_seconds() - self.play_clock
                 if gap > FAST_GAP_S:
-                    self.play_clock = self.ts[pos + 1] - t0 - FAST_GAP_S
+                    self.play_clock = (self.ts[pos + 1] - t0).total_seconds() - FAST_GAP_S
             self.play_clock += dt
-            idx = max(bisect_right(self.ts, t0 + self.play_clock) - 1, 0)
+            idx = max(bisect_right(self.ts, t0 + timedelta(seconds=self.play_clock)) - 1, 0)
             if idx >= self.total - 1:
                 self.playing = False
                 idx = self.total - 1

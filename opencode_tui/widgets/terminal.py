@@ -69,24 +69,39 @@ class TerminalView(ScrollView, can_focus=True):
     # -- ingest --------------------------------------------------------------------------------
 
     def ingest(self, events: list[Event]) -> None:
-        """Feed a batch; call :meth:`refresh_content` afterwards (once per batch, not per event)."""
+        """Feed a batch; call :meth:`refresh_content` afterwards (once per batch, not per event).
+
+        Consecutive terminal chunks are joined and split once; the line count after each event (for the
+        timeline) is worked out from newline counts, so per-event work stays a few C-level calls.
+        """
         rendered = self.rendered
-        lines = rendered.lines
-        marks = self.marks
-        raw_chunks = self.raw_chunks
         writer = self.writer
-        feed = writer.feed
+        marks_append = self.marks.append
+        raw_append = self.raw_chunks.append
+        pending: list[str] = []
+        n = len(rendered.lines)
+        open_empty = not rendered.lines[-1]
         for ev in events:
-            if type(ev) is TerminalOutput:
-                raw_chunks.append(ev.data)
-                if ev.stream in RENDERED_STREAMS:
-                    rendered.append(ev.data)  # what TranscriptWriter.feed does for terminal output
+            kind = type(ev)
+            if kind is TerminalOutput:
+                data = ev.data
+                raw_append(data)
+                if data and ev.stream in RENDERED_STREAMS:
+                    pending.append(data)
+                    n += data.count("\n")
+                    open_empty = data[-1] == "\n"
+            elif kind is ToolCall or kind is OpenCodeEvent:
+                if pending:
+                    rendered.append("".join(pending))
                     writer.owner = "term"
-            elif isinstance(ev, ToolCall | OpenCodeEvent):
-                feed(ev)
-                lines = rendered.lines
-            n = len(lines)
-            marks.append(n if lines[-1] else n - 1)
+                    pending.clear()
+                writer.feed(ev)
+                n = len(rendered.lines)
+                open_empty = not rendered.lines[-1]
+            marks_append(n - 1 if open_empty else n)
+        if pending:
+            rendered.append("".join(pending))
+            writer.owner = "term"
 
     def cast_reset(self) -> None:
         self.cast.clear()

@@ -1,0 +1,144 @@
+"""Many episodes with bounded concurrency; retries as fresh attempts; resume; JSON-lines results.
+
+Every attempt keeps its own run directory. ``results.jsonl`` in the runs directory records each
+finished episode (its last attempt); a re-run skips episodes already recorded as scored and runs
+the others again with the next attempt number, leaving earlier attempts' artifacts in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.config import AgentConfig
+from core.episode import Episode, EpisodeResult
+from core.events import EventBus
+from core.failures import Action
+from core.tasks import Task
+
+RESULTS_FILE = "results.jsonl"
+SCORED_ACTIONS = {"scored", Action.COUNT_AS_ZERO.value}
+
+
+class BatchSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    total: int
+    scored: int
+    results: list[EpisodeResult] = Field(default_factory=list)
+    failures_by_kind: dict[str, int] = Field(default_factory=dict)
+    cancelled: bool = False
+
+    def line(self) -> str:
+        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(self.failures_by_kind.items()))
+        return f"{self.scored} of {self.total} scored" + (f"; failures: {kinds}" if kinds else "")
+
+
+def _key(task: Task) -> str:
+    return f"{task.id}@{task.root}"
+
+
+def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
+    """The last recorded result per task key (resume)."""
+    out: dict[str, EpisodeResult] = {}
+    path = runs_dir / RESULTS_FILE
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            key = rec.pop("task_key")
+            out[key] = EpisodeResult.model_validate(rec)
+        except (ValueError, KeyError):
+            continue  # a torn last line from an interrupted run is not fatal
+    return out
+
+
+async def run_episode_with_retries(
+    task: Task,
+    config: AgentConfig,
+    *,
+    runs_dir: Path,
+    max_attempts: int,
+    first_attempt: int = 1,
+    on_episode: Callable[[Episode], None] | None = None,
+) -> EpisodeResult:
+    """Attempts until the policy stops asking for ``retry`` (bounded by ``max_attempts``)."""
+    previous: list[str] = []
+    attempt = first_attempt
+    while True:
+        episode = Episode(task, config, attempt=attempt, runs_dir=runs_dir, bus=EventBus(attempt=attempt))
+        if on_episode is not None:
+            on_episode(episode)
+        result = await episode.run()
+        result.previous_attempts = list(previous)
+        if result.action != Action.RETRY.value or attempt - first_attempt + 1 >= max_attempts:
+            return result
+        previous.append(result.run_dir)
+        attempt += 1
+
+
+async def run_batch(
+    tasks: list[Task],
+    config: AgentConfig,
+    *,
+    runs_dir: Path,
+    jobs: int = 1,
+    max_attempts: int | None = None,
+    on_result: Callable[[EpisodeResult], None] | None = None,
+    on_episode: Callable[[Episode], None] | None = None,
+) -> BatchSummary:
+    runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    previous = load_previous(runs_dir)
+    attempts = max_attempts or config.policy.max_attempts or 3
+    sem = asyncio.Semaphore(max(1, jobs))
+    results: list[EpisodeResult] = []
+    results_file = (runs_dir / RESULTS_FILE).open("a", encoding="utf-8")
+
+    def record(task: Task, result: EpisodeResult) -> None:
+        results.append(result)
+        if not result.resumed:
+            results_file.write(json.dumps({"task_key": _key(task), **result.model_dump(mode="json")}) + "\n")
+            results_file.flush()
+        if on_result is not None:
+            on_result(result)
+
+    async def one(task: Task) -> None:
+        prior = previous.get(_key(task))
+        if prior is not None and prior.action in SCORED_ACTIONS:
+            record(task, prior.model_copy(update={"resumed": True}))
+            return
+        first = prior.attempt + 1 if prior is not None else 1
+        async with sem:
+            result = await run_episode_with_retries(
+                task,
+                config,
+                runs_dir=runs_dir,
+                max_attempts=attempts,
+                first_attempt=first,
+                on_episode=on_episode,
+            )
+        if prior is not None:
+            result.previous_attempts = [prior.run_dir, *prior.previous_attempts, *result.previous_attempts]
+        record(task, result)
+
+    cancelled = False
+    try:
+        await asyncio.gather(*(one(t) for t in tasks))
+    except asyncio.CancelledError:
+        cancelled = True
+    finally:
+        results_file.close()
+    failures = Counter(r.failure_kind for r in results if r.failure_kind)
+    return BatchSummary(
+        total=len(tasks),
+        scored=sum(1 for r in results if r.action in SCORED_ACTIONS),
+        results=results,
+        failures_by_kind=dict(failures),
+        cancelled=cancelled,
+    )

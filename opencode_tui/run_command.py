@@ -1,0 +1,178 @@
+"""``opencode-tui run``: admission checks, then the TUI (one task) or headless batch (JSON lines)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.batch import BatchSummary, run_batch
+from core.config import AgentConfig, ConfigError, load_config
+from core.episode import Episode, EpisodeResult
+from core.failures import Action
+from core.tasks import Task, load_task
+from opencode_tui.cli import (
+    EXIT_CLEANUP_UNCONFIRMED,
+    EXIT_INFRA,
+    EXIT_INTERRUPTED,
+    EXIT_MODEL_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+)
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit code 2, nothing started."""
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    o: dict[str, Any] = {}
+    if args.provider:
+        o.setdefault("sandbox", {})["provider"] = args.provider
+    if args.keep_sandbox:
+        o.setdefault("sandbox", {})["keep_sandbox"] = True
+    if args.model_url:
+        o.setdefault("model", {})["url"] = args.model_url
+    if args.model:
+        o.setdefault("model", {})["name"] = args.model
+    if args.api_key_env:
+        o.setdefault("model", {})["api_key_env"] = args.api_key_env
+    if args.attempts is not None:
+        if args.attempts < 1:
+            raise UsageError("--attempts must be at least 1")
+        o["policy"] = {"max_attempts": args.attempts}
+    if args.runs_dir:
+        o["runs_dir"] = args.runs_dir
+    return o
+
+
+def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
+    """Everything that can be checked before any sandbox exists; raises UsageError/ConfigError."""
+    config = load_config(args.config, _overrides(args))
+    tasks = [load_task(t) for t in args.tasks]
+    if not args.batch and len(tasks) > 1:
+        raise UsageError("the TUI runs one task at a time; pass --batch to run several")
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    if config.model.url is None:
+        missing = [t.id for t in tasks if t.trajectory_path is None]
+        if missing:
+            raise UsageError(
+                f"task(s) {', '.join(missing)} have no model.trajectory for the embedded scripted model; "
+                "pass --model-url (and --model) to use a real model"
+            )
+    else:
+        _check_model_url(config)
+    if config.model.api_key_env and not os.environ.get(config.model.api_key_env):
+        raise UsageError(
+            f"--api-key-env names {config.model.api_key_env}, which is not set in the environment"
+        )
+    if config.sandbox.provider.value == "docker" and config.sandbox.mode == "owned":
+        _check_images(config, tasks)
+    return config, tasks
+
+
+def _check_model_url(config: AgentConfig) -> None:
+    import httpx
+
+    url = f"{config.model.url}/models"
+    try:
+        httpx.get(url, timeout=5.0)
+    except httpx.HTTPError as exc:
+        raise UsageError(
+            f"cannot reach --model-url {config.model.url} ({type(exc).__name__}: {exc}); "
+            "check the URL and that the server is running"
+        ) from exc
+
+
+def _check_images(config: AgentConfig, tasks: list[Task]) -> None:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except Exception as exc:
+        raise UsageError(
+            f"the Docker engine is not reachable ({exc}); start it (scripts/start-dockerd) "
+            "or use --provider local"
+        ) from exc
+    for image in sorted({config.sandbox.image or t.image for t in tasks}):
+        try:
+            client.images.get(image)
+        except Exception as exc:
+            raise UsageError(
+                f"image {image!r} does not exist on the Docker engine; build it with "
+                "scripts/build-images (no registry is used)"
+            ) from exc
+
+
+def exit_code(results: list[EpisodeResult], cancelled: bool = False) -> int:
+    if cancelled or any(r.failure_kind == "run_cancelled" for r in results):
+        return EXIT_INTERRUPTED
+    if any(r.cleanup_confirmed is False for r in results):
+        return EXIT_CLEANUP_UNCONFIRMED
+    if any(r.action not in ("scored", Action.COUNT_AS_ZERO.value) for r in results):
+        return EXIT_INFRA
+    if any(r.action == Action.COUNT_AS_ZERO.value for r in results):
+        return EXIT_MODEL_FAILURE
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config, tasks = admit(args)
+    except (UsageError, ConfigError) as exc:
+        print(f"opencode-tui run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    runs_dir = Path(config.runs_dir)
+    if args.batch:
+        return _batch(config, tasks, runs_dir, args.jobs, args.attempts)
+    return _tui(config, tasks[0], runs_dir)
+
+
+def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, attempts: int | None) -> int:
+    from opencode_tui.batch_progress import BatchProgress
+
+    progress = BatchProgress(len(tasks), sys.stderr)
+
+    def on_result(result: EpisodeResult) -> None:
+        print(json.dumps(result.model_dump(mode="json")), flush=True)
+        progress.finished(result)
+
+    async def main() -> BatchSummary:
+        with progress:
+            return await run_batch(
+                tasks,
+                config,
+                runs_dir=runs_dir,
+                jobs=jobs,
+                max_attempts=attempts,
+                on_result=on_result,
+                on_episode=progress.attach,
+            )
+
+    try:
+        summary = asyncio.run(main())
+    except KeyboardInterrupt:
+        print("opencode-tui run: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"opencode-tui: {summary.line()}", file=sys.stderr)
+    return exit_code(summary.results, summary.cancelled)
+
+
+def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:
+    from opencode_tui.app import OpenCodeTUI
+
+    episode = Episode(task, config, runs_dir=runs_dir)
+    app = OpenCodeTUI(control=episode, theme=config.theme)
+    app.run()
+    result = episode._result
+    if result is None:
+        print("opencode-tui run: the episode did not finish", file=sys.stderr)
+        return EXIT_INFRA
+    print(f"opencode-tui: {result.summary} — run directory: {result.run_dir}", file=sys.stderr)
+    return exit_code([result])
