@@ -35,7 +35,7 @@ class BatchSummary(BaseModel):
     cancelled: bool = False
 
     def line(self) -> str:
-        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(self.failures_by_kind.items()))
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.failures_by_kind.items()))
         return f"{self.scored} of {self.total} scored" + (f"; failures: {kinds}" if kinds else "")
 
 
@@ -93,7 +93,7 @@ async def run_batch(
     on_result: Callable[[EpisodeResult], None] | None = None,
     on_episode: Callable[[Episode], None] | None = None,
 ) -> BatchSummary:
-    runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240 (once, before any episode)
     previous = load_previous(runs_dir)
     attempts = max_attempts or config.policy.max_attempts or 3
     sem = asyncio.Semaphore(max(1, jobs))
