@@ -63,6 +63,7 @@ from core.sandbox.base import (
     SandboxError,
     SandboxProvider,
     SandboxSpec,
+    default_owner,
 )
 from core.session import CleanupUnconfirmed, SandboxSession
 from core.tasks import Task
@@ -111,17 +112,6 @@ class StageFailure(Exception):
     def __init__(self, failure: FailureEvent) -> None:
         super().__init__(failure.message)
         self.failure = failure
-
-
-def _owner() -> str:
-    import getpass
-    import socket
-
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 class Episode(EpisodeControl):
@@ -371,7 +361,7 @@ class Episode(EpisodeControl):
                     network=sb.network,
                     model_socket=self.endpoint.unix_path if sb.network == "model-only" else None,
                     mounts=[Mount(source=str(installer.config.cache_dir), target=RUNTIME_CACHE_MOUNT)],
-                    labels={LABEL_RUN: self.run_id, LABEL_OWNER: _owner(), "opencode-tui.task": self.task.id},
+                    labels={LABEL_RUN: self.run_id, LABEL_OWNER: default_owner(), "opencode-tui.task": self.task.id},
                 )
                 self.sandbox = await provider.create(spec)
         except SandboxError as exc:

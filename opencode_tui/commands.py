@@ -85,8 +85,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    return _not_yet("sweep")
+    from opencode_tui.admin_commands import cmd_sweep as sweep
+
+    return sweep(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    return _not_yet("doctor")
+    from opencode_tui.admin_commands import cmd_doctor as doctor
+
+    return doctor(args)

@@ -22,16 +22,38 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 256 * 1024 * 1024
 
 REASONS = {
-    200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-    404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large",
-    429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
-    501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+    200: "OK",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Payload Too Large",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
     529: "Overloaded",
 }
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-    "transfer-encoding", "upgrade", "proxy-connection",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-connection",
+    }
+)
 
 
 class HttpError(Exception):
@@ -213,6 +235,12 @@ async def send_simple(
     await writer.drain()
 
 
+def _remove_stale_socket(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if path.is_socket():
+            path.unlink()
+
+
 Handler = Callable[[Request, BufferedReader, asyncio.StreamWriter], Awaitable[bool]]
 
 
@@ -232,13 +260,15 @@ class HttpServer:
         self.port: int | None = None
         self.unix_path: str | None = None
 
-    async def start(self, host: str | None = "127.0.0.1", port: int | None = 0,
-                    unix_path: str | os.PathLike[str] | None = None) -> None:
+    async def start(
+        self,
+        host: str | None = "127.0.0.1",
+        port: int | None = 0,
+        unix_path: str | os.PathLike[str] | None = None,
+    ) -> None:
         if unix_path is not None:
             path = Path(unix_path)
-            with contextlib.suppress(FileNotFoundError):
-                if path.is_socket():
-                    path.unlink()
+            _remove_stale_socket(path)
             srv = await asyncio.start_unix_server(self._on_conn, path=str(path), limit=MAX_HEADER_BYTES)
             self._servers.append(srv)
             self.unix_path = str(path)
@@ -261,8 +291,9 @@ class HttpServer:
                     req = await read_request(br)
                 except HttpError as exc:
                     with contextlib.suppress(ConnectionError):
-                        await send_simple(writer, exc.status, {"error": {"message": str(exc)}},
-                                          keep_alive=False)
+                        await send_simple(
+                            writer, exc.status, {"error": {"message": str(exc)}}, keep_alive=False
+                        )
                     break
                 if req is None:
                     break

@@ -106,7 +106,9 @@ def _assistant_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _all_text(body: dict[str, Any]) -> str:
-    return "\n".join(content_text(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict))
+    return "\n".join(
+        content_text(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict)
+    )
 
 
 def progress_of(body: dict[str, Any], trajectory: Trajectory) -> int:
@@ -253,7 +255,10 @@ class ScriptedModel:
 
     def _log(self, req: Request, **kw: Any) -> ServedCall:
         call = ServedCall(
-            seq=len(self.calls) + 1, at=time.time(), method=req.method, path=req.path,
+            seq=len(self.calls) + 1,
+            at=time.time(),
+            method=req.method,
+            path=req.path,
             session_id=req.header("x-session-id"),
             headers={k.lower(): v for k, v in req.headers if k.lower().startswith("x-")},
             **kw,
@@ -265,14 +270,17 @@ class ScriptedModel:
         path = req.path.rstrip("/")
         if req.method == "GET" and path.endswith("/models"):
             self._log(req, kind="other", status=200, outcome="models")
-            data = {"object": "list", "data": [
-                {"id": self.model_id, "object": "model", "created": 0, "owned_by": "scripted"}]}
+            data = {
+                "object": "list",
+                "data": [{"id": self.model_id, "object": "model", "created": 0, "owned_by": "scripted"}],
+            }
             await send_simple(writer, 200, data)
             return True
         if not path.endswith("/chat/completions"):
             self._log(req, kind="other", status=404, outcome="not_found")
-            await send_simple(writer, 404, {"error": {"message": f"no route {req.method} {req.path}",
-                                                      "type": "not_found"}})
+            await send_simple(
+                writer, 404, {"error": {"message": f"no route {req.method} {req.path}", "type": "not_found"}}
+            )
             return True
         if req.method != "POST":
             self._log(req, kind="other", status=405, outcome="bad_request")
@@ -284,8 +292,11 @@ class ScriptedModel:
                 raise ValueError("body is not a JSON object")
         except ValueError as exc:
             self._log(req, kind="other", status=400, outcome="bad_request")
-            await send_simple(writer, 400, {"error": {"message": f"invalid JSON body: {exc}",
-                                                      "type": "invalid_request_error"}})
+            await send_simple(
+                writer,
+                400,
+                {"error": {"message": f"invalid JSON body: {exc}", "type": "invalid_request_error"}},
+            )
             return True
         kind = classify_body(body)
         stream = bool(body.get("stream"))
@@ -322,12 +333,20 @@ class ScriptedModel:
             etype = "rate_limit_error" if fault.status == 429 else "server_error"
             msg = fault.message or f"scripted fault: HTTP {fault.status}"
             extra = [("Retry-After", f"{fault.retry_after:g}")] if fault.retry_after is not None else []
-            await send_simple(writer, fault.status,
-                              {"error": {"message": msg, "type": etype, "code": fault.status}},
-                              headers=extra)
+            await send_simple(
+                writer,
+                fault.status,
+                {"error": {"message": msg, "type": etype, "code": fault.status}},
+                headers=extra,
+            )
             return True
-        self._log(req, status=200, outcome=f"fault:{fault.kind}" if fault else outcome,
-                  usage=reply.usage if include_usage else None, **common)
+        self._log(
+            req,
+            status=200,
+            outcome=f"fault:{fault.kind}" if fault else outcome,
+            usage=reply.usage if include_usage else None,
+            **common,
+        )
         if step is not None and step.delay:
             await asyncio.sleep(step.delay)
         if not stream:
@@ -337,7 +356,9 @@ class ScriptedModel:
 
     # -- replies -----------------------------------------------------------------------------------
 
-    def _synth_usage(self, body: dict[str, Any], completion_text: str, explicit: Usage | None) -> dict[str, Any]:
+    def _synth_usage(
+        self, body: dict[str, Any], completion_text: str, explicit: Usage | None
+    ) -> dict[str, Any]:
         cu = self.trajectory.context_usage
         usage = Usage(
             prompt_tokens=cu.base + cu.per_turn * _assistant_turns(body),
@@ -349,8 +370,9 @@ class ScriptedModel:
 
     def _title_reply(self, body: dict[str, Any]) -> _Reply:
         title = self.trajectory.title
-        usage = _usage_dict(Usage(prompt_tokens=max(1, len(_all_text(body)) // 4),
-                                  completion_tokens=max(1, len(title) // 4)))
+        usage = _usage_dict(
+            Usage(prompt_tokens=max(1, len(_all_text(body)) // 4), completion_tokens=max(1, len(title) // 4))
+        )
         return _Reply(text=title, usage=usage)
 
     def _summary_reply(self, body: dict[str, Any], progress: int) -> _Reply:
@@ -367,8 +389,9 @@ class ScriptedModel:
             + ("1. Continue with the next step.\n" if progress < total else "1. (none)\n")
             + "\n## Relevant Files\n- (none)\n"
         )
-        usage = _usage_dict(Usage(prompt_tokens=max(1, len(_all_text(body)) // 4),
-                                  completion_tokens=max(1, len(text) // 4)))
+        usage = _usage_dict(
+            Usage(prompt_tokens=max(1, len(_all_text(body)) // 4), completion_tokens=max(1, len(text) // 4))
+        )
         return _Reply(text=text, usage=usage)
 
     def _step_reply(self, body: dict[str, Any], index: int, step: Step) -> _Reply:
@@ -378,8 +401,12 @@ class ScriptedModel:
             calls.append((tool_call_id(index, i), tc.name, json.dumps(args, ensure_ascii=False)))
         text = step.text or ""
         completion = text + (step.reasoning or "") + "".join(c[2] for c in calls)
-        return _Reply(text=text, reasoning=step.reasoning, tool_calls=calls,
-                      usage=self._synth_usage(body, completion, step.usage))
+        return _Reply(
+            text=text,
+            reasoning=step.reasoning,
+            tool_calls=calls,
+            usage=self._synth_usage(body, completion, step.usage),
+        )
 
     def _final_reply(self, body: dict[str, Any]) -> _Reply:
         text = self.trajectory.final_text
@@ -395,8 +422,10 @@ class ScriptedModel:
                 for cid, name, args in reply.tool_calls
             ]
         out: dict[str, Any] = {
-            "id": f"chatcmpl-scripted-{len(self.calls)}", "object": "chat.completion",
-            "created": int(time.time()), "model": model,
+            "id": f"chatcmpl-scripted-{len(self.calls)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
         }
         if reply.usage is not None:
@@ -404,8 +433,12 @@ class ScriptedModel:
         return out
 
     def _chunks(self, reply: _Reply, model: str, include_usage: bool) -> list[dict[str, Any]]:
-        base = {"id": f"chatcmpl-scripted-{len(self.calls)}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": model}
+        base = {
+            "id": f"chatcmpl-scripted-{len(self.calls)}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -416,8 +449,20 @@ class ScriptedModel:
         for piece in _split(reply.text, 4):
             out.append(chunk({"content": piece}))
         for i, (cid, name, args) in enumerate(reply.tool_calls):
-            out.append(chunk({"tool_calls": [{"index": i, "id": cid, "type": "function",
-                                              "function": {"name": name, "arguments": ""}}]}))
+            out.append(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": cid,
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
             for piece in _split(args, 3):
                 out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
         out.append(chunk({}, reply.finish_reason))
@@ -425,10 +470,15 @@ class ScriptedModel:
             out.append({**base, "choices": [], "usage": reply.usage})
         return out
 
-    async def _stream(self, writer: asyncio.StreamWriter, reply: _Reply, model: str,
-                      include_usage: bool, fault: Any) -> bool:
-        headers = [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
-                   ("Transfer-Encoding", "chunked"), ("Connection", "keep-alive")]
+    async def _stream(
+        self, writer: asyncio.StreamWriter, reply: _Reply, model: str, include_usage: bool, fault: Any
+    ) -> bool:
+        headers = [
+            ("Content-Type", "text/event-stream"),
+            ("Cache-Control", "no-cache"),
+            ("Transfer-Encoding", "chunked"),
+            ("Connection", "keep-alive"),
+        ]
         writer.write(head_bytes(200, headers))
         events = [f"data: {json.dumps(c)}\n\n".encode() for c in self._chunks(reply, model, include_usage)]
         events.append(b"data: [DONE]\n\n")
@@ -440,7 +490,9 @@ class ScriptedModel:
                     writer.transport.abort()
                     return False
                 if fault.malformed:
-                    writer.write(chunk_bytes(b'data: {"id": "broken", "choices": [{"delta": {"content": \n\n'))
+                    writer.write(
+                        chunk_bytes(b'data: {"id": "broken", "choices": [{"delta": {"content": \n\n')
+                    )
                     writer.write(chunk_bytes(b"data: [DONE]\n\n") + LAST_CHUNK)
                     await writer.drain()
                     return True

@@ -79,8 +79,14 @@ class Fault(_Model):
     @model_validator(mode="after")
     def _exactly_one(self) -> Fault:
         chosen = [
-            n for n, on in (("status", self.status is not None), ("stall", self.stall is not None),
-                            ("malformed", self.malformed), ("drop", self.drop)) if on
+            n
+            for n, on in (
+                ("status", self.status is not None),
+                ("stall", self.stall is not None),
+                ("malformed", self.malformed),
+                ("drop", self.drop),
+            )
+            if on
         ]
         if len(chosen) != 1:
             raise ValueError(

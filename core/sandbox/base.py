@@ -7,6 +7,9 @@ A provider creates *owned* sandboxes (we destroy them on release) or connects to
 from __future__ import annotations
 
 import abc
+import getpass
+import os
+import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -22,6 +25,21 @@ LABEL_RUN = "opencode-tui.run"
 LABEL_OWNER = "opencode-tui.owner"
 # Where the model proxy's Unix socket appears inside a model-only sandbox.
 SANDBOX_MODEL_SOCKET = "/run/opencode-tui/model.sock"
+
+
+def default_owner() -> str:
+    """A stable owner label for this user on this machine: ``<user>@<hostname>``.
+
+    ``OPENCODE_TUI_OWNER`` overrides it (e.g. a CI job id).
+    """
+    override = os.environ.get("OPENCODE_TUI_OWNER")
+    if override:
+        return override
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
 
 
 class NetworkPolicy(StrEnum):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import inspect as pyinspect
 import io
 import logging
@@ -81,6 +80,7 @@ from core.sandbox.base import (
     SandboxSpec,
     SandboxState,
     SandboxStatus,
+    default_owner,
     new_execution_id,
 )
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
@@ -144,19 +144,6 @@ _STATE_MAP = {
 }
 
 
-def default_owner() -> str:
-    """A stable owner label for this user on this machine: ``<user>@<hostname>``.
-
-    ``OPENCODE_TUI_OWNER`` overrides it (e.g. a CI job id).
-    """
-    override = os.environ.get("OPENCODE_TUI_OWNER")
-    if override:
-        return override
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 def _now() -> datetime:
@@ -604,6 +591,8 @@ class DockerPty(PtyHandle):
     async def read(self, max_bytes: int = 65536) -> bytes:
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
+        if self._closed:
+            return b""  # closed by us: whatever was still queued is dropped
         if not self._pending:
             if self._eof:
                 return b""

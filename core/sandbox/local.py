@@ -19,13 +19,18 @@ One sandbox
       ``spec.model_socket`` appears at ``SANDBOX_MODEL_SOCKET``). ``spec.mounts`` are bound on top.
     * A **keeper**: a long-lived bwrap whose pid 1 is a tiny shell loop. It owns the sandbox's user, PID,
       IPC, UTS and (model-only) network namespaces. Every exec is a new bwrap that *joins* the keeper's
-      user and PID namespaces (``--userns``/``--pidns``) and, as root, its network/IPC/UTS namespaces
+      user and PID namespaces (``--userns``/``--pidns``) and its network/IPC/UTS namespaces
       (``nsenter``). So, as in a container, all execs share one process table and one loopback: a
-      process started in the background by one exec survives it (the session layer's detached
+      process started in the background by one exec survives it (the model relay started next to the
       supervisor relies on that) and is visible to the next. A bwrap PID namespace per exec would kill
-      every background process when the exec's command ends. pid 1 is the shell loop itself
+      every background process as soon as the exec's command ends. pid 1 is the shell loop itself
       (``--as-pid-1``): it ignores signals sent from inside the sandbox (``kill -9 -1`` cannot end the
       sandbox) and reaps orphans. Killing the keeper makes the kernel kill every process in the sandbox.
+      The keeper is ``--die-with-parent``: the sandbox's processes die with the engine process (its
+      files stay until release or sweep; ``connect()`` then starts a new keeper over them).
+      Joining a PID namespace (bwrap does it before joining the user namespace) and nsenter need
+      root: without root every exec gets its own PID/network/IPC/UTS namespace instead, so background
+      processes end with their exec; ``status().notes`` says so.
     * Every bwrap is started with the same filesystem: read-only binds of the host's ``/usr`` and
       ``/bin``, ``/sbin``, ``/lib*`` (symlinks kept as symlinks), a *minimal* read-only ``/etc`` (an
       allow-list: no ``shadow``, ssh host keys, sudoers or service credentials), ``--proc``, ``--dev``,
@@ -65,7 +70,10 @@ Exec
     we have a pidfd for it: so a failure to enter the sandbox is known to be *before* the command
     started (delivery ``not_sent``), and on kernels with ``PIDFD_INFO_EXIT`` (6.15+) the command's real
     wait status is read, so a death by signal is reported as ``signal=N, exit_code=None`` (bwrap itself
-    folds it into ``128+N``; on older kernels that number is reported as the exit code). A deadline
+    folds it into ``128+N``; on older kernels that number is reported as the exit code). bwrap changes
+    to the working directory and execs the command only after that point, so a missing working
+    directory under a bind is refused on the host beforehand, and the command is started through
+    ``sh -c 'exec "$@"'`` (same pid, same argv) so that a missing command is the usual 127. A deadline
     returns promptly with ``exit_code=None, observed=False, deadline_expired=True`` after killing the
     command's process tree (its session and every descendant, stopped first so none can escape by
     forking; only processes in the sandbox's PID namespace are ever signalled): a local command that
@@ -648,14 +656,18 @@ class _Cgroup:
         while True:
             try:
                 self.path.rmdir()
-                return True
+                break
             except FileNotFoundError:
-                return True
+                break
             except OSError as exc:
                 if exc.errno != errno.EBUSY or loop.time() > end:
                     log.warning("cannot remove cgroup %s: %s", self.path, exc)
                     return False
             await asyncio.sleep(0.05)
+        # The per-base-dir parent too, once it is empty (it fails harmlessly while it is not).
+        with contextlib.suppress(OSError):
+            self.path.parent.rmdir()
+        return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1494,7 +1506,13 @@ class LocalSandbox(Sandbox):
             # start anything in it, so a wrong network namespace can never run a command.
             ns_dir = f"/proc/{keeper.pid}/ns"
             cmd += [p.nsenter, f"--net={ns_dir}/net", f"--ipc={ns_dir}/ipc", f"--uts={ns_dir}/uts", "--"]
-        cmd += [p.bwrap.path, "--userns", str(user_fd), "--pidns", str(pid_fd)]
+        cmd += [p.bwrap.path, "--userns", str(user_fd)]
+        if p.share_pidns:
+            cmd += ["--pidns", str(pid_fd)]
+        else:
+            # bwrap joins a PID namespace before the user namespace, which needs privilege in ours:
+            # without it every exec gets its own PID namespace (with bwrap's reaper as its pid 1).
+            cmd.append("--unshare-pid")
         if not p.nsenter:
             cmd += ["--unshare-ipc", "--unshare-uts", "--hostname", self.hostname]
             if self.spec.network is NetworkPolicy.MODEL_ONLY:
@@ -1675,9 +1693,12 @@ class LocalSandbox(Sandbox):
                 f"bwrap could not start the terminal: {out.decode(errors='replace').strip() or 'no output'}",
                 stage=FailureStage.AGENT,
             )
+        pidfd: int | None = None
+        with contextlib.suppress(OSError):
+            pidfd = os.pidfd_open(child)
         os.write(launch.block_w, b"x")
         launch.close_all()
-        handle = _LocalPty(self, proc, child)
+        handle = _LocalPty(self, proc, child, pidfd)
         self._ptys.add(handle)
         return handle
 
@@ -1755,6 +1776,16 @@ class LocalSandbox(Sandbox):
         if problems:
             msg = f"release of local sandbox {self.sandbox_id} incomplete: " + "; ".join(problems)
             raise _error("sandbox_release_failed", "release", msg, stage=FailureStage.CLEANUP)
+
+
+def _kill_exec_tree(sb: LocalSandbox, child: int, pidfd: int | None) -> None:
+    """Kill what one exec started. In the sandbox's shared PID namespace: the command's session and
+    descendants. In an exec's own PID namespace (non-root): its pid 1, and the kernel kills the rest."""
+    if sb._provider.share_pidns:
+        _kill_tree(child, sb.pidns)
+    elif pidfd is not None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 
 
 def _spawn_keeper(argv: list[str], log_path: Path, status_w: int, ready_w: int) -> subprocess.Popen[bytes]:
@@ -1844,7 +1875,6 @@ class _ExecRun:
         self.pidfd: int | None = None
         self.tasks: list[asyncio.Task[Any]] = []
         self.dispatcher: asyncio.Task[None] | None = None
-        self.finished = False
 
     async def _dispatch(self) -> None:
         while True:
@@ -1989,7 +2019,7 @@ class _ExecRun:
         """Kill the command's tree; bwrap then reaps its child and exits by itself (killing bwrap
         first would hand the command's zombie to the host's init). bwrap itself only as a fallback."""
         if self.child is not None:
-            _kill_tree(self.child, self.sb.pidns)
+            _kill_exec_tree(self.sb, self.child, self.pidfd)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.proc.wait(), 1.5)
         if self.proc.returncode is None:
@@ -2020,10 +2050,11 @@ class _ExecRun:
 class _LocalPty(PtyHandle):
     """A terminal inside the sandbox: bwrap spawned on a pty (ptyprocess), read via ``add_reader``."""
 
-    def __init__(self, sandbox: LocalSandbox, proc: Any, child: int):
+    def __init__(self, sandbox: LocalSandbox, proc: Any, child: int, pidfd: int | None):
         self._sb = sandbox
         self._proc = proc
         self._child = child
+        self._pidfd = pidfd
         self._fd: int = proc.fd
         self._buf = bytearray()
         self._eof = False
@@ -2064,7 +2095,7 @@ class _LocalPty(PtyHandle):
         while not self._buf and not self._eof and not self._closed:
             self._event.clear()
             await self._event.wait()
-        if self._buf:
+        if self._buf and not self._closed:
             out = bytes(self._buf[:max_bytes])
             del self._buf[:max_bytes]
             self._start_reading()
@@ -2102,11 +2133,14 @@ class _LocalPty(PtyHandle):
         self._closed = True
         self._stop_reading()
         self._event.set()
-        _kill_tree(self._child, self._sb.pidns)
+        _kill_exec_tree(self._sb, self._child, self._pidfd)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._proc.close, True)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         self._sb._ptys.discard(self)
 
 
@@ -2163,7 +2197,9 @@ class LocalProvider(SandboxProvider):
         self.owner = owner
         self.etc_allow = (*ETC_ALLOW, *etc_allow)
         is_root = os.geteuid() == 0
-        # Joining the keeper's network/IPC/UTS namespaces needs CAP_SYS_ADMIN in ours: root only.
+        # Joining the keeper's PID namespace (bwrap does it before joining the user namespace) and
+        # its network/IPC/UTS namespaces (nsenter) needs CAP_SYS_ADMIN in ours: root only.
+        self.share_pidns = is_root
         self.nsenter = shutil.which("nsenter", path=_HOST_ENV["PATH"]) if is_root else None
 
     @property
@@ -2174,9 +2210,10 @@ class LocalProvider(SandboxProvider):
 
     async def check(self) -> BwrapBinary:
         """Resolve and probe bwrap (raises SandboxError with ``provider_unavailable``)."""
-        binary = self.bwrap
-        await probe_bwrap(binary)
-        return binary
+        if self._bwrap is None:
+            self._bwrap = await asyncio.to_thread(resolve_bwrap, self._bwrap_arg)
+        await probe_bwrap(self._bwrap)
+        return self._bwrap
 
     def _base_key(self) -> str:
         return hashlib.sha256(str(self.base_dir.resolve()).encode()).hexdigest()[:12]
@@ -2268,9 +2305,15 @@ class LocalProvider(SandboxProvider):
                 )
             else:
                 notes.append("network: the host's network namespace (shared)")
+            if not self.share_pidns:
+                notes.append(
+                    "not root: every exec gets its own PID namespace: background processes end with the exec "
+                    "that started them, and a death by signal N is reported as exit code 128+N"
+                )
             if self.nsenter is None:
                 notes.append(
-                    "not root: each exec gets its own network/IPC/UTS namespace (loopback is not shared between execs)"
+                    "each exec gets its own network/IPC/UTS namespace: loopback is not shared between execs "
+                    "(joining the sandbox's needs root and nsenter)"
                 )
             sandbox = LocalSandbox(self, state_dir, meta, owned=True)
             sandbox._write_meta()
@@ -2299,10 +2342,16 @@ class LocalProvider(SandboxProvider):
         if parent is None:
             return None, why
         path = parent / sandbox_id
-        try:
-            path.mkdir(parents=True)
-        except OSError as exc:
-            return None, f"cannot create the cgroup {path} ({exc.strerror or exc}; cgroups need root)"
+        for attempt in range(3):
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileNotFoundError:
+                # The (empty) parent was removed by a concurrent release between the two mkdirs.
+                if attempt == 2:
+                    return None, f"cannot create the cgroup {path}: its parent keeps disappearing"
+            except OSError as exc:
+                return None, f"cannot create the cgroup {path} ({exc.strerror or exc}; cgroups need root)"
         cg = _Cgroup(path)
         try:
             if spec.memory_bytes is not None:

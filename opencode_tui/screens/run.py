@@ -22,10 +22,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer
 
 from core.artifacts import RunInfo
-from core.events import Event, FailureRecorded, ModelCall, OutcomeDecided, TerminalOutput
+from core.events import Event, FailureRecorded, ModelCall, TerminalOutput
 from opencode_tui import format as fmt
 from opencode_tui.feeds import Cast, EventIndex, LoadStats, find_model_call, iter_event_batches, read_cast
 from opencode_tui.messages import EventsReceived, ReplayLoaded
@@ -46,10 +47,12 @@ if TYPE_CHECKING:
 LIVE_BATCH_INTERVAL = 1 / 30  # at most this often a live batch is delivered (events are coalesced)
 LIVE_BATCH_CHARS = 2_000_000  # a batch stops growing here, so one batch never stalls the screen long
 LIVE_BATCH_EVENTS = 20_000
-REPLAY_BATCH = 2000
+REPLAY_BATCH = 1000
 FAST = 10.0  # "fast" playback speed; idle gaps longer than FAST_GAP_S are skipped too
 FAST_GAP_S = 0.5
 PLAY_TICK = 0.05
+REDRAW_INTERVAL = 1 / 20  # live: the screen redraws at most this often while events stream in
+REDRAW_INTERVAL_LOADING = 0.5  # replay: while events.jsonl is being read
 
 LIVE_ONLY = {"cancel_episode", "toggle_keep"}
 REPLAY_ONLY = {"step", "key_event", "next_failure", "prev_failure", "play", "fast"}
@@ -110,7 +113,7 @@ class RunScreen(Screen[None]):
         self.key_evs: list[Event] = []
         self.failure_idx: list[int] = []
         self.cursor: int | None = None
-        self.loading = self.mode == "replay"
+        self.replay_loading = self.mode == "replay"
         self.load_stats = LoadStats()
         self.load_seconds: float | None = None
         self.index: EventIndex | None = None
@@ -119,6 +122,9 @@ class RunScreen(Screen[None]):
         self.keep = False
         self.episode_running = self.mode == "live"
         self.mounted_at: float | None = None
+        self._redrawn_at = 0.0
+        self._redraw_timer: Timer | None = None
+        self._panels_dirty = False
         # playback
         self.cast: Cast | None = None
         self.cast_checked = False
@@ -205,16 +211,23 @@ class RunScreen(Screen[None]):
             batch.append(queue.get_nowait())
         if batch:
             self.ingest(batch)
+        self._panels_dirty = True
+        self.redraw()
 
-    @work(thread=True, exclusive=True, group="replay-load")
-    def _load_replay(self) -> None:
+    @work(exclusive=True, group="replay-load")
+    async def _load_replay(self) -> None:
+        """Read events.jsonl in batches on the event loop, yielding between batches.
+
+        (A thread would decode in parallel in theory, but under the GIL a busy decoder thread makes
+        every wake-up of the event loop wait for the interpreter lock: on the loop, in small batches,
+        the whole load is faster and the screen stays responsive.)
+        """
         assert self.run_dir is not None and self.index is not None
         start = time.perf_counter()
         path = self.run_dir / "events.jsonl"
         for batch in iter_event_batches(path, self.index, REPLAY_BATCH, self.load_stats):
-            if not self.is_attached:
-                return
             self.post_message(EventsReceived(batch, "replay"))
+            await asyncio.sleep(0)
         self.post_message(
             ReplayLoaded(self.load_stats.events, time.perf_counter() - start, self.load_stats.bad_lines)
         )
@@ -239,18 +252,12 @@ class RunScreen(Screen[None]):
             self.key_evs.append(ev)
             if type(ev) is FailureRecorded:
                 self.failure_idx.append(index)
-        if self.cursor is None:
-            self.terminal.refresh_content()
-            if keys:
-                self.refresh_panels()
-            elif self.mode == "live":
-                self._tick_header()
-        if self.mode == "replay":
-            self.refresh_timeline()
+        self._panels_dirty = self._panels_dirty or bool(keys)
+        self._redraw_soon()
 
     @on(ReplayLoaded)
     def on_replay_loaded(self, message: ReplayLoaded) -> None:
-        self.loading = False
+        self.replay_loading = False
         self.load_seconds = message.seconds
         if message.bad_lines:
             examples = "; ".join(self.load_stats.bad_examples)
@@ -259,12 +266,38 @@ class RunScreen(Screen[None]):
                 severity="warning",
                 timeout=8,
             )
-        self.refresh_timeline()
-        self.refresh_panels()
+        self._panels_dirty = True
+        self.redraw()
 
     # -- drawing -------------------------------------------------------------------------------
 
+    def _redraw_soon(self) -> None:
+        """Redraw after new events at most every REDRAW_INTERVAL (a trailing timer draws the last batch):
+        a repaint costs far more than ingesting a batch, so batches are coalesced here too."""
+        interval = REDRAW_INTERVAL_LOADING if self.replay_loading else REDRAW_INTERVAL
+        now = time.monotonic()
+        if now - self._redrawn_at >= interval:
+            self.redraw()
+        elif self._redraw_timer is None:
+            self._redraw_timer = self.set_timer(interval - (now - self._redrawn_at), self.redraw)
+
+    def redraw(self) -> None:
+        """Show everything ingested so far (when the cursor follows the end)."""
+        self._redrawn_at = time.monotonic()
+        if self._redraw_timer is not None:
+            self._redraw_timer.stop()
+            self._redraw_timer = None
+        if self.cursor is None:
+            self.terminal.refresh_content()
+            if self._panels_dirty:
+                self.refresh_panels()
+            elif self.mode == "live":
+                self._show_header()
+        if self.mode == "replay":
+            self.refresh_timeline()
+
     def refresh_panels(self) -> None:
+        self._panels_dirty = False
         state = self.view_state
         self._show_header()
         self.query_one(WarningsBar).show(state)
@@ -303,7 +336,7 @@ class RunScreen(Screen[None]):
         timeline.show(
             cursor=self.cursor,
             total=self.total,
-            loading=self.loading,
+            loading=self.replay_loading,
             summary=summary,
             when=when,
             failures=self.failure_idx,

@@ -35,7 +35,7 @@ class Timeline(Widget, can_focus=True):
         super().__init__(**kwargs)
         self.cursor: int | None = None
         self.total = 0
-        self.loading = True
+        self.replay_loading = True
         self.summary = ""
         self.when = ""
         self.failures: list[int] = []
@@ -53,7 +53,7 @@ class Timeline(Widget, can_focus=True):
         failures: list[int],
         playback: str = "",
     ) -> None:
-        self.cursor, self.total, self.loading = cursor, total, loading
+        self.cursor, self.total, self.replay_loading = cursor, total, loading
         self.summary, self.when, self.failures, self.playback = summary, when, failures, playback
         self.refresh()
 
@@ -64,7 +64,7 @@ class Timeline(Widget, can_focus=True):
     def render(self) -> Content:
         width = max(self.size.width, 10)
         pos = self.position
-        state = "loading… " if self.loading else ""
+        state = "loading… " if self.replay_loading else ""
         at = "end (following)" if self.cursor is None else f"{pos + 1:,}"
         head = Content.from_markup(
             "[b]$state$at[/] / $total events · $when · $summary$playback",

@@ -45,7 +45,7 @@ async def loaded(pilot) -> None:
 
     await wait_for(
         pilot,
-        lambda: isinstance(pilot.app.screen, RunScreen) and not pilot.app.screen.loading,
+        lambda: isinstance(pilot.app.screen, RunScreen) and not pilot.app.screen.replay_loading,
         what="the replay to load",
     )
     await pilot.pause()

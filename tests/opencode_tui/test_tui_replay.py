@@ -199,7 +199,7 @@ async def test_cast_playback_fast(fixture_runs, replay_loaded, wait):
         screen = app.screen
         await pilot.press("f", "p")
         term = screen.query_one(TerminalView)
-        assert term.view == "cast" and screen.playing
+        assert term.view == "cast" and screen.play_source == "cast"
         await wait(pilot, lambda: not screen.playing, timeout=10, what="the playback to finish")
         text = term._plain(0, term.line_count)
         assert any("sort_all.py" in line for line in text) and "Killed" in text

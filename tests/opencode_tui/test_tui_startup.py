@@ -85,7 +85,7 @@ async def test_first_screen_mounts_in_under_a_second_on_100k_events(big_run, wai
         assert "big-task" in str(screen.query_one(RunHeader).render())  # from run.json, before any event
         await wait(pilot, lambda: screen.total > 0, what="the first batch")
         first_events = time.perf_counter() - started
-        await wait(pilot, lambda: not screen.loading, timeout=60, what="the whole replay")
+        await wait(pilot, lambda: not screen.replay_loading, timeout=60, what="the whole replay")
         all_events = time.perf_counter() - started
         assert screen.total == N_EVENTS
         assert len(screen.state.failures) == 1 and screen.state.outcome is not None

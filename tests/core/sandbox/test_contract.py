@@ -355,7 +355,11 @@ async def test_pty_interactive_shell(sandbox: Sandbox) -> None:
     finally:
         await pty.close()
     await pty.close()  # idempotent
-    assert await asyncio.wait_for(pty.read(), 5) == b""
+    for _ in range(100):  # at most some already-buffered output, then the end
+        if await asyncio.wait_for(pty.read(), 5) == b"":
+            break
+    else:
+        pytest.fail("read() kept returning data after close()")
 
 
 def test_relay_forwards_tcp_to_a_unix_socket_on_the_host(model_socket: str) -> None:

@@ -283,6 +283,40 @@ async def test_release_kills_background_processes_and_removes_everything(
     await sb.release()  # idempotent
 
 
+async def test_nothing_inside_can_end_the_sandbox_but_losing_pid_1_is_reported(sb: LocalSandbox) -> None:
+    await sb.exec(["sh", "-c", "kill -9 -1; kill -9 1; true"], timeout=20)
+    assert (await sb.exec(["true"], timeout=20)).ok
+    assert (await sb.status()).state is SandboxState.RUNNING
+
+    keeper = _host_pid_of(sb, 1)  # the sandbox's pid 1, seen from the host
+    os.kill(keeper, 9)
+    for _ in range(100):
+        if not _alive(keeper):
+            break
+        await asyncio.sleep(0.02)
+    assert (await sb.status()).state is SandboxState.EXITED
+    with pytest.raises(SandboxError) as info:
+        await sb.exec(["true"], timeout=20)
+    assert info.value.failure is not None and info.value.failure.kind == "sandbox_lost"
+
+
+async def test_connect_after_the_processes_ended_starts_a_new_keeper(
+    local: LocalProvider, sb: LocalSandbox
+) -> None:
+    await sb.exec(["sh", "-c", "echo kept > /app/kept.txt"], timeout=20)
+    os.kill(_host_pid_of(sb, 1), 9)  # as if the creating process had died (--die-with-parent)
+    await asyncio.sleep(0.2)
+    borrowed = await local.connect(sb.sandbox_id)
+    assert (await borrowed.status()).state is SandboxState.RUNNING
+    r = await borrowed.exec(["cat", "/app/kept.txt"], timeout=20)
+    assert r.stdout == b"kept\n"
+    revived = borrowed.host_pids()
+    assert revived
+    await borrowed.release()  # stops only the keeper this connection started; the files stay
+    assert sb.state_dir.exists()
+    assert not any(_alive(p) for p in revived)
+
+
 async def test_exec_streams_before_the_command_ends(sb: LocalSandbox) -> None:
     start = time.monotonic()
     first: list[float] = []

@@ -1,0 +1,528 @@
+"""The recording proxy: a transparent, streaming HTTP/1.1 proxy between OpenCode and the upstream model.
+
+It listens on 127.0.0.1 (TCP) and/or a Unix socket — the socket is how a sandbox without network reaches
+it — and forwards every request to ``upstream_url`` (the scripted model, vLLM, NIM, OpenAI, ...; http or
+https). Responses are relayed chunk by chunk as they arrive, so streaming behaviour (stalls included) is
+what OpenCode would see without the proxy.
+
+Path mapping: the proxy serves the upstream base URL at ``/v1``: ``/v1/chat/completions`` goes to
+``{upstream_url}/chat/completions``; a path without the ``/v1`` prefix is appended to the base as is.
+
+For each call it records a ModelCallRecord (``model_calls.jsonl`` in ``record_dir``) and emits a
+``core.events.ModelCall`` through ``on_call``: status, latency, time to first byte and first token, token
+usage parsed from the response (unknown stays None), ``x-session-id``, the attribution plugin's
+``X-OpenCode-Assistant-Message-Id`` header, the kind (title/agent/compaction/other) and redacted request
+and response bodies.
+
+Rules: it never retries; an unreachable upstream is answered with 502 and recorded with ``status=None``
+and the error; a stream that breaks upstream is broken towards the client too (never completed or
+papered over). The upstream API key is read from the environment variable ``api_key_env`` when the proxy
+starts and is only ever put on the upstream request: it is never recorded, logged or written to disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import secrets
+import threading
+import zlib
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from core.events import ModelCall
+from core.failures.evidence import utcnow
+from core.model._http import (
+    HOP_BY_HOP,
+    LAST_CHUNK,
+    BufferedReader,
+    HttpServer,
+    Request,
+    chunk_bytes,
+    head_bytes,
+    send_simple,
+)
+from core.model.classify import classify
+from core.model.records import MODEL_CALLS_FILE, ModelCallRecord, TokenUsage, merge_usage, parse_usage
+from core.redaction import REDACTED, redact, redact_headers, redact_text
+
+log = logging.getLogger(__name__)
+
+MESSAGE_ID_HEADER = "X-OpenCode-Assistant-Message-Id"
+SESSION_ID_HEADER = "x-session-id"
+DEFAULT_MAX_RECORD_BYTES = 2 * 1024 * 1024
+_AUTH_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
+_DROP_REQUEST_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding", MESSAGE_ID_HEADER.lower()}
+_DROP_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length"}
+
+
+class ProxyConfigError(ValueError):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Watch:
+    """Watches the client connection while a response is in flight: EOF means the client went away."""
+
+    def __init__(self, reader: BufferedReader) -> None:
+        self.reader = reader
+        self.task: asyncio.Task[bytes] | None = asyncio.ensure_future(reader.read(65536))
+
+    async def run(self, aw: Awaitable[Any]) -> Any:
+        """Await ``aw``; raise _ClientGone (after cancelling it) if the client disconnects first."""
+        task = asyncio.ensure_future(aw)
+        try:
+            while self.task is not None:
+                done, _ = await asyncio.wait({task, self.task}, return_when=asyncio.FIRST_COMPLETED)
+                if task in done:
+                    return task.result()
+                try:
+                    data = self.task.result()
+                except (ConnectionError, OSError):
+                    data = b""
+                if data:  # the client sent more (pipelining): keep it for the next request
+                    self.reader.unread(data)
+                    self.task = None
+                else:
+                    raise _ClientGone
+            return await task
+        except BaseException:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            raise
+
+    async def stop(self) -> None:
+        """Stop watching; bytes the watch already read are kept for the next request."""
+        task, self.task = self.task, None
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        if task.done() and not task.cancelled() and task.exception() is None and task.result():
+            self.reader.unread(task.result())
+
+
+class _StreamScanner:
+    """Incremental SSE scan of a response: usage, first-token time, finish reason, malformed chunks."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.usage: TokenUsage | None = None
+        self.first_token = False
+        self.finish_reason: str | None = None
+        self.errors: list[str] = []
+
+    def feed(self, data: bytes) -> bool:
+        """Scan ``data``; True when this chunk carried the first generated token."""
+        self._buf += data
+        first = False
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            line = line.rstrip(b"\r")
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if not payload or payload == b"[DONE]":
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                if len(self.errors) < 20:
+                    self.errors.append(f"malformed SSE data: {payload[:200].decode('utf-8', 'replace')}")
+                continue
+            if isinstance(obj, dict) and self._event(obj) and not self.first_token:
+                self.first_token = first = True
+        return first
+
+    def _event(self, obj: dict[str, Any]) -> bool:
+        token = False
+        usage = obj.get("usage")
+        if usage is None and isinstance(obj.get("message"), dict):  # anthropic message_start
+            usage = obj["message"].get("usage")
+        if usage is None and isinstance(obj.get("response"), dict):  # responses API completed event
+            usage = obj["response"].get("usage")
+        self.usage = merge_usage(self.usage, parse_usage(usage))
+        for choice in obj.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta, dict) and (
+                delta.get("content")
+                or delta.get("tool_calls")
+                or delta.get("reasoning_content")
+                or delta.get("reasoning")
+            ):
+                token = True
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+        etype = obj.get("type")
+        if etype in ("content_block_delta", "response.output_text.delta"):
+            token = True
+        if etype == "message_delta" and isinstance(obj.get("delta"), dict):
+            self.finish_reason = obj["delta"].get("stop_reason") or self.finish_reason
+        return token
+
+
+def _decode_body(data: bytes, encoding: str | None) -> bytes:
+    enc = (encoding or "").lower()
+    try:
+        if enc == "gzip":
+            return zlib.decompress(data, 16 + zlib.MAX_WBITS)
+        if enc == "deflate":
+            return zlib.decompress(data)
+    except zlib.error:
+        return data
+    return data
+
+
+def _body_for_record(data: bytes, limit: int) -> tuple[Any, bool]:
+    """Parsed JSON when the body is JSON and within ``limit``; else (truncated) text."""
+    truncated = len(data) > limit
+    if not truncated:
+        try:
+            return json.loads(data), False
+        except ValueError:
+            pass
+    return data[:limit].decode("utf-8", "replace"), truncated
+
+
+class ModelProxy:
+    """Async context manager: ``async with ModelProxy(upstream, record_dir=..., on_call=...) as p:``.
+
+    ``url`` is the base URL to give OpenCode (``http://127.0.0.1:<port>/v1``); ``unix_path`` also (or,
+    with ``port=None``, only) listens on a Unix socket. ``upstream_uds`` reaches an upstream that
+    listens on a Unix socket. ``read_timeout`` (None: none) bounds the wait for each upstream read; by
+    default the client's own timeouts govern, as they would without the proxy.
+    """
+
+    def __init__(
+        self,
+        upstream_url: str,
+        *,
+        record_dir: str | os.PathLike[str] | None = None,
+        on_call: Callable[[ModelCall], None] | None = None,
+        on_record: Callable[[ModelCallRecord], None] | None = None,
+        api_key_env: str | None = None,
+        auth_header: str = "Authorization",
+        host: str = "127.0.0.1",
+        port: int | None = 0,
+        unix_path: str | os.PathLike[str] | None = None,
+        upstream_uds: str | os.PathLike[str] | None = None,
+        connect_timeout: float = 30.0,
+        read_timeout: float | None = None,
+        verify: bool = True,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        call_id_prefix: str | None = None,
+    ) -> None:
+        parts = urlsplit(upstream_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ProxyConfigError(
+                f"upstream URL {redact_text(upstream_url)!r} must be http(s)://host[:port]/..."
+            )
+        self.upstream_url = upstream_url.rstrip("/")
+        self.record_dir = Path(record_dir) if record_dir is not None else None
+        self.on_call = on_call
+        self.on_record = on_record
+        self.api_key_env = api_key_env
+        self.auth_header = auth_header
+        self.host = host
+        self._port = port
+        self._unix_path = unix_path
+        self._upstream_uds = str(upstream_uds) if upstream_uds is not None else None
+        self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None)
+        self._verify = verify
+        self.max_record_bytes = max_record_bytes
+        self._prefix = call_id_prefix if call_id_prefix is not None else f"mc-{secrets.token_hex(3)}-"
+        self._counter = itertools.count(1)
+        self._api_key: str | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._server = HttpServer(self._handle, name="model-proxy")
+        self._file_lock = threading.Lock()
+        self.records: list[ModelCallRecord] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> ModelProxy:
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env, "")
+            if not key.strip():
+                raise ProxyConfigError(
+                    f"the upstream API key variable {self.api_key_env} is not set (or empty) in the environment"
+                )
+            self._api_key = key.strip()
+        if self.record_dir is not None:
+            self.record_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        transport = httpx.AsyncHTTPTransport(uds=self._upstream_uds, verify=self._verify, retries=0)
+        self._client = httpx.AsyncClient(transport=transport, timeout=self._timeout, follow_redirects=False)
+        try:
+            await self._server.start(
+                self.host if self._port is not None else None, self._port, self._unix_path
+            )
+        except BaseException:
+            await self._client.aclose()
+            raise
+        return self
+
+    async def close(self) -> None:
+        await self._server.close()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def __aenter__(self) -> ModelProxy:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def port(self) -> int | None:
+        return self._server.port
+
+    @property
+    def unix_path(self) -> str | None:
+        return self._server.unix_path
+
+    @property
+    def url(self) -> str:
+        if self._server.port is not None:
+            return f"http://{self.host}:{self._server.port}/v1"
+        return "http://localhost/v1"
+
+    @property
+    def records_path(self) -> Path | None:
+        return None if self.record_dir is None else self.record_dir / MODEL_CALLS_FILE
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _secrets(self) -> tuple[str, ...]:
+        return (self._api_key,) if self._api_key else ()
+
+    def _target(self, req: Request) -> str:
+        path, _, query = req.target.partition("?")
+        base = urlsplit(self.upstream_url)
+        rest = path[3:] if path == "/v1" or path.startswith("/v1/") else path
+        return urlunsplit((base.scheme, base.netloc, base.path.rstrip("/") + rest, query, ""))
+
+    def _upstream_headers(self, req: Request) -> list[tuple[str, str]]:
+        out = []
+        for k, v in req.headers:
+            lk = k.lower()
+            if lk in _DROP_REQUEST_HEADERS:
+                continue
+            if self._api_key and lk in _AUTH_HEADERS:
+                continue
+            out.append((k, v))
+        out.append(("Accept-Encoding", "identity"))
+        if self._api_key:
+            value = (
+                f"Bearer {self._api_key}" if self.auth_header.lower() == "authorization" else self._api_key
+            )
+            out.append((self.auth_header, value))
+        return out
+
+    def _finish(self, rec: ModelCallRecord) -> ModelCallRecord:
+        """Redact, keep, append to model_calls.jsonl, emit the event."""
+        data = redact(json.loads(rec.model_dump_json()), self._secrets())
+        safe = ModelCallRecord.model_validate(data)
+        self.records.append(safe)
+        path = self.records_path
+        if path is not None:
+            line = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+            try:
+                with self._file_lock:
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                    with os.fdopen(fd, "a", encoding="utf-8") as f:
+                        f.write(line + "\n")
+            except OSError:
+                log.exception("model proxy: cannot append to %s", path)
+        try:
+            if self.on_record is not None:
+                self.on_record(safe)
+            if self.on_call is not None:
+                self.on_call(safe.to_event())
+        except Exception:  # a broken consumer must not break the proxy
+            log.exception("model proxy: callback failed for %s", safe.call_id)
+        return safe
+
+    # -- the request path --------------------------------------------------------------------------
+
+    async def _handle(self, req: Request, reader: BufferedReader, writer: asyncio.StreamWriter) -> bool:
+        loop = asyncio.get_running_loop()
+        t0 = req.received_at or loop.time()
+        started: datetime = utcnow()
+        body_json: Any = None
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            body_json = json.loads(req.body) if req.body else None
+        req_body, req_trunc = _body_for_record(req.body, self.max_record_bytes) if req.body else (None, False)
+        rec = ModelCallRecord(
+            call_id=f"{self._prefix}{next(self._counter):04d}",
+            method=req.method,
+            path=req.path,
+            upstream_url=redact_text(self._target(req)),
+            started_at=started,
+            kind=classify(req.path, body_json if isinstance(body_json, dict) else None),
+            session_id=req.header(SESSION_ID_HEADER),
+            message_id=req.header(MESSAGE_ID_HEADER) or None,
+            model=str(body_json["model"]) if isinstance(body_json, dict) and "model" in body_json else None,
+            stream=bool(body_json.get("stream")) if isinstance(body_json, dict) else None,
+            request_headers=redact_headers(req.headers),
+            request_body=req_body,
+            truncated=req_trunc,
+        )
+        assert self._client is not None
+        watch = _Watch(reader)
+        resp: httpx.Response | None = None
+        head_sent = False
+        keep_alive = True
+        try:
+            upstream_req = self._client.build_request(
+                req.method,
+                self._target(req),
+                headers=self._upstream_headers(req),
+                content=req.body if req.body or req.method in ("POST", "PUT", "PATCH") else None,
+            )
+            try:
+                resp = await watch.run(self._client.send(upstream_req, stream=True))
+            except httpx.HTTPError as exc:
+                rec.error = f"upstream request failed: {type(exc).__name__}: {exc}".rstrip(": ")
+                rec.latency_s = loop.time() - t0
+                rec.proxy_status = 502
+                message = redact_text(f"recording proxy: {rec.error}", self._secrets())
+                with contextlib.suppress(ConnectionError):
+                    await send_simple(
+                        writer,
+                        502,
+                        {
+                            "error": {
+                                "message": message,
+                                "type": "proxy_upstream_error",
+                                "code": 502,
+                                "call_id": rec.call_id,
+                            }
+                        },
+                    )
+                return True
+            rec.status = rec.proxy_status = resp.status_code
+            rec.response_headers = redact_headers(list(resp.headers.items()))
+            headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS]
+            no_body = req.method == "HEAD" or resp.status_code in (204, 304) or 100 <= resp.status_code < 200
+            if not no_body:
+                headers.append(("Transfer-Encoding", "chunked"))
+            headers.append(("Connection", "keep-alive"))
+            writer.write(head_bytes(resp.status_code, headers, resp.reason_phrase or None))
+            head_sent = True
+            scanner = _StreamScanner()
+            is_sse = "text/event-stream" in resp.headers.get("content-type", "")
+            encoding = resp.headers.get("content-encoding")
+            captured = bytearray()
+            iterator = resp.aiter_raw()
+            while True:
+                try:
+                    data = await watch.run(iterator.__anext__())
+                except StopAsyncIteration:
+                    break
+                except httpx.HTTPError as exc:
+                    rec.error = f"upstream stream broken: {type(exc).__name__}: {exc}".rstrip(": ")
+                    keep_alive = False
+                    writer.transport.abort()  # the client must see the break, not a completed stream
+                    break
+                if not data:
+                    continue
+                now = loop.time()
+                if rec.ttfb_s is None:
+                    rec.ttfb_s = now - t0
+                rec.response_bytes += len(data)
+                if len(captured) <= self.max_record_bytes:
+                    captured.extend(data[: self.max_record_bytes + 1 - len(captured)])
+                if is_sse and not encoding and scanner.feed(data) and rec.ttft_s is None:
+                    rec.ttft_s = now - t0
+                if not no_body:
+                    writer.write(chunk_bytes(data))
+                    await writer.drain()
+            if keep_alive and not no_body:
+                writer.write(LAST_CHUNK)
+                await writer.drain()
+            raw = _decode_body(bytes(captured), encoding)
+            if len(captured) > self.max_record_bytes:
+                rec.truncated = True
+            if is_sse:
+                if encoding:  # rare: scan the decoded capture once at the end
+                    scanner.feed(raw + b"\n")
+                rec.response_body = raw[: self.max_record_bytes].decode("utf-8", "replace")
+                rec.usage = scanner.usage or TokenUsage()
+                rec.finish_reason = scanner.finish_reason
+                rec.stream_errors = scanner.errors
+            else:
+                rec.response_body, trunc = _body_for_record(raw, self.max_record_bytes)
+                rec.truncated = rec.truncated or trunc
+                if isinstance(rec.response_body, dict):
+                    rec.usage = parse_usage(rec.response_body.get("usage")) or TokenUsage()
+                    choices = rec.response_body.get("choices") or []
+                    if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+                        rec.finish_reason = str(choices[0]["finish_reason"])
+                    if rec.ttfb_s is not None and resp.status_code < 400:
+                        rec.ttft_s = rec.ttfb_s
+            rec.latency_s = loop.time() - t0
+            return keep_alive
+        except _ClientGone:
+            rec.client_disconnected = True
+            rec.error = "client disconnected before the response completed"
+            rec.latency_s = loop.time() - t0
+            keep_alive = False
+            return False
+        except (ConnectionError, OSError) as exc:  # writing to the client failed
+            rec.client_disconnected = True
+            rec.error = f"client connection lost: {type(exc).__name__}: {exc}"
+            rec.latency_s = loop.time() - t0
+            return False
+        except asyncio.CancelledError:
+            rec.error = rec.error or "cancelled: proxy closed while the call was in flight"
+            rec.latency_s = loop.time() - t0
+            raise
+        except Exception as exc:
+            log.exception("model proxy: call %s failed", rec.call_id)
+            rec.error = f"proxy error: {type(exc).__name__}: {exc}"
+            rec.latency_s = loop.time() - t0
+            if not head_sent:
+                rec.proxy_status = 502
+                with contextlib.suppress(ConnectionError):
+                    await send_simple(
+                        writer,
+                        502,
+                        {
+                            "error": {
+                                "message": redact_text(rec.error, self._secrets()),
+                                "type": "proxy_error",
+                                "code": 502,
+                            }
+                        },
+                    )
+                return True
+            writer.transport.abort()
+            return False
+        finally:
+            await watch.stop()
+            if resp is not None:
+                with contextlib.suppress(Exception):
+                    await resp.aclose()
+            self._finish(rec)
+
+
+__all__ = ["MESSAGE_ID_HEADER", "REDACTED", "ModelCallRecord", "ModelProxy", "ProxyConfigError"]

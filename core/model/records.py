@@ -1,0 +1,159 @@
+"""``model_calls.jsonl``: one ModelCallRecord per model call seen by the recording proxy.
+
+Token counts are parsed from the response (the streamed usage chunk or the JSON body). A count the
+response did not report stays ``None``; it is never written as 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.events import ModelCall
+from core.model.classify import CallKind
+
+MODEL_CALLS_FILE = "model_calls.jsonl"
+
+
+class TokenUsage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_in: int | None = None  # prompt/input tokens, inclusive of cached tokens
+    tokens_out: int | None = None  # completion/output tokens, inclusive of reasoning tokens
+    tokens_cache_read: int | None = None
+    tokens_cache_write: int | None = None
+    tokens_reasoning: int | None = None
+    tokens_total: int | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _sum(*values: int | None) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def parse_usage(usage: Any) -> TokenUsage | None:
+    """Normalise an OpenAI chat, OpenAI responses or Anthropic usage object; ``None`` if not one."""
+    if not isinstance(usage, dict):
+        return None
+    if "prompt_tokens" in usage or "completion_tokens" in usage:  # OpenAI chat completions
+        pd = usage.get("prompt_tokens_details") or {}
+        cd = usage.get("completion_tokens_details") or {}
+        tin, tout = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+        return TokenUsage(
+            tokens_in=tin,
+            tokens_out=tout,
+            tokens_cache_read=_int(pd.get("cached_tokens")) if isinstance(pd, dict) else None,
+            tokens_reasoning=_int(cd.get("reasoning_tokens")) if isinstance(cd, dict) else None,
+            tokens_total=_int(usage.get("total_tokens"))
+            if _int(usage.get("total_tokens")) is not None
+            else (tin + tout if tin is not None and tout is not None else None),
+        )
+    if "input_tokens" in usage or "output_tokens" in usage:
+        idt = usage.get("input_tokens_details")
+        odt = usage.get("output_tokens_details")
+        if isinstance(idt, dict) or isinstance(odt, dict) or "total_tokens" in usage:  # OpenAI responses
+            tin, tout = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+            return TokenUsage(
+                tokens_in=tin,
+                tokens_out=tout,
+                tokens_cache_read=_int((idt or {}).get("cached_tokens")) if isinstance(idt, dict) else None,
+                tokens_reasoning=_int((odt or {}).get("reasoning_tokens")) if isinstance(odt, dict) else None,
+                tokens_total=_int(usage.get("total_tokens")),
+            )
+        # Anthropic: input_tokens excludes the cache; make tokens_in inclusive.
+        base = _int(usage.get("input_tokens"))
+        cread = _int(usage.get("cache_read_input_tokens"))
+        cwrite = _int(usage.get("cache_creation_input_tokens"))
+        tin = _sum(base, cread, cwrite) if base is not None else None
+        tout = _int(usage.get("output_tokens"))
+        return TokenUsage(
+            tokens_in=tin,
+            tokens_out=tout,
+            tokens_cache_read=cread,
+            tokens_cache_write=cwrite,
+            tokens_total=tin + tout if tin is not None and tout is not None else None,
+        )
+    return None
+
+
+def merge_usage(old: TokenUsage | None, new: TokenUsage | None) -> TokenUsage | None:
+    """Later reports win field by field; fields the later report leaves unknown keep earlier values."""
+    if old is None:
+        return new
+    if new is None:
+        return old
+    data = old.model_dump()
+    data.update({k: v for k, v in new.model_dump().items() if v is not None})
+    return TokenUsage(**data)
+
+
+class ModelCallRecord(BaseModel):
+    """The full record of one call (secrets already redacted); ``to_event()`` gives the live event."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str
+    method: str
+    path: str
+    upstream_url: str | None = None
+    status: int | None = None  # upstream HTTP status; None: no response from upstream
+    proxy_status: int | None = None  # what the proxy answered (502 when upstream failed)
+    started_at: datetime
+    latency_s: float | None = None
+    ttfb_s: float | None = None  # first response byte from upstream
+    ttft_s: float | None = None  # first generated token (first content/tool-call delta)
+    kind: CallKind = "other"
+    session_id: str | None = None
+    message_id: str | None = None
+    model: str | None = None
+    stream: bool | None = None
+    finish_reason: str | None = None
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    request_headers: dict[str, str] = Field(default_factory=dict)
+    request_body: Any = None
+    response_headers: dict[str, str] = Field(default_factory=dict)
+    response_body: Any = None
+    response_bytes: int = 0
+    truncated: bool = False
+    stream_errors: list[str] = Field(default_factory=list)
+    client_disconnected: bool = False
+    error: str | None = None
+
+    def to_event(self) -> ModelCall:
+        return ModelCall(
+            call_id=self.call_id,
+            method=self.method,
+            path=self.path,
+            status=self.status,
+            started_at=self.started_at,
+            latency_s=self.latency_s,
+            ttft_s=self.ttft_s,
+            kind=self.kind,
+            session_id=self.session_id,
+            message_id=self.message_id,
+            tokens_in=self.usage.tokens_in,
+            tokens_out=self.usage.tokens_out,
+            tokens_cache_read=self.usage.tokens_cache_read,
+            tokens_reasoning=self.usage.tokens_reasoning,
+            error=self.error,
+        )
+
+
+def read_model_calls(path: str | Path) -> Iterator[ModelCallRecord]:
+    """Records from a ``model_calls.jsonl`` file (or the directory holding one), in call-completion order."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / MODEL_CALLS_FILE
+    with p.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield ModelCallRecord.model_validate(json.loads(line))

@@ -1,0 +1,173 @@
+"""``opencode-tui doctor`` and ``opencode-tui sweep``: environment checks and leftover cleanup."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from core.config import AgentConfig, ProviderName
+from opencode_tui.cli import EXIT_INFRA, EXIT_OK
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass
+class Check:
+    name: str
+    status: Status
+    detail: str
+
+
+async def _check_local() -> list[Check]:
+    from core.sandbox.base import SandboxSpec
+    from core.sandbox.local import LocalProvider, resolve_bwrap
+
+    out: list[Check] = []
+    try:
+        b = resolve_bwrap()
+        out.append(Check("bwrap", "ok", f"{b.path} ({b.source}, {b.version})"))
+    except Exception as exc:
+        return [Check("bwrap", "fail", str(exc))]
+    provider = LocalProvider()
+    started = time.monotonic()
+    try:
+        sb = await provider.create(
+            SandboxSpec(run_id=f"doctor-{uuid.uuid4().hex[:6]}", memory_bytes=64 << 20)
+        )
+        try:
+            r = await sb.exec(["/bin/sh", "-c", "echo ok"], timeout=30)
+            status = await sb.status()
+        finally:
+            await sb.release()
+        ms = (time.monotonic() - started) * 1000
+        out.append(Check("local sandbox", "ok" if r.ok else "fail", f"create+exec+release in {ms:.0f} ms"))
+        enforced = status.memory_limit_enforced
+        out.append(
+            Check(
+                "local memory limit",
+                "ok" if enforced else "warn",
+                "enforced through a cgroup" if enforced else "; ".join(status.notes) or "not enforced",
+            )
+        )
+    except Exception as exc:
+        out.append(Check("local sandbox", "fail", str(exc)))
+    return out
+
+
+def _check_docker(config: AgentConfig) -> list[Check]:
+    from core.config import DEFAULT_IMAGE
+
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        version = client.version().get("Version", "?")
+    except Exception as exc:
+        return [Check("docker engine", "warn", f"not reachable ({exc}); start it with scripts/start-dockerd")]
+    out = [Check("docker engine", "ok", f"version {version}")]
+    image = config.sandbox.image or DEFAULT_IMAGE
+    try:
+        client.images.get(image)
+        out.append(Check("docker image", "ok", image))
+    except Exception:
+        out.append(Check("docker image", "warn", f"{image} missing; build it with scripts/build-images"))
+    return out
+
+
+async def _check_opencode(config: AgentConfig) -> list[Check]:
+    from core.runtime.installer import Installer, InstallerConfig
+    from core.runtime.targets import parse_probe, probe_script, select_target
+
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", probe_script(), stdout=asyncio.subprocess.PIPE
+    )
+    stdout, _ = await proc.communicate()
+    target = select_target(parse_probe(stdout.decode()))
+    installer = Installer(
+        InstallerConfig(version=config.runtime.opencode_version, registry_url=config.runtime.registry_url)
+    )
+    cached = installer.cached(target)
+    out = [
+        Check(
+            "opencode pin", "ok", f"{config.runtime.opencode_version} ({target.package_name} for this host)"
+        )
+    ]
+    if cached:
+        out.append(
+            Check(
+                "opencode cache",
+                "ok",
+                f"{cached.path} ({cached.size / 1e6:.0f} MB, sha256 {cached.sha256[:12]})",
+            )
+        )
+    else:
+        out.append(
+            Check(
+                "opencode cache",
+                "warn",
+                f"not cached yet under {installer.config.cache_dir}; "
+                "the first run downloads it from the npm registry",
+            )
+        )
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            r = await client.head(f"{config.runtime.registry_url}/{target.package_name}")
+        out.append(Check("npm registry", "ok" if r.status_code < 500 else "warn", f"HTTP {r.status_code}"))
+    except httpx.HTTPError as exc:
+        out.append(Check("npm registry", "warn" if cached else "fail", f"unreachable: {exc}"))
+    return out
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    config = AgentConfig()
+    checks = [Check("python", "ok", platform.python_version())]
+
+    async def gather() -> None:
+        checks.extend(await _check_local())
+        checks.extend(await asyncio.to_thread(_check_docker, config))
+        checks.extend(await _check_opencode(config))
+
+    asyncio.run(gather())
+    if args.json:
+        for c in checks:
+            print(json.dumps(asdict(c)))
+    else:
+        marks = {"ok": "✓", "warn": "!", "fail": "✗"}
+        for c in checks:
+            print(f"{marks[c.status]} {c.name:<20} {c.detail}")
+    return EXIT_INFRA if any(c.status == "fail" for c in checks) else EXIT_OK
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from core.sandbox.providers import get_provider
+
+    names = (
+        [ProviderName.DOCKER, ProviderName.LOCAL] if args.provider == "all" else [ProviderName(args.provider)]
+    )
+    failed = False
+
+    async def sweep() -> None:
+        nonlocal failed
+        for name in names:
+            try:
+                ids = await get_provider(name).sweep(dry_run=args.dry_run)
+            except Exception as exc:
+                failed = failed or args.provider != "all"
+                print(f"opencode-tui sweep: {name.value}: {exc}", file=sys.stderr)
+                continue
+            verb = "would remove" if args.dry_run else "removed"
+            for sid in ids:
+                print(json.dumps({"provider": name.value, "sandbox_id": sid, "action": verb}))
+            print(f"{name.value}: {verb} {len(ids)} leftover sandbox(es)", file=sys.stderr)
+
+    asyncio.run(sweep())
+    return EXIT_INFRA if failed else EXIT_OK
