@@ -102,7 +102,6 @@ import contextlib
 import errno
 import fcntl
 import fnmatch
-import getpass
 import hashlib
 import io
 import json
@@ -150,6 +149,7 @@ from core.sandbox.base import (
     SandboxState,
     SandboxStatus,
     UnsafeArchiveError,
+    default_owner,
     new_execution_id,
 )
 from core.sandbox.oom import SOURCE_CGROUP, oom_confirmed
@@ -2244,7 +2244,7 @@ class LocalProvider(SandboxProvider):
         self.base_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         state_dir.mkdir(mode=0o700)
         user, home = _home_for(os.getuid())
-        owner = spec.labels.get(LABEL_OWNER) or self.owner or _default_owner()
+        owner = spec.labels.get(LABEL_OWNER) or self.owner or default_owner()
         labels = {**spec.labels, LABEL_RUN: spec.run_id, LABEL_OWNER: owner}
         notes: list[str] = []
         if spec.image:
@@ -2439,13 +2439,6 @@ def _validate_spec(spec: SandboxSpec) -> None:
         t = PurePosixPath(m.target)
         if str(t) == "/" or any(t == PurePosixPath(r) or t.is_relative_to(r) for r in ("/proc", "/dev")):
             raise _error("sandbox_allocation_failed", "create", f"mount target {m.target!r} is not allowed")
-
-
-def _default_owner() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:
-        return f"uid{os.getuid()}"
 
 
 async def _destroy(state_dir: Path, meta: Mapping[str, Any]) -> None:

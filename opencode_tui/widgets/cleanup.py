@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from textual.content import Content
-from textual.widgets import Static
 
 from core.events import CleanupStep
+from opencode_tui.widgets.base import Panel
 from opencode_tui.state import CLEANUP_ORDER, RunState
 
 LABELS = {
@@ -17,7 +17,7 @@ LABELS = {
 ICONS = {"pending": "○", "running": "◐", "ok": "✓", "failed": "✗", "skipped": "\u2013"}
 
 
-class CleanupPanel(Static):
+class CleanupPanel(Panel):
     """Each step pending / running / ok / failed / skipped, with the engine's reason."""
 
     def show(self, state: RunState) -> None:
@@ -35,7 +35,7 @@ class CleanupPanel(Static):
                     reason=f" — {reason}" if reason else "",
                 )
             )
-        self.update(Content("\n").join(rows))
+        self.show_content(Content("\n").join(rows))
 
     def step_states(self, state: RunState) -> dict[str, str]:
         return {

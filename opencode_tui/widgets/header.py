@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from textual.content import Content
-from textual.widgets import Static
 
 from opencode_tui import format as fmt
+from opencode_tui.widgets.base import Panel
 from opencode_tui.state import RunState
 
 _PHASE_STYLE = {
@@ -19,7 +19,7 @@ _PHASE_STYLE = {
 }
 
 
-class RunHeader(Static):
+class RunHeader(Panel):
     """Two lines: task/provider/sandbox/versions, then phase/elapsed/mode/keep."""
 
     def show(self, state: RunState, *, mode: str, keep: bool | None, now: datetime | None = None) -> None:
@@ -60,4 +60,4 @@ class RunHeader(Static):
             mode=mode,
             keep=keep_text,
         )
-        self.update(Content("\n").join([line1, line2]))
+        self.show_content(Content("\n").join([line1, line2]), layout=False)

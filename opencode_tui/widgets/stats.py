@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 from textual.content import Content
-from textual.widgets import Static
 
 from opencode_tui import format as fmt
+from opencode_tui.widgets.base import Panel
 from opencode_tui.state import RunState
 
 
@@ -15,7 +15,7 @@ def _by_tool(counts: dict[str, int]) -> str:
     return " · ".join(f"{tool} {n}" for tool, n in counts.items()) or "none"
 
 
-class StatsPanel(Static):
+class StatsPanel(Panel):
     """Live counts from events; the transcript's counts (the source of truth) once cleanup confirmed."""
 
     def show(self, state: RunState) -> None:
@@ -84,4 +84,4 @@ class StatsPanel(Static):
                 reward=fmt.DASH if o.reward is None else f"{o.reward:g}",
                 summary=fmt.short(o.summary, 120),
             )
-        self.update(Content("\n").join(rows))
+        self.show_content(Content("\n").join(rows))

@@ -131,12 +131,30 @@ class TerminalView(ScrollView, can_focus=True):
         """Update the scroll extent after new lines (or a new limit/view) and follow the end."""
         if self.view == "raw":
             self._catch_up_raw()
-        buf = self.buffer
-        self.virtual_size = Size(buf.width, self.line_count)
+        self._set_virtual_size(Size(self.buffer.width, self.line_count))
         if self.follow:
             self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
         # The open (last) line may have grown: its cache key includes its length, so a refresh is enough.
         self.refresh()
+
+    def _set_virtual_size(self, size: Size) -> None:
+        """Grow the scroll extent without a screen layout when no scrollbar appears or disappears.
+
+        Setting ``virtual_size`` normally re-lays out the whole screen (tens of ms with this many widgets),
+        which would run on every batch of streamed output; only the scrollbars need to know.
+        """
+        old = self.virtual_size
+        if size == old:
+            return
+        view = self.scrollable_content_region.size
+        same_bars = (old.height > view.height) == (size.height > view.height) and (old.width > view.width) == (
+            size.width > view.width
+        )
+        if not same_bars or not self.is_mounted:
+            self.virtual_size = size
+            return
+        self.set_reactive(TerminalView.virtual_size, size)
+        self._scroll_update(size)
 
     def _catch_up_raw(self) -> None:
         chunks = self.raw_chunks
