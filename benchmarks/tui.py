@@ -49,18 +49,26 @@ def make_chunks(total_bytes: int) -> list[str]:
     for i in range(4000):
         kind = i % 8
         if kind == 0:
-            lines.append(f"\x1b[2m2025-05-14T09:{i % 60:02d}:00\x1b[0m \x1b[1;34mINFO\x1b[0m compiling module_{i}.py ... "
-                         f"\x1b[32mok\x1b[0m")
+            lines.append(
+                f"\x1b[2m2025-05-14T09:{i % 60:02d}:00\x1b[0m \x1b[1;34mINFO\x1b[0m compiling module_{i}.py ... "
+                f"\x1b[32mok\x1b[0m"
+            )
         elif kind == 1:
-            lines.append("".join(f"\r\x1b[36m[{'=' * p}{' ' * (20 - p)}]\x1b[0m {p * 5:3d}%" for p in range(0, 21, 4)))
+            lines.append(
+                "".join(f"\r\x1b[36m[{'=' * p}{' ' * (20 - p)}]\x1b[0m {p * 5:3d}%" for p in range(0, 21, 4))
+            )
         elif kind == 2:
             lines.append(f"✓ test_case_{i} passed — 0.{i % 100:02d}s · ünïcödé ✔ 日本語")
         elif kind == 3:
-            lines.append(f"\x1b[31merror\x1b[0m: src/file_{i}.c:{i}:7: \x1b[1mundefined reference to `foo_{i}'\x1b[0m")
+            lines.append(
+                f"\x1b[31merror\x1b[0m: src/file_{i}.c:{i}:7: \x1b[1mundefined reference to `foo_{i}'\x1b[0m"
+            )
         elif kind == 4:
             lines.append("x" * 230 + f" long line {i}")
         elif kind == 5:
-            lines.append(f"\x1b[38;5;{i % 256}m256-colour\x1b[0m \x1b[48;2;30;30;{i % 256}mtruecolour\x1b[0m cell {i}")
+            lines.append(
+                f"\x1b[38;5;{i % 256}m256-colour\x1b[0m \x1b[48;2;30;30;{i % 256}mtruecolour\x1b[0m cell {i}"
+            )
         else:
             lines.append(f"plain output line {i} with some words in it to make it a typical length")
     block = "\r\n".join(lines) + "\r\n"
@@ -117,8 +125,17 @@ class StreamingEngine(EpisodeControl):
         return None
 
     async def stream(self, chunks: list[str], yield_every: int = 256 * 1024) -> None:
-        self.bus.emit(EpisodeStarted(run_id="bench", task_id="bench", provider="local", opencode_version="1.18.32",
-                                     run_budget_s=600, close_budget_s=30, model="scripted"))
+        self.bus.emit(
+            EpisodeStarted(
+                run_id="bench",
+                task_id="bench",
+                provider="local",
+                opencode_version="1.18.32",
+                run_budget_s=600,
+                close_budget_s=30,
+                model="scripted",
+            )
+        )
         self.bus.emit(PhaseChanged(phase=Phase.AGENT))
         since_yield = 0
         for chunk in chunks:
@@ -209,11 +226,26 @@ def write_run(runs_dir: Path, n_events: int) -> Path:
     bus = EventBus()
     bus.subscribe(rd.append_event)
     t0 = datetime(2025, 5, 14, tzinfo=UTC)
-    bus.emit(EpisodeStarted(ts=t0, run_id="startup", task_id="startup", provider="local", opencode_version="1.18.32",
-                            run_budget_s=600, close_budget_s=30, model="scripted"))
+    bus.emit(
+        EpisodeStarted(
+            ts=t0,
+            run_id="startup",
+            task_id="startup",
+            provider="local",
+            opencode_version="1.18.32",
+            run_budget_s=600,
+            close_budget_s=30,
+            model="scripted",
+        )
+    )
     for i in range(1, n_events):
-        bus.emit(TerminalOutput(ts=t0 + timedelta(milliseconds=i), stream="pty",
-                                data=f"\x1b[3{i % 8}m{i:>7}\x1b[0m building module {i % 97} ... ok\r\n"))
+        bus.emit(
+            TerminalOutput(
+                ts=t0 + timedelta(milliseconds=i),
+                stream="pty",
+                data=f"\x1b[3{i % 8}m{i:>7}\x1b[0m building module {i % 97} ... ok\r\n",
+            )
+        )
     rd.write_run_info(RunInfo(run_id="startup", task_id="startup", provider="local", started_at=t0))
     rd.close()
     return rd.path
@@ -237,26 +269,38 @@ async def run_startup(n_events: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=50.0, help="megabytes of terminal output (default 50)")
-    p.add_argument("--startup", action="store_true", help="also time the first screen on a 100k-event run dir")
+    p.add_argument(
+        "--startup", action="store_true", help="also time the first screen on a 100k-event run dir"
+    )
     p.add_argument("--events", type=int, default=100_000, help="events in the start-up run directory")
     p.add_argument("--check", action="store_true", help=f"exit 1 if ingest < {TARGET_MB_S:g} MB/s")
     args = p.parse_args(argv)
 
     r = asyncio.run(run_stream(args.mb))
-    print(f"terminal pane, {r['mb']:.1f} MB of mixed ANSI output ({r['lines']:,.0f} lines), headless app, live path")
+    print(
+        f"terminal pane, {r['mb']:.1f} MB of mixed ANSI output ({r['lines']:,.0f} lines), headless app, live path"
+    )
     print(f"  baseline (plain line splitting, same data): {r['baseline_mb_s']:8.1f} MB/s")
-    print(f"  TUI ingest (emit -> bus -> batches -> pane): {r['ingest_mb_s']:8.1f} MB/s   "
-          f"= {r['ingest_mb_s'] / r['baseline_mb_s']:.2f}x baseline   target >= {TARGET_MB_S:g} MB/s")
-    print(f"  ingested in {r['ingest_s']:.2f}s (engine emitting for {r['emit_s']:.2f}s), last frame drawn at "
-          f"{r['drawn_s']:.2f}s")
-    print(f"  event-loop lateness of a {TICK_S * 1000:g} ms ticker while streaming: worst {r['worst_tick_ms']:.1f} ms, "
-          f"p99 {r['p99_tick_ms']:.1f} ms, median {r['median_tick_ms']:.2f} ms ({r['ticks']:.0f} ticks)")
+    print(
+        f"  TUI ingest (emit -> bus -> batches -> pane): {r['ingest_mb_s']:8.1f} MB/s   "
+        f"= {r['ingest_mb_s'] / r['baseline_mb_s']:.2f}x baseline   target >= {TARGET_MB_S:g} MB/s"
+    )
+    print(
+        f"  ingested in {r['ingest_s']:.2f}s (engine emitting for {r['emit_s']:.2f}s), last frame drawn at "
+        f"{r['drawn_s']:.2f}s"
+    )
+    print(
+        f"  event-loop lateness of a {TICK_S * 1000:g} ms ticker while streaming: worst {r['worst_tick_ms']:.1f} ms, "
+        f"p99 {r['p99_tick_ms']:.1f} ms, median {r['median_tick_ms']:.2f} ms ({r['ticks']:.0f} ticks)"
+    )
     print(f"  key pressed mid-stream handled after {r['key_ms']:.1f} ms")
     ok = r["ingest_mb_s"] >= TARGET_MB_S
     if args.startup:
         s = asyncio.run(run_startup(args.events))
-        print(f"start-up on a {s['events']:,.0f}-event run directory: first screen {s['first_screen_s']:.3f}s, "
-              f"all events loaded {s['all_events_s']:.2f}s (target: first screen < 1 s)")
+        print(
+            f"start-up on a {s['events']:,.0f}-event run directory: first screen {s['first_screen_s']:.3f}s, "
+            f"all events loaded {s['all_events_s']:.2f}s (target: first screen < 1 s)"
+        )
         ok = ok and s["first_screen_s"] < 1.0
     if args.check and not ok:
         print("FAILED: below target", file=sys.stderr)

@@ -133,6 +133,9 @@ class PtyTerminal(Widget, can_focus=True):
             if reason != "closed":
                 self.post_message(self.Closed(reason))
 
+    async def on_unmount(self) -> None:
+        await self.close()  # leaving the screen (or the app) never leaves a shell open in the sandbox
+
     async def close(self) -> None:
         handle, self.handle = self.handle, None
         if handle is not None:

@@ -147,9 +147,9 @@ class TerminalView(ScrollView, can_focus=True):
         if size == old:
             return
         view = self.scrollable_content_region.size
-        same_bars = (old.height > view.height) == (size.height > view.height) and (old.width > view.width) == (
-            size.width > view.width
-        )
+        same_bars = (old.height > view.height) == (size.height > view.height) and (
+            old.width > view.width
+        ) == (size.width > view.width)
         if not same_bars or not self.is_mounted:
             self.virtual_size = size
             return

@@ -85,8 +85,17 @@ async def test_oom_run_shows_failure_calls_and_cleanup(fixture_runs, replay_load
         await pilot.pause()
         assert isinstance(app.screen, FailureScreen)
         detail = app.screen.render_detail().plain
-        for needle in ("provider_oom_killed", "count_as_zero", "docker.state", "OOMKilled", "caused by",
-                       "ConnectionResetError", "scope", "observed at", "memory_limit_bytes"):
+        for needle in (
+            "provider_oom_killed",
+            "count_as_zero",
+            "docker.state",
+            "OOMKilled",
+            "caused by",
+            "ConnectionResetError",
+            "scope",
+            "observed at",
+            "memory_limit_bytes",
+        ):
             assert needle in detail, needle
         await pilot.press("y")
         copied = [m for m in messages if isinstance(m, Copied)]
@@ -123,8 +132,11 @@ async def test_model_call_modal_reads_bodies_by_call_id(fixture_runs, replay_loa
         await pilot.press("escape")
         # the call whose response was never recorded shows "not recorded"
         last = table.row_count - 1
-        missing = [i for i, c in enumerate(table.calls) if "response" not in
-                   next((r for r in records if r["call_id"] == c.call_id), {})]
+        missing = [
+            i
+            for i, c in enumerate(table.calls)
+            if "response" not in next((r for r in records if r["call_id"] == c.call_id), {})
+        ]
         assert missing, "the oom fixture has a call without a recorded response"
         table.move_cursor(row=missing[0])
         await pilot.press("enter")

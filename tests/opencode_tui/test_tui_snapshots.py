@@ -25,7 +25,11 @@ def test_run_screen_mid_episode(snap_compare, fixture_runs, replay_loaded):
     run = fixture_runs / "hello-file"
     events = list(RunDirReader(run).events())
     # mid-episode: right after the agent's second bash command completed
-    mid = [i for i, e in enumerate(events) if isinstance(e, ToolCall) and e.tool == "bash" and e.status == "completed"]
+    mid = [
+        i
+        for i, e in enumerate(events)
+        if isinstance(e, ToolCall) and e.tool == "bash" and e.status == "completed"
+    ]
 
     async def run_before(pilot) -> None:
         await replay_loaded(pilot)
@@ -49,7 +53,9 @@ def test_failure_detail_modal(snap_compare, fixture_runs, replay_loaded):
 def test_model_call_detail_modal(snap_compare, fixture_runs, replay_loaded, wait):
     run = fixture_runs / "hello-file"
     events = list(RunDirReader(run).events())
-    agent_row = next(i for i, e in enumerate(e for e in events if isinstance(e, ModelCall)) if e.kind == "agent")
+    agent_row = next(
+        i for i, e in enumerate(e for e in events if isinstance(e, ModelCall)) if e.kind == "agent"
+    )
 
     async def run_before(pilot) -> None:
         await replay_loaded(pilot)
@@ -70,7 +76,9 @@ def test_runs_browser(snap_compare, fixture_runs, monkeypatch):
     async def run_before(pilot) -> None:
         await pilot.pause()
 
-    monkeypatch.chdir(fixture_runs.parent)  # the title shows the runs dir as given: keep it checkout-independent
+    monkeypatch.chdir(
+        fixture_runs.parent
+    )  # the title shows the runs dir as given: keep it checkout-independent
     app = OpenCodeTUI(runs_dir=Path(fixture_runs.name))
     assert snap_compare(app, terminal_size=(140, 20), run_before=run_before)
 

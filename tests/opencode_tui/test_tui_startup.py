@@ -42,30 +42,87 @@ def write_big_run(runs_dir, n_events: int = N_EVENTS):
     def at(i: int) -> datetime:
         return T0 + timedelta(milliseconds=10 * i)
 
-    bus.emit(EpisodeStarted(ts=at(0), run_id="big", task_id="big-task", provider="docker", opencode_version="1.18.32",
-                            run_budget_s=10800, close_budget_s=60, model="scripted"))
+    bus.emit(
+        EpisodeStarted(
+            ts=at(0),
+            run_id="big",
+            task_id="big-task",
+            provider="docker",
+            opencode_version="1.18.32",
+            run_budget_s=10800,
+            close_budget_s=60,
+            model="scripted",
+        )
+    )
     bus.emit(SandboxReady(ts=at(1), sandbox_id="c0ffee", provider="docker", owned=True, network="none"))
     bus.emit(PhaseChanged(ts=at(2), phase=Phase.AGENT))
     i = 3
     while i < n_events - 2:
         if i % 1000 == 0:
-            bus.emit(ModelCall(ts=at(i), call_id=f"c{i}", method="POST", path="/v1/chat/completions", status=200,
-                               started_at=at(i), latency_s=0.5, kind="agent", tokens_in=1000, tokens_out=50))
+            bus.emit(
+                ModelCall(
+                    ts=at(i),
+                    call_id=f"c{i}",
+                    method="POST",
+                    path="/v1/chat/completions",
+                    status=200,
+                    started_at=at(i),
+                    latency_s=0.5,
+                    kind="agent",
+                    tokens_in=1000,
+                    tokens_out=50,
+                )
+            )
         elif i % 100 == 0:
-            bus.emit(ToolCall(ts=at(i), call_id=f"t{i}", tool="bash", status="completed",
-                              input={"command": f"step {i}"}, output=f"output of step {i}\n"))
+            bus.emit(
+                ToolCall(
+                    ts=at(i),
+                    call_id=f"t{i}",
+                    tool="bash",
+                    status="completed",
+                    input={"command": f"step {i}"},
+                    output=f"output of step {i}\n",
+                )
+            )
         else:
-            bus.emit(TerminalOutput(ts=at(i), stream="pty",
-                                    data=f"\x1b[3{i % 8}m{i:>7}\x1b[0m building module {i % 97} ... ok\r\n"))
+            bus.emit(
+                TerminalOutput(
+                    ts=at(i),
+                    stream="pty",
+                    data=f"\x1b[3{i % 8}m{i:>7}\x1b[0m building module {i % 97} ... ok\r\n",
+                )
+            )
         i += 1
-    failure = FailureEvent(kind="provider_oom_killed", stage=FailureStage.AGENT, operation="opencode run",
-                           message="OOM", evidence=[Evidence(source="docker.state", data={"OOMKilled": True})])
+    failure = FailureEvent(
+        kind="provider_oom_killed",
+        stage=FailureStage.AGENT,
+        operation="opencode run",
+        message="OOM",
+        evidence=[Evidence(source="docker.state", data={"OOMKilled": True})],
+    )
     bus.emit(FailureRecorded(ts=at(i), failure=failure, decision=decide(failure)))
-    bus.emit(OutcomeDecided(ts=at(i + 1), action="count_as_zero", reward=0.0, failure_kind="provider_oom_killed",
-                            summary="oom"))
-    rd.write_run_info(RunInfo(run_id="big", task_id="big-task", provider="docker", sandbox_id="c0ffee",
-                              sandbox_owned=True, versions={"opencode": "1.18.32"}, started_at=T0,
-                              ended_at=at(i + 1), outcome=OutcomeSummary(action="count_as_zero", reward=0.0)))
+    bus.emit(
+        OutcomeDecided(
+            ts=at(i + 1),
+            action="count_as_zero",
+            reward=0.0,
+            failure_kind="provider_oom_killed",
+            summary="oom",
+        )
+    )
+    rd.write_run_info(
+        RunInfo(
+            run_id="big",
+            task_id="big-task",
+            provider="docker",
+            sandbox_id="c0ffee",
+            sandbox_owned=True,
+            versions={"opencode": "1.18.32"},
+            started_at=T0,
+            ended_at=at(i + 1),
+            outcome=OutcomeSummary(action="count_as_zero", reward=0.0),
+        )
+    )
     rd.close()
     return rd.path
 
@@ -93,6 +150,8 @@ async def test_first_screen_mounts_in_under_a_second_on_100k_events(big_run, wai
     record_property("first_screen_s", round(first_screen, 3))
     record_property("first_events_s", round(first_events, 3))
     record_property("all_events_s", round(all_events, 3))
-    print(f"\n100k events: first screen {first_screen:.3f}s, first events {first_events:.3f}s, "
-          f"all {all_events:.3f}s")
+    print(
+        f"\n100k events: first screen {first_screen:.3f}s, first events {first_events:.3f}s, "
+        f"all {all_events:.3f}s"
+    )
     assert first_screen < 1.0, f"first screen took {first_screen:.3f}s"

@@ -42,7 +42,9 @@ def test_ansi_is_decoded_only_when_drawn_and_raw_shows_escapes():
 
 
 def _tool(call_id, status, command="ls", output=None, tool="bash", **inp):
-    return ToolCall(call_id=call_id, tool=tool, status=status, input={"command": command, **inp}, output=output)
+    return ToolCall(
+        call_id=call_id, tool=tool, status=status, input={"command": command, **inp}, output=output
+    )
 
 
 def test_bash_calls_render_as_prompt_and_streamed_output():
@@ -60,8 +62,14 @@ def test_failed_command_and_edits_and_other_tools():
     buf = LineBuffer()
     w = TranscriptWriter(buf)
     w.feed(_tool("t1", "error", "false", output="boom"))
-    w.feed(ToolCall(call_id="t2", tool="edit", status="completed",
-                    input={"filePath": "a.py", "oldString": "x = 1\ny = 2", "newString": "x = 1\ny = 3"}))
+    w.feed(
+        ToolCall(
+            call_id="t2",
+            tool="edit",
+            status="completed",
+            input={"filePath": "a.py", "oldString": "x = 1\ny = 2", "newString": "x = 1\ny = 3"},
+        )
+    )
     w.feed(ToolCall(call_id="t3", tool="read", status="completed", input={"filePath": "b.py"}, title="b.py"))
     lines = buf.plain(0, buf.count)
     assert lines[:3] == ["$ false", "boom", "✗ command failed"]
@@ -73,13 +81,33 @@ def test_assistant_text_from_run_json_and_server_events():
     buf = LineBuffer()
     w = TranscriptWriter(buf)
     w.feed(OpenCodeEvent(event_type="text", payload={"part": {"id": "p1", "type": "text", "text": "Hello."}}))
-    w.feed(OpenCodeEvent(event_type="message.part.delta",
-                         payload={"properties": {"partID": "p2", "field": "text", "delta": "Stream"}}))
-    w.feed(OpenCodeEvent(event_type="message.part.delta",
-                         payload={"properties": {"partID": "p2", "field": "text", "delta": "ing"}}))
-    w.feed(OpenCodeEvent(event_type="message.part.updated", payload={"properties": {"part": {
-        "id": "p2", "type": "text", "text": "Streaming done.", "time": {"end": 1}}}}))
-    w.feed(OpenCodeEvent(event_type="error", payload={"error": {"name": "APIError", "data": {"message": "nope"}}}))
+    w.feed(
+        OpenCodeEvent(
+            event_type="message.part.delta",
+            payload={"properties": {"partID": "p2", "field": "text", "delta": "Stream"}},
+        )
+    )
+    w.feed(
+        OpenCodeEvent(
+            event_type="message.part.delta",
+            payload={"properties": {"partID": "p2", "field": "text", "delta": "ing"}},
+        )
+    )
+    w.feed(
+        OpenCodeEvent(
+            event_type="message.part.updated",
+            payload={
+                "properties": {
+                    "part": {"id": "p2", "type": "text", "text": "Streaming done.", "time": {"end": 1}}
+                }
+            },
+        )
+    )
+    w.feed(
+        OpenCodeEvent(
+            event_type="error", payload={"error": {"name": "APIError", "data": {"message": "nope"}}}
+        )
+    )
     w.feed(OpenCodeEvent(event_type="step_finish", payload={"part": {"type": "step-finish"}}))
     assert buf.plain(0, buf.count) == ["Hello.", "Streaming done.", "✗ opencode error: nope"]
 

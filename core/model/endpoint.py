@@ -1,0 +1,141 @@
+"""The model side of one episode: the embedded scripted model (or a real upstream) behind the
+recording proxy, reachable from sandboxes over TCP on loopback and over a Unix socket.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from core.config import ModelSettings
+from core.events import Compaction, Event, ModelCall
+from core.failures import FailureEvent, FailureStage, ModelCallDetails
+from core.model.proxy import ModelProxy
+from core.model.records import ModelCallRecord
+from core.model.scripted import ScriptedModel
+from core.tasks import Task
+
+
+def failure_from_record(rec: ModelCallRecord, stage: FailureStage, attempts: int = 1) -> FailureEvent:
+    """The FailureEvent a failed model call stands for (its status decides the kind)."""
+    status = rec.status
+    if status == 429:
+        kind, what = "model_rate_limited", "rate limited (429)"
+    elif status is not None and status >= 500:
+        kind, what = "model_server_error", f"answered {status}"
+    elif status is not None and status >= 400:
+        kind, what = "model_api_error", f"rejected the request ({status})"
+    elif status is None:
+        kind, what = "model_unreachable", f"could not be reached ({rec.error or 'no response'})"
+    elif rec.stream_errors:
+        kind, what = "model_malformed_response", f"sent a malformed stream ({rec.stream_errors[0]})"
+    else:
+        kind, what = "model_stalled", f"stopped producing data ({rec.error or 'stream ended early'})"
+    return FailureEvent(
+        kind=kind,
+        stage=stage,
+        operation=f"model call {rec.method} {rec.path}",
+        message=f"the model endpoint {what}; OpenCode gave up after {attempts} call(s) for this turn",
+        http_status=status if status is not None and status >= 400 else None,
+        details=ModelCallDetails(call_id=rec.call_id, status=status, attempts=attempts),
+    )
+
+
+def _failed(rec: ModelCallRecord) -> bool:
+    return rec.status is None or rec.status >= 400 or bool(rec.stream_errors) or rec.error is not None
+
+
+class ModelEndpoint:
+    """``async with ModelEndpoint(task, settings, run_dir, on_call=emit) as ep:`` → ``ep.tcp_url``,
+    ``ep.unix_path``; every call is recorded in ``run_dir/model_calls.jsonl`` and emitted live."""
+
+    def __init__(
+        self, task: Task, settings: ModelSettings, run_dir: Path, on_call: Callable[[Event], Any]
+    ) -> None:
+        self.task = task
+        self.settings = settings
+        self.run_dir = Path(run_dir)
+        self._emit = on_call
+        self.scripted: ScriptedModel | None = None
+        self.proxy: ModelProxy | None = None
+        self._tmp: str | None = None
+        self.compactions = 0
+
+    async def __aenter__(self) -> ModelEndpoint:
+        # Unix socket paths are limited to ~108 bytes: keep it short, private, and outside the run dir.
+        self._tmp = tempfile.mkdtemp(prefix="octui-")
+        try:
+            upstream = self.settings.url
+            if upstream is None:
+                if self.task.trajectory_path is None:
+                    raise ValueError(f"task {self.task.id} has no model.trajectory for the scripted model")
+                self.scripted = await ScriptedModel(
+                    self.task.trajectory_path,
+                    placeholders={"workdir": self.task.workdir},
+                    model_id=self.settings.name,
+                ).start()
+                upstream = self.scripted.url
+            self.proxy = await ModelProxy(
+                upstream,
+                record_dir=self.run_dir,
+                on_call=self._on_call,
+                api_key_env=self.settings.api_key_env,
+                unix_path=f"{self._tmp}/model.sock",
+            ).start()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proxy is not None:
+            await self.proxy.close()
+        if self.scripted is not None:
+            await self.scripted.close()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    @property
+    def tcp_url(self) -> str:
+        """The proxy's base URL without ``/v1`` (the harness appends it)."""
+        assert self.proxy is not None
+        return self.proxy.url.removesuffix("/v1")
+
+    @property
+    def unix_path(self) -> str | None:
+        return None if self.proxy is None else self.proxy.unix_path
+
+    @property
+    def records(self) -> list[ModelCallRecord]:
+        return [] if self.proxy is None else list(self.proxy.records)
+
+    def _on_call(self, event: ModelCall) -> None:
+        self._emit(event)
+        if event.kind == "compaction" and event.status == 200 and event.error is None:
+            self.compactions += 1
+            self._emit(Compaction(count=self.compactions, trigger="auto"))
+
+    def last_failed_call(self) -> _FailedCall | None:
+        """The last call, if it failed: the call OpenCode gave up on (earlier failures were retried)."""
+        records = [r for r in self.records if r.kind != "title"]
+        if not records or not _failed(records[-1]):
+            return None
+        last = records[-1]
+        tail = 0
+        for rec in reversed(records):
+            if not _failed(rec):
+                break
+            tail += 1
+        return _FailedCall(last, tail)
+
+
+class _FailedCall:
+    def __init__(self, record: ModelCallRecord, attempts: int) -> None:
+        self.record = record
+        self.attempts = attempts
+
+    def to_failure(self, stage: FailureStage) -> FailureEvent:
+        return failure_from_record(self.record, stage, self.attempts)
