@@ -347,6 +347,8 @@ class Episode(EpisodeControl):
         installer = self._installer or _default_installer(self.config)
         self._installer = installer
         sb = self.config.sandbox
+        # The cache is bind-mounted read-only into owned sandboxes; it must exist before the mount.
+        Path(installer.config.cache_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
         try:
             if sb.mode == "borrowed":
                 assert sb.sandbox_id is not None
@@ -361,7 +363,11 @@ class Episode(EpisodeControl):
                     network=sb.network,
                     model_socket=self.endpoint.unix_path if sb.network == "model-only" else None,
                     mounts=[Mount(source=str(installer.config.cache_dir), target=RUNTIME_CACHE_MOUNT)],
-                    labels={LABEL_RUN: self.run_id, LABEL_OWNER: default_owner(), "opencode-tui.task": self.task.id},
+                    labels={
+                        LABEL_RUN: self.run_id,
+                        LABEL_OWNER: default_owner(),
+                        "opencode-tui.task": self.task.id,
+                    },
                 )
                 self.sandbox = await provider.create(spec)
         except SandboxError as exc:

@@ -86,7 +86,7 @@ class ServedCall:
     stream: bool = False
     usage: dict[str, Any] | None = None
     body: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # as received; kept in memory only
 
 
 @dataclass
@@ -260,7 +260,7 @@ class ScriptedModel:
             method=req.method,
             path=req.path,
             session_id=req.header("x-session-id"),
-            headers={k.lower(): v for k, v in req.headers if k.lower().startswith("x-")},
+            headers={k.lower(): v for k, v in req.headers},
             **kw,
         )
         self.calls.append(call)

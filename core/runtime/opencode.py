@@ -166,11 +166,33 @@ class OpenCodeHarness:
         await sandbox.upload_file(self.layout.plugin_file, PLUGIN_SOURCE.read_bytes(), 0o644)
         if self.task.instructions:
             await sandbox.upload_file(self.layout.instructions_file, self.task.instructions.encode(), 0o644)
+        await self._fence_dependency_install(sandbox)
         if self.use_relay:
             from core.sandbox.relay import RELAY_SCRIPT_PATH
 
             relay = Path(RELAY_SCRIPT_PATH).read_bytes()  # noqa: ASYNC240 (a few KB of package data)
             await sandbox.upload_file(self.layout.relay_file, relay, 0o644)
+
+    async def _fence_dependency_install(self, sandbox: Sandbox) -> None:
+        """Stop OpenCode from npm-installing ``@opencode-ai/plugin`` into its config dir.
+
+        With any plugin configured, OpenCode waits for that install before loading plugins; offline
+        (a model-only sandbox) it waits for the fetch to time out: ~70 s. It skips the install when
+        the directory already has ``node_modules`` and a lock file that covers package.json. Our plugin
+        imports nothing, so an empty ``node_modules`` is truthful enough.
+        """
+        cfg_dir = self.layout.xdg["XDG_CONFIG_HOME"] + "/opencode"
+        version = self.config.runtime.opencode_version
+        deps = {"@opencode-ai/plugin": version}
+        await sandbox.upload_file(f"{cfg_dir}/package.json", json.dumps({"dependencies": deps}).encode())
+        lock = {
+            "name": "opencode",
+            "lockfileVersion": 3,
+            "requires": True,
+            "packages": {"": {"dependencies": deps}},
+        }
+        await sandbox.upload_file(f"{cfg_dir}/package-lock.json", json.dumps(lock).encode())
+        await sandbox.upload_file(f"{cfg_dir}/node_modules/.opencode-tui", b"dependencies provided offline\n")
 
     def command(self, runtime: Any) -> tuple[list[str], dict[str, str]]:
         """The harness argv (run under the supervisor) and its environment."""

@@ -53,7 +53,8 @@ def export(db: Path) -> tuple[dict[str, Any], TranscriptStats]:
         messages = []
         parts_by_message: dict[str, list[dict[str, Any]]] = {}
         for part_id, msg_id, data in conn.execute(
-            "SELECT id, message_id, data FROM part WHERE session_id = ? ORDER BY time_created, id", (session_id,)
+            "SELECT id, message_id, data FROM part WHERE session_id = ? ORDER BY time_created, id",
+            (session_id,),
         ):
             part = json.loads(data)
             part.setdefault("id", part_id)

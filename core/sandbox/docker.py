@@ -144,8 +144,6 @@ _STATE_MAP = {
 }
 
 
-
-
 def _now() -> datetime:
     return datetime.now(UTC)
 

@@ -120,8 +120,6 @@ class RunScreen(Screen[None]):
         if self.run_dir is not None and self.mode == "replay":
             self.index = EventIndex(self.run_dir / "events.jsonl")
         self.keep = False
-        self.episode_running = self.mode == "live"
-        self.mounted_at: float | None = None
         self._redrawn_at = 0.0
         self._redraw_timer: Timer | None = None
         self._panels_dirty = False
@@ -165,7 +163,7 @@ class RunScreen(Screen[None]):
         return self.query_one(TerminalView)
 
     def on_mount(self) -> None:
-        self.mounted_at = time.perf_counter()
+        self.keep = bool(getattr(self.app, "keep", False))
         self.query_one("#stats").border_title = "Stats"
         self.query_one("#cleanup").border_title = "Cleanup"
         self.app.theme_changed_signal.subscribe(self, self._on_theme_changed)
@@ -173,7 +171,7 @@ class RunScreen(Screen[None]):
         self.terminal.focus()
         if self.mode == "live":
             self._live_feed()
-            self.set_interval(1.0, self._tick_header)
+            self.set_interval(1.0, self._show_header)  # elapsed time
         else:
             self._load_replay()
             self.refresh_timeline()
@@ -318,9 +316,6 @@ class RunScreen(Screen[None]):
         self.query_one(RunHeader).show(
             state, mode=mode, keep=self.keep if self.mode == "live" else None, now=live_now
         )
-
-    def _tick_header(self) -> None:
-        self._show_header()
 
     def refresh_timeline(self) -> None:
         if self.mode != "replay":

@@ -5,8 +5,8 @@ from __future__ import annotations
 from textual.content import Content
 
 from core.events import CleanupStep
-from opencode_tui.widgets.base import Panel
 from opencode_tui.state import CLEANUP_ORDER, RunState
+from opencode_tui.widgets.base import Panel
 
 LABELS = {
     CleanupStep.RECEIPT: "Cleanup receipt",

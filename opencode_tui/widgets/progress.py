@@ -8,8 +8,8 @@ from textual.content import Content
 from textual.widgets import Label, ProgressBar
 
 from opencode_tui import format as fmt
-from opencode_tui.widgets.base import Panel
 from opencode_tui.state import RunState
+from opencode_tui.widgets.base import Panel
 
 
 class InstallProgressBar(Horizontal):

@@ -7,8 +7,8 @@ from collections import Counter
 from textual.content import Content
 
 from opencode_tui import format as fmt
-from opencode_tui.widgets.base import Panel
 from opencode_tui.state import RunState
+from opencode_tui.widgets.base import Panel
 
 
 def _by_tool(counts: dict[str, int]) -> str:

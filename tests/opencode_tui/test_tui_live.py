@@ -15,6 +15,7 @@ import struct
 import subprocess
 import termios
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,7 +36,13 @@ from core.events import (
 )
 from core.sandbox.base import PtyHandle
 from opencode_tui.app import OpenCodeTUI
-from opencode_tui.messages import CancelRequested, EventsReceived, KeepSandboxChanged, ShellStateChanged
+from opencode_tui.messages import (
+    CancelRequested,
+    EpisodeFinished,
+    EventsReceived,
+    KeepSandboxChanged,
+    ShellStateChanged,
+)
 from opencode_tui.screens.modals import CleanupWaitScreen, ConfirmScreen
 from opencode_tui.screens.run import RunScreen
 from opencode_tui.screens.shell import ShellScreen
@@ -264,13 +271,15 @@ async def test_live_screen_updates_and_quit_cancels_then_waits_for_cleanup(engin
         assert set(states.values()) == {"ok"}, states
 
 
-async def test_live_cancel_and_keep(engine, wait):
+async def test_live_cancel_and_keep(engine, wait, fixture_runs):
     engine.max_ticks = 5
+    engine.run_dir = SimpleNamespace(path=fixture_runs / "hello-file")  # like core.artifacts.RunDir
     messages: list = []
-    app = OpenCodeTUI(control=engine)
+    # the app starts the episode itself once it is subscribed to the bus (run_episode)
+    app = OpenCodeTUI(control=engine, run_episode=engine._play)
     async with app.run_test(size=(140, 40), message_hook=messages.append) as pilot:
-        engine.start()
         screen = _screen(app)
+        assert app.bodies_dir(screen) == fixture_runs / "hello-file"
         await wait(pilot, lambda: screen.state.sandbox is not None, what="sandbox ready")
         await pilot.press("k")
         assert engine.keep_calls == [True]
@@ -319,3 +328,34 @@ async def test_live_shell_is_interactive_and_keys_reach_it(engine, wait):
         assert engine.shells[0].closed
         # the episode kept streaming meanwhile
         assert screen.terminal.rendered.count > 3
+
+
+async def test_live_episode_crash_is_reported_and_quit_does_not_hang(wait):
+    engine = EngineDouble()
+
+    async def crashing_run() -> None:
+        engine.bus.emit(
+            EpisodeStarted(
+                run_id="c",
+                task_id="crash-task",
+                provider="local",
+                opencode_version="1.18.32",
+                run_budget_s=60,
+                close_budget_s=5,
+                model="m",
+            )
+        )
+        await asyncio.sleep(0.05)
+        raise RuntimeError("boom")
+
+    messages: list = []
+    app = OpenCodeTUI(control=engine, run_episode=crashing_run)
+    async with app.run_test(size=(120, 36), message_hook=messages.append) as pilot:
+        await wait(
+            pilot, lambda: any(isinstance(m, EpisodeFinished) for m in messages), what="the crash report"
+        )
+        finished = next(m for m in messages if isinstance(m, EpisodeFinished))
+        assert "RuntimeError: boom" in finished.error
+        assert _screen(app).state.task_id == "crash-task"
+        await pilot.press("q")  # the episode is over (crashed): no confirmation, no waiting
+        await wait(pilot, lambda: app._exit, what="the app to exit")

@@ -329,3 +329,23 @@ async def test_bad_lines_in_events_jsonl_are_skipped(tmp_path, fixture_runs, rep
         loaded = next(m for m in messages if isinstance(m, ReplayLoaded))
         assert loaded.bad_lines == 2
         assert app.screen.state.outcome is not None
+
+
+async def test_command_palette_runs_app_actions(fixture_runs, replay_loaded, wait):
+    app = OpenCodeTUI(run_dir=fixture_runs / "oom")
+    async with app.run_test(size=SIZE) as pilot:
+        await replay_loaded(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Theme: opencode-high")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait(pilot, lambda: app.theme == "opencode-high-contrast", what="the palette's theme command")
+        await pilot.press("ctrl+p", *"Next failure")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait(
+            pilot,
+            lambda: isinstance(app.screen, RunScreen) and app.screen.cursor is not None,
+            what="the palette's jump to the failure",
+        )
+        assert isinstance(app.screen.view_state.failures[-1], FailureRecorded)

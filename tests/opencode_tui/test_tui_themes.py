@@ -49,7 +49,7 @@ def test_bad_theme_file_names_the_file_and_the_problem(tmp_path):
         load_theme_file(bad)
     broken = tmp_path / "broken.toml"
     broken.write_text("name = ")
-    with pytest.raises(ThemeError, match="broken.toml: cannot read theme"):
+    with pytest.raises(ThemeError, match=r"broken\.toml: cannot read theme"):
         load_theme_file(broken)
 
 
