@@ -168,7 +168,7 @@ def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:
     from opencode_tui.app import OpenCodeTUI
 
     episode = Episode(task, config, runs_dir=runs_dir)
-    app = OpenCodeTUI(control=episode, theme=config.theme)
+    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run)
     app.run()
     result = episode._result
     if result is None:

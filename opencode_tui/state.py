@@ -1,6 +1,6 @@
 """The panels' state: a fold over the event stream (pure Python, no Textual).
 
-Live and replay feed the same :meth:`RunState.apply`. For the replay timeline the state "as of" an
+Live and replay feed the same :meth:`RunState.apply_batch`. For the replay timeline the state "as of" an
 event is rebuilt by folding only the key events (everything but terminal output and OpenCode's own
 events, which only affect the terminal pane) up to that point, which is cheap.
 """
@@ -39,11 +39,6 @@ CLEANUP_ORDER = (
     CleanupStep.TRANSCRIPT_SNAPSHOT,
     CleanupStep.SANDBOX_RELEASED,
 )
-
-
-def is_key_event(event: Event) -> bool:
-    """Events that change a panel other than the terminal pane."""
-    return not isinstance(event, TerminalOutput | OpenCodeEvent)
 
 
 @dataclass

@@ -9,11 +9,17 @@ diff, other tools one dim line. Assistant text comes from OpenCode's own events 
 
 The harness's machine-readable stdout (``TerminalOutput`` stream ``stdout``: OpenCode's JSON lines) is
 not part of this view; the raw view shows it byte for byte.
+
+When the engine renders the transcript itself (a ``display`` chunk right after each tool call or text,
+as ``core.runtime.opencode.StreamTranslator`` does), that rendering is shown and this one steps aside:
+a renderable event is held back until the next event says whether a ``display`` rendering of it follows.
 """
 
 from __future__ import annotations
 
 import difflib
+import time
+from collections.abc import Callable
 from typing import Any
 
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
@@ -32,6 +38,9 @@ PROMPT = "\x1b[1;32m"
 
 DIFF_LINES = 12  # a "short diff": at most this many changed lines per edit
 EDIT_TOOLS = frozenset({"edit", "multiedit", "write", "patch", "apply_patch"})
+TEXT_EVENTS = frozenset(
+    {"text", "reasoning", "message.part.updated", "message.part.delta", "error", "session.error"}
+)
 
 
 def _short(value: Any, limit: int = 120) -> str:
@@ -44,6 +53,10 @@ class TranscriptWriter:
 
     def __init__(self, buffer: LineBuffer) -> None:
         self.buffer = buffer
+        self.engine_renders = False  # set once a display chunk followed an event we would render
+        self.pending: Event | None = None  # a renderable event waiting to see what follows it
+        self.pending_since = 0.0
+        self.on_flush: Callable[[], None] | None = None  # told right after a held-back event is rendered
         self._printed_output: dict[str, str] = {}  # bash call id -> output written so far
         self._headed: set[str] = set()  # call ids whose prompt/header line is written
         self._done: set[str] = set()
@@ -54,9 +67,35 @@ class TranscriptWriter:
 
     def feed(self, event: Event) -> None:
         if isinstance(event, TerminalOutput):
+            if self.pending is not None:
+                if event.stream == "display":
+                    self.engine_renders = True  # the engine rendered the held-back event: use its rendering
+                    self.pending = None
+                elif event.stream in RENDERED_STREAMS:
+                    self.flush_pending()
             if event.stream in RENDERED_STREAMS:
                 self._write("term", event.data)
-        elif isinstance(event, ToolCall):
+            return
+        if not isinstance(event, ToolCall | OpenCodeEvent):
+            return
+        if self.engine_renders:
+            return
+        if self.pending is not None:
+            self.flush_pending()
+        if _renders(event):
+            self.pending = event
+            self.pending_since = time.monotonic()
+
+    def flush_pending(self) -> None:
+        """Render the held-back event (no engine rendering of it followed)."""
+        event, self.pending = self.pending, None
+        if event is not None:
+            self._render(event)
+            if self.on_flush is not None:
+                self.on_flush()
+
+    def _render(self, event: Event) -> None:
+        if isinstance(event, ToolCall):
             try:
                 self._tool(event)
             except Exception as exc:  # a malformed payload must not stop the stream
@@ -200,6 +239,15 @@ class TranscriptWriter:
             self.owner = None
             self._done.add(pid)
             self._parts.pop(pid, None)
+
+
+def _renders(event: Event) -> bool:
+    """Would this event write to the terminal (so an engine rendering of it may follow)?"""
+    if isinstance(event, ToolCall):
+        return event.tool == "bash" or event.status != "running"
+    if isinstance(event, OpenCodeEvent):
+        return event.event_type in TEXT_EVENTS
+    return False
 
 
 def _tool_subject(inp: dict[str, Any]) -> str:

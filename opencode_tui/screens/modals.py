@@ -53,10 +53,23 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(answer)
 
 
-def _body(record: dict[str, Any] | None, key: str) -> str:
-    if record is None or record.get(key) is None:
+BODY_KEYS = {"request": ("request", "request_body"), "response": ("response", "response_body")}
+
+
+def _body(record: dict[str, Any] | None, which: str) -> str:
+    """The request or response body of a model_calls.jsonl record (``request``/``request_body``...)."""
+    if record is None:
         return NOT_RECORDED
-    return fmt.pretty_json(record[key])
+    for key in BODY_KEYS[which]:
+        if record.get(key) is not None:
+            return fmt.pretty_json(record[key])
+    return NOT_RECORDED
+
+
+def _record_meta(record: dict[str, Any]) -> dict[str, Any]:
+    """The record without its bodies: headers (redacted by the recorder), usage, finish reason..."""
+    bodies = {k for keys in BODY_KEYS.values() for k in keys}
+    return {k: v for k, v in record.items() if k not in bodies}
 
 
 class ModelCallScreen(ModalScreen[None]):
@@ -80,7 +93,7 @@ class ModelCallScreen(ModalScreen[None]):
             dialog.border_title = f"Model call {c.call_id}"
             dialog.border_subtitle = "y copy · esc close"
             with TabbedContent(id="call-tabs"):
-                with TabPane("Call", id="tab-call"):
+                with TabPane("Call", id="tab-call"), VerticalScroll():
                     yield Static(self._summary(), id="call-summary")
                 with TabPane("Request", id="tab-request"):
                     yield TextArea("loading…", read_only=True, id="request", soft_wrap=True)
@@ -107,7 +120,11 @@ class ModelCallScreen(ModalScreen[None]):
             fields.append(
                 ("bodies", "from model_calls.jsonl" if self.record else f"{NOT_RECORDED} (no record)")
             )
-        return Content("\n").join(Content.from_markup("[b]$k[/]$v", k=f"{k:<24}", v=v) for k, v in fields)
+        lines = [Content.from_markup("[b]$k[/]$v", k=f"{k:<24}", v=v) for k, v in fields]
+        if self.record:
+            lines.append(Content.from_markup("\n[b $primary]Recorded by the proxy[/]"))
+            lines.append(Content(json.dumps(_record_meta(self.record), indent=2, default=str)))
+        return Content("\n").join(lines)
 
     def on_mount(self) -> None:
         for area in self.query(TextArea):

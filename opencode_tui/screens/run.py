@@ -53,6 +53,7 @@ FAST_GAP_S = 0.5
 PLAY_TICK = 0.05
 REDRAW_INTERVAL = 1 / 20  # live: the screen redraws at most this often while events stream in
 REDRAW_INTERVAL_LOADING = 0.5  # replay: while events.jsonl is being read
+PENDING_MAX_AGE = 0.3  # a held-back tool call/text is shown after this long without an engine rendering
 
 LIVE_ONLY = {"cancel_episode", "toggle_keep"}
 REPLAY_ONLY = {"step", "key_event", "next_failure", "prev_failure", "play", "fast"}
@@ -209,6 +210,7 @@ class RunScreen(Screen[None]):
             batch.append(queue.get_nowait())
         if batch:
             self.ingest(batch)
+        self.terminal.flush_pending()
         self._panels_dirty = True
         self.redraw()
 
@@ -285,6 +287,10 @@ class RunScreen(Screen[None]):
         if self._redraw_timer is not None:
             self._redraw_timer.stop()
             self._redraw_timer = None
+        if self.terminal.flush_pending(
+            older_than=0.0 if not self.replay_loading and self.mode == "replay" else PENDING_MAX_AGE
+        ):
+            self._redraw_timer = self.set_timer(PENDING_MAX_AGE, self.redraw)  # show it if nothing follows
         if self.cursor is None:
             self.terminal.refresh_content()
             if self._panels_dirty:

@@ -12,6 +12,7 @@ only when drawn, through a small LRU cache (Textual's Line API: ``render_line``)
 
 from __future__ import annotations
 
+import time
 from array import array
 from typing import Literal
 
@@ -60,6 +61,8 @@ class TerminalView(ScrollView, can_focus=True):
         self.raw_chunks: list[str] = []
         self._raw_pos = 0
         self.writer = TranscriptWriter(self.rendered)
+        self.writer.on_flush = self._pending_rendered
+        self._pending_at = 0  # index (in marks) of the event the writer holds back
         self.marks = array("q")  # rendered line count after each event (timeline)
         self.limit: int | None = None  # timeline cursor: show only this many rendered lines
         self._cache: LRUCache[tuple[int, int, int, int], Strip] = LRUCache(1024)
@@ -78,30 +81,59 @@ class TerminalView(ScrollView, can_focus=True):
         writer = self.writer
         marks_append = self.marks.append
         raw_append = self.raw_chunks.append
-        pending: list[str] = []
+        joined: list[str] = []
         n = len(rendered.lines)
         open_empty = not rendered.lines[-1]
+
+        def sync() -> None:
+            if joined:
+                rendered.append("".join(joined))
+                writer.owner = "term"
+                joined.clear()
+
         for ev in events:
             kind = type(ev)
             if kind is TerminalOutput:
                 data = ev.data
                 raw_append(data)
-                if data and ev.stream in RENDERED_STREAMS:
-                    pending.append(data)
+                stream = ev.stream
+                if writer.pending is not None and (stream == "display" or stream in RENDERED_STREAMS):
+                    sync()
+                    writer.feed(ev)  # settles the held-back event (see TranscriptWriter), then writes
+                    n = len(rendered.lines)
+                    open_empty = not rendered.lines[-1]
+                elif data and stream in RENDERED_STREAMS:
+                    joined.append(data)
                     n += data.count("\n")
                     open_empty = data[-1] == "\n"
             elif kind is ToolCall or kind is OpenCodeEvent:
-                if pending:
-                    rendered.append("".join(pending))
-                    writer.owner = "term"
-                    pending.clear()
+                sync()
                 writer.feed(ev)
+                if writer.pending is ev:
+                    self._pending_at = len(self.marks)
                 n = len(rendered.lines)
                 open_empty = not rendered.lines[-1]
             marks_append(n - 1 if open_empty else n)
-        if pending:
-            rendered.append("".join(pending))
-            writer.owner = "term"
+        sync()
+
+    def _pending_rendered(self) -> None:
+        """A held-back event was just rendered: its lines belong to it (and to the events after it, which
+        were ingested meanwhile), so the timeline marks from it on are moved up to the new line count."""
+        lines = self.rendered.lines
+        count = len(lines) if lines[-1] else len(lines) - 1
+        marks = self.marks
+        for i in range(self._pending_at, len(marks)):
+            marks[i] = max(marks[i], count)
+
+    def flush_pending(self, older_than: float = 0.0) -> bool:
+        """Render a held-back tool call/text if it has waited ``older_than`` seconds; True if one still waits."""
+        writer = self.writer
+        if writer.pending is None:
+            return False
+        if time.monotonic() - writer.pending_since >= older_than:
+            writer.flush_pending()
+            return False
+        return True
 
     def cast_reset(self) -> None:
         self.cast.clear()

@@ -349,3 +349,17 @@ async def test_command_palette_runs_app_actions(fixture_runs, replay_loaded, wai
             what="the palette's jump to the failure",
         )
         assert isinstance(app.screen.view_state.failures[-1], FailureRecorded)
+
+
+def test_call_bodies_accept_the_recorders_key_names():
+    from opencode_tui.screens.modals import _body
+
+    recorder_style = {
+        "call_id": "c",
+        "request_body": {"model": "m"},
+        "response_body": "data: {}\n\ndata: [DONE]\n",
+    }
+    assert json.loads(_body(recorder_style, "request")) == {"model": "m"}
+    assert _body(recorder_style, "response").startswith("data: {}")
+    assert _body({"call_id": "c"}, "response") == NOT_RECORDED
+    assert _body(None, "request") == NOT_RECORDED

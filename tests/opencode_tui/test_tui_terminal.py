@@ -55,6 +55,7 @@ def test_bash_calls_render_as_prompt_and_streamed_output():
     w.feed(_tool("t1", "running", "make test", output="step 1\nstep 2\n"))
     w.feed(_tool("t1", "completed", "make test", output="step 1\nstep 2\nok\n"))
     w.feed(_tool("t1", "completed", "make test", output="step 1\nstep 2\nok\n"))  # repeated: ignored
+    w.flush_pending()  # the last event is held back until the next one (see the engine-rendering test)
     assert buf.plain(0, buf.count) == ["$ make test", "step 1", "step 2", "ok"]
 
 
@@ -71,6 +72,7 @@ def test_failed_command_and_edits_and_other_tools():
         )
     )
     w.feed(ToolCall(call_id="t3", tool="read", status="completed", input={"filePath": "b.py"}, title="b.py"))
+    w.flush_pending()
     lines = buf.plain(0, buf.count)
     assert lines[:3] == ["$ false", "boom", "✗ command failed"]
     assert "✎ edit a.py" in lines and "-y = 2" in lines and "+y = 3" in lines
@@ -109,7 +111,24 @@ def test_assistant_text_from_run_json_and_server_events():
         )
     )
     w.feed(OpenCodeEvent(event_type="step_finish", payload={"part": {"type": "step-finish"}}))
+    assert not w.engine_renders
     assert buf.plain(0, buf.count) == ["Hello.", "Streaming done.", "✗ opencode error: nope"]
+
+
+def test_engine_rendering_on_the_display_stream_is_used_instead_of_our_own():
+    """core.runtime.opencode.StreamTranslator renders each tool call/text on the display stream right
+    after the event: the TUI then shows that rendering once, not a second one of its own."""
+    buf = LineBuffer()
+    w = TranscriptWriter(buf)
+    w.feed(TerminalOutput(stream="display", data="[supervisor] starting\n"))
+    w.feed(OpenCodeEvent(event_type="tool_use", payload={"part": {"type": "tool"}}))
+    w.feed(_tool("t1", "completed", "cat a", output="A\n"))
+    w.feed(TerminalOutput(stream="display", data="$ cat a (engine)\nA\n"))
+    assert w.engine_renders
+    w.feed(OpenCodeEvent(event_type="text", payload={"part": {"id": "p1", "type": "text", "text": "Done."}}))
+    w.feed(TerminalOutput(stream="display", data="Done. (engine)\n"))
+    w.flush_pending()
+    assert buf.plain(0, buf.count) == ["[supervisor] starting", "$ cat a (engine)", "A", "Done. (engine)"]
 
 
 def test_malformed_payloads_never_break_the_stream():
@@ -118,6 +137,7 @@ def test_malformed_payloads_never_break_the_stream():
     w.feed(OpenCodeEvent(event_type="message.part.updated", payload={"properties": "not a dict"}))
     w.feed(ToolCall(call_id="x", tool="edit", status="completed", input={"edits": [{"oldString": 5}]}))
     w.feed(TerminalOutput(stream="stdout", data="machine readable\n"))  # raw view only
+    w.flush_pending()
     assert "machine readable" not in buf.plain(0, buf.count)
 
 
