@@ -138,8 +138,13 @@ class Request:
         return json.loads(self.body) if self.body else None
 
 
-async def read_request(reader: BufferedReader, max_body: int = MAX_BODY_BYTES) -> Request | None:
-    """Read one request; ``None`` on a clean end of stream before any byte of a new request."""
+async def read_request(
+    reader: BufferedReader, writer: asyncio.StreamWriter | None = None, max_body: int = MAX_BODY_BYTES
+) -> Request | None:
+    """Read one request; ``None`` on a clean end of stream before any byte of a new request.
+
+    With ``writer``, an ``Expect: 100-continue`` request gets its interim ``100 Continue`` first.
+    """
     loop = asyncio.get_running_loop()
     line = await reader.readline(MAX_HEADER_BYTES)
     while line in (b"\r\n", b"\n"):  # tolerate stray CRLF between requests
@@ -169,6 +174,9 @@ async def read_request(reader: BufferedReader, max_body: int = MAX_BODY_BYTES) -
             raise HttpError(400, f"bad header line {hline[:80]!r}")
         headers.append((name.strip(), value.strip()))
     req = Request(method.upper(), target, version, headers, received_at=received_at)
+    if writer is not None and (req.header("expect") or "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
     te = (req.header("transfer-encoding") or "").lower()
     if "chunked" in te:
         body = bytearray()
@@ -288,7 +296,7 @@ class HttpServer:
         try:
             while True:
                 try:
-                    req = await read_request(br)
+                    req = await read_request(br, writer)
                 except HttpError as exc:
                     with contextlib.suppress(ConnectionError):
                         await send_simple(

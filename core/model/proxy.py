@@ -61,7 +61,13 @@ MESSAGE_ID_HEADER = "X-OpenCode-Assistant-Message-Id"
 SESSION_ID_HEADER = "x-session-id"
 DEFAULT_MAX_RECORD_BYTES = 2 * 1024 * 1024
 _AUTH_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
-_DROP_REQUEST_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding", MESSAGE_ID_HEADER.lower()}
+_DROP_REQUEST_HEADERS = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "accept-encoding",
+    "expect",
+    MESSAGE_ID_HEADER.lower(),
+}
 _DROP_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length"}
 
 
@@ -420,8 +426,10 @@ class ModelProxy:
                     )
                 return True
             rec.status = rec.proxy_status = resp.status_code
-            rec.response_headers = redact_headers(list(resp.headers.items()))
-            headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS]
+            rec.response_headers = redact_headers(resp.headers.multi_items())
+            headers = [
+                (k, v) for k, v in resp.headers.multi_items() if k.lower() not in _DROP_RESPONSE_HEADERS
+            ]
             no_body = req.method == "HEAD" or resp.status_code in (204, 304) or 100 <= resp.status_code < 200
             if not no_body:
                 headers.append(("Transfer-Encoding", "chunked"))

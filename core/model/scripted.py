@@ -25,6 +25,10 @@ and does not replay old steps — replaying the huge-usage step that caused the 
 OpenCode compact in a loop. Faults are the one piece of server state: a per (session, step) attempt
 counter, so ``times: 2`` fails the first two attempts at that step, whatever the request looked like.
 
+Because the choice is per request, several sessions can share one server, each at its own step. A
+subagent (the ``task`` tool) starts a child session whose history holds none of our ids, so it would
+start at step 0: trajectories should not call ``task``.
+
 Usage: a step's explicit ``usage`` wins; otherwise prompt usage is ``base + per_turn * assistant turns in
 the request``, which falls after a compaction, as a real model's would.
 """

@@ -43,7 +43,11 @@ def _fetch(cache: Path, binary: Path) -> None:
         spec = f"{PACKAGE}@{DEFAULT_OPENCODE_VERSION}"
         proc = subprocess.run(
             [npm, "pack", spec, "--pack-destination", str(work), "--silent"],
-            capture_output=True, text=True, timeout=900, cwd=work, check=False,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=work,
+            check=False,
         )
         tarballs = list(work.glob("*.tgz"))
         if proc.returncode != 0 or not tarballs:
@@ -66,7 +70,9 @@ def _fetch(cache: Path, binary: Path) -> None:
 @pytest.fixture(scope="session")
 def opencode_bin(request: pytest.FixtureRequest) -> Path:
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip(f"the end-to-end test runs {PACKAGE} (this host is {platform.system()}/{platform.machine()})")
+        pytest.skip(
+            f"the end-to-end test runs {PACKAGE} (this host is {platform.system()}/{platform.machine()})"
+        )
     cache = Path(request.config.cache.mkdir(f"{PACKAGE}-{DEFAULT_OPENCODE_VERSION}"))
     binary = cache / "opencode"
     with _locked(cache / ".lock"):

@@ -72,7 +72,9 @@ class Rig:
         return [json.loads(line) for line in (self.dir / "model_calls.jsonl").read_text().splitlines()]
 
 
-async def rig(tmp_path: Path, traj: Trajectory, **proxy_kw: Any) -> tuple[ScriptedModel, ModelProxy, list[ModelCall]]:
+async def rig(
+    tmp_path: Path, traj: Trajectory, **proxy_kw: Any
+) -> tuple[ScriptedModel, ModelProxy, list[ModelCall]]:
     events: list[ModelCall] = []
     model = await ScriptedModel(traj).start()
     proxy = await ModelProxy(model.url, record_dir=tmp_path, on_call=events.append, **proxy_kw).start()
@@ -97,21 +99,34 @@ async def make_rig(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 async def test_streamed_call_recorded_with_usage_event_and_ids(make_rig) -> None:  # type: ignore[no-untyped-def]
-    r = await make_rig(one_step(usage="{prompt_tokens: 5000, completion_tokens: 70, cached_tokens: 4096, "
-                                      "reasoning_tokens: 12}"))
+    r = await make_rig(
+        one_step(
+            usage="{prompt_tokens: 5000, completion_tokens: 70, cached_tokens: 4096, reasoning_tokens: 12}"
+        )
+    )
     async with httpx.AsyncClient(timeout=10) as c:
-        resp = await c.post(f"{r.proxy.url}/chat/completions", json=agent_body(),
-                            headers=headers(message="msg_abc"))
+        resp = await c.post(
+            f"{r.proxy.url}/chat/completions", json=agent_body(), headers=headers(message="msg_abc")
+        )
         assert resp.status_code == 200
         assert resp.headers["content-type"] == "text/event-stream"
         assert "call_s0_0" in resp.text and resp.text.rstrip().endswith("data: [DONE]")
     [rec] = r.proxy.records
     assert (rec.kind, rec.status, rec.proxy_status, rec.method, rec.path) == (
-        "agent", 200, 200, "POST", "/v1/chat/completions")
+        "agent",
+        200,
+        200,
+        "POST",
+        "/v1/chat/completions",
+    )
     assert rec.session_id == "ses_test1" and rec.message_id == "msg_abc"
     assert rec.model == "scripted-model" and rec.stream is True and rec.finish_reason == "tool_calls"
-    assert (rec.usage.tokens_in, rec.usage.tokens_out, rec.usage.tokens_cache_read, rec.usage.tokens_reasoning) == (
-        5000, 70, 4096, 12)
+    assert (
+        rec.usage.tokens_in,
+        rec.usage.tokens_out,
+        rec.usage.tokens_cache_read,
+        rec.usage.tokens_reasoning,
+    ) == (5000, 70, 4096, 12)
     assert rec.latency_s is not None and rec.ttfb_s is not None and rec.ttft_s is not None
     assert 0 <= rec.ttfb_s <= rec.ttft_s <= rec.latency_s
     assert rec.error is None and not rec.stream_errors
@@ -120,7 +135,13 @@ async def test_streamed_call_recorded_with_usage_event_and_ids(make_rig) -> None
     [ev] = r.events
     assert isinstance(ev, ModelCall)
     assert (ev.call_id, ev.kind, ev.status, ev.message_id, ev.tokens_in, ev.tokens_cache_read) == (
-        rec.call_id, "agent", 200, "msg_abc", 5000, 4096)
+        rec.call_id,
+        "agent",
+        200,
+        "msg_abc",
+        5000,
+        4096,
+    )
     [line] = r.lines()
     assert ModelCallRecord.model_validate(line) == rec
     assert list(read_model_calls(r.dir)) == [rec]
@@ -130,9 +151,13 @@ async def test_unknown_usage_stays_none_and_json_usage_is_parsed(make_rig) -> No
     r = await make_rig(one_step())
     async with httpx.AsyncClient(timeout=10) as c:
         # Streaming without include_usage: the model sends no usage chunk.
-        await c.post(f"{r.proxy.url}/chat/completions", json=agent_body(include_usage=False), headers=headers())
+        await c.post(
+            f"{r.proxy.url}/chat/completions", json=agent_body(include_usage=False), headers=headers()
+        )
         # Non-streaming: usage comes from the JSON body.
-        resp = await c.post(f"{r.proxy.url}/chat/completions", json=agent_body(stream=False), headers=headers())
+        resp = await c.post(
+            f"{r.proxy.url}/chat/completions", json=agent_body(stream=False), headers=headers()
+        )
         assert resp.json()["choices"][0]["finish_reason"] == "tool_calls"
         # A title request and a GET are classified too.
         title = {"model": "m", "messages": [{"role": "system", "content": TITLE_SYSTEM}], "stream": False}
@@ -154,8 +179,14 @@ def test_parse_usage_shapes() -> None:
     assert oa is not None and (oa.tokens_total, oa.tokens_cache_read) == (12, None)
     anth = parse_usage({"input_tokens": 5, "output_tokens": 3, "cache_read_input_tokens": 100})
     assert anth is not None and (anth.tokens_in, anth.tokens_cache_read, anth.tokens_total) == (105, 100, 108)
-    resp = parse_usage({"input_tokens": 9, "output_tokens": 4, "total_tokens": 13,
-                        "output_tokens_details": {"reasoning_tokens": 2}})
+    resp = parse_usage(
+        {
+            "input_tokens": 9,
+            "output_tokens": 4,
+            "total_tokens": 13,
+            "output_tokens_details": {"reasoning_tokens": 2},
+        }
+    )
     assert resp is not None and (resp.tokens_in, resp.tokens_reasoning) == (9, 2)
 
 
@@ -192,8 +223,9 @@ async def test_stall_client_timeout_fires_and_is_recorded(make_rig) -> None:  # 
     r = await make_rig(one_step(fault="{stall: 5}"))
     async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.5)) as c:
         with pytest.raises(httpx.ReadTimeout):
-            async with c.stream("POST", f"{r.proxy.url}/chat/completions", json=agent_body(),
-                                headers=headers()) as resp:
+            async with c.stream(
+                "POST", f"{r.proxy.url}/chat/completions", json=agent_body(), headers=headers()
+            ) as resp:
                 assert resp.status_code == 200
                 async for _ in resp.aiter_bytes():
                     pass
@@ -297,7 +329,9 @@ async def test_proxy_over_unix_socket_and_keep_alive(tmp_path: Path) -> None:
         transport = httpx.AsyncHTTPTransport(uds=str(sock))
         async with httpx.AsyncClient(transport=transport, timeout=10) as c:
             for _ in range(3):  # one connection, several requests
-                resp = await c.post("http://localhost/v1/chat/completions", json=agent_body(), headers=headers())
+                resp = await c.post(
+                    "http://localhost/v1/chat/completions", json=agent_body(), headers=headers()
+                )
                 assert resp.status_code == 200 and "call_s0_0" in resp.text
     assert [x.status for x in proxy.records] == [200, 200, 200]
     assert len((tmp_path / "rec" / "model_calls.jsonl").read_text().splitlines()) == 3
@@ -342,7 +376,9 @@ steps:
     events: list[ModelCall] = []
     async with (
         ScriptedModel(traj, placeholders={"workdir": str(dirs["work"])}) as model,
-        ModelProxy(model.url, record_dir=dirs["run"], on_call=events.append, api_key_env="E2E_UPSTREAM_KEY") as proxy,
+        ModelProxy(
+            model.url, record_dir=dirs["run"], on_call=events.append, api_key_env="E2E_UPSTREAM_KEY"
+        ) as proxy,
     ):
         config = {
             "$schema": "https://opencode.ai/config.json",
@@ -354,22 +390,38 @@ steps:
                     "npm": "@ai-sdk/openai-compatible",
                     "name": "Scripted",
                     "options": {"baseURL": proxy.url, "apiKey": CLIENT_KEY},
-                    "models": {"scripted-model": {"name": "Scripted", "limit": {"context": 200000, "output": 8192}}},
+                    "models": {
+                        "scripted-model": {"name": "Scripted", "limit": {"context": 200000, "output": 8192}}
+                    },
                 }
             },
         }
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCODE_") and k != "E2E_UPSTREAM_KEY"}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("OPENCODE_") and k != "E2E_UPSTREAM_KEY"
+        }
         env.update(
-            HOME=str(dirs["home"]), XDG_CONFIG_HOME=str(dirs["config"]), XDG_DATA_HOME=str(dirs["data"]),
-            XDG_CACHE_HOME=str(dirs["cache"]), XDG_STATE_HOME=str(dirs["state"]),
+            HOME=str(dirs["home"]),
+            XDG_CONFIG_HOME=str(dirs["config"]),
+            XDG_DATA_HOME=str(dirs["data"]),
+            XDG_CACHE_HOME=str(dirs["cache"]),
+            XDG_STATE_HOME=str(dirs["state"]),
             PWD=str(dirs["work"]),  # OpenCode takes the session directory from $PWD, not the real cwd
-            OPENCODE_CONFIG_CONTENT=json.dumps(config), OPENCODE_DISABLE_AUTOUPDATE="1",
-            OPENCODE_DISABLE_PROJECT_CONFIG="1", OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_DISABLE_SHARE="1",
+            OPENCODE_CONFIG_CONTENT=json.dumps(config),
+            OPENCODE_DISABLE_AUTOUPDATE="1",
+            OPENCODE_DISABLE_PROJECT_CONFIG="1",
+            OPENCODE_DISABLE_MODELS_FETCH="1",
+            OPENCODE_DISABLE_SHARE="1",
         )
         proc = await asyncio.create_subprocess_exec(
-            str(opencode_bin), "run", "--format", "json",
-            cwd=dirs["work"], env=env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            str(opencode_bin),
+            "run",
+            "--format",
+            "json",
+            cwd=dirs["work"],
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             stdout, stderr = await asyncio.wait_for(proc.communicate(b"Write hello.txt, then stop."), 300)

@@ -24,7 +24,9 @@ TOOLS = [
     {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
     for n in ("bash", "edit", "glob", "grep", "read", "write")
 ]
-CONTINUE = "Continue if you have next steps, or stop and ask for clarification if you are unsure how to proceed."
+CONTINUE = (
+    "Continue if you have next steps, or stop and ask for clarification if you are unsure how to proceed."
+)
 
 TRAJ = """
 title: Hello file
@@ -49,7 +51,11 @@ def agent_body(history: list[dict[str, Any]], stream: bool = True) -> dict[str, 
     body: dict[str, Any] = {
         "model": "scripted-model",
         "max_tokens": 4096,
-        "messages": [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": "Do it"}, *history],
+        "messages": [
+            {"role": "system", "content": AGENT_SYSTEM},
+            {"role": "user", "content": "Do it"},
+            *history,
+        ],
         "tools": TOOLS,
         "tool_choice": "auto",
         "stream": stream,
@@ -61,7 +67,13 @@ def agent_body(history: list[dict[str, Any]], stream: bool = True) -> dict[str, 
 
 def parse_sse(text: str) -> dict[str, Any]:
     """Assemble a streamed chat completion: content, tool calls, finish reason, usage."""
-    out: dict[str, Any] = {"content": "", "tool_calls": {}, "finish_reason": None, "usage": None, "done": False}
+    out: dict[str, Any] = {
+        "content": "",
+        "tool_calls": {},
+        "finish_reason": None,
+        "usage": None,
+        "done": False,
+    }
     for line in text.splitlines():
         if not line.startswith("data: "):
             continue
@@ -147,7 +159,10 @@ def test_classify_requests_like_opencode() -> None:
     compaction = {
         "messages": [
             {"role": "system", "content": COMPACTION_SYSTEM},
-            {"role": "user", "content": "Here is the conversation so far:\n\n<conversation>\n</conversation>"},
+            {
+                "role": "user",
+                "content": "Here is the conversation so far:\n\n<conversation>\n</conversation>",
+            },
         ]
     }
     assert classify_body(title) == "title"
@@ -236,11 +251,16 @@ async def test_serves_steps_in_order_and_retries_get_the_same_step() -> None:
             first = parse_sse(r.text)
             assert first["done"] and first["finish_reason"] == "tool_calls"
             assert first["tool_calls"] == [
-                {"id": "call_s0_0", "name": "write",
-                 "arguments": json.dumps({"filePath": "/app/hello.txt", "content": "hi there\n"})}
+                {
+                    "id": "call_s0_0",
+                    "name": "write",
+                    "arguments": json.dumps({"filePath": "/app/hello.txt", "content": "hi there\n"}),
+                }
             ]
             assert first["usage"] == {
-                "prompt_tokens": 1200, "completion_tokens": 30, "total_tokens": 1230,
+                "prompt_tokens": 1200,
+                "completion_tokens": 30,
+                "total_tokens": 1230,
                 "prompt_tokens_details": {"cached_tokens": 1000},
                 "completion_tokens_details": {"reasoning_tokens": 5},
             }
@@ -252,7 +272,9 @@ async def test_serves_steps_in_order_and_retries_get_the_same_step() -> None:
             second = parse_sse((await post(c, m.url, agent_body(history))).text)
             assert second["content"] == "Checking the file."
             assert [(tc["id"], tc["name"]) for tc in second["tool_calls"]] == [
-                ("call_s1_0", "bash"), ("call_s1_1", "read")]
+                ("call_s1_0", "bash"),
+                ("call_s1_1", "read"),
+            ]
 
             history = continue_history(history, second)
             third = parse_sse((await post(c, m.url, agent_body(history))).text)
@@ -264,7 +286,10 @@ async def test_serves_steps_in_order_and_retries_get_the_same_step() -> None:
             extra = parse_sse((await post(c, m.url, agent_body(history))).text)
             assert extra["content"] == m.trajectory.final_text and extra["finish_reason"] == "stop"
     assert [(c.kind, c.outcome, c.step) for c in m.calls] == [
-        ("agent", "step", 0), ("agent", "step", 0), ("agent", "step", 1), ("agent", "step", 2),
+        ("agent", "step", 0),
+        ("agent", "step", 0),
+        ("agent", "step", 1),
+        ("agent", "step", 2),
         ("agent", "final", None),
     ]
 
@@ -282,8 +307,15 @@ steps:
 """
     )
     async with ScriptedModel(t) as m, httpx.AsyncClient(timeout=10) as c:
-        title_req = {"model": "m", "stream": True, "stream_options": {"include_usage": True}, "messages": [
-            {"role": "system", "content": TITLE_SYSTEM}, {"role": "user", "content": "Generate a title"}]}
+        title_req = {
+            "model": "m",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [
+                {"role": "system", "content": TITLE_SYSTEM},
+                {"role": "user", "content": "Generate a title"},
+            ],
+        }
         title = parse_sse((await post(c, m.url, title_req)).text)
         assert title["content"] == "Big context task" and not title["tool_calls"]
 
@@ -291,10 +323,19 @@ steps:
         assert step0["usage"]["prompt_tokens"] == 250000  # huge: OpenCode compacts now
 
         conv = '[User]: Do it\n\n[Assistant tool call]: bash({"command":"true"})\n[Tool result]: \n'
-        compaction_req = {"model": "m", "stream": True, "stream_options": {"include_usage": True}, "messages": [
-            {"role": "system", "content": COMPACTION_SYSTEM},
-            {"role": "user", "content": f"Here is the conversation so far:\n\n<conversation>\n{conv}"
-                                        "</conversation>\n\nCreate a new anchored summary"}]}
+        compaction_req = {
+            "model": "m",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [
+                {"role": "system", "content": COMPACTION_SYSTEM},
+                {
+                    "role": "user",
+                    "content": f"Here is the conversation so far:\n\n<conversation>\n{conv}"
+                    "</conversation>\n\nCreate a new anchored summary",
+                },
+            ],
+        }
         summary = parse_sse((await post(c, m.url, compaction_req)).text)
         assert f"{PROGRESS_MARKER}: 1" in summary["content"] and summary["finish_reason"] == "stop"
         assert not summary["tool_calls"]
@@ -343,7 +384,10 @@ async def test_faults_status_then_success_counted_per_step() -> None:
         assert statuses == [429, 429, 200]
         assert r.status_code == 200 and parse_sse(r.text)["tool_calls"][0]["id"] == "call_s0_0"
     assert [(c.status, c.outcome, c.step) for c in m.calls] == [
-        (429, "fault:status_429", 0), (429, "fault:status_429", 0), (200, "step", 0)]
+        (429, "fault:status_429", 0),
+        (429, "fault:status_429", 0),
+        (200, "step", 0),
+    ]
 
 
 async def test_scripted_model_on_a_unix_socket(tmp_path: Path) -> None:
