@@ -129,6 +129,15 @@ class AgentConfig(_Model):
     theme: str = "opencode-dark"
 
 
+def yaml_error_text(exc: Exception) -> str:
+    """A YAML (or TOML) parse error on one line: what is wrong and where."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
 def format_validation_error(exc: ValidationError, where: str) -> str:
     lines = []
     for err in exc.errors():
@@ -153,7 +162,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             loaded = tomllib.loads(raw) if p.suffix == ".toml" else yaml.safe_load(raw)
         except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
             kind = "TOML" if p.suffix == ".toml" else "YAML"
-            raise ConfigError(f"config file {p} is not valid {kind}: {exc}") from exc
+            raise ConfigError(f"config file {p} is not valid {kind}: {yaml_error_text(exc)}") from exc
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

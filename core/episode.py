@@ -146,6 +146,7 @@ class Episode(EpisodeControl):
         self._keep = config.sandbox.keep_sandbox
         self._cancel_requested = False
         self._agent_task: asyncio.Task[Any] | None = None
+        self._verify_task: asyncio.Task[Any] | None = None
         self._done = asyncio.Event()
         self._result: EpisodeResult | None = None
         self._phase_started: dict[str, float] = {}
@@ -164,8 +165,9 @@ class Episode(EpisodeControl):
 
     async def cancel(self) -> None:
         self._cancel_requested = True
-        if self._agent_task is not None and not self._agent_task.done():
-            self._agent_task.cancel()
+        for task in (self._agent_task, self._verify_task):
+            if task is not None and not task.done():
+                task.cancel()
 
     def keep_sandbox(self, keep: bool = True) -> None:
         self._keep = keep
@@ -317,6 +319,9 @@ class Episode(EpisodeControl):
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
+                # Verification is the one step after the agent worth abandoning on a cancel.
+                if self._verify_task is not None and not self._verify_task.done():
+                    self._verify_task.cancel()
                 if finish.done():
                     return finish.result()
 
@@ -508,7 +513,18 @@ class Episode(EpisodeControl):
             )
         if confirmed and self.sandbox is not None and not self._cancel_requested:
             self._enter(Phase.VERIFICATION)
-            await self._verify()
+            self._verify_task = asyncio.ensure_future(self._verify())
+            try:
+                await self._verify_task
+            except asyncio.CancelledError:
+                self.record_failure(
+                    FailureEvent(
+                        kind="run_cancelled",
+                        stage=FailureStage.VERIFICATION,
+                        operation="verification phase",
+                        message="cancelled by the user during verification",
+                    )
+                )
         self._enter(Phase.RELEASE)
         await self._release()
         with contextlib.suppress(Exception):

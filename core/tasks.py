@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.config import DEFAULT_IMAGE, ConfigError, format_validation_error
+from core.config import DEFAULT_IMAGE, ConfigError, format_validation_error, yaml_error_text
 
 _MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -133,7 +133,7 @@ def load_task(path: str | Path) -> Task:
     try:
         data = yaml.safe_load(file.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"task file {file} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"task file {file} is not valid YAML: {yaml_error_text(exc)}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"task file {file} must hold a mapping (id, problem_statement, verify, ...)")
     try:

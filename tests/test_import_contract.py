@@ -15,9 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def _lint(cwd: Path) -> subprocess.CompletedProcess:
     # import-linter imports from sys.path: put the tree under test first.
     return subprocess.run(
-        [sys.executable, "-c", "import sys; sys.path.insert(0, '.'); from importlinter.cli import lint_imports_command;"
-         " lint_imports_command()"],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, '.'); from importlinter.cli import lint_imports_command;"
+            " lint_imports_command()",
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -49,7 +49,9 @@ def _failure():
             kind="provider_oom_killed",
             stage=FailureStage.AGENT,
             operation="exec opencode",
-            evidence=[Evidence(source="docker.state", scope="abc", data={"OOMKilled": True, "ExitCode": 137})],
+            evidence=[
+                Evidence(source="docker.state", scope="abc", data={"OOMKilled": True, "ExitCode": 137})
+            ],
             details=OomDetails(container_id="abc", memory_limit_bytes=64 << 20, exit_code=137),
         )
 
@@ -58,37 +60,75 @@ def all_events():
     now = datetime.now(UTC)
     f = _failure()
     return [
-        EpisodeStarted(run_id="r", task_id="t", provider="docker", opencode_version="1.18.32",
-                       run_budget_s=10.0, close_budget_s=60.0, model="scripted"),
+        EpisodeStarted(
+            run_id="r",
+            task_id="t",
+            provider="docker",
+            opencode_version="1.18.32",
+            run_budget_s=10.0,
+            close_budget_s=60.0,
+            model="scripted",
+        ),
         PhaseChanged(phase=Phase.AGENT, state=StepState.RUNNING, detail="x"),
         SandboxReady(sandbox_id="s", provider="docker", owned=True, network="model-only", notes=["n"]),
         InstallProgress(package="opencode-linux-x64", bytes_done=10, bytes_total=100),
         Warning_(code="ripgrep_missing", message="no rg"),
         TerminalOutput(stream="stdout", data="\x1b[31mred\x1b[0m ünïcode\n"),
-        OpenCodeEvent(event_type="tool_use", payload={"part": {"tool": "bash", "state": {"status": "completed"}}}),
-        ModelCall(call_id="c1", method="POST", path="/v1/chat/completions", status=200, started_at=now,
-                  latency_s=0.5, ttft_s=0.1, kind="agent", message_id="msg_1", tokens_in=None, tokens_out=5),
+        OpenCodeEvent(
+            event_type="tool_use", payload={"part": {"tool": "bash", "state": {"status": "completed"}}}
+        ),
+        ModelCall(
+            call_id="c1",
+            method="POST",
+            path="/v1/chat/completions",
+            status=200,
+            started_at=now,
+            latency_s=0.5,
+            ttft_s=0.1,
+            kind="agent",
+            message_id="msg_1",
+            tokens_in=None,
+            tokens_out=5,
+        ),
         ToolCall(call_id="t1", tool="bash", status="completed", input={"command": "ls"}, output="a\n"),
         Compaction(count=2, trigger="auto"),
         CleanupObserved(step=CleanupStep.RECEIPT, state=StepState.OK, data={"return_code": 0}),
         FailureRecorded(failure=f, decision=decide(f)),
         FailureRecorded(
-            failure=FailureEvent(kind="command_delivery_uncertain", stage="agent", operation="exec",
-                                 message="m", details=CommandDetails(execution_id="e")),
+            failure=FailureEvent(
+                kind="command_delivery_uncertain",
+                stage="agent",
+                operation="exec",
+                message="m",
+                details=CommandDetails(execution_id="e"),
+            ),
             decision=decide(FailureEvent(kind="x_y", stage="agent", operation="o", message="m")),
         ),
         VerificationFinished(exit_code=0, reward=1.0, passed=True, duration_s=1.5, output_excerpt="ok"),
         TranscriptStats(messages=4, tool_calls={"bash": 2}, compactions=1, tokens_in=None),
-        OutcomeDecided(action=Action.COUNT_AS_ZERO, reward=0.0, failure_kind="provider_oom_killed",
-                       failure_class="model", summary="OOM"),
+        OutcomeDecided(
+            action=Action.COUNT_AS_ZERO,
+            reward=0.0,
+            failure_kind="provider_oom_killed",
+            failure_class="model",
+            summary="OOM",
+        ),
     ]
 
 
 def test_every_event_round_trips_losslessly():
     events = all_events()
     assert {e.type for e in events} >= {
-        "phase", "terminal", "opencode", "model_call", "tool_call", "compaction", "cleanup", "failure",
-        "verification", "outcome",
+        "phase",
+        "terminal",
+        "opencode",
+        "model_call",
+        "tool_call",
+        "compaction",
+        "cleanup",
+        "failure",
+        "verification",
+        "outcome",
     }
     for e in events:
         line = encode(e)

@@ -29,11 +29,13 @@ def test_prompt_has_all_three_sections():
 def test_load_task_errors_name_file_and_field(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_task(tmp_path / "nope")
-    (tmp_path / "task.yaml").write_text("id: x\nproblem_statement: y\nverify: {command: \"true\"}\nbogus: 1\n")
+    (tmp_path / "task.yaml").write_text('id: x\nproblem_statement: y\nverify: {command: "true"}\nbogus: 1\n')
     with pytest.raises(ConfigError) as err:
         load_task(tmp_path)
     assert "task.yaml" in str(err.value) and "bogus" in str(err.value)
-    (tmp_path / "task.yaml").write_text("id: x\nproblem_statement: y\nverify: {command: \"true\"}\nfiles: files\n")
+    (tmp_path / "task.yaml").write_text(
+        'id: x\nproblem_statement: y\nverify: {command: "true"}\nfiles: files\n'
+    )
     with pytest.raises(ConfigError, match="files"):
         load_task(tmp_path)
     (tmp_path / "task.yaml").write_text("id: [x\n")
@@ -41,7 +43,9 @@ def test_load_task_errors_name_file_and_field(tmp_path):
         load_task(tmp_path)
 
 
-@pytest.mark.parametrize(("text", "n"), [("64m", 64 << 20), ("1g", 1 << 30), ("512MiB", 512 << 20), (4096, 4096)])
+@pytest.mark.parametrize(
+    ("text", "n"), [("64m", 64 << 20), ("1g", 1 << 30), ("512MiB", 512 << 20), (4096, 4096)]
+)
 def test_parse_memory(text, n):
     assert parse_memory(text) == n
 

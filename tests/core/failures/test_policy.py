@@ -20,8 +20,11 @@ from core.failures import kinds as kinds_mod
 
 POLICY = OutcomePolicyConfig(
     http_status={"429": Action.RETRY, "5xx": Action.MARK_EVALUATION_ERROR, "503": Action.STOP},
-    kind={"model_rate_limited": Action.KEEP_UNKNOWN, "agent_timeout@agent": Action.COUNT_AS_ZERO,
-          "provider_oom_killed": Action.STOP},
+    kind={
+        "model_rate_limited": Action.KEEP_UNKNOWN,
+        "agent_timeout@agent": Action.COUNT_AS_ZERO,
+        "provider_oom_killed": Action.STOP,
+    },
     failure_class={FailureClass.MODEL: Action.COUNT_AS_ZERO},
     default=Action.KEEP_UNKNOWN,
     max_attempts=3,
@@ -29,7 +32,9 @@ POLICY = OutcomePolicyConfig(
 
 
 def f(kind="sandbox_lost", stage="agent", status=None, cls=None):
-    return FailureEvent(kind=kind, stage=stage, operation="op", message="m", http_status=status, failure_class=cls)
+    return FailureEvent(
+        kind=kind, stage=stage, operation="op", message="m", http_status=status, failure_class=cls
+    )
 
 
 @pytest.mark.parametrize(
@@ -51,7 +56,13 @@ def f(kind="sandbox_lost", stage="agent", status=None, cls=None):
         # Nothing matches: default.
         (f("sandbox_lost", cls=FailureClass.UNKNOWN), 1, Action.KEEP_UNKNOWN, "default", "default"),
         # A status with no rule does not block lower levels.
-        (f("agent_timeout", stage="agent", status=404), 1, Action.COUNT_AS_ZERO, "kind", "agent_timeout@agent"),
+        (
+            f("agent_timeout", stage="agent", status=404),
+            1,
+            Action.COUNT_AS_ZERO,
+            "kind",
+            "agent_timeout@agent",
+        ),
     ],
 )
 def test_precedence_table(failure, attempt, action, level, rule):
@@ -72,11 +83,17 @@ def test_defaults_oom_at_agent_counts_as_zero_model():
 
 
 def test_defaults_infrastructure_never_becomes_zero():
-    for kind, stage in [("sandbox_allocation_failed", "seed"), ("install_failed", "install"),
-                        ("model_server_error", "agent"), ("verification_inconclusive", "verification"),
-                        ("provider_oom_killed", "verification")]:
+    for kind, stage in [
+        ("sandbox_allocation_failed", "seed"),
+        ("install_failed", "install"),
+        ("model_server_error", "agent"),
+        ("verification_inconclusive", "verification"),
+        ("provider_oom_killed", "verification"),
+    ]:
         for attempt in (1, 2, 3):
-            d = decide(f(kind, stage=stage, status=500 if kind.startswith("model") else None), attempt=attempt)
+            d = decide(
+                f(kind, stage=stage, status=500 if kind.startswith("model") else None), attempt=attempt
+            )
             assert d.action is not Action.COUNT_AS_ZERO, (kind, stage, attempt)
             assert d.failure_class is FailureClass.EVALUATION
 
@@ -87,7 +104,9 @@ def test_unknown_cause_stays_unknown():
 
 
 def test_overrides_merge_into_defaults():
-    ov = OutcomePolicyOverrides(kind={"provider_oom_killed@agent": Action.MARK_EVALUATION_ERROR}, max_attempts=5)
+    ov = OutcomePolicyOverrides(
+        kind={"provider_oom_killed@agent": Action.MARK_EVALUATION_ERROR}, max_attempts=5
+    )
     p = merged(DEFAULT_POLICY, ov)
     assert p.kind["provider_oom_killed@agent"] is Action.MARK_EVALUATION_ERROR
     assert p.kind["agent_context_limit"] is Action.COUNT_AS_ZERO  # untouched default kept
@@ -98,8 +117,16 @@ def test_overrides_merge_into_defaults():
 def test_changing_an_action_never_changes_the_class():
     failure = f("provider_oom_killed", stage="agent")
     before = decide(failure)
-    after = decide(failure, policy=merged(DEFAULT_POLICY, OutcomePolicyOverrides(
-        kind={"provider_oom_killed@agent": Action.STOP}, failure_class={FailureClass.MODEL: Action.KEEP_UNKNOWN})))
+    after = decide(
+        failure,
+        policy=merged(
+            DEFAULT_POLICY,
+            OutcomePolicyOverrides(
+                kind={"provider_oom_killed@agent": Action.STOP},
+                failure_class={FailureClass.MODEL: Action.KEEP_UNKNOWN},
+            ),
+        ),
+    )
     assert before.action != after.action
     assert before.failure_class == after.failure_class == FailureClass.MODEL
 

@@ -401,7 +401,9 @@ def test_stop_during_running_launch_confirms_and_kills(session_dir: Path) -> Non
         assert _read_line(launch.stdout, 10) == b"ready\n"
         harness_pid = int(pid_file.read_text())
         assert os.readlink(session_dir / sc.CLAIM_FILE) == sc.CLAIM_LAUNCH
-        assert int((session_dir / sc.PID_FILE).read_text().split()[0]) == launch.pid  # exec kept the shell pid
+        assert (
+            int((session_dir / sc.PID_FILE).read_text().split()[0]) == launch.pid
+        )  # exec kept the shell pid
 
         stop = _stop(session_dir, timeout=10)
         assert stop.returncode == 0, stop.stderr

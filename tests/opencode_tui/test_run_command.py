@@ -1,0 +1,218 @@
+"""`opencode-tui run` as a user runs it: a real subprocess, real sandboxes, real signals.
+
+Bad input gets a one-line error and exit code 2; SIGINT at any phase still closes and releases the
+sandbox and leaves a run directory that names the phase; `sweep` removes what a `kill -9` left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
+CLI = [sys.executable, "-m", "opencode_tui.cli"]
+
+
+def run_cli(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+def _containers(owner: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=opencode-tui.owner={owner}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return out.stdout.split()
+
+
+@pytest.fixture
+def task_copy(tmp_path):
+    def make(name: str = "hello-file", **changes) -> Path:
+        import shutil
+
+        dest = tmp_path / f"task-{name}"
+        shutil.copytree(SAMPLES / name, dest)
+        data = yaml.safe_load((dest / "task.yaml").read_text())
+        for key, value in changes.items():
+            data[key] = value
+        (dest / "task.yaml").write_text(yaml.safe_dump(data))
+        return dest
+
+    return make
+
+
+# ---- bad input: one line, exit 2, nothing half-written ------------------------------------------
+
+
+def _one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert r.stdout == ""
+
+
+def test_missing_task_file(tmp_path):
+    r = run_cli("run", str(tmp_path / "nope"), "--batch", "--runs-dir", str(tmp_path / "runs"))
+    _one_line_error(r, "does not exist")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_malformed_yaml(tmp_path):
+    (tmp_path / "task.yaml").write_text("id: [unclosed\n")
+    r = run_cli("run", str(tmp_path), "--batch", "--runs-dir", str(tmp_path / "runs"))
+    _one_line_error(r, "not valid YAML")
+
+
+def test_unknown_field_named(task_copy, tmp_path):
+    task = task_copy(colour="red")
+    r = run_cli("run", str(task), "--batch", "--runs-dir", str(tmp_path / "runs"))
+    _one_line_error(r, "colour", "unknown field")
+
+
+@pytest.mark.docker
+def test_image_that_does_not_exist(task_copy, tmp_path):
+    task = task_copy(image="opencode-tui/no-such-image:latest")
+    r = run_cli("run", str(task), "--batch", "--provider", "docker", "--runs-dir", str(tmp_path / "runs"))
+    _one_line_error(r, "opencode-tui/no-such-image:latest", "scripts/build-images")
+
+
+def test_unreachable_model_url(task_copy, tmp_path):
+    task = task_copy()
+    r = run_cli(
+        "run",
+        str(task),
+        "--batch",
+        "--model-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
+    _one_line_error(r, "cannot reach --model-url", "127.0.0.1:9")
+
+
+def test_several_tasks_need_batch(tmp_path):
+    r = run_cli("run", str(SAMPLES / "hello-file"), str(SAMPLES / "fix-bug"))
+    _one_line_error(r, "--batch")
+
+
+# ---- SIGINT at each phase -----------------------------------------------------------------------
+
+
+def _wait_for_phase(runs: Path, phase: str, proc: subprocess.Popen, timeout: float = 120) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        for events in runs.glob("*/events.jsonl"):
+            for line in events.read_text().splitlines():
+                e = json.loads(line)
+                if e["type"] == "phase" and e["phase"] == phase:
+                    return events.parent
+        time.sleep(0.05)
+    raise AssertionError(f"phase {phase} never reached")
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.parametrize("phase", ["install", "agent", "verification"])
+def test_sigint_closes_and_releases_at_any_phase(phase, task_copy, tmp_path, test_owner):
+    changes: dict = {}
+    if phase == "agent":
+        changes["problem_statement"] = "Wait."  # the trajectory below keeps the agent busy
+    if phase == "verification":
+        changes["verify"] = {"command": "sleep 60", "timeout": 120}
+    task = task_copy(**changes)
+    if phase == "agent":
+        (task / "trajectory.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "steps": [
+                        {
+                            "tool_calls": [
+                                {"name": "bash", "arguments": {"command": "sleep 60", "description": "wait"}}
+                            ]
+                        },
+                        {"text": "done"},
+                    ]
+                }
+            )
+        )
+    config = tmp_path / "config.yaml"
+    # A cold, private OpenCode cache makes the install phase long enough to interrupt.
+    cache = tmp_path / "cache" if phase == "install" else None
+    config.write_text(yaml.safe_dump({"runtime": {"cache_dir": str(cache)}} if cache else {}))
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "run",
+            str(task),
+            "--batch",
+            "--provider",
+            "docker",
+            "--runs-dir",
+            str(runs),
+            "--config",
+            str(config),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        run_dir = _wait_for_phase(runs, phase, proc)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert _containers(test_owner) == []
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["outcome"]["failure_kind"] == "run_cancelled"
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    cancelled = [e for e in events if e["type"] == "failure" and e["failure"]["kind"] == "run_cancelled"][0]
+    assert cancelled["failure"]["operation"] == f"{phase} phase"
+    released = [e for e in events if e["type"] == "cleanup" and e["step"] == "sandbox_released"]
+    assert released and released[-1]["state"] == "ok"
+    assert json.loads(out.splitlines()[-1])["failure_kind"] == "run_cancelled"
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_sweep_removes_what_kill_9_left(task_copy, tmp_path, test_owner):
+    task = task_copy()
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [*CLI, "run", str(task), "--batch", "--provider", "docker", "--runs-dir", str(runs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for_phase(runs, "agent", proc)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert _containers(test_owner), "kill -9 should have left the sandbox behind"
+    dry = run_cli("sweep", "--provider", "docker", "--dry-run")
+    assert dry.returncode == 0 and "would remove" in dry.stdout
+    assert _containers(test_owner)
+    r = run_cli("sweep", "--provider", "docker")
+    assert r.returncode == 0, r.stderr
+    assert _containers(test_owner) == []
