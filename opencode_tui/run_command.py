@@ -65,6 +65,11 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
                 f"task(s) {', '.join(missing)} have no model.trajectory for the embedded scripted model; "
                 "pass --model-url (and --model) to use a real model"
             )
+        from core.model.trajectory import load_trajectory
+
+        for t in tasks:
+            assert t.trajectory_path is not None
+            load_trajectory(t.trajectory_path)  # a broken trajectory is bad input, not a failed episode
     else:
         _check_model_url(config)
     if config.model.api_key_env and not os.environ.get(config.model.api_key_env):

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.config import ConfigError, format_validation_error
+from core.config import ConfigError, format_validation_error, yaml_error_text
 
 
 class _Model(BaseModel):
@@ -164,7 +164,7 @@ class Trajectory(_Model):
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{where} is not valid YAML: {exc}") from exc
+            raise ConfigError(f"{where} is not valid YAML: {yaml_error_text(exc)}") from exc
         return cls.from_data(data, where)
 
 
