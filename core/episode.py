@@ -153,6 +153,9 @@ class Episode(EpisodeControl):
         self.durations: dict[str, float] = {}
         self.counts: dict[str, Any] = {"model_calls": 0, "tool_calls": {}, "compactions": 0}
         self.receipt_confirmed: bool | None = None
+        self.endpoint: Any = None  # ModelEndpoint, once the seed phase started it
+        self.harness: Any = None  # OpenCodeHarness, once the install phase built it
+        self.agent_result: Any = None  # the harness exec's ExecResult
         self.reward: float | None = None
         self.info: RunInfo | None = None
         self._phase: Phase = Phase.ADMISSION

@@ -25,6 +25,8 @@ _REGISTRY: dict[str, str] = {
     "provider_quota_exhausted": "the backend refused for lack of quota",
     "provider_io_timeout": "a request to the backend did not answer within its deadline",
     "provider_image_missing": "the requested image does not exist on the backend",
+    "provider_auth_failed": "the backend rejected our credentials (e.g. a missing or wrong API key)",
+    "provider_protocol_error": "the backend answered something its API does not allow (unparseable, fields missing)",
     # sandbox: our sandbox's lifecycle and file/terminal operations
     "sandbox_allocation_failed": "creating the sandbox failed",
     "sandbox_not_ready": "the sandbox never became ready within its deadline",
@@ -37,6 +39,8 @@ _REGISTRY: dict[str, str] = {
     "command_status_lost": "the command's status could not be recovered by its execution id",
     "command_hard_cap_expired": "the command outlived its hard cap; its outcome stays unknown",
     "command_failed": "a command the engine needed (not the agent) failed",
+    "command_rejected": "the sandbox's daemon refused to start the command (it never ran)",
+    "command_stream_lost": "a command's output stream broke while it ran; its result is followed by execution id",
     # install: OpenCode runtime preparation
     "install_failed": "installing the pinned OpenCode runtime failed",
     "install_integrity_mismatch": "the downloaded package does not match the registry's digest",

@@ -112,6 +112,7 @@ def build_config(
                     "baseURL": base_url,
                     "apiKey": PLACEHOLDER_API_KEY,
                     "timeout": int(model.request_timeout_s * 1000),
+                    "chunkTimeout": int(model.stall_timeout_s * 1000),
                 },
                 "models": {model.name: entry},
             }

@@ -9,6 +9,12 @@ Authoritative pieces, in order of preference:
 - ``docker.events``: an ``oom`` event emitted by the engine for this container id.
 - ``cgroup.memory``: the container cgroup's ``oom_kill`` counter rose above the baseline recorded
   when the sandbox was created (or connected).
+- ``opensandbox.lifecycle``: the OpenSandbox server's lifecycle status of this sandbox names an OOM
+  kill in its reason or message (``oom_reported``, parsed by the provider), for this sandbox id.
+- ``opensandbox.diagnostics``: the server's diagnostic report (``diagnostics/events`` or the
+  deprecated ``diagnostics/inspect``) for this sandbox's own container says ``OOMKilled``: the
+  report's subject (container name / id label) must be this sandbox and, for a borrowed sandbox,
+  the flag must not already have been set when we connected.
 
 Never evidence: exit code 137 (any SIGKILL gives it), output text such as "Killed" or "out of
 memory", a report about another container (a sidecar, a sibling sandbox), or an unscoped report.
@@ -23,6 +29,8 @@ from core.failures import Evidence
 SOURCE_STATE = "docker.state"
 SOURCE_EVENTS = "docker.events"
 SOURCE_CGROUP = "cgroup.memory"
+SOURCE_OS_LIFECYCLE = "opensandbox.lifecycle"
+SOURCE_OS_DIAGNOSTICS = "opensandbox.diagnostics"
 
 
 def _state_says_oom(ev: Evidence) -> bool:
@@ -41,10 +49,24 @@ def _cgroup_says_oom(ev: Evidence) -> bool:
     return count > baseline
 
 
+def _os_lifecycle_says_oom(ev: Evidence) -> bool:
+    return ev.data.get("oom_reported") is True and ev.data.get("sandbox_id") == ev.scope
+
+
+def _os_diagnostics_says_oom(ev: Evidence) -> bool:
+    return (
+        ev.data.get("OOMKilled") is True
+        and ev.data.get("subject") == ev.scope
+        and ev.data.get("OOMKilledAtConnect") is not True
+    )
+
+
 _RULES: tuple[tuple[str, Callable[[Evidence], bool]], ...] = (
     (SOURCE_STATE, _state_says_oom),
     (SOURCE_EVENTS, _event_says_oom),
     (SOURCE_CGROUP, _cgroup_says_oom),
+    (SOURCE_OS_LIFECYCLE, _os_lifecycle_says_oom),
+    (SOURCE_OS_DIAGNOSTICS, _os_diagnostics_says_oom),
 )
 
 

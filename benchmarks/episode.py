@@ -1,0 +1,248 @@
+"""Episode benchmark: the hello-file episode through the engine vs the raw floor, and batch throughput.
+
+    python benchmarks/episode.py                   # 3 engine episodes vs 3 raw runs; batch of 4 at jobs 1, 2, 4
+    python benchmarks/episode.py --quick           # 1 vs 1; batch of 2 at jobs 1, 2
+    python benchmarks/episode.py --batch 6 --jobs 1 3 --json out.json
+
+1. One episode. Engine: ``Episode(task, config).run()`` of ``sample_tasks/hello-file`` with the docker
+   provider and the embedded scripted model (recording proxy, model-only network, relay, supervisor,
+   confirmed cleanup, transcript, verification, release), wall clock around ``run()``; the phase
+   durations come from the EpisodeResult. Raw floor: ``docker run --rm -i`` of the same image with the
+   installer's cached OpenCode binary bind-mounted read-only, host networking, a ScriptedModel of the
+   same trajectory on 127.0.0.1, running ``opencode run --format json`` and then the task's verify
+   command; no harness. Engine and floor repetitions alternate; ratio = median / median.
+
+2. Batch throughput: ``core.batch.run_batch`` (what ``opencode-tui run --batch`` uses) over N copies of
+   hello-file at each ``--jobs`` value, each in a fresh temporary runs directory, one attempt each.
+   Episodes per minute = N / wall clock; speed-up against the first jobs value.
+
+No container may be left behind: all containers of this process carry its own owner label
+(``opencode-tui.owner=bench-<pid>@<host>``) and are counted after every batch and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _bench as B
+
+OWNER = B.setup()
+
+from core.config import AgentConfig, SandboxConfig  # noqa: E402
+from core.tasks import load_task  # noqa: E402
+
+TASK_DIR = B.ROOT / "sample_tasks" / "hello-file"
+PHASES = ("seed", "install", "agent", "closing", "transcript", "verification", "release")
+
+
+async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict[str, Any]:
+    from core.episode import Episode
+
+    ep = Episode(task, config, runs_dir=runs_dir)
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    result = await ep.run()
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    if result.action != "scored" or result.reward != 1.0:
+        raise RuntimeError(f"the engine episode did not score: {result.summary} ({result.run_dir})")
+    return {
+        "wall": wall,
+        "engine_cpu": cpu,
+        "durations": result.durations_s,
+        "cleanup_confirmed": result.cleanup_confirmed,
+    }
+
+
+async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, Any]:
+    from core.batch import run_batch
+
+    runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-batch-j{jobs}-"))
+    try:
+        t0 = time.perf_counter()
+        summary = await run_batch([task] * n, config, runs_dir=runs, jobs=jobs, max_attempts=1)
+        wall = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    agent = [r.durations_s.get("agent") for r in summary.results if r.durations_s.get("agent")]
+    left = B.leftovers(OWNER)["ours"]
+    return {
+        "jobs": jobs,
+        "episodes": n,
+        "wall": wall,
+        "episodes_per_min": n / wall * 60,
+        "scored": summary.scored,
+        "failures": summary.failures_by_kind,
+        "agent_phase_median": B.med(agent),
+        "cleanup_confirmed": sum(1 for r in summary.results if r.cleanup_confirmed),
+        "leftover_containers": left,
+    }
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    reps = args.reps or (1 if args.quick else 3)
+    n = args.batch or (2 if args.quick else 4)
+    jobs_list = args.jobs or ([1, 2] if args.quick else [1, 2, 4])
+    rep = B.Report("episode", args.json, {"reps": reps, "batch": n, "jobs": jobs_list})
+    rep.say(
+        f"episode benchmark: {reps} engine episode(s) vs {reps} raw run(s); "
+        f"batch of {n} hello-file episodes at jobs {', '.join(map(str, jobs_list))}"
+    )
+    started = time.monotonic()
+    status = 0
+    # Imports an episode would otherwise pay inside its first phase (once per process).
+    import core.batch  # noqa: F401
+    import core.episode  # noqa: F401
+    import core.model.endpoint  # noqa: F401
+    import core.runtime.opencode  # noqa: F401
+    import core.sandbox.docker  # noqa: F401
+
+    task = load_task(TASK_DIR)
+    config = AgentConfig(sandbox=SandboxConfig(provider="docker"))
+    binary_dir = await asyncio.to_thread(B.cached_binary_dir, config.runtime.opencode_version)
+    raw = B.RawOpenCode(task, binary_dir, OWNER)
+    engine: list[dict[str, Any]] = []
+    floor: list[dict[str, Any]] = []
+    batches: list[dict[str, Any]] = []
+    runs = Path(tempfile.mkdtemp(prefix="octui-bench-episode-"))
+    try:
+        # Page cache: the first read of the 185 MB binary is paid by neither side.
+        await asyncio.to_thread(
+            subprocess.run, [str(binary_dir / "opencode"), "--version"], capture_output=True, timeout=120
+        )
+        for i in range(reps):
+            rep.progress(f"engine episode {i + 1}/{reps}")
+            engine.append(await engine_episode(task, config, runs))
+            rep.progress(f"raw floor {i + 1}/{reps}")
+            f = await raw.floor_run(f"ep{i}")
+            if f["rc"] != 0:
+                raise RuntimeError(f"the raw floor failed (rc {f['rc']}): {f['stderr']}")
+            floor.append(f)
+        for j in jobs_list:
+            rep.progress(f"batch of {n} at jobs={j}")
+            b = await batch(task, config, n, j)
+            batches.append(b)
+            if b["leftover_containers"]:
+                status = 1
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+        left = await asyncio.to_thread(B.leftovers, OWNER)
+        B.remove_containers(left["ours"])
+
+    ew = [e["wall"] for e in engine]
+    fw = [f["wall"] for f in floor]
+    rows = [
+        [
+            "episode wall clock",
+            B.fmt_s(B.med(ew)),
+            B.fmt_spread(ew, "s"),
+            B.fmt_s(B.med(fw)),
+            B.fmt_spread(fw, "s"),
+            B.fmt_ratio(B.ratio(B.med(ew), B.med(fw))),
+        ],
+    ]
+    phase_rows = []
+    phases: dict[str, Any] = {}
+    for ph in PHASES:
+        xs = [e["durations"][ph] for e in engine if ph in e["durations"]]
+        phases[ph] = B.summary(xs)
+        phase_rows.append([f"  {ph}", B.fmt_s(B.med(xs)), B.fmt_spread(xs, "s"), "", "", ""])
+    other = [e["wall"] - sum(e["durations"].get(p, 0) for p in PHASES) for e in engine]
+    phase_rows.append(
+        ["  outside phases (admission, outcome)", B.fmt_s(B.med(other)), B.fmt_spread(other, "s"), "", "", ""]
+    )
+    agent = [e["durations"].get("agent", 0) for e in engine]
+    rows += phase_rows
+    rows.append(
+        [
+            "agent phase alone vs raw floor",
+            B.fmt_s(B.med(agent)),
+            "",
+            B.fmt_s(B.med(fw)),
+            "",
+            B.fmt_ratio(B.ratio(B.med(agent), B.med(fw))),
+        ]
+    )
+    rep.say()
+    rep.say(
+        B.table(
+            ["hello-file, docker", "engine", "min-max s", "raw floor", "min-max s", "ratio"],
+            rows,
+            title="One episode: engine (Episode.run) vs raw floor (docker run --rm -i … opencode run && verify)",
+        )
+    )
+    rep.say()
+    base = batches[0]["episodes_per_min"] if batches else None
+    brows = [
+        [
+            str(b["jobs"]),
+            str(b["episodes"]),
+            B.fmt_s(b["wall"]),
+            f"{b['episodes_per_min']:.2f}",
+            B.fmt_ratio(B.ratio(b["episodes_per_min"], base)),
+            f"{b['scored']}/{b['episodes']}",
+            f"{b['cleanup_confirmed']}/{b['episodes']}",
+            B.fmt_s(b["agent_phase_median"]),
+            str(len(b["leftover_containers"])),
+        ]
+        for b in batches
+    ]
+    rep.say(
+        B.table(
+            [
+                "jobs",
+                "episodes",
+                "wall",
+                "episodes/min",
+                "speed-up",
+                "scored",
+                "cleanup ok",
+                "agent phase med",
+                "leftovers",
+            ],
+            brows,
+            title="Batch throughput (run_batch, docker, one attempt per episode)",
+        )
+    )
+    rep.say()
+    rep.say(
+        f"docker leftovers with our owner label ({OWNER}): {len(left['ours'])} "
+        f"(all {B.LABEL_RUN} containers on this engine, any owner: {left['all_opencode_tui_run']})"
+    )
+    rep.say(f"total run time {time.monotonic() - started:.0f} s")
+    if left["ours"]:
+        status = 1
+    rep.data.update(
+        {
+            "engine": {"wall": B.summary(ew), "phases": phases, "outside_phases": B.summary(other)},
+            "raw_floor": {"wall": B.summary(fw)},
+            "ratio_wall": B.ratio(B.med(ew), B.med(fw)),
+            "ratio_agent_phase_vs_floor": B.ratio(B.med(agent), B.med(fw)),
+            "batches": batches,
+            "leftovers": left,
+        }
+    )
+    rep.finish()
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, help="engine episodes and raw floors (default 3, --quick 1)")
+    p.add_argument("--batch", type=int, help="episodes per batch (default 4, --quick 2)")
+    p.add_argument("--jobs", type=int, nargs="+", help="concurrency levels (default 1 2 4, --quick 1 2)")
+    B.add_common_args(p)
+    args = p.parse_args(argv)
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

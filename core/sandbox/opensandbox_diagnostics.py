@@ -1,0 +1,416 @@
+"""Evidence from the OpenSandbox server about one sandbox, and the shared diagnosis entry point.
+
+Sources (all scoped to the sandbox id; see ``core.sandbox.oom`` for what confirms an OOM kill):
+
+* ``opensandbox.lifecycle`` – ``GET /sandboxes/{id}``: ``status.state/reason/message``. Server 1.1.x
+  (Docker runtime) reports an OOM-killed main process as ``Failed / CONTAINER_EXITED_ERROR /
+  "Sandbox container exited with code 137."`` – no OOM named, so that alone confirms nothing;
+  other runtimes (e.g. Kubernetes) may name ``OOMKilled`` in the reason or message, which does.
+* ``opensandbox.diagnostics`` – ``GET /sandboxes/{id}/diagnostics/events?scope=runtime`` (a JSON
+  descriptor with display text; the supported endpoint) and, as a fallback when that yields no
+  verdict, the deprecated plain-text ``GET /sandboxes/{id}/diagnostics/inspect``. Both are
+  human-readable; the parsers below accept the formats of server 1.1.x's Docker runtime and treat
+  anything they do not recognise as "no verdict" (``OOMKilled: None``), never as evidence.
+
+``Diagnoser.diagnose`` is the one entry point for exec and PTY failures. It runs inside the caller's
+deadline (starting no request after it), reads the lifecycle, makes an initial report round, and,
+when the lifecycle was not yet terminal, watches it and makes **one** final report round once it
+turns terminal: at most two report rounds per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from core.config import OpenSandboxPolicyConfig
+from core.failures import Evidence
+from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
+from core.sandbox.opensandbox_http import Http, RequestFailed
+
+LIFECYCLE_FORMAT = "opensandbox-lifecycle/v1"
+EVENTS_FORMAT = "opensandbox-1.1-docker-events-text"
+INSPECT_FORMAT = "opensandbox-1.1-docker-inspect-text"
+SUPPORTED_SERVER_VERSIONS = ("1.1",)  # major.minor prefixes whose diagnostics text was checked
+
+TERMINAL_STATES = frozenset({"Failed", "Terminated"})
+_OOM_WORDS = re.compile(r"\boom[\s_-]?kill(?:ed)?\b|\bout[\s_-]of[\s_-]memory\b", re.IGNORECASE)
+_CONTAINER_NAME = re.compile(r"^sandbox-([0-9A-Za-z][0-9A-Za-z._-]*)$")
+_KV = re.compile(r"^([A-Za-z][A-Za-z ]*?):\s*(.*)$")
+_MEMORY = re.compile(r"^(\d+)\s*MiB$")
+CONTENT_EXCERPT = 2000
+
+
+def lifecycle_names_oom(status: dict[str, Any]) -> bool:
+    """Whether the lifecycle status's reason or message names an OOM kill (exit 137 alone does not)."""
+    text = f"{status.get('reason') or ''} {status.get('message') or ''}"
+    return bool(_OOM_WORDS.search(text))
+
+
+def lifecycle_evidence(
+    sandbox_id: str,
+    body: dict[str, Any] | None,
+    *,
+    exists: bool = True,
+    error: str | None = None,
+    server_version: str | None = None,
+) -> Evidence:
+    data: dict[str, Any] = {"format": LIFECYCLE_FORMAT, "exists": exists, "server_version": server_version}
+    if error is not None:
+        data["error"] = error
+    if body is not None:
+        status = body.get("status") if isinstance(body.get("status"), dict) else {}
+        data.update(
+            {
+                "sandbox_id": body.get("id"),
+                "state": status.get("state"),
+                "reason": status.get("reason"),
+                "message": (status.get("message") or "")[:500] or None,
+                "last_transition_at": status.get("lastTransitionAt"),
+                "expires_at": body.get("expiresAt"),
+                "oom_reported": lifecycle_names_oom(status) and body.get("id") == sandbox_id,
+            }
+        )
+    elif not exists:
+        data["sandbox_id"] = sandbox_id
+    return Evidence(source=SOURCE_OS_LIFECYCLE, scope=sandbox_id, data=data)
+
+
+def _subject_from_name(name: str | None) -> str | None:
+    m = _CONTAINER_NAME.match((name or "").strip().lstrip("/"))
+    return m.group(1) if m else None
+
+
+def parse_events_text(content: str) -> dict[str, Any]:
+    """Server 1.1.x Docker ``diagnostics/events`` text: ``Container: <short id> (<name>)``,
+    ``Status:``, ``Created:``/``Started:``/``Finished:``, and ``Event:`` lines such as
+    ``Event: OOMKilled - container was killed due to out-of-memory`` or ``Event: Exited with code N``.
+    """
+    out: dict[str, Any] = {"OOMKilled": None, "recognised": False, "events": []}
+    for raw in content.splitlines():
+        m = _KV.match(raw.strip())
+        if not m:
+            continue
+        key, value = m.group(1).strip(), m.group(2).strip()
+        if key == "Container":
+            out["recognised"] = True
+            cm = re.match(r"^(\S+)\s*\(([^)]*)\)$", value)
+            if cm:
+                out["container_short_id"], out["container_name"] = cm.group(1), cm.group(2)
+                out["subject"] = _subject_from_name(cm.group(2))
+        elif key == "Status":
+            out["status"] = value
+        elif key in ("Created", "Started", "Finished"):
+            out[key.lower() + "_at"] = value
+        elif key == "Event":
+            out["events"].append(value[:200])
+            if value.startswith("OOMKilled"):
+                out["OOMKilled"] = True
+            em = re.match(r"^Exited with code (-?\d+)", value)
+            if em:
+                out["exit_code"] = int(em.group(1))
+    if out["recognised"] and "status" in out and out["OOMKilled"] is None:
+        out["OOMKilled"] = False  # this format prints the OOMKilled event whenever Docker's flag is set
+    return out
+
+
+def parse_inspect_text(content: str) -> dict[str, Any]:
+    """Server 1.1.x Docker ``diagnostics/inspect`` text (deprecated endpoint): ``Key: value`` lines
+    (``Name``, ``Status``, ``Running``, ``OOMKilled``, ``Exit Code``...), then indented sections
+    (``Resources:``, ``Labels:`` with ``k=v`` lines...)."""
+    out: dict[str, Any] = {"OOMKilled": None, "recognised": False}
+    section = None
+    labels: dict[str, str] = {}
+    for raw in content.splitlines():
+        if not raw.strip():
+            continue
+        if raw.startswith((" ", "\t")):
+            line = raw.strip()
+            if section == "Labels" and "=" in line:
+                k, _, v = line.partition("=")
+                labels[k] = v
+            elif section == "Resources":
+                m = _KV.match(line)
+                if m and m.group(1) == "Memory":
+                    mm = _MEMORY.match(m.group(2).strip())
+                    if mm:
+                        out["memory_limit_bytes"] = int(mm.group(1)) << 20
+            continue
+        m = _KV.match(raw.strip())
+        if not m:
+            continue
+        key, value = m.group(1).strip(), m.group(2).strip()
+        if not value:
+            section = key
+            continue
+        section = None
+        if key == "Container ID":
+            out["recognised"] = True
+            out["container_short_id"] = value
+        elif key == "Name":
+            out["container_name"] = value
+        elif key == "Status":
+            out["status"] = value
+        elif key in ("Running", "OOMKilled"):
+            out[key] = {"true": True, "false": False}.get(value.lower())
+        elif key == "Exit Code":
+            out["exit_code"] = int(value) if re.fullmatch(r"-?\d+", value) else None
+        elif key == "Finished At":
+            out["finished_at"] = value
+    label_id = labels.get("opensandbox.io/id")
+    name_id = _subject_from_name(out.get("container_name"))
+    if label_id and name_id and label_id != name_id:
+        out["subject"] = None  # contradictory report: about nothing we can name
+    else:
+        out["subject"] = label_id or name_id
+    if not out["recognised"]:
+        out["OOMKilled"] = None
+    return out
+
+
+def diagnostics_evidence(
+    sandbox_id: str,
+    endpoint: str,
+    parsed: dict[str, Any] | None,
+    *,
+    content: str | None = None,
+    oom_at_connect: bool | None = None,
+    error: str | None = None,
+    server_version: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Evidence:
+    data: dict[str, Any] = {
+        "endpoint": endpoint,
+        "format": EVENTS_FORMAT if endpoint.endswith("events") else INSPECT_FORMAT,
+        "server_version": server_version,
+        **(extra or {}),
+    }
+    if error is not None:
+        data["error"] = error
+    if parsed is not None:
+        data.update(parsed)
+    if oom_at_connect is not None:
+        data["OOMKilledAtConnect"] = oom_at_connect
+    if content is not None:
+        data["content_excerpt"] = content[:CONTENT_EXCERPT]
+    return Evidence(source=SOURCE_OS_DIAGNOSTICS, scope=sandbox_id, data=data)
+
+
+@dataclass
+class Diagnosis:
+    """What a diagnosis saw, in order; ``oom`` is the confirming piece, if any."""
+
+    evidence: list[Evidence] = field(default_factory=list)
+    oom: Evidence | None = None
+    state: str | None = None
+    gone: bool = False
+    rounds: int = 0  # report rounds (events, with the deprecated inspect as fallback): at most two
+    deadline_reached: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.gone or self.state in TERMINAL_STATES
+
+
+class Diagnoser:
+    """Reads lifecycle and diagnostic reports of one sandbox, always inside a given deadline."""
+
+    def __init__(
+        self,
+        http: Http,
+        policy: OpenSandboxPolicyConfig,
+        sandbox_id: str,
+        api_url: Callable[[str], str],
+        *,
+        oom_at_connect: bool | None = None,
+        server_version: Callable[[], str | None] = lambda: None,
+    ):
+        self.http = http
+        self.policy = policy
+        self.sandbox_id = sandbox_id
+        self.api_url = api_url
+        self.oom_at_connect = oom_at_connect
+        self.server_version = server_version
+
+    def _remaining(self, deadline: float) -> float:
+        return deadline - asyncio.get_running_loop().time()
+
+    async def lifecycle(
+        self, deadline: float, *, operation: str = "diagnostics"
+    ) -> tuple[Evidence, str | None, bool]:
+        """(evidence, state, gone) from one lifecycle read, bounded by the deadline."""
+        sid = self.sandbox_id
+        timeout = min(self.policy.diagnostic_timeouts.lifecycle_s, self._remaining(deadline))
+        if timeout <= 0:
+            raise TimeoutError("no time left for a lifecycle read")
+        try:
+            response = await self.http.request(
+                operation,
+                "GET",
+                self.api_url(f"/sandboxes/{sid}"),
+                timeout=timeout,
+                deadline=deadline,
+                not_found_kind="sandbox_lost",
+            )
+        except RequestFailed as exc:
+            if exc.http_status == 404:
+                return (
+                    lifecycle_evidence(sid, None, exists=False, server_version=self.server_version()),
+                    None,
+                    True,
+                )
+            return (
+                lifecycle_evidence(sid, None, error=str(exc), server_version=self.server_version()),
+                None,
+                False,
+            )
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            ev = lifecycle_evidence(
+                sid, None, error="unparseable lifecycle answer", server_version=self.server_version()
+            )
+            return ev, None, False
+        ev = lifecycle_evidence(sid, body, server_version=self.server_version())
+        return ev, ev.data.get("state"), False
+
+    async def events(self, deadline: float) -> Evidence:
+        sid = self.sandbox_id
+        endpoint = "diagnostics/events"
+        timeout = min(self.policy.diagnostic_timeouts.events_s, self._remaining(deadline))
+        if timeout <= 0:
+            raise TimeoutError("no time left for a diagnostics read")
+        try:
+            response = await self.http.request(
+                "diagnostics",
+                "GET",
+                self.api_url(f"/sandboxes/{sid}/diagnostics/events"),
+                params={"scope": "runtime"},
+                timeout=timeout,
+                deadline=deadline,
+            )
+            descriptor = response.json()
+        except (RequestFailed, ValueError) as exc:
+            return diagnostics_evidence(
+                sid, endpoint, None, error=str(exc)[:500], server_version=self.server_version()
+            )
+        if not isinstance(descriptor, dict):
+            return diagnostics_evidence(
+                sid, endpoint, None, error="descriptor is not an object", server_version=self.server_version()
+            )
+        extra = {
+            "descriptor_sandbox_id": descriptor.get("sandboxId"),
+            "delivery": descriptor.get("delivery"),
+            "truncated": descriptor.get("truncated"),
+        }
+        content = descriptor.get("content")
+        if descriptor.get("delivery") not in (None, "inline") or not isinstance(content, str):
+            return diagnostics_evidence(
+                sid,
+                endpoint,
+                None,
+                error="no inline content (a content URL is not followed)",
+                server_version=self.server_version(),
+                extra=extra,
+            )
+        return diagnostics_evidence(
+            sid,
+            endpoint,
+            parse_events_text(content),
+            content=content,
+            oom_at_connect=self.oom_at_connect,
+            server_version=self.server_version(),
+            extra=extra,
+        )
+
+    async def inspect_text(self, deadline: float) -> Evidence:
+        sid = self.sandbox_id
+        endpoint = "diagnostics/inspect"
+        timeout = min(self.policy.diagnostic_timeouts.inspect_s, self._remaining(deadline))
+        if timeout <= 0:
+            raise TimeoutError("no time left for a diagnostics read")
+        try:
+            response = await self.http.request(
+                "diagnostics",
+                "GET",
+                self.api_url(f"/sandboxes/{sid}/diagnostics/inspect"),
+                timeout=timeout,
+                deadline=deadline,
+            )
+            content = response.text
+        except (RequestFailed, httpx.HTTPError) as exc:
+            return diagnostics_evidence(
+                sid, endpoint, None, error=str(exc)[:500], server_version=self.server_version()
+            )
+        return diagnostics_evidence(
+            sid,
+            endpoint,
+            parse_inspect_text(content),
+            content=content,
+            oom_at_connect=self.oom_at_connect,
+            server_version=self.server_version(),
+        )
+
+    async def report_round(self, deadline: float) -> list[Evidence]:
+        """One report round: the events descriptor, and the deprecated inspect only if events gave
+        no verdict (unrecognised text, no inline content, or an error)."""
+        first = await self.events(deadline)
+        if first.data.get("OOMKilled") is not None and first.data.get("subject") == self.sandbox_id:
+            return [first]
+        if self._remaining(deadline) <= 0:
+            return [first]
+        return [first, await self.inspect_text(deadline)]
+
+    async def diagnose(self, deadline: float) -> Diagnosis:
+        """Lifecycle, an initial report round, and one final round when the lifecycle turns terminal.
+
+        Nothing is started after ``deadline``; if it passes, what was seen so far is returned with
+        ``deadline_reached`` set.
+        """
+        diagnosis = Diagnosis()
+        loop = asyncio.get_running_loop()
+        polling = self.policy.evidence_polling
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._diagnose(diagnosis, deadline, loop.time() + polling.budget_s)
+        except TimeoutError:
+            diagnosis.deadline_reached = True
+        diagnosis.oom = oom_confirmed(diagnosis.evidence, scope=self.sandbox_id)
+        return diagnosis
+
+    async def _diagnose(self, d: Diagnosis, deadline: float, watch_until: float) -> None:
+        loop = asyncio.get_running_loop()
+        polling = self.policy.evidence_polling
+
+        def confirmed() -> bool:
+            return oom_confirmed(d.evidence, scope=self.sandbox_id) is not None
+
+        ev, d.state, d.gone = await self.lifecycle(deadline)
+        d.evidence.append(ev)
+        if confirmed() or d.gone:
+            return  # named by the lifecycle itself; or the container is removed: nothing to inspect
+        d.evidence.extend(await self.report_round(deadline))
+        d.rounds += 1
+        if confirmed() or d.terminal or not polling.enabled:
+            return
+        # Not terminal yet: watch the lifecycle; once it turns terminal, one final report round.
+        while True:
+            wait = polling.interval_s
+            if loop.time() + wait >= min(deadline, watch_until):
+                return
+            await asyncio.sleep(wait)
+            ev, d.state, d.gone = await self.lifecycle(deadline)
+            d.evidence.append(ev)
+            if confirmed() or d.gone:
+                return
+            if d.terminal:
+                d.evidence.extend(await self.report_round(deadline))
+                d.rounds += 1
+                return

@@ -1,0 +1,178 @@
+"""The OpenCode harness against the real binary: generated config, what OpenCode actually sends,
+faults from the scripted model, and the best-effort/required prerequisites in real images."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.config import AgentConfig, ModelSettings
+from core.episode import Episode
+from core.events import Warning_
+from core.runtime.opencode import build_config
+from core.tasks import load_task
+
+SAMPLES = Path(__file__).resolve().parents[3] / "sample_tasks"
+
+
+def test_output_cap_does_not_touch_context_window():
+    low = build_config(ModelSettings(output_cap=1024), "http://x/v1", None, None)
+    default = build_config(ModelSettings(), "http://x/v1", None, None)
+    (lo,) = low["provider"]["opencode-tui"]["models"].values()
+    (de,) = default["provider"]["opencode-tui"]["models"].values()
+    assert lo["limit"] == {"context": 262144, "output": 1024}
+    assert de["limit"] == {"context": 262144, "output": 32768}
+    assert lo["reasoning"] is True
+    assert default["permission"] == {"edit": "allow", "bash": "allow", "webfetch": "deny"}
+    assert default["autoupdate"] is False and default["share"] == "disabled"
+
+
+def _task(tmp_path: Path, name: str = "hello-file", trajectory: list | None = None, **changes) -> Path:
+    dest = tmp_path / name
+    shutil.copytree(SAMPLES / name, dest)
+    if trajectory is not None:
+        (dest / "trajectory.yaml").write_text(yaml.safe_dump({"steps": trajectory}))
+    if changes:
+        data = yaml.safe_load((dest / "task.yaml").read_text())
+        data.update(changes)
+        (dest / "task.yaml").write_text(yaml.safe_dump(data))
+    return dest
+
+
+def _episode(task_dir: Path, runs: Path, **config) -> Episode:
+    cfg = AgentConfig.model_validate(
+        {"sandbox": {"provider": "local"}, "policy": {"max_attempts": 1}, **config}
+    )
+    return Episode(load_task(task_dir), cfg, runs_dir=runs)
+
+
+def _calls(result) -> list[dict]:
+    return [
+        json.loads(line) for line in (Path(result.run_dir) / "model_calls.jsonl").read_text().splitlines()
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_max_tokens_follows_the_output_cap_on_the_wire(tmp_path):
+    ep = _episode(_task(tmp_path), tmp_path / "runs", model={"output_cap": 1024})
+    result = await ep.run()
+    assert result.action == "scored"
+    agent = [c for c in _calls(result) if c["kind"] == "agent"]
+    sent = {
+        c["request_body"].get("max_tokens") or c["request_body"].get("max_completion_tokens") for c in agent
+    }
+    assert sent == {1024}
+    config = json.loads((Path(result.run_dir) / "run.json").read_text())["config"]
+    assert config["model"]["context_window"] == 262144
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_stall_longer_than_the_client_timeout_is_recorded_and_retried(tmp_path):
+    steps = [
+        {
+            "tool_calls": [
+                {
+                    "name": "write",
+                    "arguments": {"filePath": "{workdir}/hello.txt", "content": "Hello from OpenCode\n"},
+                }
+            ],
+            "fault": {"stall": 8, "times": 1},
+        },
+        {"text": "done"},
+    ]
+    ep = _episode(_task(tmp_path, trajectory=steps), tmp_path / "runs", model={"stall_timeout_s": 2})
+    result = await ep.run()
+    assert result.action == "scored"
+    agent = [c for c in _calls(result) if c["kind"] == "agent"]
+    assert agent[0]["client_disconnected"] is True  # OpenCode gave up on the stalled stream
+    assert agent[1]["status"] == 200
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_malformed_stream_ends_the_run_as_a_model_failure(tmp_path):
+    steps = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}], "fault": {"malformed": True}},
+        {"text": "done"},
+    ]
+    ep = _episode(_task(tmp_path, trajectory=steps), tmp_path / "runs")
+    result = await ep.run()
+    assert result.failure_kind == "model_malformed_response", result.summary
+    assert result.failure_class == "evaluation"
+    assert result.cleanup_confirmed
+
+
+def _docker_ready(image: str) -> None:
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0:
+        pytest.skip(f"docker or {image} unavailable (scripts/start-dockerd, scripts/build-images)")
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_image_without_python_fails_with_the_preinstall_message(tmp_path):
+    _docker_ready("opencode-tui/nopython:bookworm")
+    ep = _episode(
+        _task(tmp_path),
+        tmp_path / "runs",
+        sandbox={"provider": "docker", "image": "opencode-tui/nopython:bookworm"},
+    )
+    result = await ep.run()
+    assert (result.failure_kind, result.failure_stage) == ("install_prerequisite_missing", "install")
+    assert (
+        "Preinstall python3" in result.summary
+        or "python3" in (Path(result.run_dir) / "diagnostics.txt").read_text()
+    )
+    assert result.action == "mark_evaluation_error"
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_image_without_ripgrep_warns_and_still_runs(tmp_path):
+    _docker_ready("opencode-tui/base-norg:bookworm")
+    ep = _episode(
+        _task(tmp_path),
+        tmp_path / "runs",
+        sandbox={"provider": "docker", "image": "opencode-tui/base-norg:bookworm"},
+    )
+    warnings: list[Warning_] = []
+    ep.bus.subscribe(lambda e: warnings.append(e) if isinstance(e, Warning_) else None)
+    result = await ep.run()
+    assert result.action == "scored"
+    assert {w.code for w in warnings} & {"ripgrep_provisioned", "ripgrep_missing"}
+
+
+@pytest.mark.docker
+def test_musl_loader_in_a_real_image_is_detected():
+    """Debian's `musl` package puts a real musl loader in the image; glibc stays the system libc."""
+    _docker_ready("opencode-tui/musl:bookworm")
+    from core.runtime.targets import parse_probe, probe_script, select_target
+
+    out = subprocess.run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "opencode-tui/musl:bookworm",
+            "sh",
+            "-c",
+            probe_script(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    facts = parse_probe(out.stdout)
+    assert facts.musl_loader and "ld-musl" in facts.musl_loader
+    assert facts.libc == "glibc" and select_target(facts).libc == "glibc"
+    # The same image read as an Alpine would be (ldd says musl): the musl build is chosen.
+    alpine_like = facts.model_copy(update={"ldd_version": "musl libc (x86_64)", "gnu_libc_version": None})
+    assert select_target(alpine_like).package_name.endswith("-musl")
