@@ -418,16 +418,20 @@ class RawOpenCode:
             run = ["docker", "run", "-d", "--init", "--network", "host", "-w", self.task.workdir]
             run += raw_labels(self.owner, tag) + self._mount_args(tmp)
             run += ["--entrypoint", "/bin/sh", self.image, "-c", "while :; do sleep 3600; done"]
-            cid = subprocess.run(run, check=True, capture_output=True, text=True, timeout=120).stdout.strip()
+            started = await asyncio.to_thread(
+                subprocess.run, run, check=True, capture_output=True, text=True, timeout=120
+            )
+            cid = started.stdout.strip()
             args = ["docker", "exec", "-i", "-w", self.task.workdir, *self._env_args(), cid]
             args += [self.binary, "run", "--format", "json"]
             t_start = time.time()
             proc = await asyncio.create_subprocess_exec(
                 *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
-            out, err = await proc.communicate(render_prompt(self.task).encode())
+            _out, err = await proc.communicate(render_prompt(self.task).encode())
             t_end = time.time()
-            verify = subprocess.run(
+            verify = await asyncio.to_thread(
+                subprocess.run,
                 ["docker", "exec", "-w", self.task.workdir, cid, "/bin/sh", "-c", self.task.verify.command],
                 capture_output=True,
                 timeout=120,
@@ -445,7 +449,7 @@ class RawOpenCode:
             }
         finally:
             if cid:
-                subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=120)
+                await asyncio.to_thread(remove_containers, [cid])
             await model.close()
             shutil.rmtree(tmp, ignore_errors=True)
 

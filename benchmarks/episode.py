@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -67,9 +68,11 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
 
     runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-batch-j{jobs}-"))
     try:
+        c0 = time.process_time()
         t0 = time.perf_counter()
         summary = await run_batch([task] * n, config, runs_dir=runs, jobs=jobs, max_attempts=1)
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     agent = [r.durations_s.get("agent") for r in summary.results if r.durations_s.get("agent")]
@@ -79,6 +82,8 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
         "episodes": n,
         "wall": wall,
         "episodes_per_min": n / wall * 60,
+        "engine_cpu_per_episode": cpu / n,
+        "loadavg_after": B.loadavg(),
         "scored": summary.scored,
         "failures": summary.failures_by_kind,
         "agent_phase_median": B.med(agent),
@@ -91,7 +96,8 @@ async def main_async(args: argparse.Namespace) -> int:
     reps = args.reps or (1 if args.quick else 3)
     n = args.batch or (2 if args.quick else 4)
     jobs_list = args.jobs or ([1, 2] if args.quick else [1, 2, 4])
-    rep = B.Report("episode", args.json, {"reps": reps, "batch": n, "jobs": jobs_list})
+    meta = {"reps": reps, "batch": n, "jobs": jobs_list, "cpus": os.cpu_count(), "loadavg_start": B.loadavg()}
+    rep = B.Report("episode", args.json, meta)
     rep.say(
         f"episode benchmark: {reps} engine episode(s) vs {reps} raw run(s); "
         f"batch of {n} hello-file episodes at jobs {', '.join(map(str, jobs_list))}"
@@ -99,10 +105,10 @@ async def main_async(args: argparse.Namespace) -> int:
     started = time.monotonic()
     status = 0
     # Imports an episode would otherwise pay inside its first phase (once per process).
-    import core.batch  # noqa: F401
-    import core.episode  # noqa: F401
-    import core.model.endpoint  # noqa: F401
-    import core.runtime.opencode  # noqa: F401
+    import core.batch
+    import core.episode
+    import core.model.endpoint
+    import core.runtime.opencode
     import core.sandbox.docker  # noqa: F401
 
     task = load_task(TASK_DIR)
@@ -161,6 +167,14 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     agent = [e["durations"].get("agent", 0) for e in engine]
     rows += phase_rows
+    ecpu = [e["engine_cpu"] for e in engine]
+    fcpu = [f["cpu"] for f in floor if f.get("cpu") is not None]
+    rows.append(
+        ["engine process CPU (controller)", B.fmt_s(B.med(ecpu)), B.fmt_spread(ecpu, "s"), "", "", ""]
+    )
+    rows.append(
+        ["OpenCode + verifier CPU (raw floor)", "", "", B.fmt_s(B.med(fcpu)), B.fmt_spread(fcpu, "s"), ""]
+    )
     rows.append(
         [
             "agent phase alone vs raw floor",
@@ -191,6 +205,7 @@ async def main_async(args: argparse.Namespace) -> int:
             f"{b['scored']}/{b['episodes']}",
             f"{b['cleanup_confirmed']}/{b['episodes']}",
             B.fmt_s(b["agent_phase_median"]),
+            B.fmt_s(b["engine_cpu_per_episode"]),
             str(len(b["leftover_containers"])),
         ]
         for b in batches
@@ -212,6 +227,14 @@ async def main_async(args: argparse.Namespace) -> int:
             title="Batch throughput (run_batch, docker, one attempt per episode)",
         )
     )
+    if fcpu and ecpu:
+        per_ep = B.med(fcpu) + B.med(ecpu)
+        rep.say(
+            f"CPU-bound ceiling on this machine: {os.cpu_count()} cores x 60 s / {per_ep:.1f} CPU-s per episode "
+            f"(OpenCode {B.med(fcpu):.1f} + engine {B.med(ecpu):.1f}) = {os.cpu_count() * 60 / per_ep:.1f} "
+            f"episodes/min if nothing else ran; load average at start {meta['loadavg_start']}, "
+            f"now {B.loadavg()}"
+        )
     rep.say()
     rep.say(
         f"docker leftovers with our owner label ({OWNER}): {len(left['ours'])} "
@@ -222,8 +245,13 @@ async def main_async(args: argparse.Namespace) -> int:
         status = 1
     rep.data.update(
         {
-            "engine": {"wall": B.summary(ew), "phases": phases, "outside_phases": B.summary(other)},
-            "raw_floor": {"wall": B.summary(fw)},
+            "engine": {
+                "wall": B.summary(ew),
+                "phases": phases,
+                "outside_phases": B.summary(other),
+                "controller_cpu": B.summary(ecpu),
+            },
+            "raw_floor": {"wall": B.summary(fw), "cpu": B.summary(fcpu)},
             "ratio_wall": B.ratio(B.med(ew), B.med(fw)),
             "ratio_agent_phase_vs_floor": B.ratio(B.med(agent), B.med(fw)),
             "batches": batches,

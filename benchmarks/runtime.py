@@ -35,8 +35,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -266,9 +266,9 @@ async def replica(task: Any, config: AgentConfig, variant: str, tag: str) -> dic
 
 async def bench_first_call(reps: int, rep: B.Report) -> dict[str, Any]:
     # Imports an episode would otherwise pay inside its first phase (once per process).
-    import core.episode  # noqa: F401
-    import core.model.endpoint  # noqa: F401
-    import core.runtime.opencode  # noqa: F401
+    import core.episode
+    import core.model.endpoint
+    import core.runtime.opencode
     import core.sandbox.docker  # noqa: F401
 
     task = load_task(TASK_DIR)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -60,7 +59,7 @@ def _now() -> float:
 
 
 async def engine_round(provider: Any, image: str | None, execs: int, tag: str) -> dict[str, Any]:
-    """One sandbox: create, ``execs`` × exec true, a trivial supervised harness, timed close."""
+    """One sandbox: create, ``execs`` x exec true, a trivial supervised harness, timed close."""
     spec = SandboxSpec(run_id=f"bench-sandbox-{tag}", image=image, labels={B.LABEL_OWNER: OWNER})
     t0 = _now()
     sb = await provider.create(spec)
@@ -235,11 +234,7 @@ async def bench_local(reps: int, execs: int, rep: B.Report) -> dict[str, Any]:
             if i:
                 engine.append(e)
                 raw.append(r)
-        left = [p.name for p in base.iterdir()]
-        cg_parent, _why = provider._cgroup_parent()
-        cg_left = (
-            [p.name for p in cg_parent.iterdir() if p.is_dir()] if cg_parent and cg_parent.is_dir() else []
-        )
+        left, cg_left = await asyncio.to_thread(local_leftovers, provider, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return {
@@ -248,6 +243,14 @@ async def bench_local(reps: int, execs: int, rep: B.Report) -> dict[str, Any]:
         "leftover_state_dirs": left,
         "leftover_cgroups": cg_left,
     }
+
+
+def local_leftovers(provider: Any, base: Path) -> tuple[list[str], list[str]]:
+    """State dirs under our base dir and sandbox cgroups under its cgroup parent."""
+    left = [p.name for p in base.iterdir()]
+    cg_parent, _why = provider._cgroup_parent()
+    cg_left = [p.name for p in cg_parent.iterdir() if p.is_dir()] if cg_parent and cg_parent.is_dir() else []
+    return left, cg_left
 
 
 def rows_for(provider: str, res: dict[str, Any], baselines: list[tuple[str, str]]) -> list[list[str]]:
