@@ -85,7 +85,8 @@ def fmt_spread(xs: Sequence[float], unit: str = "ms") -> str:
     if not xs:
         return "-"
     if unit == "ms":
-        return f"{min(xs) * 1000:.0f}-{max(xs) * 1000:.0f}"
+        digits = 3 if max(xs) < 0.01 else 0
+        return f"{min(xs) * 1000:.{digits}f}-{max(xs) * 1000:.{digits}f}"
     return f"{min(xs):.2f}-{max(xs):.2f}"
 
 

@@ -190,14 +190,14 @@ class Episode(EpisodeControl):
     def emit(self, event: Event) -> Event:
         return self.bus.emit(event)
 
-    def _enter(self, phase: Phase, detail: str | None = None) -> None:
+    def _enter(self, phase: Phase, detail: str | None = None, state: StepState = StepState.RUNNING) -> None:
         now = time.monotonic()
         prev = self._phase
         if prev.value in self._phase_started:
             self.durations[prev.value] = round(now - self._phase_started[prev.value], 3)
         self._phase = phase
         self._phase_started[phase.value] = now
-        self.emit(PhaseChanged(phase=phase, state=StepState.RUNNING, detail=detail))
+        self.emit(PhaseChanged(phase=phase, state=state, detail=detail))
         if self.info is not None and self.run_dir is not None:
             self.info.phase = phase.value
             self.info.phase_durations_s = dict(self.durations)
@@ -532,7 +532,7 @@ class Episode(EpisodeControl):
         await self._release()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(stack.aclose(), 10)
-        self._enter(Phase.DONE)
+        self._enter(Phase.DONE, state=StepState.OK)
         return self._outcome()
 
     async def _analyse_agent(self, receipt: Any) -> None:
@@ -541,7 +541,7 @@ class Episode(EpisodeControl):
         Order matters: authoritative OOM evidence first (exit 137 alone is never evidence), then the
         observed deadline, then a failing model endpoint, then the harness's own exit.
         """
-        from core.sandbox.oom import oom_confirmed
+        from core.sandbox.oom import oom_evidence
 
         evidence = []
         if self.sandbox is not None:
@@ -549,15 +549,16 @@ class Episode(EpisodeControl):
                 evidence = await asyncio.wait_for(self.sandbox.inspect(), 15)
             except Exception as exc:  # diagnosis is best effort and bounded
                 self.emit(Warning_(code="inspect_failed", message=f"could not inspect the sandbox: {exc}"))
-        oom = oom_confirmed(evidence, scope=evidence[0].scope if evidence else None)
-        if oom is not None:
+        confirming = oom_evidence(evidence, scope=evidence[0].scope if evidence else None)
+        if confirming:
+            oom = confirming[0]
             self.record_failure(
                 FailureEvent(
                     kind="provider_oom_killed",
                     stage=FailureStage.AGENT,
                     operation="run opencode",
                     message=f"the kernel OOM-killed a process in this sandbox (confirmed by {oom.source})",
-                    evidence=[oom],
+                    evidence=confirming,
                     details=OomDetails(
                         container_id=oom.scope,
                         memory_limit_bytes=self.task.limits.memory_bytes,

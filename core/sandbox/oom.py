@@ -82,3 +82,9 @@ def oom_confirmed(evidence: Iterable[Evidence], *, scope: str | None = None) -> 
             if ev.source == source and says_oom(ev):
                 return ev
     return None
+
+
+def oom_evidence(evidence: Iterable[Evidence], *, scope: str | None = None) -> list[Evidence]:
+    """Every authoritative piece that confirms an OOM kill (same rules as ``oom_confirmed``)."""
+    pieces = [ev for ev in evidence if ev.scope and (scope is None or ev.scope == scope)]
+    return [ev for source, says_oom in _RULES for ev in pieces if ev.source == source and says_oom(ev)]

@@ -128,6 +128,15 @@ def _cpu_quantity(cpus: float) -> str:
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
+def _image_missing(exc: RequestFailed) -> bool:
+    """The server could not find (or pull) the image: ``*IMAGE_PULL_FAILED`` and the like."""
+    if exc.http_status is None or exc.http_status == 429:
+        return False
+    code = (exc.code or "").upper()
+    body = (exc.body_excerpt or "").lower()
+    return "IMAGE" in code or ("image" in body and ("not found" in body or "pull" in body))
+
+
 class ExpectedRefusal(SandboxError):
     """The provider confirmed, **before launching anything**, that it refuses the request.
 
@@ -224,6 +233,7 @@ class _Run:
         self.delivery = Delivery.NOT_SENT
         self.cause: BaseException | None = None  # the last thing that went wrong
         self.evidence: list[Evidence] = []
+        self.diagnosis = Diagnosis()  # filled as diagnosis goes, so a hard cap keeps what was seen
         self.notes: list[str] = []
 
     async def emit(self, stream: str, data: bytes) -> None:
@@ -278,7 +288,9 @@ class _Rejected(Exception):
     """The daemon answered the submission with an error status before any event."""
 
     def __init__(self, status: int, code: str | None, excerpt: str | None):
-        super().__init__(f"execd answered {status}" + (f" {code}" if code else "") + (f": {excerpt}" if excerpt else ""))
+        super().__init__(
+            f"execd answered {status}" + (f" {code}" if code else "") + (f": {excerpt}" if excerpt else "")
+        )
         self.status = status
         self.code = code
         self.excerpt = excerpt
@@ -305,6 +317,8 @@ class OpenSandboxPty(PtyHandle):
         self.exit_code: int | None = None
         self.failure: FailureEvent | None = None  # set when the terminal broke unexpectedly
         self.output_offset = 0
+        self._reattached = False
+        self._closing: asyncio.Future[Any] | None = None
         self._reader = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
@@ -314,23 +328,11 @@ class OpenSandboxPty(PtyHandle):
             while True:
                 try:
                     async for message in self._ws:
-                        if isinstance(message, bytes):
-                            if message[:1] in (b"\x01", b"\x02", b"\x03") and len(message) > 1:
-                                self.output_offset += len(message) - 1
-                                self._queue.put_nowait(message[1:])
-                        else:
-                            with contextlib.suppress(ValueError):
-                                msg = json.loads(message)
-                                if isinstance(msg, dict) and msg.get("type") == "exit":
-                                    code = msg.get("exit_code")
-                                    self.exit_code = code if isinstance(code, int) else None
-                    ended_cleanly = True
-                except ConnectionClosed:
-                    ended_cleanly = False
-                except OSError:
-                    ended_cleanly = False
-                if self._closed or self.exit_code is not None or ended_cleanly and self.exit_code is not None:
-                    return
+                        self._on_message(message)
+                except (ConnectionClosed, OSError):
+                    pass
+                if self._closed or self.exit_code is not None:
+                    return  # closed by us, or the process ended and said so
                 # The socket closed without an exit report: re-attach once from where we were.
                 if not await self._reattach():
                     await self._broken()
@@ -338,10 +340,22 @@ class OpenSandboxPty(PtyHandle):
         finally:
             self._queue.put_nowait(b"")
 
+    def _on_message(self, message: bytes | str) -> None:
+        if isinstance(message, bytes):
+            if message[:1] in (b"\x01", b"\x02", b"\x03") and len(message) > 1:
+                self.output_offset += len(message) - 1
+                self._queue.put_nowait(message[1:])
+            return
+        with contextlib.suppress(ValueError):
+            msg = json.loads(message)
+            if isinstance(msg, dict) and msg.get("type") == "exit":
+                code = msg.get("exit_code")
+                self.exit_code = code if isinstance(code, int) else -1
+
     async def _reattach(self) -> bool:
         if self._closed or self._sandbox.closed:
             return False
-        if getattr(self, "_reattached", False):
+        if self._reattached:
             return False
         self._reattached = True
         try:
@@ -435,7 +449,7 @@ class OpenSandboxPty(PtyHandle):
         self._reader.cancel()
         self._sandbox._ptys.discard(self)
         with contextlib.suppress(Exception):
-            asyncio.ensure_future(self._ws.close())
+            self._closing = asyncio.ensure_future(self._ws.close())
 
 
 # ==================================================================================================
@@ -603,7 +617,9 @@ class OpenSandboxSandbox(Sandbox):
         except SandboxError as exc:
             return f"the readiness probe failed: {exc}", []
         if not probe.ok:
-            detail = probe.stderr.decode("utf-8", "replace").strip() or probe.error or f"exit {probe.exit_code}"
+            detail = (
+                probe.stderr.decode("utf-8", "replace").strip() or probe.error or f"exit {probe.exit_code}"
+            )
             return f"the readiness probe failed: {detail}", []
         answered = probe.text().strip()
         if self.settings.verify_identity and answered and answered != self.sandbox_id:
@@ -648,9 +664,12 @@ class OpenSandboxSandbox(Sandbox):
             uid, gid = self.settings.command_uid, self.settings.command_gid
         try:
             async with asyncio.timeout_at(deadline) as cap:
-                return await self._exec_flow(run, argv, cwd, env, timeout, stdin, uid, gid, explicit_user, deadline)
+                return await self._exec_flow(
+                    run, argv, cwd, env, timeout, stdin, uid, gid, explicit_user, deadline
+                )
         except TimeoutError:
-            if not cap.expired():
+            # The cap itself, or a request that found no time left before it.
+            if not (cap.expired() or loop.time() >= deadline):
                 raise
         return self._hard_cap_result(run, timeout)
 
@@ -661,7 +680,9 @@ class OpenSandboxSandbox(Sandbox):
             when = "before the daemon confirmed the command"
         else:
             when = "before the command was submitted"
-        message = f"exec {run.execution_id}: the hard cap of {timeout:g}s expired {when}; the exit was not observed"
+        message = (
+            f"exec {run.execution_id}: the hard cap of {timeout:g}s expired {when}; the exit was not observed"
+        )
         self._observe(
             _failure(
                 "command_hard_cap_expired",
@@ -669,7 +690,7 @@ class OpenSandboxSandbox(Sandbox):
                 operation="exec",
                 message=message,
                 cause=run.cause,
-                evidence=run.evidence,
+                evidence=[*run.evidence, *run.diagnosis.evidence],
                 details=run.details(),
             )
         )
@@ -715,7 +736,8 @@ class OpenSandboxSandbox(Sandbox):
             except _Rejected as rejected:
                 if (
                     400 <= rejected.status < 500
-                    and (rejected.code or "").upper() in {c.upper() for c in self.settings.expected_refusal_codes}
+                    and (rejected.code or "").upper()
+                    in {c.upper() for c in self.settings.expected_refusal_codes}
                     and ("uid" in body or "gid" in body)
                 ):
                     if explicit_user or not self.settings.fallback_to_default_user:
@@ -763,11 +785,12 @@ class OpenSandboxSandbox(Sandbox):
             if run.delivery is Delivery.NOT_SENT and status is not None and 400 <= status < 500:
                 raise _error(failure, run.cause)
             # Unreachable daemon or uncertain delivery: ask the server what became of the sandbox.
-            diagnosis = await self._diagnose(deadline)
-            run.evidence.extend(diagnosis.evidence)
+            diagnosis = await self._diagnose(deadline, run.diagnosis)
             raise _error(self._with_diagnosis(failure, diagnosis, run), run.cause)
 
-    def _submit_failure(self, run: _Run, exc: BaseException, status: int | None, code: str | None) -> FailureEvent:
+    def _submit_failure(
+        self, run: _Run, exc: BaseException, status: int | None, code: str | None
+    ) -> FailureEvent:
         """Kind and delivery of a submission that produced no execution id (protocol facts)."""
         if isinstance(exc, _Rejected):
             if status == 502:
@@ -775,8 +798,10 @@ class OpenSandboxSandbox(Sandbox):
                 what = "the daemon could not be reached (502 before the command started)"
             elif 400 <= (status or 0) < 500:
                 delivery = Delivery.NOT_SENT
-                kind = "provider_unavailable" if status in (408, 425, 429) else (
-                    "provider_auth_failed" if status == 401 else "command_rejected"
+                kind = (
+                    "provider_unavailable"
+                    if status in (408, 425, 429)
+                    else ("provider_auth_failed" if status == 401 else "command_rejected")
                 )
                 what = "the daemon refused the command before starting it"
             else:
@@ -814,9 +839,13 @@ class OpenSandboxSandbox(Sandbox):
         """
         s = self.settings
         client = self._http.client()
-        timeout = httpx.Timeout(None, connect=s.connect_timeout_s, write=s.request_timeout_s, pool=s.request_timeout_s)
+        timeout = httpx.Timeout(
+            None, connect=s.connect_timeout_s, write=s.request_timeout_s, pool=s.request_timeout_s
+        )
         headers = {**(self._http.server_headers() if s.use_server_proxy else {}), **self._execd_headers}
-        request = client.build_request("POST", self._execd_url("/command"), json=body, headers=headers, timeout=timeout)
+        request = client.build_request(
+            "POST", self._execd_url("/command"), json=body, headers=headers, timeout=timeout
+        )
         response = await client.send(request, stream=True)
         try:
             if response.status_code != 200:
@@ -932,7 +961,11 @@ class OpenSandboxSandbox(Sandbox):
                     await self._recover_logs(run, remote, deadline)
                     run.notes.append(
                         "the output stream broke; the exit was read by execution id"
-                        + ("" if not recovery.fetch_logs else "; later output comes from the command's combined log")
+                        + (
+                            ""
+                            if not recovery.fetch_logs
+                            else "; later output comes from the command's combined log"
+                        )
                     )
                     return run.result(
                         exit_code=run.exit_code,
@@ -952,8 +985,7 @@ class OpenSandboxSandbox(Sandbox):
             details=run.details(Delivery.DELIVERED),
         )
         run.cause = lost_cause
-        diagnosis = await self._diagnose(deadline)
-        run.evidence.extend(diagnosis.evidence)
+        diagnosis = await self._diagnose(deadline, run.diagnosis)
         raise _error(self._with_diagnosis(failure, diagnosis, run), lost_cause)
 
     async def _recover_logs(self, run: _Run, remote: str, deadline: float) -> None:
@@ -969,7 +1001,9 @@ class OpenSandboxSandbox(Sandbox):
                 default_kind="command_status_lost",
             )
         except (RequestFailed, TimeoutError) as exc:
-            run.notes.append(f"the command's log could not be read ({exc}); output after the break is missing")
+            run.notes.append(
+                f"the command's log could not be read ({exc}); output after the break is missing"
+            )
             return
         log_bytes = response.content
         streamed = run.combined.value()
@@ -980,9 +1014,10 @@ class OpenSandboxSandbox(Sandbox):
 
     # ------------------------------------------------------------------------------- diagnosis
 
-    async def _diagnose(self, deadline: float) -> Diagnosis:
-        """The shared entry point for exec and PTY diagnosis, inside ``deadline``."""
-        return await self._diagnoser.diagnose(deadline)
+    async def _diagnose(self, deadline: float, into: Diagnosis | None = None) -> Diagnosis:
+        """The shared entry point for exec and PTY diagnosis, inside ``deadline`` (the caller's
+        remaining time: a repeated call never gets a fresh budget beyond it)."""
+        return await self._diagnoser.diagnose(deadline, into)
 
     def _lost_failure(
         self,
@@ -1058,7 +1093,10 @@ class OpenSandboxSandbox(Sandbox):
             await self._resolve_execd()
         base = self._execd_url(f"/pty/{session_id}/ws")
         uri = re.sub(r"^http", "ws", base) + f"?pty=1&since={since}"
-        headers = {**(self._http.server_headers() if self.settings.use_server_proxy else {}), **self._execd_headers}
+        headers = {
+            **(self._http.server_headers() if self.settings.use_server_proxy else {}),
+            **self._execd_headers,
+        }
         return await connect(
             uri,
             additional_headers=headers or None,
@@ -1079,7 +1117,10 @@ class OpenSandboxSandbox(Sandbox):
                 "pty",
                 "POST",
                 "/pty",
-                json={"command": shlex.join(argv), **({"cwd": cwd or self.workdir} if (cwd or self.workdir) else {})},
+                json={
+                    "command": shlex.join(argv),
+                    **({"cwd": cwd or self.workdir} if (cwd or self.workdir) else {}),
+                },
                 timeout=PTY_OPEN_TIMEOUT_S,
                 default_kind="sandbox_pty_failed",
             )
@@ -1087,7 +1128,11 @@ class OpenSandboxSandbox(Sandbox):
             ws = await self._pty_socket(session_id)
         except RequestFailed as exc:
             raise _error(
-                exc.failure(stage=FailureStage.AGENT, operation="pty.open", message=f"opening a terminal failed: {exc}"),
+                exc.failure(
+                    stage=FailureStage.AGENT,
+                    operation="pty.open",
+                    message=f"opening a terminal failed: {exc}",
+                ),
                 exc,
             ) from exc
         except Exception as exc:
@@ -1125,7 +1170,9 @@ class OpenSandboxSandbox(Sandbox):
             )
         except RequestFailed as exc:
             raise _error(
-                exc.failure(stage=FailureStage.SEED, operation=operation, message=f"upload of {path!r} failed: {exc}"),
+                exc.failure(
+                    stage=FailureStage.SEED, operation=operation, message=f"upload of {path!r} failed: {exc}"
+                ),
                 exc,
             ) from exc
 
@@ -1162,7 +1209,9 @@ class OpenSandboxSandbox(Sandbox):
     def _file_error(self, operation: str, message: str, result: ExecResult | None = None) -> SandboxError:
         detail = ""
         if result is not None:
-            detail = result.stderr.decode("utf-8", "replace").strip() or result.error or f"exit {result.exit_code}"
+            detail = (
+                result.stderr.decode("utf-8", "replace").strip() or result.error or f"exit {result.exit_code}"
+            )
         return SandboxError(
             f"{message}: {detail}" if detail else message,
             failure=_failure(
@@ -1203,7 +1252,9 @@ class OpenSandboxSandbox(Sandbox):
                 message = f"download: {path!r} does not exist in sandbox {self.sandbox_id}"
                 raise SandboxFileNotFoundError(
                     message,
-                    failure=_failure("sandbox_file_failed", stage=FailureStage.SEED, operation="download", message=message),
+                    failure=_failure(
+                        "sandbox_file_failed", stage=FailureStage.SEED, operation="download", message=message
+                    ),
                 )
             if not result.ok:
                 raise self._file_error("download", f"archiving {path!r} failed", result)
@@ -1358,7 +1409,10 @@ class OpenSandboxSandbox(Sandbox):
         else:
             sandbox_state = _STATE_MAP.get(state or "", SandboxState.UNKNOWN)
             if sandbox_state is SandboxState.UNKNOWN:
-                notes.append(f"opensandbox state {state!r}" + (f" ({ev.data['error']})" if ev.data.get("error") else ""))
+                notes.append(
+                    f"opensandbox state {state!r}"
+                    + (f" ({ev.data['error']})" if ev.data.get("error") else "")
+                )
         return SandboxStatus(state=sandbox_state, notes=notes, evidence=[ev], **base)
 
     # ------------------------------------------------------------------------------- release
@@ -1439,7 +1493,9 @@ class OpenSandboxProvider(SandboxProvider):
             if response.is_success:
                 self.server_version = str(response.json().get("version") or "") or None
 
-    def _translate(self, exc: RequestFailed, *, stage: FailureStage, operation: str, what: str) -> SandboxError:
+    def _translate(
+        self, exc: RequestFailed, *, stage: FailureStage, operation: str, what: str
+    ) -> SandboxError:
         hint = ""
         if exc.kind == "provider_unavailable" and exc.transport:
             hint = f"; is the OpenSandbox server running at {self.settings.url}?"
@@ -1459,7 +1515,9 @@ class OpenSandboxProvider(SandboxProvider):
             "entrypoint": self.main_argv,
             "resourceLimits": {
                 "cpu": _cpu_quantity(spec.cpus) if spec.cpus else self.settings.default_cpu,
-                "memory": _memory_quantity(spec.memory_bytes) if spec.memory_bytes else self.settings.default_memory,
+                "memory": _memory_quantity(spec.memory_bytes)
+                if spec.memory_bytes
+                else self.settings.default_memory,
             },
             "metadata": metadata,
             "timeout": self.settings.sandbox_timeout_s,
@@ -1473,7 +1531,9 @@ class OpenSandboxProvider(SandboxProvider):
             ]
         return body
 
-    async def _find_by_label(self, key: str, value: str, *, deadline: float | None = None) -> list[dict[str, Any]]:
+    async def _find_by_label(
+        self, key: str, value: str, *, deadline: float | None = None
+    ) -> list[dict[str, Any]]:
         """Every sandbox whose metadata has ``key=value`` (all pages)."""
         out: list[dict[str, Any]] = []
         page = 1
@@ -1488,9 +1548,18 @@ class OpenSandboxProvider(SandboxProvider):
             )
             body = response.json()
             items = body.get("items") if isinstance(body, dict) else None
-            out.extend(i for i in (items or []) if isinstance(i, dict) and (i.get("metadata") or {}).get(key) == value)
+            out.extend(
+                i
+                for i in (items or [])
+                if isinstance(i, dict) and (i.get("metadata") or {}).get(key) == value
+            )
             pagination = body.get("pagination") if isinstance(body, dict) else None
-            if not items or not isinstance(pagination, dict) or not pagination.get("hasNextPage") or page >= 100:
+            if (
+                not items
+                or not isinstance(pagination, dict)
+                or not pagination.get("hasNextPage")
+                or page >= 100
+            ):
                 return out
             page += 1
 
@@ -1503,7 +1572,9 @@ class OpenSandboxProvider(SandboxProvider):
                 await self._delete(str(item.get("id")), deadline=deadline)
             return True
         except (RequestFailed, TimeoutError) as exc:
-            log.warning("could not check or remove what create attempt %s left (sweep will find it): %s", nonce, exc)
+            log.warning(
+                "could not check or remove what create attempt %s left (sweep will find it): %s", nonce, exc
+            )
             return False
 
     async def _delete(self, sandbox_id: str, *, deadline: float | None = None) -> None:
@@ -1546,11 +1617,7 @@ class OpenSandboxProvider(SandboxProvider):
         except RequestFailed as exc:
             if exc.delivery is not Delivery.NOT_SENT and nonce not in cleaned:
                 await self._remove_by_nonce(nonce)  # a half-created sandbox must not outlive us
-            kind = exc.kind
-            if exc.code and "IMAGE" in exc.code.upper() or "image" in (exc.body_excerpt or "").lower() and (
-                "not found" in (exc.body_excerpt or "").lower() or "pull" in (exc.body_excerpt or "").lower()
-            ):
-                kind = "provider_image_missing"
+            kind = "provider_image_missing" if _image_missing(exc) else exc.kind
             error = self._translate(exc, stage=stage, operation=op, what="creating the sandbox failed")
             assert error.failure is not None
             error.failure = error.failure.model_copy(
@@ -1575,7 +1642,12 @@ class OpenSandboxProvider(SandboxProvider):
                 failure=_failure("provider_protocol_error", stage=stage, operation=op, message=message),
             )
         sandbox = OpenSandboxSandbox(
-            self, sandbox_id, owned=True, workdir=spec.workdir, memory_bytes=spec.memory_bytes, oom_at_connect=False
+            self,
+            sandbox_id,
+            owned=True,
+            workdir=spec.workdir,
+            memory_bytes=spec.memory_bytes,
+            oom_at_connect=False,
         )
         try:
             reason, evidence = await sandbox._become_ready(spec.ready_timeout_s)
@@ -1592,7 +1664,11 @@ class OpenSandboxProvider(SandboxProvider):
             deleted, delete_error = await self._release_quietly(sandbox)
             message = (
                 f"sandbox {sandbox_id} did not become ready within {spec.ready_timeout_s:g}s: {reason}; "
-                + ("it was deleted" if deleted else f"deleting it failed ({delete_error}); sweep will find it")
+                + (
+                    "it was deleted"
+                    if deleted
+                    else f"deleting it failed ({delete_error}); sweep will find it"
+                )
             )
             raise SandboxError(
                 message,
@@ -1632,7 +1708,11 @@ class OpenSandboxProvider(SandboxProvider):
             )
             content = response.json().get("content")
         except (RequestFailed, ValueError, AttributeError) as exc:
-            return Evidence(source=SOURCE_OS_DIAGNOSTICS, scope=sandbox_id, data={"endpoint": "diagnostics/logs", "error": str(exc)[:500]})
+            return Evidence(
+                source=SOURCE_OS_DIAGNOSTICS,
+                scope=sandbox_id,
+                data={"endpoint": "diagnostics/logs", "error": str(exc)[:500]},
+            )
         text = content if isinstance(content, str) else ""
         return Evidence(
             source=SOURCE_OS_DIAGNOSTICS,
@@ -1644,7 +1724,9 @@ class OpenSandboxProvider(SandboxProvider):
         try:
             await sandbox.release()
         except Exception as exc:
-            log.warning("could not delete half-created sandbox %s (sweep will find it): %s", sandbox.sandbox_id, exc)
+            log.warning(
+                "could not delete half-created sandbox %s (sweep will find it): %s", sandbox.sandbox_id, exc
+            )
             return False, str(exc)
         return True, None
 
@@ -1665,7 +1747,9 @@ class OpenSandboxProvider(SandboxProvider):
                 not_found_kind="sandbox_lost",
             )
         except RequestFailed as exc:
-            raise self._translate(exc, stage=stage, operation=op, what=f"connecting to sandbox {sandbox_id!r}") from exc
+            raise self._translate(
+                exc, stage=stage, operation=op, what=f"connecting to sandbox {sandbox_id!r}"
+            ) from exc
         body = response.json()
         state = ((body.get("status") or {}) if isinstance(body, dict) else {}).get("state")
         if state in TERMINAL_STATES:
@@ -1688,7 +1772,9 @@ class OpenSandboxProvider(SandboxProvider):
                 sandbox._diagnoser.oom_at_connect = bool(baseline.data["OOMKilled"])
         try:
             await sandbox._resolve_execd(deadline)
-            await sandbox._execd_request("ping", "GET", "/ping", timeout=READY_PING_TIMEOUT_S * 5, deadline=deadline)
+            await sandbox._execd_request(
+                "ping", "GET", "/ping", timeout=READY_PING_TIMEOUT_S * 5, deadline=deadline
+            )
         except RequestFailed as exc:
             raise self._translate(
                 exc, stage=stage, operation=op, what=f"the daemon of sandbox {sandbox_id!r} does not answer"
@@ -1705,8 +1791,14 @@ class OpenSandboxProvider(SandboxProvider):
             else:
                 items = await self._list_all()
         except RequestFailed as exc:
-            raise self._translate(exc, stage=stage, operation=op, what="listing leftover sandboxes failed") from exc
-        ids = [str(i["id"]) for i in items if isinstance(i.get("id"), str) and LABEL_OWNER in (i.get("metadata") or {})]
+            raise self._translate(
+                exc, stage=stage, operation=op, what="listing leftover sandboxes failed"
+            ) from exc
+        ids = [
+            str(i["id"])
+            for i in items
+            if isinstance(i.get("id"), str) and LABEL_OWNER in (i.get("metadata") or {})
+        ]
         if dry_run:
             return ids
         removed: list[str] = []
@@ -1719,9 +1811,12 @@ class OpenSandboxProvider(SandboxProvider):
                 continue
             removed.append(sid)
         if failures:
-            message = f"sweep removed {len(removed)} sandbox(es) but failed on {len(failures)}: " + "; ".join(failures)
+            message = f"sweep removed {len(removed)} sandbox(es) but failed on {len(failures)}: " + "; ".join(
+                failures
+            )
             raise SandboxError(
-                message, failure=_failure("sandbox_release_failed", stage=stage, operation=op, message=message)
+                message,
+                failure=_failure("sandbox_release_failed", stage=stage, operation=op, message=message),
             )
         return removed
 

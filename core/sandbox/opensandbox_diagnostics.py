@@ -368,13 +368,14 @@ class Diagnoser:
             return [first]
         return [first, await self.inspect_text(deadline)]
 
-    async def diagnose(self, deadline: float) -> Diagnosis:
+    async def diagnose(self, deadline: float, into: Diagnosis | None = None) -> Diagnosis:
         """Lifecycle, an initial report round, and one final round when the lifecycle turns terminal.
 
         Nothing is started after ``deadline``; if it passes, what was seen so far is returned with
-        ``deadline_reached`` set.
+        ``deadline_reached`` set. ``into`` is filled as the diagnosis goes (a caller whose own cap
+        cancels it keeps what was seen).
         """
-        diagnosis = Diagnosis()
+        diagnosis = into if into is not None else Diagnosis()
         loop = asyncio.get_running_loop()
         polling = self.policy.evidence_polling
         try:

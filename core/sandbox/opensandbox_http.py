@@ -220,10 +220,9 @@ class Http:
     def server_headers(self) -> dict[str, str]:
         return {API_KEY_HEADER: self.api_key} if self.api_key else {}
 
-    def timeout(self, seconds: float, *, read: float | None | bool = True) -> httpx.Timeout:
+    def timeout(self, seconds: float) -> httpx.Timeout:
         seconds = max(seconds, 0.001)
-        connect = min(self.settings.connect_timeout_s, seconds)
-        return httpx.Timeout(seconds, connect=connect, read=seconds if read is True else read)
+        return httpx.Timeout(seconds, connect=min(self.settings.connect_timeout_s, seconds))
 
     # ----------------------------------------------------------------------------- requests
 
@@ -301,6 +300,13 @@ class Http:
                     code=code,
                     body_excerpt=excerpt,
                     attempts=attempt,
+                )
+                # The HTTP error itself is the original cause (type, status, URL).
+                failed.__cause__ = httpx.HTTPStatusError(
+                    f"{response.status_code} {response.reason_phrase} for {method} {url}"
+                    + (f" ({code})" if code else ""),
+                    request=response.request,
+                    response=response,
                 )
             decision = decide_request(
                 self.policy, operation=operation, http_status=failed.http_status, kind=failed.kind

@@ -112,6 +112,15 @@ class PtyTerminal(Widget, can_focus=True):
             self.closed = True
             self.post_message(self.Closed(f"could not open a shell: {exc}"))
             return
+        # The widget may have been laid out (and resized) while the terminal was opening: the size
+        # asked for at mount can be a placeholder, so bring the PTY to the current size now.
+        now_cols, now_rows = max(self.size.width, 20), max(self.size.height, 5)
+        if (now_cols, now_rows) != (cols, rows):
+            self.screen_buffer.resize(now_rows, now_cols)
+            try:
+                await self.handle.resize(now_cols, now_rows)
+            except Exception:
+                pass
         self.post_message(self.Opened())
         reason = "the shell exited"
         try:
