@@ -323,3 +323,25 @@ async def test_sweep_finds_and_removes_labelled_leftovers(
     with pytest.raises(docker.errors.NotFound):
         leftover.reload()
     assert await provider.sweep(dry_run=True, owner=owner) == []
+
+
+# ---------------------------------------------------------------------------- borrowed sessions
+
+
+async def test_borrowed_session_removes_its_files_and_leaves_the_container(
+    docker_client: Any, sdk_containers: Callable[..., Any]
+) -> None:
+    """A session in a borrowed container: cleanup confirmed, our session dir removed, container kept."""
+    from core.session import SandboxSession
+
+    container = sdk_containers()
+    sb = await DockerProvider().connect(container.id)
+    session = SandboxSession(sb, "/tmp/.opencode-tui/borrowed", run_timeout_s=30, close_timeout_s=9)
+    result = await session.execute(["/bin/sh", "-c", "echo from-harness; sleep 0.2"])
+    assert result.exit_code == 0 and b"from-harness" in result.stdout
+    receipt = await session.close()
+    assert receipt.cleanup_confirmed and receipt.return_code == 0
+    container.reload()
+    assert container.status == "running"
+    left = container.exec_run(["sh", "-c", "ls -a /tmp/.opencode-tui"]).output.decode().split()
+    assert left == [".", ".."], left
