@@ -211,6 +211,13 @@ class Episode(EpisodeControl):
         self.emit(FailureRecorded(failure=failure, decision=decision))
         return decision
 
+    def _cleanup_step_failed(self, step: CleanupStep, exc: BaseException, kind: str, operation: str) -> None:
+        """A cleanup-side step failed: show it in the cleanup panel and record it as a failure."""
+        self.emit(CleanupObserved(step=step, state=StepState.FAILED, reason=str(exc)))
+        self.record_failure(
+            FailureEvent.from_exception(exc, kind=kind, stage=FailureStage.CLEANUP, operation=operation)
+        )
+
     def _count(self, event: Event) -> None:
         if isinstance(event, ModelCall):
             self.counts["model_calls"] += 1
@@ -636,16 +643,8 @@ class Episode(EpisodeControl):
         try:
             stats = await asyncio.to_thread(self.harness.export_transcript, self.run_dir)
         except Exception as exc:
-            self.emit(
-                CleanupObserved(step=CleanupStep.TRANSCRIPT_SNAPSHOT, state=StepState.FAILED, reason=str(exc))
-            )
-            self.record_failure(
-                FailureEvent.from_exception(
-                    exc,
-                    kind="transcript_export_failed",
-                    stage=FailureStage.CLEANUP,
-                    operation="export transcript",
-                )
+            self._cleanup_step_failed(
+                CleanupStep.TRANSCRIPT_SNAPSHOT, exc, "transcript_export_failed", "export transcript"
             )
             return
         self.emit(
@@ -753,16 +752,8 @@ class Episode(EpisodeControl):
                     )
                 )
         except Exception as exc:
-            self.emit(
-                CleanupObserved(step=CleanupStep.SANDBOX_RELEASED, state=StepState.FAILED, reason=str(exc))
-            )
-            self.record_failure(
-                FailureEvent.from_exception(
-                    exc,
-                    kind="sandbox_release_failed",
-                    stage=FailureStage.CLEANUP,
-                    operation="release sandbox",
-                )
+            self._cleanup_step_failed(
+                CleanupStep.SANDBOX_RELEASED, exc, "sandbox_release_failed", "release sandbox"
             )
 
     def _primary(self) -> tuple[FailureEvent, Decision] | None:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 log = logging.getLogger(__name__)
 
@@ -336,3 +336,43 @@ class HttpServer:
         if self.unix_path:
             with contextlib.suppress(OSError):
                 os.unlink(self.unix_path)
+
+
+class HttpService:
+    """What the scripted model and the proxy share: a server, its addresses, a context manager.
+
+    Subclasses set ``host``, ``_port``, ``_unix_path`` and ``_server`` and may extend ``start``/``close``.
+    """
+
+    host: str
+    _port: int | None
+    _unix_path: str | os.PathLike[str] | None
+    _server: HttpServer
+
+    async def start(self) -> Self:
+        await self._server.start(self.host if self._port is not None else None, self._port, self._unix_path)
+        return self
+
+    async def close(self) -> None:
+        await self._server.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def port(self) -> int | None:
+        return self._server.port
+
+    @property
+    def unix_path(self) -> str | None:
+        return self._server.unix_path
+
+    @property
+    def url(self) -> str:
+        """Base URL for OpenAI clients (``.../v1``); over a Unix socket the host part is nominal."""
+        if self._server.port is not None:
+            return f"http://{self.host}:{self._server.port}/v1"
+        return "http://localhost/v1"

@@ -46,6 +46,7 @@ from core.model._http import (
     LAST_CHUNK,
     BufferedReader,
     HttpServer,
+    HttpService,
     Request,
     chunk_bytes,
     head_bytes,
@@ -208,7 +209,7 @@ def _body_for_record(data: bytes, limit: int) -> tuple[Any, bool]:
     return data[:limit].decode("utf-8", "replace"), truncated
 
 
-class ModelProxy:
+class ModelProxy(HttpService):
     """Async context manager: ``async with ModelProxy(upstream, record_dir=..., on_call=...) as p:``.
 
     ``url`` is the base URL to give OpenCode (``http://127.0.0.1:<port>/v1``); ``unix_path`` also (or,
@@ -277,39 +278,17 @@ class ModelProxy:
         transport = httpx.AsyncHTTPTransport(uds=self._upstream_uds, verify=self._verify, retries=0)
         self._client = httpx.AsyncClient(transport=transport, timeout=self._timeout, follow_redirects=False)
         try:
-            await self._server.start(
-                self.host if self._port is not None else None, self._port, self._unix_path
-            )
+            await super().start()
         except BaseException:
             await self._client.aclose()
             raise
         return self
 
     async def close(self) -> None:
-        await self._server.close()
+        await super().close()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
-
-    async def __aenter__(self) -> ModelProxy:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    @property
-    def port(self) -> int | None:
-        return self._server.port
-
-    @property
-    def unix_path(self) -> str | None:
-        return self._server.unix_path
-
-    @property
-    def url(self) -> str:
-        if self._server.port is not None:
-            return f"http://{self.host}:{self._server.port}/v1"
-        return "http://localhost/v1"
 
     @property
     def records_path(self) -> Path | None:

@@ -51,6 +51,7 @@ from core.model._http import (
     LAST_CHUNK,
     BufferedReader,
     HttpServer,
+    HttpService,
     Request,
     chunk_bytes,
     head_bytes,
@@ -187,7 +188,7 @@ def _split(text: str, pieces: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-class ScriptedModel:
+class ScriptedModel(HttpService):
     """Async context manager: ``async with ScriptedModel(traj) as m: ... m.url ...``.
 
     ``trajectory``: a Trajectory, a path to a YAML file, or a list of step dicts. ``placeholders`` fill
@@ -223,34 +224,6 @@ class ScriptedModel:
         self._server = HttpServer(self._handle, name="scripted-model")
 
     # -- lifecycle ---------------------------------------------------------------------------------
-
-    async def start(self) -> ScriptedModel:
-        await self._server.start(self.host if self._port is not None else None, self._port, self._unix_path)
-        return self
-
-    async def close(self) -> None:
-        await self._server.close()
-
-    async def __aenter__(self) -> ScriptedModel:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    @property
-    def port(self) -> int | None:
-        return self._server.port
-
-    @property
-    def unix_path(self) -> str | None:
-        return self._server.unix_path
-
-    @property
-    def url(self) -> str:
-        """Base URL for OpenAI clients (``.../v1``); over a Unix socket the host part is nominal."""
-        if self._server.port is not None:
-            return f"http://{self.host}:{self._server.port}/v1"
-        return "http://localhost/v1"
 
     def calls_of(self, kind: CallKind) -> list[ServedCall]:
         return [c for c in self.calls if c.kind == kind]
