@@ -95,6 +95,7 @@ class EpisodeResult(BaseModel):
     summary: str = ""
     previous_attempts: list[str] = Field(default_factory=list)
     resumed: bool = False
+    sandbox_kept: bool = False
 
     @property
     def scored(self) -> bool:
@@ -807,6 +808,7 @@ class Episode(EpisodeControl):
             tokens_in=self.counts.get("tokens_in"),
             tokens_out=self.counts.get("tokens_out"),
             durations_s=dict(self.durations),
+            sandbox_kept=self._keep and self.sandbox is not None,
             run_dir=str(self.run_dir.path),
             summary=summary,
         )

@@ -180,4 +180,10 @@ def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:
         print("opencode-tui run: the episode did not finish", file=sys.stderr)
         return EXIT_INFRA
     print(f"opencode-tui: {result.summary} — run directory: {result.run_dir}", file=sys.stderr)
+    if result.sandbox_kept:
+        print(
+            f"opencode-tui: sandbox {result.sandbox_id} ({result.provider}) was kept for debugging; "
+            f"remove it with `opencode-tui sweep --provider {result.provider}`",
+            file=sys.stderr,
+        )
     return exit_code([result])
