@@ -13,6 +13,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,19 @@ class Cast:
     def start_epoch(self) -> float | None:
         ts = self.header.get("timestamp")
         return float(ts) if isinstance(ts, int | float) else None
+
+    def origin(self, run_started: datetime | None = None) -> float | None:
+        """Epoch seconds of the recording's time 0.
+
+        asciinema's header ``timestamp`` is whole seconds, up to a second before the true start: mapping
+        frames to events with it alone puts the timeline up to a second early. The engine starts the
+        recording together with the run, so run.json's ``started_at``, when it falls in that same second,
+        supplies the fraction."""
+        start = self.start_epoch
+        if start is None or run_started is None:
+            return start
+        precise = run_started.timestamp()
+        return precise if start <= precise < start + 1 else start
 
 
 def read_cast(path: Path) -> Cast | None:

@@ -487,7 +487,7 @@ class RunScreen(Screen[None]):
             if i >= len(frames):
                 self.playing = False
                 self.play_clock = self.cast.duration
-            start = self.cast.start_epoch
+            start = self.cast.origin(self.info.started_at if self.info else self.state.start_time)
             if start is not None and self.total:
                 t0 = self.ts[0]
                 at = t0 + timedelta(seconds=start + self.play_clock - t0.timestamp())

@@ -36,7 +36,8 @@ class FailuresTable(DataTable):
         cls_style = {"model": colors.get("warning", ""), "evaluation": colors.get("error", "")}.get(
             str(d.failure_class), ""
         )
-        sources = ", ".join(e.source for e in f.evidence) or "none"
+        # each source once, in order (a source often reports several observations, e.g. two OOM events)
+        sources = ", ".join(dict.fromkeys(e.source for e in f.evidence)) or "none"
         return [
             Text(f.kind, style=f"bold {colors.get('error', '')}"),
             Text(str(f.stage)),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
+from core.artifacts import RunDirReader
 from opencode_tui import commands
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.cli import main
@@ -27,12 +29,24 @@ def test_open_runs_the_app_on_the_run_dir(fixture_runs, monkeypatch):
 def test_runs_json_prints_one_line_per_run(fixture_runs, capsys):
     assert main(["runs", "--runs-dir", str(fixture_runs), "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    by_id = {r["run_id"]: r for r in lines}
-    assert by_id["oom"]["outcome"] == "count_as_zero"
-    assert by_id["oom"]["failure_kind"] == "provider_oom_killed"
-    assert by_id["oom"]["failure_class"] == "model"
-    assert by_id["hello-file"]["outcome"] == "scored" and by_id["hello-file"]["reward"] == 1.0
-    assert [r["run_id"] for r in lines] == ["oom", "hello-file"]  # newest start first
+    by_dir = {Path(r["run_dir"]).name: r for r in lines}
+    assert set(by_dir) == {"hello-file", "oom"}
+    for name, row in by_dir.items():
+        info = RunDirReader(fixture_runs / name).info()
+        assert row["run_id"] == info.run_id and row["task_id"] == info.task_id
+        assert row["provider"] == info.provider == "docker"
+        assert row["duration_s"] == info.duration_s
+        assert row["started_at"] == info.started_at.isoformat()
+    oom = by_dir["oom"]
+    assert (oom["outcome"], oom["reward"]) == ("count_as_zero", 0.0)
+    assert (oom["failure_kind"], oom["failure_stage"], oom["failure_class"]) == (
+        "provider_oom_killed",
+        "agent",
+        "model",
+    )
+    hello = by_dir["hello-file"]
+    assert (hello["outcome"], hello["reward"], hello["failure_kind"]) == ("scored", 1.0, None)
+    assert [Path(r["run_dir"]).name for r in lines] == ["oom", "hello-file"]  # newest start first
 
 
 def test_runs_browser_and_missing_runs_dir(fixture_runs, tmp_path, monkeypatch, capsys):

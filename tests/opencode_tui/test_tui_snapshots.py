@@ -1,4 +1,5 @@
-"""SVG snapshots of the main screens and modals, driven by Pilot over the fixture run directories.
+"""SVG snapshots of the main screens and modals, driven by Pilot over the recorded run directories
+(``tests/fixtures/runs``, recorded by ``scripts/record-fixture-runs``).
 
 Update after an intended UI change with ``pytest tests/opencode_tui --snapshot-update`` and review the
 SVGs in ``__snapshots__``.
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from core.artifacts import RunDirReader
-from core.events import ModelCall, ToolCall
+from core.events import ModelCall, TerminalOutput, ToolCall
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.themes import BUILTIN_ORDER
@@ -24,16 +25,23 @@ SIZE = (160, 45)
 def test_run_screen_mid_episode(snap_compare, fixture_runs, replay_loaded):
     run = fixture_runs / "hello-file"
     events = list(RunDirReader(run).events())
-    # mid-episode: right after the agent's second bash command completed
-    mid = [
+    # mid-episode: the agent's bash command has just been shown (its rendering on the display stream),
+    # before the agent's last model call and before cleanup
+    bash = next(
         i
         for i, e in enumerate(events)
         if isinstance(e, ToolCall) and e.tool == "bash" and e.status == "completed"
-    ]
+    )
+    mid = next(
+        i
+        for i, e in enumerate(events)
+        if i > bash and isinstance(e, TerminalOutput) and e.stream == "display"
+    )
+    assert any(isinstance(e, ModelCall) for e in events[mid:])
 
     async def run_before(pilot) -> None:
         await replay_loaded(pilot)
-        pilot.app.screen.seek(mid[-1])
+        pilot.app.screen.seek(mid)
         await pilot.pause()
 
     assert snap_compare(OpenCodeTUI(run_dir=run), terminal_size=SIZE, run_before=run_before)
