@@ -92,6 +92,102 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
     }
 
 
+def single_table(engine: list[dict[str, Any]], floor: list[dict[str, Any]], rep: B.Report) -> dict[str, Any]:
+    ew = [e["wall"] for e in engine]
+    fw = [f["wall"] for f in floor]
+    rows = [
+        [
+            "episode wall clock",
+            B.fmt_s(B.med(ew)),
+            B.fmt_spread(ew, "s"),
+            B.fmt_s(B.med(fw)),
+            B.fmt_spread(fw, "s"),
+            B.fmt_ratio(B.ratio(B.med(ew), B.med(fw))),
+        ],
+    ]
+    phases: dict[str, Any] = {}
+    for ph in PHASES:
+        xs = [e["durations"][ph] for e in engine if ph in e["durations"]]
+        phases[ph] = B.summary(xs)
+        rows.append([f"  {ph}", B.fmt_s(B.med(xs)), B.fmt_spread(xs, "s"), "", "", ""])
+    other = [e["wall"] - sum(e["durations"].get(p, 0) for p in PHASES) for e in engine]
+    rows.append(
+        ["  outside phases (admission, outcome)", B.fmt_s(B.med(other)), B.fmt_spread(other, "s"), "", "", ""]
+    )
+    agent = [e["durations"].get("agent", 0) for e in engine]
+    rows.append(
+        [
+            "agent phase alone vs raw floor",
+            B.fmt_s(B.med(agent)),
+            "",
+            B.fmt_s(B.med(fw)),
+            "",
+            B.fmt_ratio(B.ratio(B.med(agent), B.med(fw))),
+        ]
+    )
+    ecpu = [e["engine_cpu"] for e in engine]
+    fcpu = [f["cpu"] for f in floor if f.get("cpu") is not None]
+    rows.append(
+        ["engine process CPU (controller)", B.fmt_s(B.med(ecpu)), B.fmt_spread(ecpu, "s"), "", "", ""]
+    )
+    rows.append(
+        ["OpenCode + verifier CPU (raw floor)", "", "", B.fmt_s(B.med(fcpu)), B.fmt_spread(fcpu, "s"), ""]
+    )
+    rep.say()
+    rep.say(
+        B.table(
+            ["hello-file, docker", "engine", "min-max s", "raw floor", "min-max s", "ratio"],
+            rows,
+            title="One episode: engine (Episode.run) vs raw floor (docker run --rm -i … opencode run && verify)",
+        )
+    )
+    rep.say()
+    return {
+        "engine": {
+            "wall": B.summary(ew),
+            "phases": phases,
+            "outside_phases": B.summary(other),
+            "controller_cpu": B.summary(ecpu),
+        },
+        "raw_floor": {"wall": B.summary(fw), "cpu": B.summary(fcpu)},
+        "ratio_wall": B.ratio(B.med(ew), B.med(fw)),
+        "ratio_agent_phase_vs_floor": B.ratio(B.med(agent), B.med(fw)),
+    }
+
+
+def batch_table(batches: list[dict[str, Any]], single: dict[str, Any], rep: B.Report) -> None:
+    base = batches[0]["episodes_per_min"] if batches else None
+    brows = [
+        [
+            str(b["jobs"]),
+            str(b["episodes"]),
+            B.fmt_s(b["wall"]),
+            f"{b['episodes_per_min']:.2f}",
+            B.fmt_ratio(B.ratio(b["episodes_per_min"], base)),
+            f"{b['scored']}/{b['episodes']}",
+            f"{b['cleanup_confirmed']}/{b['episodes']}",
+            B.fmt_s(b["agent_phase_median"]),
+            B.fmt_s(b["engine_cpu_per_episode"]),
+            str(len(b["leftover_containers"])),
+        ]
+        for b in batches
+    ]
+    headers = ["jobs", "episodes", "wall", "episodes/min", "speed-up", "scored", "cleanup ok"]
+    headers += ["agent phase med", "engine CPU/ep", "leftovers"]
+    rep.say(B.table(headers, brows, title="Batch throughput (run_batch, docker, one attempt per episode)"))
+    fcpu = single.get("raw_floor", {}).get("cpu", {}).get("median")
+    ecpu = single.get("engine", {}).get("controller_cpu", {}).get("median")
+    if fcpu and ecpu:
+        per_ep = fcpu + ecpu
+        cpus = os.cpu_count() or 1
+        rep.say(
+            f"CPU-bound ceiling: {cpus} cores x 60 s / {per_ep:.1f} CPU-s per episode (OpenCode {fcpu:.1f} + "
+            f"engine {ecpu:.1f}) = {cpus * 60 / per_ep:.1f} episodes/min on an idle machine; load average "
+            f"at start {rep.data['meta']['loadavg_start']}, now {B.loadavg()}"
+        )
+    rep.say()
+
+
 async def main_async(args: argparse.Namespace) -> int:
     reps = args.reps or (1 if args.quick else 3)
     n = args.batch or (2 if args.quick else 4)
@@ -132,110 +228,21 @@ async def main_async(args: argparse.Namespace) -> int:
             if f["rc"] != 0:
                 raise RuntimeError(f"the raw floor failed (rc {f['rc']}): {f['stderr']}")
             floor.append(f)
+        single = single_table(engine, floor, rep)
+        rep.data.update(single)
         for j in jobs_list:
             rep.progress(f"batch of {n} at jobs={j}")
             b = await batch(task, config, n, j)
             batches.append(b)
             if b["leftover_containers"]:
                 status = 1
+        rep.data["batches"] = batches
+        batch_table(batches, single, rep)
     finally:
         shutil.rmtree(runs, ignore_errors=True)
         left = await asyncio.to_thread(B.leftovers, OWNER)
         B.remove_containers(left["ours"])
-
-    ew = [e["wall"] for e in engine]
-    fw = [f["wall"] for f in floor]
-    rows = [
-        [
-            "episode wall clock",
-            B.fmt_s(B.med(ew)),
-            B.fmt_spread(ew, "s"),
-            B.fmt_s(B.med(fw)),
-            B.fmt_spread(fw, "s"),
-            B.fmt_ratio(B.ratio(B.med(ew), B.med(fw))),
-        ],
-    ]
-    phase_rows = []
-    phases: dict[str, Any] = {}
-    for ph in PHASES:
-        xs = [e["durations"][ph] for e in engine if ph in e["durations"]]
-        phases[ph] = B.summary(xs)
-        phase_rows.append([f"  {ph}", B.fmt_s(B.med(xs)), B.fmt_spread(xs, "s"), "", "", ""])
-    other = [e["wall"] - sum(e["durations"].get(p, 0) for p in PHASES) for e in engine]
-    phase_rows.append(
-        ["  outside phases (admission, outcome)", B.fmt_s(B.med(other)), B.fmt_spread(other, "s"), "", "", ""]
-    )
-    agent = [e["durations"].get("agent", 0) for e in engine]
-    rows += phase_rows
-    ecpu = [e["engine_cpu"] for e in engine]
-    fcpu = [f["cpu"] for f in floor if f.get("cpu") is not None]
-    rows.append(
-        ["engine process CPU (controller)", B.fmt_s(B.med(ecpu)), B.fmt_spread(ecpu, "s"), "", "", ""]
-    )
-    rows.append(
-        ["OpenCode + verifier CPU (raw floor)", "", "", B.fmt_s(B.med(fcpu)), B.fmt_spread(fcpu, "s"), ""]
-    )
-    rows.append(
-        [
-            "agent phase alone vs raw floor",
-            B.fmt_s(B.med(agent)),
-            "",
-            B.fmt_s(B.med(fw)),
-            "",
-            B.fmt_ratio(B.ratio(B.med(agent), B.med(fw))),
-        ]
-    )
-    rep.say()
-    rep.say(
-        B.table(
-            ["hello-file, docker", "engine", "min-max s", "raw floor", "min-max s", "ratio"],
-            rows,
-            title="One episode: engine (Episode.run) vs raw floor (docker run --rm -i … opencode run && verify)",
-        )
-    )
-    rep.say()
-    base = batches[0]["episodes_per_min"] if batches else None
-    brows = [
-        [
-            str(b["jobs"]),
-            str(b["episodes"]),
-            B.fmt_s(b["wall"]),
-            f"{b['episodes_per_min']:.2f}",
-            B.fmt_ratio(B.ratio(b["episodes_per_min"], base)),
-            f"{b['scored']}/{b['episodes']}",
-            f"{b['cleanup_confirmed']}/{b['episodes']}",
-            B.fmt_s(b["agent_phase_median"]),
-            B.fmt_s(b["engine_cpu_per_episode"]),
-            str(len(b["leftover_containers"])),
-        ]
-        for b in batches
-    ]
-    rep.say(
-        B.table(
-            [
-                "jobs",
-                "episodes",
-                "wall",
-                "episodes/min",
-                "speed-up",
-                "scored",
-                "cleanup ok",
-                "agent phase med",
-                "leftovers",
-            ],
-            brows,
-            title="Batch throughput (run_batch, docker, one attempt per episode)",
-        )
-    )
-    if fcpu and ecpu:
-        per_ep = B.med(fcpu) + B.med(ecpu)
-        rep.say(
-            f"CPU-bound ceiling on this machine: {os.cpu_count()} cores x 60 s / {per_ep:.1f} CPU-s per episode "
-            f"(OpenCode {B.med(fcpu):.1f} + engine {B.med(ecpu):.1f}) = {os.cpu_count() * 60 / per_ep:.1f} "
-            f"episodes/min if nothing else ran; load average at start {meta['loadavg_start']}, "
-            f"now {B.loadavg()}"
-        )
-    rep.say()
+    rep.data["leftovers"] = left
     rep.say(
         f"docker leftovers with our owner label ({OWNER}): {len(left['ours'])} "
         f"(all {B.LABEL_RUN} containers on this engine, any owner: {left['all_opencode_tui_run']})"
@@ -243,21 +250,6 @@ async def main_async(args: argparse.Namespace) -> int:
     rep.say(f"total run time {time.monotonic() - started:.0f} s")
     if left["ours"]:
         status = 1
-    rep.data.update(
-        {
-            "engine": {
-                "wall": B.summary(ew),
-                "phases": phases,
-                "outside_phases": B.summary(other),
-                "controller_cpu": B.summary(ecpu),
-            },
-            "raw_floor": {"wall": B.summary(fw), "cpu": B.summary(fcpu)},
-            "ratio_wall": B.ratio(B.med(ew), B.med(fw)),
-            "ratio_agent_phase_vs_floor": B.ratio(B.med(agent), B.med(fw)),
-            "batches": batches,
-            "leftovers": left,
-        }
-    )
     rep.finish()
     return status
 

@@ -10,6 +10,8 @@ Measured for each provider, one fresh sandbox per repetition (after one unrecord
   cgroup lookup, ``exec true`` until it succeeds; local: state dir, cgroup, keeper bwrap, nested-userns
   fence).
 - exec round-trip: ``sandbox.exec(["true"])``, ``--execs`` times per sandbox.
+- upload: ``sandbox.upload_file`` of 1 KB into /tmp, ``--execs`` times per sandbox (staging a session
+  is a sequence of these).
 - close: a ``SandboxSession`` runs a trivial harness (``true``) under the supervisor, then
   ``session.close()`` is timed: stop request + confirmed receipt (finalize), then release (destroy).
   The receipt must confirm cleanup; its two parts are shown as well.
@@ -17,10 +19,12 @@ Measured for each provider, one fresh sandbox per repetition (after one unrecord
 Baselines measured in the same run, interleaved with the engine's repetitions:
 
 - docker, SDK: ``containers.run(detach=True)`` with the engine's settings (init, network none, idle main),
-  ``exec_create`` + ``exec_start`` + ``exec_inspect`` of ``true``, ``remove(force=True)``.
+  ``exec_create`` + ``exec_start`` + ``exec_inspect`` of ``true``, ``put_archive`` of the same one-file
+  tar into an existing directory, ``remove(force=True)``.
 - docker, CLI: ``docker run -d ...``, ``docker exec <id> true``, ``docker rm -f <id>``.
 - local: a raw ``bwrap`` of ``true`` with fresh user/pid/ipc/uts/net namespaces and the same read-only
-  system binds (``subprocess.run``); the close floor is SIGKILL + wait of a raw ``bwrap ... sleep``.
+  system binds (``subprocess.run``); the close floor is SIGKILL + wait of a raw ``bwrap ... sleep``;
+  the upload floor is a plain host file write.
 
 Ratios are engine median / baseline median. Containers carry an owner label of this process; the
 script checks at the end that none is left (and that the local state dir is empty).
@@ -45,9 +49,11 @@ import _bench as B
 OWNER = B.setup()
 
 from core.sandbox.base import SandboxSpec  # noqa: E402
+from core.sandbox.tarsafe import single_file_tar  # noqa: E402
 from core.session import SandboxSession  # noqa: E402
 
 SESSION_DIR = "/tmp/.octui-bench/session"
+PAYLOAD = b"x" * 1024
 IDLE_MAIN = ["/bin/sh", "-c", "while :; do sleep 3600; done"]
 
 
@@ -74,6 +80,11 @@ async def engine_round(provider: Any, image: str | None, execs: int, tag: str) -
             out["exec"].append(_now() - t0)
             if not r.ok:
                 raise RuntimeError(f"exec true failed: {r}")
+        out["upload"] = []
+        for k in range(execs):
+            t0 = _now()
+            await sb.upload_file(f"/tmp/octui-bench/u{k}.txt", PAYLOAD)
+            out["upload"].append(_now() - t0)
         session = SandboxSession(timed, SESSION_DIR, run_timeout_s=60, close_timeout_s=30, python="python3")
         r = await session.execute(["true"])
         if not r.ok:
@@ -114,6 +125,12 @@ def docker_sdk_round(client: Any, image: str, execs: int, tag: str) -> dict[str,
             out["exec"].append(_now() - t0)
             if info.get("ExitCode") != 0:
                 raise RuntimeError(f"raw exec true: {info}")
+        out["upload"] = []
+        for k in range(execs):
+            archive = single_file_tar(f"u{k}.txt", PAYLOAD, 0o644)
+            t0 = _now()
+            api.put_archive(c.id, "/tmp", archive)
+            out["upload"].append(_now() - t0)
     finally:
         t0 = _now()
         c.remove(force=True)
@@ -173,6 +190,12 @@ def bwrap_round(execs: int) -> dict[str, Any]:
         subprocess.run(true_argv, check=True, stdin=subprocess.DEVNULL, timeout=30)
         out["exec"].append(_now() - t0)
     out["create"] = out["exec"][0]
+    out["upload"] = []
+    with tempfile.TemporaryDirectory() as d:
+        for k in range(execs):
+            t0 = _now()
+            Path(d, f"u{k}.txt").write_bytes(PAYLOAD)
+            out["upload"].append(_now() - t0)
     # Close floor: kill a raw bwrap sandbox and wait until it is gone.
     p = subprocess.Popen(bwrap_argv(["/bin/sh", "-c", "echo up; exec sleep 3600"]), stdout=subprocess.PIPE)
     assert p.stdout is not None
@@ -192,6 +215,7 @@ def collect(rounds: list[dict[str, Any]]) -> dict[str, list[float]]:
     keys = ("create", "close", "close_finalize", "close_release")
     data: dict[str, list[float]] = {k: [r[k] for r in rounds if k in r] for k in keys}
     data["exec"] = [x for r in rounds for x in r.get("exec", [])]
+    data["upload"] = [x for r in rounds for x in r.get("upload", [])]
     data["create_ready"] = [r["create"] + r["exec"][0] for r in rounds if r.get("exec")]
     return data
 
@@ -259,6 +283,7 @@ def rows_for(provider: str, res: dict[str, Any], baselines: list[tuple[str, str]
     metrics = [
         ("create→ready", "create", {"sdk": "create_ready", "cli": "create_ready", "raw_bwrap": "exec"}),
         ("exec true", "exec", {"sdk": "exec", "cli": "exec", "raw_bwrap": "exec"}),
+        ("upload_file 1 KB", "upload", {"sdk": "upload", "raw_bwrap": "upload"}),
         ("close (confirmed)", "close", {"sdk": "close", "cli": "close", "raw_bwrap": "close"}),
         ("  finalize: stop+receipt", "close_finalize", {}),
         ("  release: destroy", "close_release", {"sdk": "close", "cli": "close", "raw_bwrap": "close"}),
@@ -267,6 +292,7 @@ def rows_for(provider: str, res: dict[str, Any], baselines: list[tuple[str, str]
         "sdk": {
             "create_ready": "SDK run -d + exec true",
             "exec": "SDK exec create/start/inspect",
+            "upload": "SDK put_archive (dir exists)",
             "close": "SDK remove(force)",
         },
         "cli": {
@@ -274,7 +300,11 @@ def rows_for(provider: str, res: dict[str, Any], baselines: list[tuple[str, str]
             "exec": "CLI docker exec true",
             "close": "CLI docker rm -f",
         },
-        "raw_bwrap": {"exec": "raw bwrap true", "close": "kill+wait raw bwrap"},
+        "raw_bwrap": {
+            "exec": "raw bwrap true",
+            "close": "kill+wait raw bwrap",
+            "upload": "host write_bytes",
+        },
     }
     rows: list[list[str]] = []
     for shown, key, bmap in metrics:
