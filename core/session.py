@@ -34,6 +34,7 @@ from core.runtime.supervisor_client import (
     supervisor_source,
 )
 from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError
+from core.sandbox.tarsafe import tree_tar
 
 
 class SessionState(StrEnum):
@@ -146,15 +147,11 @@ class SandboxSession:
             raise
 
     async def _stage(self, stage: Stage | None, stdin: bytes | None) -> None:
-        sd = self.paths.session_dir
-        r = await self.sandbox.exec(["/bin/sh", "-c", f"mkdir -p '{sd}' && chmod 700 '{sd}'"], timeout=30)
-        if not r.ok:
-            raise SandboxError(
-                f"cannot create the session directory {sd}: {r.stderr.decode(errors='replace')}"
-            )
-        await self.sandbox.upload_file(f"{sd}/{SUPERVISOR_FILE}", supervisor_source(), 0o644)
+        # One upload creates the session dir with the supervisor and the harness input.
+        files: dict[str, tuple[bytes | None, int]] = {SUPERVISOR_FILE: (supervisor_source(), 0o644)}
         if stdin is not None:
-            await self.sandbox.upload_file(f"{sd}/stdin", stdin, 0o600)
+            files["stdin"] = (stdin, 0o600)
+        await self.sandbox.upload_tar(self.paths.session_dir, tree_tar(files))
         if stage is not None:
             await stage(self.sandbox)
 

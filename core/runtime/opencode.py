@@ -16,7 +16,7 @@ from core.config import AgentConfig, ModelSettings
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall, TranscriptStats
 from core.runtime import transcript
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
-from core.sandbox.tarsafe import safe_extract
+from core.sandbox.tarsafe import safe_extract, tree_tar
 from core.tasks import Task, render_prompt
 
 PLUGIN_SOURCE = Path(__file__).with_name("attribution_plugin.js")
@@ -152,48 +152,40 @@ class OpenCodeHarness:
         instructions = self.layout.instructions_file if self.task.instructions else None
         return build_config(self.config.model, self.base_url, self.layout.plugin_file, instructions)
 
-    async def stage(self, sandbox: Sandbox) -> None:
-        """Upload config, plugin, instructions and the relay; create the private HOME/XDG dirs."""
-        dirs = [self.layout.home, self.layout.bin_dir, *self.layout.xdg.values()]
-        mk = "mkdir -p " + " ".join(shlex.quote(d) for d in dirs)
-        r = await sandbox.exec(["/bin/sh", "-c", mk], timeout=30)
-        if not r.ok:
-            raise SandboxError(
-                f"cannot create OpenCode's private directories: {r.stderr.decode(errors='replace')}"
-            )
-        await sandbox.upload_file(
-            self.layout.config_file, json.dumps(self.config_dict(), indent=2).encode(), 0o600
-        )
-        await sandbox.upload_file(self.layout.plugin_file, PLUGIN_SOURCE.read_bytes(), 0o644)
+    def staged_files(self) -> dict[str, tuple[bytes | None, int]]:
+        """Everything OpenCode needs in the session dir, relative to it (``None``: a directory)."""
+        rel = len(self.layout.session_dir) + 1
+        files: dict[str, tuple[bytes | None, int]] = {
+            d[rel:]: (None, 0o700) for d in [self.layout.home, self.layout.bin_dir, *self.layout.xdg.values()]
+        }
+        files[self.layout.config_file[rel:]] = (json.dumps(self.config_dict(), indent=2).encode(), 0o600)
+        files[self.layout.plugin_file[rel:]] = (PLUGIN_SOURCE.read_bytes(), 0o644)
         if self.task.instructions:
-            await sandbox.upload_file(self.layout.instructions_file, self.task.instructions.encode(), 0o644)
-        await self._fence_dependency_install(sandbox)
-        if self.use_relay:
-            from core.sandbox.relay import RELAY_SCRIPT_PATH
-
-            relay = Path(RELAY_SCRIPT_PATH).read_bytes()  # noqa: ASYNC240 (a few KB of package data)
-            await sandbox.upload_file(self.layout.relay_file, relay, 0o644)
-
-    async def _fence_dependency_install(self, sandbox: Sandbox) -> None:
-        """Stop OpenCode from npm-installing ``@opencode-ai/plugin`` into its config dir.
-
-        With any plugin configured, OpenCode waits for that install before loading plugins; offline
-        (a model-only sandbox) it waits for the fetch to time out: ~70 s. It skips the install when
-        the directory already has ``node_modules`` and a lock file that covers package.json. Our plugin
-        imports nothing, so an empty ``node_modules`` is truthful enough.
-        """
-        cfg_dir = self.layout.xdg["XDG_CONFIG_HOME"] + "/opencode"
-        version = self.config.runtime.opencode_version
-        deps = {"@opencode-ai/plugin": version}
-        await sandbox.upload_file(f"{cfg_dir}/package.json", json.dumps({"dependencies": deps}).encode())
+            files[self.layout.instructions_file[rel:]] = (self.task.instructions.encode(), 0o644)
+        # Stop OpenCode from npm-installing ``@opencode-ai/plugin`` into its config dir: with any plugin
+        # configured it waits for that install before loading plugins, and offline (a model-only
+        # sandbox) the fetch only times out after ~70 s. It skips the install when the directory has
+        # ``node_modules`` and a lock file covering package.json; our plugin imports nothing.
+        cfg_dir = self.layout.xdg["XDG_CONFIG_HOME"][rel:] + "/opencode"
+        deps = {"@opencode-ai/plugin": self.config.runtime.opencode_version}
         lock = {
             "name": "opencode",
             "lockfileVersion": 3,
             "requires": True,
             "packages": {"": {"dependencies": deps}},
         }
-        await sandbox.upload_file(f"{cfg_dir}/package-lock.json", json.dumps(lock).encode())
-        await sandbox.upload_file(f"{cfg_dir}/node_modules/.opencode-tui", b"dependencies provided offline\n")
+        files[f"{cfg_dir}/package.json"] = (json.dumps({"dependencies": deps}).encode(), 0o644)
+        files[f"{cfg_dir}/package-lock.json"] = (json.dumps(lock).encode(), 0o644)
+        files[f"{cfg_dir}/node_modules/.opencode-tui"] = (b"dependencies provided offline\n", 0o644)
+        if self.use_relay:
+            from core.sandbox.relay import RELAY_SCRIPT_PATH
+
+            files[self.layout.relay_file[rel:]] = (Path(RELAY_SCRIPT_PATH).read_bytes(), 0o644)
+        return files
+
+    async def stage(self, sandbox: Sandbox) -> None:
+        """Lay out config, plugin, instructions, relay and the private HOME/XDG dirs in one upload."""
+        await sandbox.upload_tar(self.layout.session_dir, tree_tar(self.staged_files()))
 
     def command(self, runtime: Any) -> tuple[list[str], dict[str, str]]:
         """The harness argv (run under the supervisor) and its environment."""

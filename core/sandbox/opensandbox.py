@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from core.config import OpenSandboxSettings
+from core.config import OpenSandboxAction, OpenSandboxSettings
 from core.failures import (
     CommandDetails,
     Delivery,
@@ -774,7 +774,7 @@ class OpenSandboxSandbox(Sandbox):
             decision = decide_request(self.policy, operation="submit", http_status=status, kind=failure.kind)
             delay = budget.delay(run.submissions)
             if (
-                decision.action.value == "retry"
+                decision.action is OpenSandboxAction.RETRY
                 and run.delivery is Delivery.NOT_SENT
                 and run.submissions < budget.max_attempts
                 and loop.time() + delay < deadline

@@ -167,7 +167,6 @@ def classify_status(
 
 
 RetryGate = Callable[[RequestFailed], Awaitable[bool]]
-OnRetry = Callable[[RequestFailed], None]
 
 
 class Http:
@@ -240,7 +239,6 @@ class Http:
         not_found_kind: str | None = None,
         accept: tuple[int, ...] = (),
         retry_gate: RetryGate | None = None,
-        on_retry: OnRetry | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """Send one request; retry per policy; return a 2xx (or ``accept``-ed) response or raise.
@@ -322,6 +320,4 @@ class Http:
             log.debug(
                 "%s: attempt %d failed (%s); retrying by rule %s", operation, attempt, failed, decision.rule
             )
-            if on_retry is not None:
-                on_retry(failed)
             await asyncio.sleep(delay)

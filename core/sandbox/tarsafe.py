@@ -95,12 +95,32 @@ def safe_extract(archive: bytes, dest: Path) -> None:
 
 
 def single_file_tar(name: str, data: bytes, mode: int = 0o644) -> bytes:
+    return tree_tar({name: (data, mode)})
+
+
+def tree_tar(entries: dict[str, tuple[bytes | None, int]]) -> bytes:
+    """A tar of relative paths → ``(content, mode)``; ``None`` content makes a directory.
+
+    Parent directories are added as needed, so one upload can lay out a whole tree.
+    """
     buf = io.BytesIO()
+    added: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w") as tf:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = mode
-        tf.addfile(info, io.BytesIO(data))
+        for name, (data, mode) in entries.items():
+            parts = PurePosixPath(name).parts
+            for i in range(1, len(parts) + (1 if data is None else 0)):
+                parent = "/".join(parts[:i])
+                if parent not in added:
+                    added.add(parent)
+                    info = tarfile.TarInfo(parent)
+                    info.type = tarfile.DIRTYPE
+                    info.mode = mode if data is None and i == len(parts) else 0o755
+                    tf.addfile(info)
+            if data is not None:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                info.mode = mode
+                tf.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
