@@ -81,7 +81,7 @@ def docker_client() -> Any:
 # The real opensandbox-server (a test extra) on 127.0.0.1 with an API key, host networking and a temp
 # state dir; the in-sandbox daemon is our execd stand-in (tests/fixtures/execd_standin), because the
 # real execd is not obtainable on this machine. In host mode every sandbox's execd binds the same
-# port, so OpenSandbox tests use one sandbox at a time.
+# port (here one free port per test session), so OpenSandbox tests use one sandbox at a time.
 
 STANDIN_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "execd_standin"
 
@@ -103,9 +103,15 @@ def opensandbox_server(docker_client: Any, tmp_path_factory: pytest.TempPathFact
     harness = load_standin_harness()
     if harness.server_executable() is None:
         pytest.skip("opensandbox-server is not installed (pip install -e '.[test]')")
+    from core.runtime.installer import default_cache_dir
+
     image = harness.ensure_standin_image(docker_client, BASE_IMAGE)
     server = harness.OpenSandboxServer(
-        tmp_path_factory.mktemp("opensandbox"), image, run_label=(LABEL_RUN, TEST_RUN_ID)
+        tmp_path_factory.mktemp("opensandbox"),
+        image,
+        run_label=(LABEL_RUN, TEST_RUN_ID),
+        # Episodes bind the OpenCode runtime cache read-only into the sandbox (a host volume).
+        allowed_host_paths=[str(default_cache_dir())],
     )
     server.start()
     try:
@@ -117,7 +123,12 @@ def opensandbox_server(docker_client: Any, tmp_path_factory: pytest.TempPathFact
 def opensandbox_settings(server: Any, **overrides: Any) -> Any:
     from core.config import OpenSandboxSettings
 
-    fields: dict[str, Any] = {"url": server.url, "api_key_env": None, "sandbox_timeout_s": 900}
+    fields: dict[str, Any] = {
+        "url": server.url,
+        "api_key_env": None,
+        "sandbox_timeout_s": 900,
+        "execd_port": server.execd_port,
+    }
     fields.update(overrides)
     return OpenSandboxSettings(**fields)
 

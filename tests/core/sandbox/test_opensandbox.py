@@ -56,9 +56,9 @@ class Journal:
 
 
 @pytest.fixture
-def standin(standin_harness: Any) -> Iterator[Any]:
+def standin(standin_harness: Any, opensandbox_server: Any) -> Iterator[Any]:
     """The stand-in's controls (faults, request log, submission count) at the execd port."""
-    control = standin_harness.StandinControl()
+    control = standin_harness.StandinControl(f"http://127.0.0.1:{opensandbox_server.execd_port}")
     yield control
     try:
         control.clear()
@@ -162,8 +162,9 @@ async def test_create_exec_file_delete_round_trip(os_env: Any, standin: Any) -> 
     assert (await sb.exec(["stat", "-c", "%a", "/app/data/blob.bin"], timeout=30)).text() == "640\n"
     expires = await sb.renew(1800)
     assert expires.timestamp() > time.time() + 1700
-    endpoint, _headers = await sb.endpoint(44772)
-    assert endpoint == "127.0.0.1:44772"
+    port = os_env.server.execd_port
+    endpoint, _headers = await sb.endpoint(port)
+    assert endpoint == f"127.0.0.1:{port}"
 
     # The server's API key goes to the server only, never to the daemon inside the sandbox.
     assert standin.requests() and not any(r["server_key"] for r in standin.requests())
@@ -268,7 +269,9 @@ async def test_502_before_start_is_resubmitted_and_policy_override_changes_only_
     assert isinstance(first.details, CommandDetails) and first.details.delivery is Delivery.NOT_SENT
 
     # The same sandbox through a provider whose policy fails on a submission 502 instead.
-    strict = os_env.provider(policy={"http_status": {"submit:502": "fail"}})
+    strict = os_env.provider(
+        policy={"http_status": {"submit:502": "fail"}, "evidence_polling": {"budget_s": 0.5}}
+    )
     borrowed = await strict.connect(sb.sandbox_id)
     standin.inject({"fault": "reject_502", "match": "five-oh-two"})
     before = standin.state()
@@ -455,7 +458,13 @@ async def test_pty_reattaches_once_when_its_socket_drops(os_env: Any, standin: A
             chunk = await asyncio.wait_for(pty.read(), 15)
             assert chunk, f"the terminal ended instead of re-attaching: {pty.failure}"
             buf += chunk
-        assert len(standin.requests("pty_ws")) == 2  # the first socket dropped; one re-attach
+        for _ in range(100):  # the drop may come right after the frame that held "before"
+            if len(standin.requests("pty_ws")) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        attaches = standin.requests("pty_ws")
+        assert len(attaches) == 2, attaches  # the first socket dropped; exactly one re-attach
+        assert "since=0" not in attaches[1]["path"]  # it resumed from where the first one stopped
         await pty.write(b"echo af''ter\n")
         while b"after" not in buf:
             buf += await asyncio.wait_for(pty.read(), 15)
