@@ -57,6 +57,7 @@ from core.failures import (
 from core.sandbox.base import (
     LABEL_OWNER,
     LABEL_RUN,
+    ExpectedRefusal,
     PtyHandle,
     Sandbox,
     SandboxClosedError,
@@ -154,6 +155,7 @@ class Episode(EpisodeControl):
         self.durations: dict[str, float] = {}
         self.counts: dict[str, Any] = {"model_calls": 0, "tool_calls": {}, "compactions": 0}
         self.receipt_confirmed: bool | None = None
+        self.refusal: str | None = None  # set when the provider refused before launch (no failure)
         self.endpoint: Any = None  # ModelEndpoint, once the seed phase started it
         self.harness: Any = None  # OpenCodeHarness, once the install phase built it
         self.agent_result: Any = None  # the harness exec's ExecResult
@@ -310,15 +312,23 @@ class Episode(EpisodeControl):
             )
         except StageFailure as sf:
             self.record_failure(sf.failure)
-        except Exception as exc:  # an unexpected bug must still close and release
-            self.record_failure(
-                FailureEvent.from_exception(
-                    exc,
-                    kind=_UNEXPECTED_KIND.get(self._phase, "agent_bootstrap_failed"),
-                    stage=self._stage_of(self._phase),
-                    operation=f"{self._phase.value} phase",
+        except ExpectedRefusal as exc:
+            # A provider-confirmed refusal before anything ran is control flow, not a failure.
+            self.refusal = str(exc)
+            self.emit(Warning_(code="provider_refused", message=f"the provider refused before launch: {exc}"))
+        except Exception as exc:  # a provider's typed failure, or an unexpected bug: still close and release
+            failure = getattr(exc, "failure", None)
+            if isinstance(failure, FailureEvent):
+                self.record_failure(failure)
+            else:
+                self.record_failure(
+                    FailureEvent.from_exception(
+                        exc,
+                        kind=_UNEXPECTED_KIND.get(self._phase, "agent_bootstrap_failed"),
+                        stage=self._stage_of(self._phase),
+                        operation=f"{self._phase.value} phase",
+                    )
                 )
-            )
         # Closing must finish even if the caller is cancelled again (a second Ctrl-C): every step
         # below has its own deadline, so this loop is bounded.
         finish = asyncio.ensure_future(self._finish(stack))
@@ -386,6 +396,8 @@ class Episode(EpisodeControl):
                     },
                 )
                 self.sandbox = await provider.create(spec)
+        except ExpectedRefusal:
+            raise
         except SandboxError as exc:
             raise StageFailure(
                 self._failure_from(exc, "sandbox_allocation_failed", FailureStage.SEED, "create sandbox")
@@ -769,7 +781,14 @@ class Episode(EpisodeControl):
     def _outcome(self) -> EpisodeResult:
         assert self.run_dir is not None and self.info is not None
         primary = self._primary()
-        if primary is None:
+        if primary is None and self.refusal is not None:
+            action, reward, summary = (
+                "refused",
+                None,
+                f"refused by the provider before launch: {self.refusal}",
+            )
+            failure = decision = None
+        elif primary is None:
             action, reward, summary = "scored", self.reward, f"scored: reward {self.reward}"
             failure = decision = None
         else:
@@ -781,7 +800,7 @@ class Episode(EpisodeControl):
             )
         self.emit(
             OutcomeDecided(
-                action=Action(action) if action != "scored" else "scored",
+                action=Action(action) if action not in ("scored", "refused") else action,
                 reward=reward,
                 failure_kind=failure.kind if failure else None,
                 failure_class=decision.failure_class if decision else None,

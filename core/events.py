@@ -192,7 +192,7 @@ class TranscriptStats(_Event):
 
 class OutcomeDecided(_Event):
     type: Literal["outcome"] = "outcome"
-    action: Action | Literal["scored"]
+    action: Action | Literal["scored", "refused"]
     reward: float | None
     failure_kind: str | None = None
     failure_class: FailureClass | None = None

@@ -148,7 +148,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from core.sandbox.base import default_owner
     from core.sandbox.providers import get_provider
+
+    # Only our own leftovers unless asked: another user's (or CI job's) live sandboxes are not ours.
+    owner = None if args.all_owners else default_owner()
 
     names = (
         [ProviderName.DOCKER, ProviderName.LOCAL] if args.provider == "all" else [ProviderName(args.provider)]
@@ -159,7 +163,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         nonlocal failed
         for name in names:
             try:
-                ids = await get_provider(name).sweep(dry_run=args.dry_run)
+                ids = await get_provider(name).sweep(dry_run=args.dry_run, owner=owner)
             except Exception as exc:
                 failed = failed or args.provider != "all"
                 print(f"opencode-tui sweep: {name.value}: {exc}", file=sys.stderr)

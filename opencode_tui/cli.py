@@ -52,8 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--runs-dir", default="runs")
     rs.add_argument("--json", action="store_true")
     sw = sub.add_parser("sweep", help="remove leftover owned sandboxes (found by label)")
-    sw.add_argument("--dry-run", action="store_true")
-    sw.add_argument("--provider", choices=["local", "docker", "all"], default="all")
+    sw.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    sw.add_argument(
+        "--provider",
+        choices=["local", "docker", "opensandbox", "all"],
+        default="all",
+        help="all = local and docker (opensandbox needs its server, name it explicitly)",
+    )
+    sw.add_argument(
+        "--all-owners",
+        action="store_true",
+        help="also remove sandboxes owned by other users/jobs (default: only yours, "
+        "i.e. $OPENCODE_TUI_OWNER or user@host)",
+    )
     dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
     dr.add_argument("--json", action="store_true")
     return p

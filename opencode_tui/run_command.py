@@ -118,6 +118,8 @@ def _check_images(config: AgentConfig, tasks: list[Task]) -> None:
 def exit_code(results: list[EpisodeResult], cancelled: bool = False) -> int:
     if cancelled or any(r.failure_kind == "run_cancelled" for r in results):
         return EXIT_INTERRUPTED
+    if any(r.action == "refused" for r in results):
+        return EXIT_USAGE  # the provider refused the request as configured: nothing ran
     if any(r.cleanup_confirmed is False for r in results):
         return EXIT_CLEANUP_UNCONFIRMED
     if any(r.action not in ("scored", Action.COUNT_AS_ZERO.value) for r in results):

@@ -63,6 +63,7 @@ from core.sandbox.base import (
     LABEL_OWNER,
     LABEL_RUN,
     ExecResult,
+    ExpectedRefusal,
     NetworkPolicy,
     OutputCallback,
     OutputChunk,
@@ -135,23 +136,6 @@ def _image_missing(exc: RequestFailed) -> bool:
     code = (exc.code or "").upper()
     body = (exc.body_excerpt or "").lower()
     return "IMAGE" in code or ("image" in body and ("not found" in body or "pull" in body))
-
-
-class ExpectedRefusal(SandboxError):
-    """The provider confirmed, **before launching anything**, that it refuses the request.
-
-    Example: the sandbox does not allow running commands as root (execd answers 403
-    ``ROOT_NOT_ALLOWED`` to a submission that asked for uid 0, before any event). Nothing ran, so
-    this is control flow, not a failure: ``failure`` is always ``None``, nothing is added to the
-    sandbox's failures, and the caller may try again differently (e.g. without a user). Callers
-    that catch ``SandboxError`` must test for this class first.
-    """
-
-    def __init__(self, message: str, *, operation: str, code: str | None, http_status: int | None):
-        super().__init__(message, failure=None)
-        self.operation = operation
-        self.code = code
-        self.http_status = http_status
 
 
 def _failure(
