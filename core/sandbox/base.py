@@ -7,6 +7,7 @@ A provider creates *owned* sandboxes (we destroy them on release) or connects to
 from __future__ import annotations
 
 import abc
+import asyncio
 import getpass
 import os
 import socket
@@ -187,6 +188,39 @@ class UnsafeArchiveError(SandboxError, ValueError):
 
 class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     """A path asked for (e.g. by ``download_tar``) does not exist inside the sandbox."""
+
+
+class QueuedOutput:
+    """Terminal output handed from a reader (thread or task) to ``PtyHandle.read`` through a queue.
+
+    ``put(b"")`` marks the end. Reads coalesce what is already queued, up to ``max_bytes``.
+    """
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._pending = b""
+        self._eof = False
+
+    def put(self, data: bytes) -> None:
+        self._queue.put_nowait(data)
+
+    async def read(self, max_bytes: int) -> bytes:
+        if not self._pending:
+            if self._eof:
+                return b""
+            data = await self._queue.get()
+            if not data:
+                self._eof = True
+                return b""
+            self._pending = data
+            while len(self._pending) < max_bytes and not self._queue.empty():
+                more = self._queue.get_nowait()
+                if not more:
+                    self._queue.put_nowait(b"")  # keep the end marker for the next read
+                    break
+                self._pending += more
+        out, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return out
 
 
 class PtyHandle(abc.ABC):

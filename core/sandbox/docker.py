@@ -72,6 +72,7 @@ from core.sandbox.base import (
     OutputCallback,
     OutputChunk,
     PtyHandle,
+    QueuedOutput,
     Sandbox,
     SandboxClosedError,
     SandboxError,
@@ -563,9 +564,7 @@ class DockerPty(PtyHandle):
         self.marker = marker  # "OPENCODE_TUI_PTY=<token>" in the environment of the terminal's processes
         self._conn = conn
         self._loop = loop
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
-        self._pending = b""
-        self._eof = False
+        self._out = QueuedOutput()
         self._closed = False
         self._thread = threading.Thread(target=self._pump, name="docker-pty", daemon=True)
         self._thread.start()
@@ -584,30 +583,14 @@ class DockerPty(PtyHandle):
 
     def _post(self, data: bytes) -> None:
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, data)
+            self._loop.call_soon_threadsafe(self._out.put, data)
 
     async def read(self, max_bytes: int = 65536) -> bytes:
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
         if self._closed:
             return b""  # closed by us: whatever was still queued is dropped
-        if not self._pending:
-            if self._eof:
-                return b""
-            data = await self._queue.get()
-            if not data:
-                self._eof = True
-                return b""
-            self._pending = data
-            # Coalesce what is already queued (up to max_bytes) to keep reads large.
-            while len(self._pending) < max_bytes and not self._queue.empty():
-                more = self._queue.get_nowait()
-                if not more:
-                    self._queue.put_nowait(b"")
-                    break
-                self._pending += more
-        out, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
-        return out
+        return await self._out.read(max_bytes)
 
     async def write(self, data: bytes) -> None:
         if self._closed or self._sandbox.closed:

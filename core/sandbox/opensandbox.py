@@ -68,6 +68,7 @@ from core.sandbox.base import (
     OutputCallback,
     OutputChunk,
     PtyHandle,
+    QueuedOutput,
     Sandbox,
     SandboxClosedError,
     SandboxError,
@@ -294,9 +295,7 @@ class OpenSandboxPty(PtyHandle):
         self._sandbox = sandbox
         self.session_id = session_id
         self._ws = ws
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
-        self._pending = b""
-        self._eof = False
+        self._out = QueuedOutput()
         self._closed = False
         self.exit_code: int | None = None
         self.failure: FailureEvent | None = None  # set when the terminal broke unexpectedly
@@ -322,13 +321,13 @@ class OpenSandboxPty(PtyHandle):
                     await self._broken()
                     return
         finally:
-            self._queue.put_nowait(b"")
+            self._out.put(b"")
 
     def _on_message(self, message: bytes | str) -> None:
         if isinstance(message, bytes):
             if message[:1] in (b"\x01", b"\x02", b"\x03") and len(message) > 1:
                 self.output_offset += len(message) - 1
-                self._queue.put_nowait(message[1:])
+                self._out.put(message[1:])
             return
         with contextlib.suppress(ValueError):
             msg = json.loads(message)
@@ -368,22 +367,7 @@ class OpenSandboxPty(PtyHandle):
             raise ValueError("max_bytes must be positive")
         if self._closed:
             return b""
-        if not self._pending:
-            if self._eof:
-                return b""
-            data = await self._queue.get()
-            if not data:
-                self._eof = True
-                return b""
-            self._pending = data
-            while len(self._pending) < max_bytes and not self._queue.empty():
-                more = self._queue.get_nowait()
-                if not more:
-                    self._queue.put_nowait(b"")
-                    break
-                self._pending += more
-        out, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
-        return out
+        return await self._out.read(max_bytes)
 
     async def _send(self, operation: str, message: bytes | str) -> None:
         if self._closed or self._sandbox.closed:
