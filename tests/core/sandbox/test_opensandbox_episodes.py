@@ -73,12 +73,20 @@ def test_hello_file_scores_with_opensandbox(os_batch: Any) -> None:
 
 def test_oom_sample_runs_and_an_in_command_oom_stays_unconfirmed(os_batch: Any) -> None:
     """The agent's memory hog is OOM-killed inside a sandbox that keeps running: server 1.1.1 reports
-    nothing about it (Docker sets OOMKilled only when the container stops), so no OOM is claimed; the
-    episode finishes and verifies normally."""
+    nothing about it (Docker sets OOMKilled only when the container stops), so no OOM is claimed.
+
+    Which process the kernel kills is its choice: usually the hog (then the episode finishes and verifies
+    normally), sometimes OpenCode itself (then OpenCode's exit by SIGKILL, with no report, stays an
+    unknown-cause nonzero exit). Either way the cause is never guessed as an OOM.
+    """
     results, _ = os_batch
     r = results["oom"]
-    assert (r.provider, r.action, r.reward) == ("opensandbox", "scored", 1.0)
+    assert r.provider == "opensandbox"
     assert r.failure_kind != "provider_oom_killed"
+    assert (r.action, r.reward, r.failure_kind) in {
+        ("scored", 1.0, None),
+        ("keep_unknown", None, "agent_nonzero_exit"),
+    }
     assert r.cleanup_confirmed is True
 
 
