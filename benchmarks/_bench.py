@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -505,3 +506,22 @@ def loadavg() -> list[float]:
         return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
     except OSError:
         return []
+
+
+async def reap_leftovers(owner: str) -> dict[str, Any]:
+    """Containers this benchmark left behind (found by its owner label), removed; the counts returned."""
+    left = await asyncio.to_thread(leftovers, owner)
+    remove_containers(left["ours"])
+    return left
+
+
+def close_report(rep: Any, left: dict[str, Any], owner: str, started: float, status: int) -> int:
+    """The common ending: report leftovers and run time, write the report; leftovers fail the run."""
+    rep.data["leftovers"] = left
+    rep.say(
+        f"docker leftovers with our owner label ({owner}): {len(left['ours'])} "
+        f"(all {LABEL_RUN} containers on this engine, any owner: {left['all_opencode_tui_run']})"
+    )
+    rep.say(f"total run time {time.monotonic() - started:.0f} s")
+    rep.finish()
+    return 1 if left["ours"] else status

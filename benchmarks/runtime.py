@@ -488,18 +488,8 @@ async def main_async(args: argparse.Namespace) -> int:
         rep.data["first_call_raw"] = res
         rep.data["first_call"] = first_call_tables(res, rep)
     finally:
-        left = await asyncio.to_thread(B.leftovers, OWNER)
-        B.remove_containers(left["ours"])
-    rep.data["leftovers"] = left
-    rep.say(
-        f"docker leftovers with our owner label: {len(left['ours'])} "
-        f"(all {B.LABEL_RUN} containers, any owner: {left['all_opencode_tui_run']})"
-    )
-    rep.say(f"total run time {time.monotonic() - started:.0f} s")
-    if left["ours"]:
-        status = 1
-    rep.finish()
-    return status
+        left = await B.reap_leftovers(OWNER)
+    return B.close_report(rep, left, OWNER, started, status)
 
 
 def main(argv: list[str] | None = None) -> int:
