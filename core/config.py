@@ -320,6 +320,9 @@ class SandboxConfig(_Model):
 
 class RuntimeSettings(_Model):
     opencode_version: str = DEFAULT_OPENCODE_VERSION
+    # ``serve``: OpenCode's server event stream (running commands' output and text live); ``run``:
+    # ``opencode run --format json`` (tool calls shown once finished), kept as a fallback.
+    harness: Literal["serve", "run"] = "serve"
     registry_url: str = "https://registry.npmjs.org"
     cache_dir: str | None = None
 

@@ -10,9 +10,10 @@ diff, other tools one dim line. Assistant text comes from OpenCode's own events 
 The harness's machine-readable stdout (``TerminalOutput`` stream ``stdout``: OpenCode's JSON lines) is
 not part of this view; the raw view shows it byte for byte.
 
-When the engine renders the transcript itself (a ``display`` chunk right after each tool call or text,
-as ``core.runtime.opencode.StreamTranslator`` does), that rendering is shown and this one steps aside:
-a renderable event is held back until the next event says whether a ``display`` rendering of it follows.
+When the engine renders the transcript itself (``core.runtime.stream``: a ``display`` header first, then
+a ``display`` chunk for each tool call, text and command output), that rendering is shown and this one
+steps aside from the first ``display`` chunk on. Older runs rendered without a header, so a renderable
+event is also held back until the next event says whether a ``display`` rendering of it follows.
 """
 
 from __future__ import annotations
@@ -67,12 +68,11 @@ class TranscriptWriter:
 
     def feed(self, event: Event) -> None:
         if isinstance(event, TerminalOutput):
-            if self.pending is not None:
-                if event.stream == "display":
-                    self.engine_renders = True  # the engine rendered the held-back event: use its rendering
-                    self.pending = None
-                elif event.stream in RENDERED_STREAMS:
-                    self.flush_pending()
+            if event.stream == "display":
+                self.engine_renders = True  # the engine renders (a held-back event included): use its rendering
+                self.pending = None
+            elif self.pending is not None and event.stream in RENDERED_STREAMS:
+                self.flush_pending()
             if event.stream in RENDERED_STREAMS:
                 self._write("term", event.data)
             return

@@ -13,13 +13,15 @@ from typing import Any
 
 from core.artifacts import RunDir
 from core.config import AgentConfig, ModelSettings
-from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall, TranscriptStats
+from core.events import Event, TerminalOutput, TranscriptStats
 from core.runtime import transcript
+from core.runtime.stream import RunStreamTranslator, ServeStreamTranslator
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
 from core.sandbox.tarsafe import safe_extract, tree_tar
 from core.tasks import Task, render_prompt
 
 PLUGIN_SOURCE = Path(__file__).with_name("attribution_plugin.js")
+RUNNER_SOURCE = Path(__file__).with_name("serve_runner.py")
 RELAY_PORT = 47331  # inside the sandbox's own network namespace, so any fixed port is free
 PROVIDER_ID = "opencode-tui"
 # The proxy injects the real upstream key; OpenCode only ever sees this placeholder.
@@ -83,6 +85,10 @@ class RuntimeLayout:
         return self._p("relay.py")
 
     @property
+    def runner_file(self) -> str:
+        return self._p("serve_runner.py")
+
+    @property
     def output_log(self) -> str:
         return self._p("output.log")
 
@@ -141,7 +147,9 @@ class OpenCodeHarness:
             and config.sandbox.provider.value != "opensandbox"
         )
         self.base_url = f"http://127.0.0.1:{RELAY_PORT}/v1" if self.use_relay else f"{endpoint.tcp_url}/v1"
-        self._stream = StreamTranslator(task.workdir)
+        self.mode = config.runtime.harness
+        translator = ServeStreamTranslator if self.mode == "serve" else RunStreamTranslator
+        self._stream = translator(task.workdir)
         self._stdout_log: Any = None
 
     # ---- staging ----
@@ -177,6 +185,8 @@ class OpenCodeHarness:
         files[f"{cfg_dir}/package.json"] = (json.dumps({"dependencies": deps}).encode(), 0o644)
         files[f"{cfg_dir}/package-lock.json"] = (json.dumps(lock).encode(), 0o644)
         files[f"{cfg_dir}/node_modules/.opencode-tui"] = (b"dependencies provided offline\n", 0o644)
+        if self.mode == "serve":
+            files[self.layout.runner_file[rel:]] = (RUNNER_SOURCE.read_bytes(), 0o644)
         if self.use_relay:
             from core.sandbox.relay import RELAY_SCRIPT_PATH
 
@@ -204,7 +214,10 @@ class OpenCodeHarness:
                 "  sleep 0.1",
                 "done",
             ]
-        lines.append(f"exec {q(runtime.binary)} run --format json")
+        if self.mode == "serve":
+            lines.append(f"exec {q(runtime.python)} -I {q(self.layout.runner_file)} {q(runtime.binary)}")
+        else:
+            lines.append(f"exec {q(runtime.binary)} run --format json")
         env = {
             "HOME": self.layout.home,
             **self.layout.xdg,
@@ -268,104 +281,3 @@ class OpenCodeHarness:
         doc, stats = transcript.export(db)
         run_dir.write_json("opencode/export.json", doc)
         return stats
-
-
-_DIFF_LINES = 12
-
-
-class StreamTranslator:
-    """``opencode run --format json`` lines → OpenCodeEvent, ToolCall and display text.
-
-    A tool call is printed by OpenCode only once completed, so the display shows each command with
-    its output at that point (see docs/opencode-notes.md for what the server stream adds).
-    """
-
-    def __init__(self, workdir: str) -> None:
-        self.workdir = workdir.rstrip("/")
-        self._buf = b""
-        self.finished_cleanly = False
-        self.last_error: str | None = None
-
-    def feed(self, data: bytes) -> list[Event]:
-        self._buf += data
-        out: list[Event] = []
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            out += self._line(line)
-        return out
-
-    def close(self) -> list[Event]:
-        rest, self._buf = self._buf, b""
-        return self._line(rest) if rest.strip() else []
-
-    def _line(self, line: bytes) -> list[Event]:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            text = line.decode("utf-8", "replace")
-            return [TerminalOutput(stream="display", data=text + "\n")] if text.strip() else []
-        if not isinstance(obj, dict):
-            return []
-        etype = str(obj.get("type", "unknown"))
-        events: list[Event] = [OpenCodeEvent(event_type=etype, payload=obj)]
-        part = obj.get("part") or {}
-        if etype == "tool_use":
-            events += self._tool(part)
-        elif etype == "text" and not part.get("synthetic"):
-            text = str(part.get("text", "")).rstrip()
-            if text:
-                events.append(TerminalOutput(stream="display", data=f"\x1b[36m{text}\x1b[0m\n"))
-        elif etype == "step_finish":
-            reason = part.get("reason")
-            self.finished_cleanly = reason == "stop"
-        elif etype == "error":
-            err = obj.get("error") or {}
-            msg = (err.get("data") or {}).get("message") if isinstance(err, dict) else None
-            self.last_error = str(msg or err)[:2000]
-            self.finished_cleanly = False
-            events.append(TerminalOutput(stream="display", data=f"\x1b[31m✖ {self.last_error}\x1b[0m\n"))
-        return events
-
-    def _rel(self, path: str) -> str:
-        return path[len(self.workdir) + 1 :] if path.startswith(self.workdir + "/") else path
-
-    def _tool(self, part: dict[str, Any]) -> list[Event]:
-        state = part.get("state") or {}
-        tool = str(part.get("tool", "unknown"))
-        status = state.get("status", "completed")
-        inp = state.get("input") or {}
-        output = state.get("output")
-        if status == "error":
-            output = state.get("error") or output
-        call = ToolCall(
-            call_id=str(part.get("callID") or part.get("id") or ""),
-            tool=tool,
-            status="error" if status == "error" else ("running" if status == "running" else "completed"),
-            title=state.get("title"),
-            input=inp if isinstance(inp, dict) else {},
-            output=str(output)[:20000] if output is not None else None,
-            message_id=part.get("messageID"),
-        )
-        return [call, TerminalOutput(stream="display", data=self._display(tool, inp, output, status))]
-
-    def _display(self, tool: str, inp: dict[str, Any], output: Any, status: str) -> str:
-        out = "" if output is None else str(output)
-        if tool == "bash":
-            body = out if out.endswith("\n") or not out else out + "\n"
-            return f"\x1b[1;32m$\x1b[0m \x1b[1m{inp.get('command', '')}\x1b[0m\n{body}"
-        path = self._rel(str(inp.get("filePath", inp.get("path", ""))))
-        if tool == "edit":
-            old = str(inp.get("oldString", "")).splitlines()[:_DIFF_LINES]
-            new = str(inp.get("newString", "")).splitlines()[:_DIFF_LINES]
-            diff = [f"\x1b[1m--- {path}\x1b[0m", f"\x1b[1m+++ {path}\x1b[0m"]
-            diff += [f"\x1b[31m-{line}\x1b[0m" for line in old] + [f"\x1b[32m+{line}\x1b[0m" for line in new]
-            return "\n".join(diff) + "\n"
-        if tool == "write":
-            lines = str(inp.get("content", "")).splitlines()
-            shown = "\n".join(f"\x1b[32m+{line}\x1b[0m" for line in lines[:_DIFF_LINES])
-            more = f"\n… {len(lines) - _DIFF_LINES} more lines" if len(lines) > _DIFF_LINES else ""
-            return f"\x1b[1m+++ {path}\x1b[0m (new, {len(lines)} lines)\n{shown}{more}\n"
-        mark = "✖" if status == "error" else "•"
-        detail = path or json.dumps(inp)[:200]
-        extra = f": {out.strip()[:300]}" if status == "error" else ""
-        return f"\x1b[2m{mark} {tool} {detail}{extra}\x1b[0m\n"

@@ -97,9 +97,12 @@ class TerminalView(ScrollView, can_focus=True):
                 data = ev.data
                 raw_append(data)
                 stream = ev.stream
-                if writer.pending is not None and (stream == "display" or stream in RENDERED_STREAMS):
+                if (stream == "display" and not writer.engine_renders) or (
+                    writer.pending is not None and stream in RENDERED_STREAMS
+                ):
                     sync()
-                    writer.feed(ev)  # settles the held-back event (see TranscriptWriter), then writes
+                    # The writer learns that the engine renders / settles its held-back event, then writes.
+                    writer.feed(ev)
                     n = len(rendered.lines)
                     open_empty = not rendered.lines[-1]
                 elif data and stream in RENDERED_STREAMS:

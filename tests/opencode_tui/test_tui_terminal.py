@@ -116,8 +116,8 @@ def test_assistant_text_from_run_json_and_server_events():
 
 
 def test_engine_rendering_on_the_display_stream_is_used_instead_of_our_own():
-    """core.runtime.opencode.StreamTranslator renders each tool call/text on the display stream right
-    after the event: the TUI then shows that rendering once, not a second one of its own."""
+    """core.runtime.stream renders each tool call/text on the display stream (older runs: right after the
+    event): the TUI then shows that rendering once, not a second one of its own."""
     buf = LineBuffer()
     w = TranscriptWriter(buf)
     w.feed(TerminalOutput(stream="display", data="[supervisor] starting\n"))

@@ -4,20 +4,14 @@ faults from the scripted model, and the best-effort/required prerequisites in re
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from core.config import AgentConfig, ModelSettings
-from core.episode import Episode
+from core.config import ModelSettings
 from core.events import Warning_
 from core.runtime.opencode import build_config
-from core.tasks import load_task
-
-SAMPLES = Path(__file__).resolve().parents[3] / "sample_tasks"
 
 
 def test_output_cap_does_not_touch_context_window():
@@ -32,25 +26,6 @@ def test_output_cap_does_not_touch_context_window():
     assert default["autoupdate"] is False and default["share"] == "disabled"
 
 
-def _task(tmp_path: Path, name: str = "hello-file", trajectory: list | None = None, **changes) -> Path:
-    dest = tmp_path / name
-    shutil.copytree(SAMPLES / name, dest)
-    if trajectory is not None:
-        (dest / "trajectory.yaml").write_text(yaml.safe_dump({"steps": trajectory}))
-    if changes:
-        data = yaml.safe_load((dest / "task.yaml").read_text())
-        data.update(changes)
-        (dest / "task.yaml").write_text(yaml.safe_dump(data))
-    return dest
-
-
-def _episode(task_dir: Path, runs: Path, **config) -> Episode:
-    cfg = AgentConfig.model_validate(
-        {"sandbox": {"provider": "local"}, "policy": {"max_attempts": 1}, **config}
-    )
-    return Episode(load_task(task_dir), cfg, runs_dir=runs)
-
-
 def _calls(result) -> list[dict]:
     return [
         json.loads(line) for line in (Path(result.run_dir) / "model_calls.jsonl").read_text().splitlines()
@@ -59,8 +34,8 @@ def _calls(result) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_max_tokens_follows_the_output_cap_on_the_wire(tmp_path):
-    ep = _episode(_task(tmp_path), tmp_path / "runs", model={"output_cap": 1024})
+async def test_max_tokens_follows_the_output_cap_on_the_wire(task_copy, episode_on):
+    ep = episode_on(task_copy(), model={"output_cap": 1024})
     result = await ep.run()
     assert result.action == "scored"
     agent = [c for c in _calls(result) if c["kind"] == "agent"]
@@ -74,7 +49,7 @@ async def test_max_tokens_follows_the_output_cap_on_the_wire(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_stall_longer_than_the_client_timeout_is_recorded_and_retried(tmp_path):
+async def test_stall_longer_than_the_client_timeout_is_recorded_and_retried(task_copy, episode_on):
     steps = [
         {
             "tool_calls": [
@@ -87,7 +62,7 @@ async def test_stall_longer_than_the_client_timeout_is_recorded_and_retried(tmp_
         },
         {"text": "done"},
     ]
-    ep = _episode(_task(tmp_path, trajectory=steps), tmp_path / "runs", model={"stall_timeout_s": 2})
+    ep = episode_on(task_copy(trajectory=steps), model={"stall_timeout_s": 2})
     result = await ep.run()
     assert result.action == "scored"
     agent = [c for c in _calls(result) if c["kind"] == "agent"]
@@ -97,12 +72,12 @@ async def test_stall_longer_than_the_client_timeout_is_recorded_and_retried(tmp_
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_malformed_stream_ends_the_run_as_a_model_failure(tmp_path):
+async def test_malformed_stream_ends_the_run_as_a_model_failure(task_copy, episode_on):
     steps = [
         {"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}], "fault": {"malformed": True}},
         {"text": "done"},
     ]
-    ep = _episode(_task(tmp_path, trajectory=steps), tmp_path / "runs")
+    ep = episode_on(task_copy(trajectory=steps))
     result = await ep.run()
     assert result.failure_kind == "model_malformed_response", result.summary
     assert result.failure_class == "evaluation"
@@ -116,11 +91,10 @@ def _docker_ready(image: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.docker
-async def test_image_without_python_fails_with_the_preinstall_message(tmp_path):
+async def test_image_without_python_fails_with_the_preinstall_message(task_copy, episode_on):
     _docker_ready("opencode-tui/nopython:bookworm")
-    ep = _episode(
-        _task(tmp_path),
-        tmp_path / "runs",
+    ep = episode_on(
+        task_copy(),
         sandbox={"provider": "docker", "image": "opencode-tui/nopython:bookworm"},
     )
     result = await ep.run()
@@ -134,11 +108,10 @@ async def test_image_without_python_fails_with_the_preinstall_message(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.docker
-async def test_image_without_ripgrep_warns_and_still_runs(tmp_path):
+async def test_image_without_ripgrep_warns_and_still_runs(task_copy, episode_on):
     _docker_ready("opencode-tui/base-norg:bookworm")
-    ep = _episode(
-        _task(tmp_path),
-        tmp_path / "runs",
+    ep = episode_on(
+        task_copy(),
         sandbox={"provider": "docker", "image": "opencode-tui/base-norg:bookworm"},
     )
     warnings: list[Warning_] = []

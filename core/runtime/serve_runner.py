@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""One OpenCode session through ``opencode serve``, uploaded into the sandbox (stdlib only, Python >= 3.8).
+
+``opencode run --format json`` prints a tool call only once it has finished; the server's event stream
+(``GET /event``) also carries a running bash command's output so far and assistant text as it is
+generated. This runner gets that stream and otherwise behaves like ``opencode run``:
+
+1. starts ``BINARY serve`` on the sandbox's loopback (port chosen by the kernel, basic auth with a
+   password only this process knows) in the current directory;
+2. subscribes to ``/event`` before anything happens, so no event is missed;
+3. creates a session with ``run``'s permission rules (no ``question``, no plan mode: nobody is there to
+   answer) and sends the prompt read from stdin with ``prompt_async``;
+4. writes every event that belongs to the session (or a sub-agent session it starts) to stdout, one JSON
+   object per line; auto-rejects permission requests as ``run`` does; notes ``session.error``;
+5. stops when the session goes idle, then stops the server.
+
+Exit status: 0 when the turn ended without a session error, 1 after a session error or a failed request,
+the server's own status (128+signal when killed) when it dies first, 3 when it never started listening.
+Lines this runner adds itself have types starting with ``runner.``.
+
+Usage::
+
+    python3 serve_runner.py OPENCODE_BINARY < prompt.txt
+"""
+
+import base64
+import http.client
+import json
+import os
+import queue
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+LISTEN_TIMEOUT_S = 120.0
+CONNECT_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 60.0
+STOP_GRACE_S = 10.0
+# When OpenCode's event stream ends while the server still runs, reconnect this many times.
+MAX_RECONNECTS = 5
+# The same rules ``opencode run`` gives its session: tools that wait for a human are denied.
+SESSION_PERMISSIONS = [
+    {"permission": "question", "action": "deny", "pattern": "*"},
+    {"permission": "plan_enter", "action": "deny", "pattern": "*"},
+    {"permission": "plan_exit", "action": "deny", "pattern": "*"},
+]
+# Server-wide noise (plugin loading, file watcher, catalogues) is not forwarded.
+FORWARDED_PREFIXES = ("session.", "message.", "permission.", "question.", "todo.", "file.edited")
+LISTENING = re.compile(r"listening on https?://([^:/\s]+):(\d+)")
+
+
+class RunnerError(Exception):
+    """A request to the server failed; the message says which and why."""
+
+
+def out(obj):
+    sys.stdout.buffer.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+
+def note(kind, **properties):
+    out({"type": "runner." + kind, "properties": properties})
+    sys.stdout.buffer.flush()
+
+
+def session_of(event):
+    props = event.get("properties")
+    if not isinstance(props, dict):
+        return None
+    for holder in (props, props.get("info"), props.get("part")):
+        if isinstance(holder, dict) and isinstance(holder.get("sessionID"), str):
+            return holder["sessionID"]
+    info = props.get("info")
+    if event.get("type", "").startswith("session.") and isinstance(info, dict):
+        return info.get("id")
+    return None
+
+
+class Server:
+    """The ``opencode serve`` child and authenticated requests to it."""
+
+    def __init__(self, binary):
+        self.password = secrets.token_urlsafe(24)
+        env = dict(os.environ)
+        env["OPENCODE_SERVER_PASSWORD"] = self.password
+        env["OPENCODE_SERVER_USERNAME"] = "opencode"
+        self.auth = "Basic " + base64.b64encode(("opencode:" + self.password).encode()).decode()
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--hostname", "127.0.0.1", "--port", "0"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self.port = None
+        self._listening = threading.Event()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+
+    def _read_stdout(self):
+        # The server prints where it listens on stdout; anything else it prints goes to our stderr,
+        # so stdout stays machine-readable.
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            found = LISTENING.search(line) if self.port is None else None
+            if found:
+                self.port = int(found.group(2))
+                self._listening.set()
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        self._listening.set()
+
+    def wait_listening(self, timeout):
+        self._listening.wait(timeout)
+        return self.port
+
+    def request(self, method, path, body=None, expect=(200, 204)):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT_S)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            headers = {"Authorization": self.auth, "Accept": "application/json"}
+            if data is not None:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+        except OSError as exc:
+            raise RunnerError(f"{method} {path} failed: {exc}") from exc
+        finally:
+            conn.close()
+        if resp.status not in expect:
+            text = payload.decode("utf-8", "replace")[:500]
+            raise RunnerError(f"{method} {path} answered {resp.status}: {text}")
+        return json.loads(payload) if payload.strip() else None
+
+    def stop(self):
+        if self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def read_events(server, events, connected):
+    """Feed ``/event`` into ``events`` as parsed objects; reconnect while the server lives."""
+    attempts = 0
+    while server.proc.poll() is None and attempts <= MAX_RECONNECTS:
+        attempts += 1
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=CONNECT_TIMEOUT_S)
+        try:
+            conn.request(
+                "GET", "/event", headers={"Authorization": server.auth, "Accept": "text/event-stream"}
+            )
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise RunnerError(f"GET /event answered {resp.status}")
+            conn.sock.settimeout(None)  # a quiet session is not a broken stream
+            data = []
+            for raw in iter(resp.readline, b""):
+                line = raw.rstrip(b"\r\n")
+                if line.startswith(b"data:"):
+                    data.append(line[5:].lstrip())
+                elif not line and data:
+                    try:
+                        event = json.loads(b"\n".join(data))
+                    except ValueError:
+                        event = None
+                    data = []
+                    if isinstance(event, dict):
+                        if event.get("type") == "server.connected":
+                            connected.set()
+                        events.put(event)
+            events.put({"type": "runner.stream_ended", "properties": {"attempt": attempts}})
+        except (OSError, RunnerError, http.client.HTTPException) as exc:
+            events.put(
+                {"type": "runner.stream_error", "properties": {"attempt": attempts, "error": str(exc)}}
+            )
+            time.sleep(0.5)
+        finally:
+            conn.close()
+    events.put(None)
+
+
+def drive(server, prompt):
+    """Run the session to its end; the exit status."""
+    events = queue.Queue()
+    connected = threading.Event()
+    threading.Thread(target=read_events, args=(server, events, connected), daemon=True).start()
+    if not connected.wait(CONNECT_TIMEOUT_S):
+        sys.stderr.write("opencode-tui runner: the server's event stream did not connect\n")
+        return 3
+    session = server.request("POST", "/session", {"permission": SESSION_PERMISSIONS})
+    sid = session["id"]
+    ours = {sid}
+    note("session", sessionID=sid, port=server.port)
+    server.request("POST", f"/session/{sid}/prompt_async", {"parts": [{"type": "text", "text": prompt}]})
+    note("prompt_sent", sessionID=sid, chars=len(prompt))
+    errors = 0
+    started = False
+    while True:
+        try:
+            event = events.get(timeout=1.0)
+        except queue.Empty:
+            sys.stdout.buffer.flush()
+            if server.proc.poll() is not None:
+                return None
+            continue
+        if event is None:
+            return None if server.proc.poll() is not None else 1
+        etype = str(event.get("type", ""))
+        props = event.get("properties") if isinstance(event.get("properties"), dict) else {}
+        if etype == "session.created":
+            info = props.get("info") or {}
+            if info.get("parentID") in ours:
+                ours.add(info.get("id"))
+        owner = session_of(event)
+        if etype.startswith("runner."):
+            out(event)
+        elif owner in ours and etype.startswith(FORWARDED_PREFIXES):
+            out(event)
+        else:
+            continue
+        if etype == "permission.asked":
+            # Nobody can answer: reject, as ``opencode run`` does without its skip flag.
+            server.request("POST", f"/permission/{props.get('id')}/reply", {"reply": "reject"})
+            note("permission_rejected", id=props.get("id"), permission=props.get("permission"))
+        elif etype == "question.asked":
+            server.request("POST", f"/question/{props.get('id')}/reject", {})
+            note("question_rejected", id=props.get("id"))
+        elif etype == "session.error" and owner == sid:
+            errors += 1
+        elif etype == "session.status" and owner == sid:
+            status = (props.get("status") or {}).get("type")
+            if status == "busy":
+                started = True
+            elif status == "idle" and (started or errors):
+                sys.stdout.buffer.flush()
+                return 1 if errors else 0
+        if events.empty():
+            sys.stdout.buffer.flush()
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: serve_runner.py OPENCODE_BINARY < prompt\n")
+        return 2
+    prompt = sys.stdin.buffer.read().decode("utf-8", "replace")
+    server = Server(sys.argv[1])
+
+    def on_term(signum, frame):
+        server.stop()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        if server.wait_listening(LISTEN_TIMEOUT_S) is None:
+            code = server.proc.poll()
+            why = f"exited with {code}" if code is not None else f"did not listen in {LISTEN_TIMEOUT_S:g}s"
+            sys.stderr.write(f"opencode-tui runner: `opencode serve` {why}\n")
+            return 3 if code is None else exit_status(code)
+        try:
+            status = drive(server, prompt)
+        except RunnerError as exc:
+            note("error", message=str(exc))
+            status = 1
+        if status is None:  # the server died under the session
+            code = server.proc.wait()
+            note("server_exited", returncode=code)
+            return exit_status(code) or 1
+        return status
+    finally:
+        server.stop()
+        sys.stdout.buffer.flush()
+
+
+def exit_status(code):
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

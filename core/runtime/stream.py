@@ -1,0 +1,321 @@
+"""OpenCode's machine-readable stdout turned into engine events and the terminal a person would have seen.
+
+Two sources, one contract (``feed``/``close``, ``finished_cleanly``, ``last_error``):
+
+- :class:`ServeStreamTranslator` reads the server event stream relayed by ``serve_runner.py``: a running
+  bash command's output appears as it is produced, assistant text as it is generated;
+- :class:`RunStreamTranslator` reads ``opencode run --format json``, where a tool call appears only once
+  it has finished and text only once its part has ended.
+
+The rendering is emitted on the ``display`` stream (it is what ``terminal.cast`` records and what the TUI
+shows); the first display chunk of a run is a header, so a viewer knows from the start that the engine
+renders the transcript.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
+
+DIFF_LINES = 12
+TOOL_OUTPUT_CAP = 20_000
+
+RESET = "\x1b[0m"
+BOLD = "\x1b[1m"
+DIM = "\x1b[2m"
+DIM_ITALIC = "\x1b[2;3m"
+RED = "\x1b[31m"
+GREEN = "\x1b[32m"
+YELLOW = "\x1b[33m"
+CYAN = "\x1b[36m"
+PROMPT = "\x1b[1;32m"
+
+
+def display(text: str) -> TerminalOutput:
+    return TerminalOutput(stream="display", data=text)
+
+
+class _Translator:
+    """Line splitting, the shared state and the rendering of finished tool calls."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir.rstrip("/")
+        self._buf = b""
+        self.finished_cleanly = False
+        self.last_error: str | None = None
+
+    def feed(self, data: bytes) -> list[Event]:
+        self._buf += data
+        out: list[Event] = []
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            out += self._parse(line)
+        return out
+
+    def close(self) -> list[Event]:
+        rest, self._buf = self._buf, b""
+        return self._parse(rest) if rest.strip() else []
+
+    def _parse(self, line: bytes) -> list[Event]:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            text = line.decode("utf-8", "replace")
+            return [display(text + "\n")] if text.strip() else []
+        return self._event(obj) if isinstance(obj, dict) else []
+
+    def _event(self, obj: dict[str, Any]) -> list[Event]:
+        raise NotImplementedError
+
+    def _error(self, message: Any) -> list[Event]:
+        self.last_error = str(message)[:2000]
+        self.finished_cleanly = False
+        return [display(f"{RED}✖ {self.last_error}{RESET}\n")]
+
+    def _tool_call(self, part: dict[str, Any]) -> ToolCall:
+        state = part.get("state") or {}
+        status = state.get("status", "completed")
+        output = state.get("error") if status == "error" else state.get("output")
+        if output is None and status == "error":
+            output = state.get("output")
+        inp = state.get("input")
+        return ToolCall(
+            call_id=str(part.get("callID") or part.get("id") or ""),
+            tool=str(part.get("tool", "unknown")),
+            status="error" if status == "error" else ("running" if status == "running" else "completed"),
+            title=state.get("title"),
+            input=inp if isinstance(inp, dict) else {},
+            output=str(output)[:TOOL_OUTPUT_CAP] if output is not None else None,
+            message_id=part.get("messageID"),
+        )
+
+    def _rel(self, path: str) -> str:
+        return path[len(self.workdir) + 1 :] if path.startswith(self.workdir + "/") else path
+
+    def render_tool(self, call: ToolCall) -> str:
+        """A finished call as a person would have seen it: a prompt line and output, a short diff, or a line."""
+        inp, out = call.input, call.output or ""
+        if call.tool == "bash":
+            return bash_prompt(str(inp.get("command", ""))) + _ended(out)
+        path = self._rel(str(inp.get("filePath", inp.get("path", ""))))
+        if call.status != "error" and call.tool == "edit":
+            old = str(inp.get("oldString", "")).splitlines()[:DIFF_LINES]
+            new = str(inp.get("newString", "")).splitlines()[:DIFF_LINES]
+            diff = [f"{BOLD}--- {path}{RESET}", f"{BOLD}+++ {path}{RESET}"]
+            diff += [f"{RED}-{line}{RESET}" for line in old] + [f"{GREEN}+{line}{RESET}" for line in new]
+            return "\n".join(diff) + "\n"
+        if call.status != "error" and call.tool == "write":
+            lines = str(inp.get("content", "")).splitlines()
+            shown = "\n".join(f"{GREEN}+{line}{RESET}" for line in lines[:DIFF_LINES])
+            more = f"\n… {len(lines) - DIFF_LINES} more lines" if len(lines) > DIFF_LINES else ""
+            return f"{BOLD}+++ {path}{RESET} (new, {len(lines)} lines)\n{shown}{more}\n"
+        mark = "✖" if call.status == "error" else "•"
+        detail = path or json.dumps(inp)[:200]
+        extra = f": {out.strip()[:300]}" if call.status == "error" else ""
+        return f"{DIM}{mark} {call.tool} {detail}{extra}{RESET}\n"
+
+
+def bash_prompt(command: str) -> str:
+    lines = command.splitlines() or [""]
+    head = f"{PROMPT}${RESET} {BOLD}{lines[0]}{RESET}\n"
+    return head + "".join(f"{PROMPT}>{RESET} {BOLD}{line}{RESET}\n" for line in lines[1:])
+
+
+def _ended(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+class RunStreamTranslator(_Translator):
+    """``opencode run --format json`` lines → OpenCodeEvent, ToolCall and display text."""
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        self._headed = False
+
+    def _event(self, obj: dict[str, Any]) -> list[Event]:
+        etype = str(obj.get("type", "unknown"))
+        events: list[Event] = [OpenCodeEvent(event_type=etype, payload=obj)]
+        part = obj.get("part") or {}
+        if not self._headed:
+            self._headed = True
+            events.insert(0, display(f"{DIM}● opencode run (tool calls appear when they finish){RESET}\n"))
+        if etype == "tool_use":
+            call = self._tool_call(part)
+            events += [call, display(self.render_tool(call))]
+        elif etype == "text" and not part.get("synthetic"):
+            text = str(part.get("text", "")).rstrip()
+            if text:
+                events.append(display(f"{CYAN}{text}{RESET}\n"))
+        elif etype == "step_finish":
+            self.finished_cleanly = part.get("reason") == "stop"
+        elif etype == "error":
+            err = obj.get("error") or {}
+            msg = (err.get("data") or {}).get("message") if isinstance(err, dict) else None
+            events += self._error(msg or err)
+        return events
+
+
+@dataclass
+class _Part:
+    kind: str  # OpenCode's part type: text, reasoning, tool, step-finish, …
+    shown: str = ""  # text or command output written so far
+    started: bool = False  # a tool's prompt line / running event is out
+    ended: bool = False
+
+
+class ServeStreamTranslator(_Translator):
+    """Server events relayed by ``serve_runner.py`` → OpenCodeEvent, ToolCall and live display text.
+
+    Events are kept as :class:`OpenCodeEvent` except the high-rate ones (text deltas, repeated running
+    updates of a tool), which only move the display; the raw lines stay in ``opencode/stdout.jsonl``. A
+    tool call is reported once when it starts running and once when it ends.
+    """
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        self.session_id: str | None = None
+        self._parts: dict[str, _Part] = {}
+        self._roles: dict[str, str] = {}  # message id -> role
+
+    def _event(self, obj: dict[str, Any]) -> list[Event]:
+        etype = str(obj.get("type", "unknown"))
+        props = obj.get("properties") if isinstance(obj.get("properties"), dict) else {}
+        if etype == "message.part.delta":
+            return self._delta(props)
+        if etype == "message.part.updated" and isinstance(props.get("part"), dict):
+            return self._part(obj, props["part"])
+        events: list[Event] = [OpenCodeEvent(event_type=etype, payload=obj)]
+        if etype == "runner.session":
+            self.session_id = props.get("sessionID")
+            events.append(
+                display(f"{DIM}● opencode session {self.session_id} (live from opencode serve){RESET}\n")
+            )
+        elif etype == "message.updated":
+            info = props.get("info") or {}
+            if info.get("id"):
+                self._roles[str(info["id"])] = str(info.get("role"))
+        elif etype == "session.error" and self._main(props.get("sessionID")):
+            err = props.get("error") or {}
+            data = err.get("data") if isinstance(err, dict) and isinstance(err.get("data"), dict) else {}
+            events += self._error(data.get("message") or (err.get("name") if isinstance(err, dict) else err))
+        elif etype == "session.compacted" and self._main(props.get("sessionID")):
+            events.append(display(f"{DIM}── context compacted ──{RESET}\n"))
+        elif etype == "runner.permission_rejected":
+            what = props.get("permission") or "?"
+            # OpenCode ends the turn after a rejection: if the run fails, this is why.
+            self.last_error = f"OpenCode asked for permission `{what}`; nobody can answer, so it was rejected"
+            events.append(display(f"{YELLOW}! permission requested: {what}; auto-rejected{RESET}\n"))
+        elif etype in ("runner.error", "runner.stream_error"):
+            events += self._error(f"runner: {props.get('message') or props.get('error')}")
+        elif etype == "runner.server_exited":
+            events += self._error(f"opencode serve exited with {props.get('returncode')} during the session")
+        return events
+
+    def _main(self, session_id: Any) -> bool:
+        return self.session_id is None or session_id == self.session_id
+
+    def _delta(self, props: dict[str, Any]) -> list[Event]:
+        if props.get("field", "text") != "text" or not self._main(props.get("sessionID")):
+            return []
+        delta = props.get("delta")
+        part = self._parts.get(str(props.get("partID")))
+        if not isinstance(delta, str) or not delta or part is None or part.ended:
+            return []
+        if part.kind not in ("text", "reasoning"):
+            return []
+        part.shown += delta
+        return [display(self._styled(part.kind, delta))]
+
+    @staticmethod
+    def _styled(kind: str, text: str) -> str:
+        style = DIM_ITALIC if kind == "reasoning" else CYAN
+        # Style each line on its own: the terminal pane decodes line by line.
+        return "\n".join(f"{style}{line}{RESET}" if line else "" for line in text.split("\n"))
+
+    def _part(self, obj: dict[str, Any], raw: dict[str, Any]) -> list[Event]:
+        pid = str(raw.get("id") or "")
+        kind = str(raw.get("type") or "")
+        part = self._parts.setdefault(pid, _Part(kind=kind))
+        main = self._main(raw.get("sessionID"))
+        if kind == "tool":
+            return self._tool(obj, raw, part) if main else []
+        if part.ended:
+            return []
+        events: list[Event] = [OpenCodeEvent(event_type="message.part.updated", payload=obj)]
+        if not main:
+            return events
+        if kind == "step-finish":
+            self.finished_cleanly = raw.get("reason") == "stop"
+            part.ended = True
+        elif kind in ("text", "reasoning"):
+            user = self._roles.get(str(raw.get("messageID"))) == "user"
+            ended = bool((raw.get("time") or {}).get("end"))
+            text = raw.get("text")
+            if user or raw.get("synthetic") or not isinstance(text, str):
+                part.ended = ended
+                return events
+            new = text[len(part.shown) :] if text.startswith(part.shown) else ""
+            if new:
+                events.append(display(self._styled(kind, new)))
+                part.shown = text
+            if ended:
+                part.ended = True
+                if part.shown and not part.shown.endswith("\n"):
+                    events.append(display("\n"))
+        return events
+
+    def _tool(self, obj: dict[str, Any], raw: dict[str, Any], part: _Part) -> list[Event]:
+        if part.ended:
+            return []
+        state = raw.get("state") or {}
+        status = state.get("status")
+        if status not in ("running", "completed", "error"):
+            return []
+        events: list[Event] = []
+        call = self._tool_call(raw)
+        if not part.started:
+            part.started = True
+            if status == "running":
+                events.append(call.model_copy(update={"output": None}))
+            if call.tool == "bash":
+                events.append(display(bash_prompt(str(call.input.get("command", "")))))
+        if call.tool == "bash":
+            metadata = state.get("metadata") if isinstance(state.get("metadata"), dict) else {}
+            so_far = state.get("output") if status != "running" else metadata.get("output")
+            if status == "error" and so_far is None:
+                so_far = metadata.get("output")
+            events += self._bash_output(part, so_far if isinstance(so_far, str) else "")
+        if status == "running":
+            return events
+        part.ended = True
+        events[:0] = [OpenCodeEvent(event_type="message.part.updated", payload=obj), call]
+        if call.tool == "bash":
+            if part.shown and not part.shown.endswith("\n"):
+                events.append(display("\n"))
+            if call.status == "error":
+                events.append(display(f"{RED}✖ {call.output or 'failed'}{RESET}\n"))
+        else:
+            events.append(display(self.render_tool(call)))
+        return events
+
+    @staticmethod
+    def _bash_output(part: _Part, so_far: str) -> list[Event]:
+        """The part of a command's output not written yet. OpenCode repeats the output so far; when the
+        new text does not continue what was written (its live copy is capped), only what follows the
+        common prefix is written."""
+        if so_far.startswith(part.shown):
+            new = so_far[len(part.shown) :]
+        else:
+            common = 0
+            for a, b in zip(part.shown, so_far, strict=False):
+                if a != b:
+                    break
+                common += 1
+            new = so_far[common:]
+            if new and part.shown and not part.shown.endswith("\n"):
+                new = "\n" + new
+        part.shown = so_far
+        return [display(new)] if new else []

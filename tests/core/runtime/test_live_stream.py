@@ -1,0 +1,142 @@
+"""How live the terminal is, against the real OpenCode binary in a real bubblewrap sandbox.
+
+``serve`` (the default harness) relays OpenCode's server event stream: a running command's output is
+shown while the command still runs. ``run`` (the fallback) only learns of a tool call once it has ended.
+Also: what the serve runner does when OpenCode asks for a permission nobody can give, and when the
+server dies under the session (a real SIGKILL from inside the sandbox).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from core.events import Event, FailureRecorded, TerminalOutput, ToolCall
+
+pytestmark = [pytest.mark.slow, pytest.mark.bwrap]
+
+SLOW_COMMAND = "for i in 1 2 3; do echo line$i; sleep 1; done"
+WRITE_HELLO = {"name": "write", "arguments": {"filePath": "{workdir}/hello.txt", "content": "Hello\n"}}
+
+
+def _record(ep) -> list[tuple[float, Event]]:
+    seen: list[tuple[float, Event]] = []
+    ep.bus.subscribe(lambda e: seen.append((time.monotonic(), e)))
+    return seen
+
+
+def _first(seen, pred) -> float:
+    return next(t for t, e in seen if pred(e))
+
+
+def _display(seen) -> str:
+    return "".join(e.data for _, e in seen if isinstance(e, TerminalOutput) and e.stream == "display")
+
+
+def _cast_text(run_dir: str) -> str:
+    """The recorded terminal as plain text (colours dropped)."""
+    lines = (Path(run_dir) / "terminal.cast").read_text().splitlines()[1:]
+    text = "".join(json.loads(line)[2] for line in lines).replace("\r\n", "\n")
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _failure_message(seen) -> str:
+    (failure,) = [e.failure for _, e in seen if isinstance(e, FailureRecorded)]
+    return failure.message
+
+
+def _slow_task(task_copy) -> Path:
+    steps = [
+        {"tool_calls": [WRITE_HELLO]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": SLOW_COMMAND, "description": "count"}}]},
+        {"text": "Counted."},
+    ]
+    return task_copy(trajectory=steps)
+
+
+def _is_line1(e: Event) -> bool:
+    return isinstance(e, TerminalOutput) and e.stream == "display" and "line1" in e.data
+
+
+def _bash_done(e: Event) -> bool:
+    return isinstance(e, ToolCall) and e.tool == "bash" and e.status == "completed"
+
+
+async def test_serve_shows_a_running_commands_output_before_it_ends(task_copy, episode_on):
+    ep = episode_on(_slow_task(task_copy))
+    seen = _record(ep)
+    result = await ep.run()
+    assert result.action == "scored", result.summary
+    started = _first(seen, lambda e: isinstance(e, ToolCall) and e.tool == "bash" and e.status == "running")
+    line1 = _first(seen, _is_line1)
+    done = _first(seen, _bash_done)
+    # line2 and line3 take two more seconds of sleep after line1 is printed.
+    assert started <= line1 and done - line1 >= 1.5, (started, line1, done)
+    # Each line once, in order, after one prompt line: continuation, not repetition.
+    text = _cast_text(result.run_dir)
+    assert text.count(f"$ {SLOW_COMMAND}\n") == 1
+    assert [text.count(f"line{i}\n") for i in (1, 2, 3)] == [1, 1, 1]
+    assert text.index("line1") < text.index("line2") < text.index("line3") < text.index("Counted.")
+    assert "live from opencode serve" in text
+    calls = [e for _, e in seen if isinstance(e, ToolCall) and e.tool == "bash"]
+    assert [c.status for c in calls] == ["running", "completed"]
+    assert calls[-1].output == "line1\nline2\nline3\n"
+
+
+async def test_run_harness_only_shows_a_command_once_it_has_ended(task_copy, episode_on):
+    ep = episode_on(_slow_task(task_copy), runtime={"harness": "run"})
+    seen = _record(ep)
+    result = await ep.run()
+    assert result.action == "scored", result.summary
+    assert _first(seen, _bash_done) <= _first(seen, _is_line1)
+    text = _cast_text(result.run_dir)
+    assert [text.count(f"line{i}\n") for i in (1, 2, 3)] == [1, 1, 1]
+    assert "opencode run (tool calls appear when they finish)" in text
+
+
+async def test_permission_nobody_can_give_ends_the_turn_and_says_why(task_copy, episode_on):
+    """``question`` is denied by the session's rules (not offered; a call to it is answered as an invalid
+    tool and the turn goes on). A read outside the workdir asks for ``external_directory``, which would
+    wait forever for a human in a bare server: the runner rejects it as ``opencode run`` does, OpenCode
+    ends the turn, and the failure names the cause."""
+    steps = [
+        {
+            "tool_calls": [
+                {"name": "question", "arguments": {"questions": [{"question": "?", "options": []}]}}
+            ]
+        },
+        {"tool_calls": [WRITE_HELLO]},
+        {"tool_calls": [{"name": "read", "arguments": {"filePath": "/etc/hostname"}}]},
+        {"text": "Done."},
+    ]
+    ep = episode_on(task_copy(trajectory=steps))
+    seen = _record(ep)
+    result = await ep.run()
+    assert (result.failure_kind, result.failure_stage) == ("agent_did_not_finish", "agent"), result.summary
+    assert "permission `external_directory`" in _failure_message(seen)
+    final = {e.tool: e for _, e in seen if isinstance(e, ToolCall) and e.status != "running"}
+    assert "question" not in final and final["invalid"].status == "completed"  # not offered: not run
+    assert final["write"].status == "completed"
+    assert final["read"].status == "error" and "rejected" in (final["read"].output or "")
+    assert "permission requested: external_directory; auto-rejected" in _display(seen)
+    assert result.durations_s["agent"] < 60
+
+
+async def test_server_killed_under_the_session_is_a_nonzero_exit_with_the_reason(task_copy, episode_on):
+    """The agent's own command SIGKILLs the OpenCode server (its parent process): a real crash."""
+    steps = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "kill -9 $PPID", "description": "crash"}}]},
+        {"text": "unreachable"},
+    ]
+    ep = episode_on(task_copy(trajectory=steps))
+    seen = _record(ep)
+    result = await ep.run()
+    assert (result.failure_kind, result.failure_stage) == ("agent_nonzero_exit", "agent"), result.summary
+    message = _failure_message(seen)
+    assert "exited with 137" in message and "opencode serve exited with -9" in message
+    assert "opencode serve exited with -9 during the session" in _display(seen)
+    assert result.cleanup_confirmed
