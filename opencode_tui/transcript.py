@@ -69,7 +69,9 @@ class TranscriptWriter:
     def feed(self, event: Event) -> None:
         if isinstance(event, TerminalOutput):
             if event.stream == "display":
-                self.engine_renders = True  # the engine renders (a held-back event included): use its rendering
+                self.engine_renders = (
+                    True  # the engine renders (a held-back event included): use its rendering
+                )
                 self.pending = None
             elif self.pending is not None and event.stream in RENDERED_STREAMS:
                 self.flush_pending()

@@ -67,6 +67,16 @@ def _terminal_lines(events) -> list[str]:
     return lines[:-1] if lines and not lines[-1] else lines
 
 
+def _last_text(events) -> str:
+    """The agent's last finished text part, from the server stream's part updates."""
+    parts = [
+        e.payload["properties"]["part"]
+        for e in events
+        if isinstance(e, OpenCodeEvent) and e.event_type == "message.part.updated"
+    ]
+    return [p["text"] for p in parts if p["type"] == "text" and (p.get("time") or {}).get("end")][-1]
+
+
 def _bash_call(events) -> ToolCall:
     return next(e for e in events if isinstance(e, ToolCall) and e.tool == "bash" and e.status != "running")
 
@@ -145,8 +155,7 @@ async def test_oom_run_shows_failure_calls_and_cleanup(fixture_runs, replay_load
         assert hog.input["command"].startswith("python3 -c ")
         prompt = lines.index(f"$ {hog.input['command']}")
         assert lines[prompt + 1] == hog.output.splitlines()[0]
-        text = next(e for e in events if isinstance(e, OpenCodeEvent) and e.event_type == "text")
-        assert lines[-1] == text.payload["part"]["text"]
+        assert lines[-1] == _last_text(events)
 
         # the failure detail modal
         failures.focus()
@@ -355,7 +364,7 @@ async def test_timeline_steps_and_jumps_to_failures(fixture_runs, replay_loaded)
         assert screen.terminal.line_count == 0
         # the terminal grows with the cursor: the hog's prompt line appears with its rendering
         hog = _bash_call(events)
-        hog_at = events.index(hog)
+        hog_at = next(i for i, e in enumerate(events) if isinstance(e, ToolCall) and e.call_id == hog.call_id)
         shown_at = next(
             i
             for i, e in enumerate(events)
@@ -414,7 +423,7 @@ async def test_raw_view_and_follow_toggle(fixture_runs, replay_loaded):
         if isinstance(e, TerminalOutput) and e.stream == "stdout"
         for line in e.data.splitlines()
     ]
-    assert any(json.loads(line)["type"] == "text" for line in stdout_lines)
+    assert any(json.loads(line)["type"] == "message.part.delta" for line in stdout_lines)
     app = OpenCodeTUI(run_dir=run)
     async with app.run_test(size=SIZE) as pilot:
         await replay_loaded(pilot)

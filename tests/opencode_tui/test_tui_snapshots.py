@@ -25,18 +25,19 @@ SIZE = (160, 45)
 def test_run_screen_mid_episode(snap_compare, fixture_runs, replay_loaded):
     run = fixture_runs / "hello-file"
     events = list(RunDirReader(run).events())
-    # mid-episode: the agent's bash command has just been shown (its rendering on the display stream),
-    # before the agent's last model call and before cleanup
+    # mid-episode: the agent's bash command is running and its output has just been shown (the server
+    # stream's live output on the display stream), before the agent's last model call and before cleanup
     bash = next(
         i
         for i, e in enumerate(events)
-        if isinstance(e, ToolCall) and e.tool == "bash" and e.status == "completed"
+        if isinstance(e, ToolCall) and e.tool == "bash" and e.status == "running"
     )
     mid = next(
         i
         for i, e in enumerate(events)
-        if i > bash and isinstance(e, TerminalOutput) and e.stream == "display"
+        if i > bash and isinstance(e, TerminalOutput) and e.stream == "display" and "Hello from" in e.data
     )
+    assert not any(isinstance(e, ToolCall) and e.status == "completed" for e in events[bash:mid])
     assert any(isinstance(e, ModelCall) for e in events[mid:])
 
     async def run_before(pilot) -> None:
