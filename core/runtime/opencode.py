@@ -1,5 +1,6 @@
-"""Running OpenCode in a sandbox: private layout, generated config, the harness command, the live
-JSON stream turned into engine events, and the artifacts collected after confirmed cleanup.
+"""Running OpenCode in a sandbox: private layout, generated config, the harness command (the serve
+runner, or ``opencode run --format json``), its live stream handed to ``core.runtime.stream``, and the
+artifacts collected after confirmed cleanup.
 """
 
 from __future__ import annotations
