@@ -10,7 +10,9 @@
    durations come from the EpisodeResult. Raw floor: ``docker run --rm -i`` of the same image with the
    installer's cached OpenCode binary bind-mounted read-only, host networking, a ScriptedModel of the
    same trajectory on 127.0.0.1, running ``opencode run --format json`` and then the task's verify
-   command; no harness. Engine and floor repetitions alternate; ratio = median / median.
+   command; no harness. The engine runs with the default ``serve`` harness (live output through the
+   server's event stream) and, for comparison, with the ``run`` harness (``opencode run --format json``,
+   the floor's own command). Engine and floor repetitions alternate; ratio = median / median.
 
 2. Batch throughput: ``core.batch.run_batch`` (what ``opencode-tui run --batch`` uses) over N copies of
    hello-file at each ``--jobs`` value, each in a fresh temporary runs directory, one attempt each.
@@ -92,7 +94,9 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
     }
 
 
-def single_table(engine: list[dict[str, Any]], floor: list[dict[str, Any]], rep: B.Report) -> dict[str, Any]:
+def single_table(
+    engine: list[dict[str, Any]], engine_run: list[dict[str, Any]], floor: list[dict[str, Any]], rep: B.Report
+) -> dict[str, Any]:
     ew = [e["wall"] for e in engine]
     fw = [f["wall"] for f in floor]
     rows = [
@@ -125,6 +129,19 @@ def single_table(engine: list[dict[str, Any]], floor: list[dict[str, Any]], rep:
             B.fmt_ratio(B.ratio(B.med(agent), B.med(fw))),
         ]
     )
+    rw = [e["wall"] for e in engine_run]
+    ragent = [e["durations"].get("agent", 0) for e in engine_run]
+    rows.append(
+        [
+            "episode, run harness (no live output)",
+            B.fmt_s(B.med(rw)),
+            B.fmt_spread(rw, "s"),
+            B.fmt_s(B.med(fw)),
+            "",
+            B.fmt_ratio(B.ratio(B.med(rw), B.med(fw))),
+        ]
+    )
+    rows.append(["  agent phase, run harness", B.fmt_s(B.med(ragent)), B.fmt_spread(ragent, "s"), "", "", ""])
     ecpu = [e["engine_cpu"] for e in engine]
     fcpu = [f["cpu"] for f in floor if f.get("cpu") is not None]
     rows.append(
@@ -149,6 +166,7 @@ def single_table(engine: list[dict[str, Any]], floor: list[dict[str, Any]], rep:
             "outside_phases": B.summary(other),
             "controller_cpu": B.summary(ecpu),
         },
+        "engine_run_harness": {"wall": B.summary(rw), "agent": B.summary(ragent)},
         "raw_floor": {"wall": B.summary(fw), "cpu": B.summary(fcpu)},
         "ratio_wall": B.ratio(B.med(ew), B.med(fw)),
         "ratio_agent_phase_vs_floor": B.ratio(B.med(agent), B.med(fw)),
@@ -211,7 +229,9 @@ async def main_async(args: argparse.Namespace) -> int:
     config = AgentConfig(sandbox=SandboxConfig(provider="docker"))
     binary_dir = await asyncio.to_thread(B.cached_binary_dir, config.runtime.opencode_version)
     raw = B.RawOpenCode(task, binary_dir, OWNER)
+    run_config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"harness": "run"})})
     engine: list[dict[str, Any]] = []
+    engine_run: list[dict[str, Any]] = []
     floor: list[dict[str, Any]] = []
     batches: list[dict[str, Any]] = []
     runs = Path(tempfile.mkdtemp(prefix="octui-bench-episode-"))
@@ -223,12 +243,14 @@ async def main_async(args: argparse.Namespace) -> int:
         for i in range(reps):
             rep.progress(f"engine episode {i + 1}/{reps}")
             engine.append(await engine_episode(task, config, runs))
+            rep.progress(f"engine episode, run harness {i + 1}/{reps}")
+            engine_run.append(await engine_episode(task, run_config, runs))
             rep.progress(f"raw floor {i + 1}/{reps}")
             f = await raw.floor_run(f"ep{i}")
             if f["rc"] != 0:
                 raise RuntimeError(f"the raw floor failed (rc {f['rc']}): {f['stderr']}")
             floor.append(f)
-        single = single_table(engine, floor, rep)
+        single = single_table(engine, engine_run, floor, rep)
         rep.data.update(single)
         for j in jobs_list:
             rep.progress(f"batch of {n} at jobs={j}")

@@ -196,7 +196,7 @@ def drive(server, prompt):
     session = server.request("POST", "/session", {"permission": SESSION_PERMISSIONS})
     sid = session["id"]
     ours = {sid}
-    note("session", sessionID=sid, port=server.port)
+    note("session", sessionID=sid)
     server.request("POST", f"/session/{sid}/prompt_async", {"parts": [{"type": "text", "text": prompt}]})
     note("prompt_sent", sessionID=sid, chars=len(prompt))
     errors = 0
@@ -249,6 +249,8 @@ def main():
         sys.stderr.write("usage: serve_runner.py OPENCODE_BINARY < prompt\n")
         return 2
     prompt = sys.stdin.buffer.read().decode("utf-8", "replace")
+    started = time.monotonic()
+    note("starting", binary=sys.argv[1])
     server = Server(sys.argv[1])
 
     def on_term(signum, frame):
@@ -263,6 +265,7 @@ def main():
             why = f"exited with {code}" if code is not None else f"did not listen in {LISTEN_TIMEOUT_S:g}s"
             sys.stderr.write(f"opencode-tui runner: `opencode serve` {why}\n")
             return 3 if code is None else exit_status(code)
+        note("listening", port=server.port, seconds=round(time.monotonic() - started, 3))
         try:
             status = drive(server, prompt)
         except RunnerError as exc:

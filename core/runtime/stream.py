@@ -8,8 +8,8 @@ Two sources, one contract (``feed``/``close``, ``finished_cleanly``, ``last_erro
   it has finished and text only once its part has ended.
 
 The rendering is emitted on the ``display`` stream (it is what ``terminal.cast`` records and what the TUI
-shows); the first display chunk of a run is a header, so a viewer knows from the start that the engine
-renders the transcript.
+shows); the first display chunk of a run is a header (for ``serve``: the server starting), so a viewer
+knows from the start that the engine renders the transcript.
 """
 
 from __future__ import annotations
@@ -188,7 +188,15 @@ class ServeStreamTranslator(_Translator):
         if etype == "message.part.updated" and isinstance(props.get("part"), dict):
             return self._part(obj, props["part"])
         events: list[Event] = [OpenCodeEvent(event_type=etype, payload=obj)]
-        if etype == "runner.session":
+        if etype == "runner.starting":
+            events.append(display(f"{DIM}● starting opencode serve in the sandbox…{RESET}\n"))
+        elif etype == "runner.listening":
+            took = props.get("seconds")
+            after = f" after {took:.1f}s" if isinstance(took, int | float) else ""
+            events.append(
+                display(f"{DIM}● opencode serve listening on port {props.get('port')}{after}{RESET}\n")
+            )
+        elif etype == "runner.session":
             self.session_id = props.get("sessionID")
             events.append(
                 display(f"{DIM}● opencode session {self.session_id} (live from opencode serve){RESET}\n")
