@@ -149,8 +149,11 @@ class OpenCodeHarness:
         )
         self.base_url = f"http://127.0.0.1:{RELAY_PORT}/v1" if self.use_relay else f"{endpoint.tcp_url}/v1"
         self.mode = config.runtime.harness
-        translator = ServeStreamTranslator if self.mode == "serve" else RunStreamTranslator
-        self._stream = translator(task.workdir)
+        self._stream: RunStreamTranslator | ServeStreamTranslator = (
+            ServeStreamTranslator(task.workdir, self.layout.data_dir)
+            if self.mode == "serve"
+            else RunStreamTranslator(task.workdir)
+        )
         self._stdout_log: Any = None
 
     # ---- staging ----

@@ -79,6 +79,25 @@ def session_of(event):
     return None
 
 
+def repeated(event, last_running):
+    """True for a running tool update identical to the last one forwarded for that part: once a
+    command's output passes OpenCode's live window, its updates can repeat the same 30 KB."""
+    if event.get("type") != "message.part.updated":
+        return False
+    part = (event.get("properties") or {}).get("part") or {}
+    if part.get("type") != "tool":
+        return False
+    state = part.get("state") or {}
+    if state.get("status") != "running":
+        last_running.pop(part.get("id"), None)
+        return False
+    key = json.dumps(state, sort_keys=True)
+    if last_running.get(part.get("id")) == key:
+        return True
+    last_running[part.get("id")] = key
+    return False
+
+
 class Server:
     """The ``opencode serve`` child and authenticated requests to it."""
 
@@ -201,6 +220,7 @@ def drive(server, prompt):
     note("prompt_sent", sessionID=sid, chars=len(prompt))
     errors = 0
     started = False
+    last_running = {}
     while True:
         try:
             event = events.get(timeout=1.0)
@@ -220,7 +240,7 @@ def drive(server, prompt):
         owner = session_of(event)
         if etype.startswith("runner."):
             out(event)
-        elif owner in ours and etype.startswith(FORWARDED_PREFIXES):
+        elif owner in ours and etype.startswith(FORWARDED_PREFIXES) and not repeated(event, last_running):
             out(event)
         else:
             continue

@@ -22,6 +22,10 @@ from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
 
 DIFF_LINES = 12
 TOOL_OUTPUT_CAP = 20_000
+# OpenCode's live copy of a command's output: at most this many characters, after this mark.
+LIVE_WINDOW = 30_000
+LIVE_WINDOW_MARK = "...\n\n"
+OVERLAP_ANCHOR = 64
 
 RESET = "\x1b[0m"
 BOLD = "\x1b[1m"
@@ -118,6 +122,11 @@ class _Translator:
         return f"{DIM}{mark} {call.tool} {detail}{extra}{RESET}\n"
 
 
+def styled(style: str, text: str) -> str:
+    """Each line styled on its own: the terminal pane decodes line by line."""
+    return "\n".join(f"{style}{line}{RESET}" if line else "" for line in text.split("\n"))
+
+
 def bash_prompt(command: str) -> str:
     lines = command.splitlines() or [""]
     head = f"{PROMPT}${RESET} {BOLD}{lines[0]}{RESET}\n"
@@ -174,8 +183,9 @@ class ServeStreamTranslator(_Translator):
     tool call is reported once when it starts running and once when it ends.
     """
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, data_dir: str | None = None) -> None:
         super().__init__(workdir)
+        self.data_dir = data_dir.rstrip("/") if data_dir else None  # OpenCode's data dir in the sandbox
         self.session_id: str | None = None
         self._parts: dict[str, _Part] = {}
         self._roles: dict[str, str] = {}  # message id -> role
@@ -239,9 +249,7 @@ class ServeStreamTranslator(_Translator):
 
     @staticmethod
     def _styled(kind: str, text: str) -> str:
-        style = DIM_ITALIC if kind == "reasoning" else CYAN
-        # Style each line on its own: the terminal pane decodes line by line.
-        return "\n".join(f"{style}{line}{RESET}" if line else "" for line in text.split("\n"))
+        return styled(DIM_ITALIC if kind == "reasoning" else CYAN, text)
 
     def _part(self, obj: dict[str, Any], raw: dict[str, Any]) -> list[Event]:
         pid = str(raw.get("id") or "")
@@ -291,39 +299,70 @@ class ServeStreamTranslator(_Translator):
             if call.tool == "bash":
                 events.append(display(bash_prompt(str(call.input.get("command", "")))))
         if call.tool == "bash":
-            metadata = state.get("metadata") if isinstance(state.get("metadata"), dict) else {}
-            so_far = state.get("output") if status != "running" else metadata.get("output")
-            if status == "error" and so_far is None:
-                so_far = metadata.get("output")
-            events += self._bash_output(part, so_far if isinstance(so_far, str) else "")
+            events += self._bash_state(part, status, state)
         if status == "running":
             return events
         part.ended = True
         events[:0] = [OpenCodeEvent(event_type="message.part.updated", payload=obj), call]
-        if call.tool == "bash":
-            if part.shown and not part.shown.endswith("\n"):
-                events.append(display("\n"))
-            if call.status == "error":
-                events.append(display(f"{RED}✖ {call.output or 'failed'}{RESET}\n"))
-        else:
+        if call.tool != "bash":
             events.append(display(self.render_tool(call)))
+        elif call.status == "error":
+            events.append(display(f"{RED}✖ {call.output or 'failed'}{RESET}\n"))
         return events
+
+    def _bash_state(self, part: _Part, status: str, state: dict[str, Any]) -> list[Event]:
+        """A bash part's output as it grows. Live, OpenCode sends ``metadata.output``: the whole output
+        while it is short, then ``...`` and its last 30,000 characters (a sliding window). The final
+        ``state.output`` is formatted for the model (truncation notice, ``<shell_metadata>`` notes), so
+        the display keeps following the live copy and only adds such notes at the end."""
+        metadata = state.get("metadata") if isinstance(state.get("metadata"), dict) else {}
+        live = metadata.get("output") if isinstance(metadata.get("output"), str) else ""
+        final = state.get("output") if isinstance(state.get("output"), str) else ""
+        if status == "running":
+            return self._bash_output(part, live)
+        # Nothing came live (e.g. a silent command that timed out): the final text is all there is.
+        events = self._bash_output(part, live if live.strip() else final)
+        if part.shown and not part.shown.endswith("\n"):
+            events.append(display("\n"))
+        note = final.find("<shell_metadata>")
+        if live.strip() and note >= 0:
+            events.append(display(styled(DIM, _ended(final[note:]))))
+        saved = metadata.get("outputPath")
+        if metadata.get("truncated") and isinstance(saved, str):
+            where = self._saved_output(saved)
+            events.append(display(f"{DIM}… full output saved by OpenCode: {where}{RESET}\n"))
+        return events
+
+    def _saved_output(self, path: str) -> str:
+        if self.data_dir and path.startswith(self.data_dir + "/"):
+            return "opencode/data/opencode/" + path[len(self.data_dir) + 1 :] + " in the run directory"
+        return path + " in the sandbox"
 
     @staticmethod
     def _bash_output(part: _Part, so_far: str) -> list[Event]:
-        """The part of a command's output not written yet. OpenCode repeats the output so far; when the
-        new text does not continue what was written (its live copy is capped), only what follows the
-        common prefix is written."""
-        if so_far.startswith(part.shown):
-            new = so_far[len(part.shown) :]
+        """What of ``so_far`` (the output so far, or OpenCode's window on its tail) is not written yet."""
+        windowed = so_far.startswith(LIVE_WINDOW_MARK) and len(so_far) > LIVE_WINDOW
+        body = so_far[len(LIVE_WINDOW_MARK) :] if windowed else so_far
+        if body.startswith(part.shown):
+            new = body[len(part.shown) :]
         else:
-            common = 0
-            for a, b in zip(part.shown, so_far, strict=False):
-                if a != b:
-                    break
-                common += 1
-            new = so_far[common:]
-            if new and part.shown and not part.shown.endswith("\n"):
-                new = "\n" + new
-        part.shown = so_far
+            overlap = _overlap(part.shown, body)
+            new = body[overlap:]
+            if not overlap and part.shown:
+                gap = "output skipped: OpenCode streams only the last 30,000 characters"
+                new = ("" if part.shown.endswith("\n") else "\n") + f"{DIM}⋯ {gap}{RESET}\n" + new
+        part.shown = body
         return [display(new)] if new else []
+
+
+def _overlap(shown: str, window: str) -> int:
+    """The longest end of ``shown`` that ``window`` starts with (0 if under an anchor's length)."""
+    anchor = window[:OVERLAP_ANCHOR]
+    if not shown or len(anchor) < OVERLAP_ANCHOR:
+        return 0
+    at = shown.find(anchor, max(0, len(shown) - len(window)))
+    while at != -1:
+        if window.startswith(shown[at:]):
+            return len(shown) - at
+        at = shown.find(anchor, at + 1)
+    return 0

@@ -140,3 +140,24 @@ async def test_server_killed_under_the_session_is_a_nonzero_exit_with_the_reason
     assert "exited with 137" in message and "opencode serve exited with -9" in message
     assert "opencode serve exited with -9 during the session" in _display(seen)
     assert result.cleanup_confirmed
+
+
+async def test_output_longer_than_opencodes_live_window_is_shown_once_in_order(task_copy, episode_on):
+    """120,000 numbered lines (~790 KB) in 60 bursts: past 30,000 characters OpenCode only streams a
+    window on the tail; the display stitches the windows together without losing or repeating a line,
+    and points at the full output OpenCode saved (collected into the run directory)."""
+    command = "for i in $(seq 0 59); do seq $((i*2000+1)) $((i*2000+2000)); sleep 0.05; done"
+    steps = [
+        {"tool_calls": [WRITE_HELLO]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": command, "description": "count"}}]},
+        {"text": "Counted."},
+    ]
+    ep = episode_on(task_copy(trajectory=steps))
+    result = await ep.run()
+    assert result.action == "scored", result.summary
+    text = _cast_text(result.run_dir)
+    numbers = [int(line) for line in text.splitlines() if line.isdigit()]
+    assert numbers == list(range(1, 120_001))
+    assert "⋯ output skipped" not in text
+    (saved,) = re.findall(r"full output saved by OpenCode: (\S+) in the run directory", text)
+    assert (Path(result.run_dir) / saved).read_text().splitlines() == [str(n) for n in range(1, 120_001)]
