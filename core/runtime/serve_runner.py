@@ -40,6 +40,8 @@ LISTEN_TIMEOUT_S = 120.0
 CONNECT_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
+# After this long without events during a turn, the session's status is asked for directly.
+STATUS_POLL_S = 15.0
 # When OpenCode's event stream ends while the server still runs, reconnect this many times.
 MAX_RECONNECTS = 5
 # The same rules ``opencode run`` gives its session: tools that wait for a human are denied.
@@ -221,6 +223,7 @@ def drive(server, prompt):
     errors = 0
     started = False
     last_running = {}
+    quiet_since = time.monotonic()
     while True:
         try:
             event = events.get(timeout=1.0)
@@ -228,7 +231,15 @@ def drive(server, prompt):
             sys.stdout.buffer.flush()
             if server.proc.poll() is not None:
                 return None
+            if started and time.monotonic() - quiet_since >= STATUS_POLL_S:
+                # A safety net for an idle event lost with a dropped stream: ask the server.
+                quiet_since = time.monotonic()
+                busy = server.request("GET", "/session/status") or {}
+                if (busy.get(sid) or {}).get("type", "idle") == "idle":
+                    note("idle_by_status", sessionID=sid)
+                    return 1 if errors else 0
             continue
+        quiet_since = time.monotonic()
         if event is None:
             return None if server.proc.poll() is not None else 1
         etype = str(event.get("type", ""))
