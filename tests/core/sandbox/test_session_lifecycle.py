@@ -35,7 +35,13 @@ def _session(sandbox: Sandbox, run: float = 30, close: float = 9) -> SandboxSess
 async def test_double_forked_descendant_is_drained(sandbox: Sandbox):
     marker = _marker()
     s = _session(sandbox)
-    script = f"setsid sh -c 'sleep {marker}' </dev/null >/dev/null 2>&1 & echo started"
+    # The harness waits until the child is in its own session: exiting earlier would let the harness's
+    # process-group SIGKILL take the child before setsid ran, leaving nothing for the drain to find.
+    flag = f"/tmp/detached-{marker}"
+    script = (
+        f"setsid sh -c 'touch {flag}; exec sleep {marker}' </dev/null >/dev/null 2>&1 & "
+        f"while [ ! -e {flag} ]; do sleep 0.05; done; echo started"
+    )
     result = await s.execute(["/bin/sh", "-c", script])
     assert result.exit_code == 0 and b"started" in result.stdout
     receipt = await s.close()
