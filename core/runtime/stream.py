@@ -226,8 +226,10 @@ class ServeStreamTranslator(_Translator):
             # OpenCode ends the turn after a rejection: if the run fails, this is why.
             self.last_error = f"OpenCode asked for permission `{what}`; nobody can answer, so it was rejected"
             events.append(display(f"{YELLOW}! permission requested: {what}; auto-rejected{RESET}\n"))
-        elif etype in ("runner.error", "runner.stream_error"):
-            events += self._error(f"runner: {props.get('message') or props.get('error')}")
+        elif etype == "runner.error":
+            events += self._error(f"runner: {props.get('message')}")
+        elif etype == "runner.stream_error":  # the runner reconnects; events in between are lost
+            events.append(display(f"{YELLOW}! event stream interrupted: {props.get('error')}{RESET}\n"))
         elif etype == "runner.server_exited":
             events += self._error(f"opencode serve exited with {props.get('returncode')} during the session")
         return events
