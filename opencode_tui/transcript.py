@@ -24,20 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
+from core.runtime.stream import BOLD, CYAN, DIFF_LINES, DIM, DIM_ITALIC, GREEN, PROMPT, RED, RESET
 from opencode_tui.linebuffer import LineBuffer
 
 RENDERED_STREAMS = frozenset({"pty", "display", "stderr"})
-
-RESET = "\x1b[0m"
-BOLD = "\x1b[1m"
-DIM = "\x1b[2m"
-DIM_ITALIC = "\x1b[2;3m"
-RED = "\x1b[31m"
-GREEN = "\x1b[32m"
-CYAN = "\x1b[36m"
-PROMPT = "\x1b[1;32m"
-
-DIFF_LINES = 12  # a "short diff": at most this many changed lines per edit
 EDIT_TOOLS = frozenset({"edit", "multiedit", "write", "patch", "apply_patch"})
 TEXT_EVENTS = frozenset(
     {"text", "reasoning", "message.part.updated", "message.part.delta", "error", "session.error"}

@@ -20,7 +20,7 @@ from typing import Any
 
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
 
-DIFF_LINES = 12
+DIFF_LINES = 12  # a "short diff": at most this many changed lines per edit
 TOOL_OUTPUT_CAP = 20_000
 # OpenCode's live copy of a command's output: at most this many characters, after this mark.
 LIVE_WINDOW = 30_000
