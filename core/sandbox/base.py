@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import getpass
+import math
 import os
 import socket
 import uuid
@@ -147,6 +148,14 @@ class ExecResult(BaseModel):
 
     def text(self) -> str:
         return self.stdout.decode("utf-8", "replace")
+
+
+def check_exec_args(argv: Sequence[str], timeout: float) -> None:
+    """The arguments every provider's ``exec`` refuses before starting anything."""
+    if not argv:
+        raise ValueError("argv must not be empty")
+    if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number > 0, got {timeout!r}")
 
 
 def new_execution_id() -> str:

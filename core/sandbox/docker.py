@@ -34,7 +34,6 @@ import contextlib
 import inspect as pyinspect
 import io
 import logging
-import math
 import os
 import re
 import socket
@@ -81,6 +80,7 @@ from core.sandbox.base import (
     SandboxSpec,
     SandboxState,
     SandboxStatus,
+    check_exec_args,
     default_owner,
     new_execution_id,
 )
@@ -770,10 +770,7 @@ class DockerSandbox(Sandbox):
         on_output: OutputCallback | None = None,
         execution_id: str | None = None,
     ) -> ExecResult:
-        if not argv:
-            raise ValueError("argv must not be empty")
-        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a finite number > 0, got {timeout!r}")
+        check_exec_args(argv, timeout)
         execution_id = execution_id or new_execution_id()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -106,7 +106,6 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
 import pwd
 import re
@@ -149,6 +148,7 @@ from core.sandbox.base import (
     SandboxState,
     SandboxStatus,
     UnsafeArchiveError,
+    check_exec_args,
     default_owner,
     new_execution_id,
 )
@@ -1608,8 +1608,7 @@ class LocalSandbox(Sandbox):
         on_output: OutputCallback | None = None,
         execution_id: str | None = None,
     ) -> ExecResult:
-        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a finite number > 0, got {timeout!r}")
+        check_exec_args(argv, timeout)
         eid = execution_id or new_execution_id()
         loop = asyncio.get_running_loop()
         started = utcnow()

@@ -34,7 +34,6 @@ import contextlib
 import inspect as pyinspect
 import json
 import logging
-import math
 import os
 import re
 import shlex
@@ -77,6 +76,7 @@ from core.sandbox.base import (
     SandboxSpec,
     SandboxState,
     SandboxStatus,
+    check_exec_args,
     default_owner,
     new_execution_id,
 )
@@ -620,10 +620,7 @@ class OpenSandboxSandbox(Sandbox):
         the settings apply, and a confirmed refusal falls back to the image's default user.
         """
         self._ensure_open("exec")
-        if not argv:
-            raise ValueError("argv must not be empty")
-        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a finite number > 0, got {timeout!r}")
+        check_exec_args(argv, timeout)
         run = _Run(execution_id or new_execution_id(), argv, on_output)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -1238,50 +1235,44 @@ class OpenSandboxSandbox(Sandbox):
 
     async def lifecycle(self) -> dict[str, Any]:
         """The server's record of this sandbox (``GET /sandboxes/{id}``)."""
+        response = await self._sandbox_request("read", "GET", "", operation="status")
+        return response.json()
+
+    async def _sandbox_request(
+        self, op: str, method: str, subpath: str, *, operation: str, **kwargs: Any
+    ) -> httpx.Response:
+        """A lifecycle-API request about this sandbox; a 404 means the sandbox is gone."""
         try:
-            response = await self._http.request(
-                "read",
-                "GET",
-                self._provider.api_url(f"/sandboxes/{self.sandbox_id}"),
+            return await self._http.request(
+                op,
+                method,
+                self._provider.api_url(f"/sandboxes/{self.sandbox_id}{subpath}"),
                 timeout=self.settings.request_timeout_s,
                 not_found_kind="sandbox_lost",
+                **kwargs,
             )
         except RequestFailed as exc:
-            raise _error(exc.failure(stage=FailureStage.AGENT, operation="status"), exc) from exc
-        return response.json()
+            raise _error(exc.failure(stage=FailureStage.AGENT, operation=operation), exc) from exc
 
     async def renew(self, seconds: float) -> datetime:
         """Move the server-side expiry to ``now + seconds``; returns the new expiry."""
         self._ensure_open("renew")
         expires = _now() + timedelta(seconds=seconds)
-        try:
-            response = await self._http.request(
-                "renew",
-                "POST",
-                self._provider.api_url(f"/sandboxes/{self.sandbox_id}/renew-expiration"),
-                json={"expiresAt": expires.isoformat().replace("+00:00", "Z")},
-                timeout=self.settings.request_timeout_s,
-                not_found_kind="sandbox_lost",
-                default_kind="sandbox_lost",
-            )
-        except RequestFailed as exc:
-            raise _error(exc.failure(stage=FailureStage.AGENT, operation="renew"), exc) from exc
+        response = await self._sandbox_request(
+            "renew",
+            "POST",
+            "/renew-expiration",
+            operation="renew",
+            json={"expiresAt": expires.isoformat().replace("+00:00", "Z")},
+            default_kind="sandbox_lost",
+        )
         value = response.json().get("expiresAt")
         return datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) else expires
 
     async def endpoint(self, port: int) -> tuple[str, dict[str, str]]:
         """The address (and extra headers) the server gives for ``port`` inside the sandbox."""
         self._ensure_open("endpoint")
-        try:
-            response = await self._http.request(
-                "read",
-                "GET",
-                self._provider.api_url(f"/sandboxes/{self.sandbox_id}/endpoints/{port}"),
-                timeout=self.settings.request_timeout_s,
-                not_found_kind="sandbox_lost",
-            )
-        except RequestFailed as exc:
-            raise _error(exc.failure(stage=FailureStage.AGENT, operation="endpoint"), exc) from exc
+        response = await self._sandbox_request("read", "GET", f"/endpoints/{port}", operation="endpoint")
         body = response.json()
         return str(body.get("endpoint")), dict(body.get("headers") or {})
 

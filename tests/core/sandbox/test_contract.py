@@ -116,6 +116,20 @@ async def test_exec_past_its_deadline_is_unobserved_not_124(sandbox: Sandbox) ->
     assert (await sandbox.exec(["true"], timeout=30)).ok
 
 
+@pytest.mark.parametrize(
+    ("argv", "timeout", "says"),
+    [
+        ([], 30, "argv must not be empty"),
+        (["true"], 0, "timeout must be a finite number > 0"),
+        (["true"], float("inf"), "timeout must be a finite number > 0"),
+    ],
+)
+async def test_exec_refuses_bad_arguments_and_stays_usable(sandbox: Sandbox, argv, timeout, says) -> None:
+    with pytest.raises(ValueError, match=says):
+        await sandbox.exec(argv, timeout=timeout)
+    assert (await sandbox.exec(["true"], timeout=30)).ok
+
+
 # ------------------------------------------------------------------------------------------- files
 
 
