@@ -40,6 +40,7 @@ import _bench as B
 OWNER = B.setup()
 
 from core.config import AgentConfig, SandboxConfig  # noqa: E402
+from core.failures import Outcome  # noqa: E402
 from core.tasks import load_task  # noqa: E402
 
 TASK_DIR = B.ROOT / "sample_tasks" / "hello-file"
@@ -55,7 +56,7 @@ async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict
     result = await ep.run()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    if result.action != "scored" or result.reward != 1.0:
+    if result.action is not Outcome.SCORED or result.reward != 1.0:
         raise RuntimeError(f"the engine episode did not score: {result.summary} ({result.run_dir})")
     return {
         "wall": wall,

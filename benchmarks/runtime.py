@@ -50,6 +50,7 @@ OWNER = B.setup()
 
 from core.config import AgentConfig, ModelSettings, SandboxConfig  # noqa: E402
 from core.events import EventBus, ModelCall, Phase, PhaseChanged  # noqa: E402
+from core.failures import Outcome  # noqa: E402
 from core.runtime.installer import Installer, InstallerConfig  # noqa: E402
 from core.runtime.targets import Target  # noqa: E402
 from core.tasks import load_task  # noqa: E402
@@ -170,7 +171,7 @@ async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict
     bus.subscribe(events.append)
     ep = Episode(task, config, runs_dir=runs_dir, provider=provider, bus=bus)
     result = await ep.run()
-    if result.action != "scored" or result.reward != 1.0:
+    if result.action is not Outcome.SCORED or result.reward != 1.0:
         raise RuntimeError(f"the engine episode did not score: {result.summary} ({result.run_dir})")
     ops = provider.logs[-1].ops
     phase = {e.phase: _ts(e.ts) for e in events if isinstance(e, PhaseChanged)}

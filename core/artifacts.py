@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core import __version__
 from core.events import Event, decode, encode
+from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.redaction import redact, redact_text
 
@@ -34,7 +35,7 @@ DIAGNOSTICS_CAP = 16_000
 class OutcomeSummary(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    action: str
+    action: Outcome
     reward: float | None = None
     failure_kind: str | None = None
     failure_stage: str | None = None

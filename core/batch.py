@@ -18,11 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.config import AgentConfig
 from core.episode import Episode, EpisodeResult
 from core.events import EventBus
-from core.failures import Action
+from core.failures import Outcome
 from core.tasks import Task
 
 RESULTS_FILE = "results.jsonl"
-SCORED_ACTIONS = {"scored", Action.COUNT_AS_ZERO.value}
 
 
 class BatchSummary(BaseModel):
@@ -77,7 +76,7 @@ async def run_episode_with_retries(
             on_episode(episode)
         result = await episode.run()
         result.previous_attempts = list(previous)
-        if result.action != Action.RETRY.value or attempt - first_attempt + 1 >= max_attempts:
+        if result.action is not Outcome.RETRY or attempt - first_attempt + 1 >= max_attempts:
             return result
         previous.append(result.run_dir)
         attempt += 1
@@ -110,7 +109,7 @@ async def run_batch(
 
     async def one(task: Task) -> None:
         prior = previous.get(_key(task))
-        if prior is not None and prior.action in SCORED_ACTIONS:
+        if prior is not None and prior.action.is_sample:
             record(task, prior.model_copy(update={"resumed": True}))
             return
         first = prior.attempt + 1 if prior is not None else 1
@@ -137,7 +136,7 @@ async def run_batch(
     failures = Counter(r.failure_kind for r in results if r.failure_kind)
     return BatchSummary(
         total=len(tasks),
-        scored=sum(1 for r in results if r.action in SCORED_ACTIONS),
+        scored=sum(1 for r in results if r.action.is_sample),
         results=results,
         failures_by_kind=dict(failures),
         cancelled=cancelled,

@@ -41,19 +41,27 @@ from core.events import (
 from core.failures import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
-    Action,
     CleanupDetails,
     DeadlineDetails,
     Decision,
     Evidence,
     FailureEvent,
     FailureStage,
-    OomDetails,
-    VerificationDetails,
     decide,
     merged,
     merged_classification,
 )
+from core.outcome import (
+    AgentFacts,
+    EpisodeFacts,
+    Outcome,
+    RecordedFailure,
+    VerifierRun,
+    agent_failure,
+    decide_outcome,
+    verifier_verdict,
+)
+from core.runtime.verify_wrapper import VERIFY_WRAPPER_SOURCE, read_verify_status
 from core.sandbox.base import (
     LABEL_OWNER,
     LABEL_RUN,
@@ -68,6 +76,7 @@ from core.sandbox.base import (
 )
 from core.session import CleanupUnconfirmed, SandboxSession
 from core.tasks import Task
+from core.tokens import token_totals
 
 
 class EpisodeResult(BaseModel):
@@ -81,7 +90,7 @@ class EpisodeResult(BaseModel):
     provider: str
     sandbox_id: str | None = None
     reward: float | None = None
-    action: str
+    action: Outcome
     failure_kind: str | None = None
     failure_stage: str | None = None
     failure_class: str | None = None
@@ -89,8 +98,13 @@ class EpisodeResult(BaseModel):
     model_calls: int = 0
     tool_calls: int = 0
     compactions: int = 0
+    # tokens: every model call the proxy recorded (title included); agent tokens: the transcript's.
+    # Unknown is null, never 0.
     tokens_in: int | None = None
     tokens_out: int | None = None
+    agent_tokens_in: int | None = None
+    agent_tokens_out: int | None = None
+    exit_code: int = 0
     durations_s: dict[str, float] = Field(default_factory=dict)
     run_dir: str
     summary: str = ""
@@ -100,7 +114,7 @@ class EpisodeResult(BaseModel):
 
     @property
     def scored(self) -> bool:
-        return self.action in ("scored", Action.COUNT_AS_ZERO.value)
+        return self.action.is_sample
 
 
 def new_run_id(task_id: str, attempt: int = 1) -> str:
@@ -144,7 +158,7 @@ class Episode(EpisodeControl):
         self.run_dir: RunDir | None = None
         self.sandbox: Sandbox | None = None
         self.session: SandboxSession | None = None
-        self.failures: list[tuple[FailureEvent, Decision]] = []
+        self.failures: list[RecordedFailure] = []
         self._keep = config.sandbox.keep_sandbox
         self._cancel_requested = False
         self._agent_task: asyncio.Task[Any] | None = None
@@ -154,6 +168,9 @@ class Episode(EpisodeControl):
         self._phase_started: dict[str, float] = {}
         self.durations: dict[str, float] = {}
         self.counts: dict[str, Any] = {"model_calls": 0, "tool_calls": {}, "compactions": 0}
+        self.model_calls: list[ModelCall] = []
+        self.runtime: Any = None  # PreparedRuntime, once the install phase placed it
+        self._agent_oom: set[tuple[str, str]] = set()  # OOM evidence already seen after the agent
         self.receipt_confirmed: bool | None = None
         self.refusal: str | None = None  # set when the provider refused before launch (no failure)
         self.endpoint: Any = None  # ModelEndpoint, once the seed phase started it
@@ -210,20 +227,21 @@ class Episode(EpisodeControl):
         decision = decide(
             failure, attempt=self.attempt, policy=self.policy, classification=self.classification
         )
-        self.failures.append((failure, decision))
+        self.failures.append(RecordedFailure(failure=failure, decision=decision))
         self.emit(FailureRecorded(failure=failure, decision=decision))
         return decision
 
-    def _cleanup_step_failed(self, step: CleanupStep, exc: BaseException, kind: str, operation: str) -> None:
+    def _cleanup_step_failed(
+        self, step: CleanupStep, exc: BaseException, kind: str, stage: FailureStage, operation: str
+    ) -> None:
         """A cleanup-side step failed: show it in the cleanup panel and record it as a failure."""
         self.emit(CleanupObserved(step=step, state=StepState.FAILED, reason=str(exc)))
-        self.record_failure(
-            FailureEvent.from_exception(exc, kind=kind, stage=FailureStage.CLEANUP, operation=operation)
-        )
+        self.record_failure(self._failure_from(exc, kind, stage, operation))
 
     def _count(self, event: Event) -> None:
         if isinstance(event, ModelCall):
             self.counts["model_calls"] += 1
+            self.model_calls.append(event)
         elif isinstance(event, ToolCall) and event.status != "running":
             tools = self.counts["tool_calls"]
             tools[event.tool] = tools.get(event.tool, 0) + 1
@@ -233,8 +251,8 @@ class Episode(EpisodeControl):
             # The transcript snapshot is the source of truth for counts.
             self.counts["tool_calls"] = dict(event.tool_calls)
             self.counts["compactions"] = event.compactions
-            self.counts["tokens_in"] = event.tokens_in
-            self.counts["tokens_out"] = event.tokens_out
+            self.counts["agent_tokens_in"] = event.tokens_in
+            self.counts["agent_tokens_out"] = event.tokens_out
 
     # ---- the episode ---------------------------------------------------------------------------
 
@@ -317,18 +335,14 @@ class Episode(EpisodeControl):
             self.refusal = str(exc)
             self.emit(Warning_(code="provider_refused", message=f"the provider refused before launch: {exc}"))
         except Exception as exc:  # a provider's typed failure, or an unexpected bug: still close and release
-            failure = getattr(exc, "failure", None)
-            if isinstance(failure, FailureEvent):
-                self.record_failure(failure)
-            else:
-                self.record_failure(
-                    FailureEvent.from_exception(
-                        exc,
-                        kind=_UNEXPECTED_KIND.get(self._phase, "agent_bootstrap_failed"),
-                        stage=self._stage_of(self._phase),
-                        operation=f"{self._phase.value} phase",
-                    )
+            self.record_failure(
+                self._failure_from(
+                    exc,
+                    _UNEXPECTED_KIND.get(self._phase, "agent_bootstrap_failed"),
+                    self._stage_of(self._phase),
+                    f"{self._phase.value} phase",
                 )
+            )
         # Closing must finish even if the caller is cancelled again (a second Ctrl-C): every step
         # below has its own deadline, so this loop is bounded.
         finish = asyncio.ensure_future(self._finish(stack))
@@ -348,13 +362,8 @@ class Episode(EpisodeControl):
 
     @staticmethod
     def _stage_of(phase: Phase) -> FailureStage:
-        return {
-            Phase.ADMISSION: FailureStage.ADMISSION,
-            Phase.SEED: FailureStage.SEED,
-            Phase.INSTALL: FailureStage.INSTALL,
-            Phase.AGENT: FailureStage.AGENT,
-            Phase.VERIFICATION: FailureStage.VERIFICATION,
-        }.get(phase, FailureStage.CLEANUP)
+        """The failure stage of an episode phase (each phase is its own stage; done counts as release)."""
+        return FailureStage.RELEASE if phase is Phase.DONE else FailureStage(phase.value)
 
     async def _work(self, stack: contextlib.AsyncExitStack) -> None:
         from core.model.endpoint import ModelEndpoint
@@ -450,6 +459,7 @@ class Episode(EpisodeControl):
             ) from exc
         except RuntimeNotReady as exc:
             raise StageFailure(exc.failure) from exc
+        self.runtime = runtime
 
         # ---- agent: OpenCode under the supervisor ----
         self._enter(Phase.AGENT)
@@ -479,12 +489,16 @@ class Episode(EpisodeControl):
         assert self.run_dir is not None
         await self.harness.collect(sandbox, self.run_dir)
 
-    def _failure_from(
-        self, exc: BaseException, kind: str, stage: FailureStage, operation: str
-    ) -> FailureEvent:
+    @staticmethod
+    def _failure_from(exc: BaseException, kind: str, stage: FailureStage, operation: str) -> FailureEvent:
+        """The exception's typed failure (a provider's), stamped with the stage the episode was in.
+
+        A provider knows what failed, not what the episode was doing: an OOM or a lost sandbox during
+        verification is a grading failure, not the agent's.
+        """
         failure = getattr(exc, "failure", None)
         if isinstance(failure, FailureEvent):
-            return failure
+            return failure if failure.stage is stage else failure.model_copy(update={"stage": stage})
         return FailureEvent.from_exception(exc, kind=kind, stage=stage, operation=operation)
 
     # ---- closing, transcript, verification, release, outcome -------------------------------------
@@ -504,7 +518,7 @@ class Episode(EpisodeControl):
                     FailureEvent.from_exception(
                         exc,
                         kind="cleanup_unconfirmed",
-                        stage=FailureStage.CLEANUP,
+                        stage=FailureStage.CLOSING,
                         operation="stop and confirm",
                         details=CleanupDetails(
                             receipt=None, fallback="destroy the sandbox" if owned else None
@@ -515,10 +529,10 @@ class Episode(EpisodeControl):
                 await self._analyse_agent(receipt)
             if self.session.collect_error is not None:
                 self.record_failure(
-                    FailureEvent.from_exception(
+                    self._failure_from(
                         self.session.collect_error,
                         kind="transcript_export_failed",
-                        stage=FailureStage.CLEANUP,
+                        stage=FailureStage.TRANSCRIPT,
                         operation="collect OpenCode database and logs",
                     )
                 )
@@ -555,101 +569,39 @@ class Episode(EpisodeControl):
         self._enter(Phase.DONE, state=StepState.OK)
         return self._outcome()
 
-    async def _analyse_agent(self, receipt: Any) -> None:
-        """Turn provider evidence, the receipt and the model calls into at most one agent failure.
+    async def _oom_evidence(self) -> list[Evidence]:
+        """The provider's structured evidence about this sandbox (bounded; best effort)."""
+        if self.sandbox is None:
+            return []
+        try:
+            return await asyncio.wait_for(self.sandbox.inspect(), 15)
+        except Exception as exc:  # diagnosis is best effort and bounded
+            self.emit(Warning_(code="inspect_failed", message=f"could not inspect the sandbox: {exc}"))
+            return []
 
-        Order matters: authoritative OOM evidence first (exit 137 alone is never evidence), then the
-        observed deadline, then a failing model endpoint, then the harness's own exit.
-        """
+    async def _analyse_agent(self, receipt: Any) -> None:
+        """Turn provider evidence, the receipt and the model calls into at most one agent failure."""
         from core.sandbox.oom import oom_evidence
 
-        evidence = []
-        if self.sandbox is not None:
-            try:
-                evidence = await asyncio.wait_for(self.sandbox.inspect(), 15)
-            except Exception as exc:  # diagnosis is best effort and bounded
-                self.emit(Warning_(code="inspect_failed", message=f"could not inspect the sandbox: {exc}"))
-        confirming = oom_evidence(evidence, scope=evidence[0].scope if evidence else None)
-        if confirming:
-            oom = confirming[0]
-            self.record_failure(
-                FailureEvent(
-                    kind="provider_oom_killed",
-                    stage=FailureStage.AGENT,
-                    operation="run opencode",
-                    message=f"the kernel OOM-killed a process in this sandbox (confirmed by {oom.source})",
-                    evidence=confirming,
-                    details=OomDetails(
-                        container_id=oom.scope,
-                        memory_limit_bytes=self.task.limits.memory_bytes,
-                        exit_code=getattr(receipt, "return_code", None),
-                    ),
-                )
-            )
-            return
-        if receipt is None:
-            return
-        if receipt.timed_out:
-            self.record_failure(
-                FailureEvent(
-                    kind="agent_timeout",
-                    stage=FailureStage.AGENT,
-                    operation="run opencode",
-                    message=f"the run deadline of {self.run_budget_s:g}s fired; the supervisor stopped the agent "
-                    f"and drained {receipt.descendants_killed} descendant process(es)",
-                    details=DeadlineDetails(
-                        budget_s=self.run_budget_s,
-                        elapsed_s=self.durations.get("agent"),
-                        timed_out_observed=True,
-                    ),
-                    evidence=[
-                        Evidence(source="supervisor.receipt", scope=self.run_id, data=receipt.model_dump())
-                    ],
-                )
-            )
-            return
-        finished = self.harness.finished_cleanly
-        if receipt.return_code == 0 and finished and receipt.error is None:
-            return
+        evidence = await self._oom_evidence()
+        # Remember what was already confirmed, so an OOM during verification is told apart.
+        self._agent_oom = {_evidence_key(e) for e in oom_evidence(evidence)}
         failed_call = self.endpoint.last_failed_call()
-        if failed_call is not None and (not finished or receipt.return_code != 0):
-            self.record_failure(failed_call.to_failure(FailureStage.AGENT))
-        elif receipt.error:
-            self.record_failure(
-                FailureEvent(
-                    kind="agent_bootstrap_failed",
-                    stage=FailureStage.AGENT,
-                    operation="launch opencode",
-                    message=receipt.error,
-                    evidence=[
-                        Evidence(source="supervisor.receipt", scope=self.run_id, data=receipt.model_dump())
-                    ],
-                )
+        failure = agent_failure(
+            AgentFacts(
+                run_id=self.run_id,
+                receipt=receipt,
+                evidence=evidence,
+                finished_cleanly=self.harness.finished_cleanly,
+                last_error=self.harness.last_error,
+                failed_model_call=failed_call.to_failure(FailureStage.AGENT) if failed_call else None,
+                run_budget_s=self.run_budget_s,
+                elapsed_s=self.durations.get("agent"),
+                memory_limit_bytes=self.task.limits.memory_bytes,
             )
-        elif receipt.return_code != 0:
-            self.record_failure(
-                FailureEvent(
-                    kind="agent_nonzero_exit",
-                    stage=FailureStage.AGENT,
-                    operation="run opencode",
-                    message=f"OpenCode exited with {receipt.return_code}"
-                    + (f" (signal {receipt.signal})" if receipt.signal else "")
-                    + (f": {self.harness.last_error}" if self.harness.last_error else ""),
-                    evidence=[
-                        Evidence(source="supervisor.receipt", scope=self.run_id, data=receipt.model_dump())
-                    ],
-                )
-            )
-        elif not finished:
-            self.record_failure(
-                FailureEvent(
-                    kind="agent_did_not_finish",
-                    stage=FailureStage.AGENT,
-                    operation="run opencode",
-                    message="OpenCode exited 0 without a finished assistant turn"
-                    + (f": {self.harness.last_error}" if self.harness.last_error else ""),
-                )
-            )
+        )
+        if failure is not None:
+            self.record_failure(failure)
 
     async def _transcript(self) -> None:
         assert self.run_dir is not None
@@ -657,7 +609,11 @@ class Episode(EpisodeControl):
             stats = await asyncio.to_thread(self.harness.export_transcript, self.run_dir)
         except Exception as exc:
             self._cleanup_step_failed(
-                CleanupStep.TRANSCRIPT_SNAPSHOT, exc, "transcript_export_failed", "export transcript"
+                CleanupStep.TRANSCRIPT_SNAPSHOT,
+                exc,
+                "transcript_export_failed",
+                FailureStage.TRANSCRIPT,
+                "export transcript",
             )
             return
         self.emit(
@@ -673,11 +629,17 @@ class Episode(EpisodeControl):
         assert self.sandbox is not None and self.run_dir is not None
         v = self.task.verify
         started = time.monotonic()
+        # The wrapper reports how the verifier ended (an exit code or a signal) in a status file: a
+        # shell's 128+N cannot be told apart from `exit 128+N`, and a killed grader is no grade.
+        status_path = f"/tmp/.opencode-tui-verify-{self.run_id}.json"
+        python = self.runtime.python if self.runtime is not None else "python3"
         try:
             if self.task.verify_files_dir is not None:
                 await self.sandbox.upload_tar(self.task.workdir, directory_tar(self.task.verify_files_dir))
             result = await self.sandbox.exec(
-                ["/bin/sh", "-c", v.command], cwd=self.task.workdir, timeout=v.timeout
+                [python, "-c", VERIFY_WRAPPER_SOURCE, v.command, status_path],
+                cwd=self.task.workdir,
+                timeout=v.timeout,
             )
         except SandboxError as exc:
             self.record_failure(
@@ -688,57 +650,60 @@ class Episode(EpisodeControl):
         err = result.stderr.decode("utf-8", "replace")
         self.run_dir.write_text("verify/stdout.log", out)
         self.run_dir.write_text("verify/stderr.log", err)
-        duration = round(time.monotonic() - started, 3)
-        if not result.observed:
-            self.emit(
-                VerificationFinished(
-                    exit_code=None,
-                    reward=None,
-                    passed=None,
-                    duration_s=duration,
-                    output_excerpt=(out + err)[-2000:],
-                )
-            )
-            self.record_failure(
-                FailureEvent(
-                    kind="verifier_timeout",
-                    stage=FailureStage.VERIFICATION,
-                    operation="run verifier",
-                    message=f"the verifier did not finish within {v.timeout:g}s",
-                    details=DeadlineDetails(budget_s=v.timeout, elapsed_s=duration),
-                )
-            )
-            return
-        reward: float | None = 1.0 if result.exit_code == 0 else 0.0
-        if v.reward_file:
+        exit_code, signal = result.exit_code, result.signal
+        if result.observed:
+            exit_code, signal = await read_verify_status(self.sandbox, status_path, result)
+        reward_text = reward_error = None
+        if v.reward_file and result.observed and signal is None and exit_code is not None:
+            path = v.reward_file if v.reward_file.startswith("/") else f"{self.task.workdir}/{v.reward_file}"
             try:
-                raw = await self.sandbox.download_file(
-                    v.reward_file if v.reward_file.startswith("/") else f"{self.task.workdir}/{v.reward_file}"
-                )
-                reward = float(raw.decode().strip())
+                reward_text = (await self.sandbox.download_file(path)).decode("utf-8", "replace")
             except Exception as exc:
-                reward = None
-                self.record_failure(
-                    FailureEvent.from_exception(
-                        exc,
-                        kind="verification_inconclusive",
-                        stage=FailureStage.VERIFICATION,
-                        operation=f"read reward file {v.reward_file}",
-                        details=VerificationDetails(
-                            exit_code=result.exit_code, output_excerpt=(out + err)[-2000:]
-                        ),
-                    )
-                )
-        self.reward = reward
+                reward_error = f"{type(exc).__name__}: {exc}"
+        run = VerifierRun(
+            exit_code=exit_code,
+            signal=signal,
+            observed=result.observed,
+            deadline_fired=result.deadline_expired,
+            timeout_s=v.timeout,
+            duration_s=round(time.monotonic() - started, 3),
+            output_excerpt=(out + err)[-2000:],
+            reward_file=v.reward_file,
+            reward_text=reward_text,
+            reward_error=reward_error,
+        )
+        verdict = verifier_verdict(run)
+        self.reward = verdict.reward
         self.emit(
             VerificationFinished(
-                exit_code=result.exit_code,
-                reward=reward,
-                passed=result.exit_code == 0,
-                duration_s=duration,
-                output_excerpt=(out + err)[-2000:],
+                exit_code=run.exit_code,
+                reward=verdict.reward,
+                passed=verdict.passed,
+                duration_s=run.duration_s or 0.0,
+                output_excerpt=run.output_excerpt,
             )
         )
+        if verdict.failure is None:
+            return
+        # A grader that died may have been OOM-killed: say so when the provider confirms it.
+        from core.sandbox.oom import oom_evidence
+
+        fresh = [
+            e for e in oom_evidence(await self._oom_evidence()) if _evidence_key(e) not in self._agent_oom
+        ]
+        if fresh:
+            self.record_failure(
+                FailureEvent(
+                    kind="provider_oom_killed",
+                    stage=FailureStage.VERIFICATION,
+                    operation="run verifier",
+                    message=f"the kernel OOM-killed the verifier (confirmed by {fresh[0].source}); "
+                    "the grade is inconclusive",
+                    evidence=fresh,
+                )
+            )
+        else:
+            self.record_failure(verdict.failure)
 
     async def _release(self) -> None:
         if self.sandbox is None:
@@ -766,57 +731,46 @@ class Episode(EpisodeControl):
                 )
         except Exception as exc:
             self._cleanup_step_failed(
-                CleanupStep.SANDBOX_RELEASED, exc, "sandbox_release_failed", "release sandbox"
+                CleanupStep.SANDBOX_RELEASED,
+                exc,
+                "sandbox_release_failed",
+                FailureStage.RELEASE,
+                "release sandbox",
             )
-
-    def _primary(self) -> tuple[FailureEvent, Decision] | None:
-        """The failure that decides the outcome: the first one that is not about cleanup."""
-        if not self.failures:
-            return None
-        for item in self.failures:
-            if item[0].stage is not FailureStage.CLEANUP:
-                return item
-        return self.failures[0]
 
     def _outcome(self) -> EpisodeResult:
         assert self.run_dir is not None and self.info is not None
-        primary = self._primary()
-        if primary is None and self.refusal is not None:
-            action, reward, summary = (
-                "refused",
-                None,
-                f"refused by the provider before launch: {self.refusal}",
+        verdict = decide_outcome(
+            EpisodeFacts(
+                failures=self.failures,
+                refusal=self.refusal,
+                reward=self.reward,
+                cleanup_confirmed=self.receipt_confirmed,
             )
-            failure = decision = None
-        elif primary is None:
-            action, reward, summary = "scored", self.reward, f"scored: reward {self.reward}"
-            failure = decision = None
-        else:
-            failure, decision = primary
-            action = decision.action.value
-            reward = 0.0 if decision.action is Action.COUNT_AS_ZERO else None
-            summary = (
-                f"{failure.kind} ({failure.stage.value}, class {decision.failure_class.value}) → {action}"
-            )
+        )
+        deciding = verdict.deciding
+        failure = deciding.failure if deciding else None
+        decision = deciding.decision if deciding else None
         self.emit(
             OutcomeDecided(
-                action=Action(action) if action not in ("scored", "refused") else action,
-                reward=reward,
+                action=verdict.outcome,
+                reward=verdict.reward,
                 failure_kind=failure.kind if failure else None,
                 failure_class=decision.failure_class if decision else None,
-                summary=summary,
+                summary=verdict.summary,
                 evidence=list(failure.evidence) if failure else [],
             )
         )
         tools = self.counts.get("tool_calls", {})
+        tokens = token_totals(self.model_calls)
         result = EpisodeResult(
             run_id=self.run_id,
             task_id=self.task.id,
             attempt=self.attempt,
             provider=self.config.sandbox.provider.value,
             sandbox_id=self.sandbox.sandbox_id if self.sandbox else None,
-            reward=reward,
-            action=action,
+            reward=verdict.reward,
+            action=verdict.outcome,
             failure_kind=failure.kind if failure else None,
             failure_stage=failure.stage.value if failure else None,
             failure_class=decision.failure_class.value if decision else None,
@@ -824,28 +778,35 @@ class Episode(EpisodeControl):
             model_calls=self.counts.get("model_calls", 0),
             tool_calls=sum(tools.values()),
             compactions=self.counts.get("compactions", 0),
-            tokens_in=self.counts.get("tokens_in"),
-            tokens_out=self.counts.get("tokens_out"),
+            tokens_in=tokens.tokens_in,
+            tokens_out=tokens.tokens_out,
+            agent_tokens_in=self.counts.get("agent_tokens_in"),
+            agent_tokens_out=self.counts.get("agent_tokens_out"),
+            exit_code=verdict.exit_code,
             durations_s=dict(self.durations),
             sandbox_kept=self._keep and self.sandbox is not None,
             run_dir=str(self.run_dir.path),
-            summary=summary,
+            summary=verdict.summary,
         )
         self.info.ended_at = datetime.now(UTC)
         self.info.phase_durations_s = dict(self.durations)
         self.info.outcome = OutcomeSummary(
-            action=action,
-            reward=reward,
+            action=verdict.outcome,
+            reward=verdict.reward,
             failure_kind=result.failure_kind,
             failure_stage=result.failure_stage,
             failure_class=result.failure_class,
-            summary=summary,
+            summary=verdict.summary,
         )
         self.info.counts = {
             "model_calls": result.model_calls,
             "tool_calls": tools,
             "compactions": result.compactions,
             "cleanup_confirmed": self.receipt_confirmed,
+            "tokens_in": result.tokens_in,
+            "tokens_out": result.tokens_out,
+            "agent_tokens_in": result.agent_tokens_in,
+            "agent_tokens_out": result.agent_tokens_out,
         }
         self.run_dir.write_run_info(self.info)
         self._write_diagnostics()
@@ -855,7 +816,8 @@ class Episode(EpisodeControl):
     def _write_diagnostics(self) -> None:
         assert self.run_dir is not None
         parts = []
-        for failure, decision in self.failures:
+        for recorded in self.failures:
+            failure, decision = recorded.failure, recorded.decision
             parts.append(
                 (
                     f"failure {failure.kind}",
@@ -868,6 +830,13 @@ class Episode(EpisodeControl):
             if text.exists():
                 parts.append((name, text.read_text(errors="replace")))
         self.run_dir.write_text("diagnostics.txt", cap_diagnostics(parts))
+
+
+def _evidence_key(evidence: Evidence) -> tuple[str, str]:
+    """What makes two evidence pieces the same observation (a risen counter is a new one)."""
+    import json
+
+    return evidence.source, json.dumps(evidence.data, sort_keys=True, default=str)
 
 
 _UNEXPECTED_KIND = {

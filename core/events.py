@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from core.failures import Action, Decision, Evidence, FailureClass, FailureEvent
+from core.failures import Decision, Evidence, FailureClass, FailureEvent, Outcome
 from core.failures.evidence import utcnow
 
 
@@ -192,7 +192,7 @@ class TranscriptStats(_Event):
 
 class OutcomeDecided(_Event):
     type: Literal["outcome"] = "outcome"
-    action: Action | Literal["scored", "refused"]
+    action: Outcome
     reward: float | None
     failure_kind: str | None = None
     failure_class: FailureClass | None = None

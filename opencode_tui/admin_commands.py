@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from core.config import AgentConfig, ProviderName
-from opencode_tui.cli import EXIT_INFRA, EXIT_OK
+from core.exit_codes import ExitCode
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -144,7 +144,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         marks = {"ok": "✓", "warn": "!", "fail": "✗"}
         for c in checks:
             print(f"{marks[c.status]} {c.name:<20} {c.detail}")
-    return EXIT_INFRA if any(c.status == "fail" for c in checks) else EXIT_OK
+    return ExitCode.INFRA if any(c.status == "fail" for c in checks) else ExitCode.OK
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -174,4 +174,4 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{name.value}: {verb} {len(ids)} leftover sandbox(es)", file=sys.stderr)
 
     asyncio.run(sweep())
-    return EXIT_INFRA if failed else EXIT_OK
+    return ExitCode.INFRA if failed else ExitCode.OK

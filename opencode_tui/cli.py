@@ -16,13 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from core import __version__
-
-EXIT_OK = 0
-EXIT_MODEL_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_INFRA = 3
-EXIT_CLEANUP_UNCONFIRMED = 4
-EXIT_INTERRUPTED = 130
+from core.exit_codes import ExitCode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return EXIT_OK
+        return ExitCode.OK
     from opencode_tui import commands
 
     handler = getattr(commands, f"cmd_{args.command}")

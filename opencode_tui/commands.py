@@ -8,14 +8,14 @@ import os
 import sys
 from pathlib import Path
 
-from opencode_tui.cli import EXIT_OK, EXIT_USAGE
+from core.exit_codes import ExitCode
 
 THEME_ENV = "OPENCODE_TUI_THEME"
 
 
 def _not_yet(name: str) -> int:
     print(f"opencode-tui {name}: not available in this build yet", file=sys.stderr)
-    return EXIT_USAGE
+    return ExitCode.USAGE
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -51,14 +51,14 @@ def cmd_open(args: argparse.Namespace) -> int:
         RunDirReader(path)
     except FileNotFoundError as exc:
         print(f"opencode-tui open: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     theme = _theme()
     if theme is None:
-        return EXIT_USAGE
+        return ExitCode.USAGE
     from opencode_tui.app import OpenCodeTUI
 
     OpenCodeTUI(run_dir=path, theme=theme).run()
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -70,18 +70,18 @@ def cmd_runs(args: argparse.Namespace) -> int:
             f"opencode-tui runs: {runs_dir} is not a directory (run an episode first, or pass --runs-dir)",
             file=sys.stderr,
         )
-        return EXIT_USAGE
+        return ExitCode.USAGE
     if args.json:
         for path, info in run_rows(runs_dir):
             print(json.dumps(run_summary(path, info)))
-        return EXIT_OK
+        return ExitCode.OK
     theme = _theme()
     if theme is None:
-        return EXIT_USAGE
+        return ExitCode.USAGE
     from opencode_tui.app import OpenCodeTUI
 
     OpenCodeTUI(runs_dir=runs_dir, theme=theme).run()
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

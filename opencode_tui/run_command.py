@@ -13,16 +13,9 @@ from typing import Any
 from core.batch import BatchSummary, run_batch
 from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
-from core.failures import Action
+from core.exit_codes import ExitCode
+from core.outcome import exit_code as outcome_exit_code
 from core.tasks import Task, load_task
-from opencode_tui.cli import (
-    EXIT_CLEANUP_UNCONFIRMED,
-    EXIT_INFRA,
-    EXIT_INTERRUPTED,
-    EXIT_MODEL_FAILURE,
-    EXIT_OK,
-    EXIT_USAGE,
-)
 
 
 class UsageError(Exception):
@@ -116,17 +109,7 @@ def _check_images(config: AgentConfig, tasks: list[Task]) -> None:
 
 
 def exit_code(results: list[EpisodeResult], cancelled: bool = False) -> int:
-    if cancelled or any(r.failure_kind == "run_cancelled" for r in results):
-        return EXIT_INTERRUPTED
-    if any(r.action == "refused" for r in results):
-        return EXIT_USAGE  # the provider refused the request as configured: nothing ran
-    if any(r.cleanup_confirmed is False for r in results):
-        return EXIT_CLEANUP_UNCONFIRMED
-    if any(r.action not in ("scored", Action.COUNT_AS_ZERO.value) for r in results):
-        return EXIT_INFRA
-    if any(r.action == Action.COUNT_AS_ZERO.value for r in results):
-        return EXIT_MODEL_FAILURE
-    return EXIT_OK
+    return outcome_exit_code((r.exit_code for r in results), cancelled=cancelled)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -134,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config, tasks = admit(args)
     except (UsageError, ConfigError) as exc:
         print(f"opencode-tui run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     runs_dir = Path(config.runs_dir)
     if args.batch:
         return _batch(config, tasks, runs_dir, args.jobs, args.attempts)
@@ -166,7 +149,7 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
         summary = asyncio.run(main())
     except KeyboardInterrupt:
         print("opencode-tui run: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return exit_code(summary.results, summary.cancelled)
 
@@ -180,7 +163,7 @@ def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:
     result = episode._result
     if result is None:
         print("opencode-tui run: the episode did not finish", file=sys.stderr)
-        return EXIT_INFRA
+        return ExitCode.INFRA
     print(f"opencode-tui: {result.summary} — run directory: {result.run_dir}", file=sys.stderr)
     if result.sandbox_kept:
         print(

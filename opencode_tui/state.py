@@ -32,6 +32,7 @@ from core.events import (
     VerificationFinished,
     Warning_,
 )
+from core.tokens import token_totals
 
 CLEANUP_ORDER = (
     CleanupStep.RECEIPT,
@@ -205,9 +206,8 @@ class RunState:
         return max(self.compactions[-1].count, len(self.compactions))
 
     def tokens(self, attr: str) -> int | None:
-        """Sum of a ModelCall token field; None when no call reported it (unknown is not zero)."""
-        values = [getattr(c, attr) for c in self.model_calls if getattr(c, attr) is not None]
-        return sum(values) if values else None
+        """A token total over every model call (core.tokens: unknown is None, not zero)."""
+        return getattr(token_totals(self.model_calls), attr)
 
     @property
     def install_totals(self) -> tuple[int, int | None]:

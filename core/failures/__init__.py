@@ -16,6 +16,7 @@ from core.failures.model import (
     HttpDetails,
     ModelCallDetails,
     OomDetails,
+    OomVictim,
     VerificationDetails,
 )
 from core.failures.policy import (
@@ -24,6 +25,7 @@ from core.failures.policy import (
     Action,
     ClassificationConfig,
     Decision,
+    Outcome,
     OutcomePolicyConfig,
     OutcomePolicyOverrides,
     classify,
@@ -52,6 +54,8 @@ __all__ = [
     "HttpDetails",
     "ModelCallDetails",
     "OomDetails",
+    "OomVictim",
+    "Outcome",
     "OutcomePolicyConfig",
     "OutcomePolicyOverrides",
     "VerificationDetails",

@@ -64,7 +64,8 @@ _REGISTRY: dict[str, str] = {
     "transcript_export_failed": "the transcript snapshot or export failed",
     # verification
     "verifier_error": "the verifier could not be run or crashed",
-    "verifier_timeout": "the verifier did not finish within its timeout",
+    "verifier_timeout": "the verifier's own deadline fired before it finished",
+    "verifier_unknown_exit": "the verifier's exit was not observed, and its deadline did not fire",
     "verification_inconclusive": "the verifier ran but its result could not be read",
     # lifecycle
     "run_cancelled": "the run was cancelled by the user",

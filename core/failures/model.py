@@ -13,14 +13,32 @@ from core.failures.kinds import check_kind
 
 
 class FailureStage(StrEnum):
-    """Where in the episode the failure happened; classification depends on it."""
+    """Where in the episode the failure happened; classification depends on it.
+
+    The episode stamps the stage it is in on every failure it receives (a provider only knows what
+    failed, not what the episode was doing). ``cleanup`` is what records written before the close was
+    split into closing, transcript and release carry; it is still read, and means "after the agent".
+    """
 
     ADMISSION = "admission"
     SEED = "seed"
     INSTALL = "install"
     AGENT = "agent"
-    CLEANUP = "cleanup"
+    CLOSING = "closing"
+    TRANSCRIPT = "transcript"
     VERIFICATION = "verification"
+    RELEASE = "release"
+    CLEANUP = "cleanup"
+
+    @property
+    def after_agent_cleanup(self) -> bool:
+        """A stage about closing the sandbox rather than about the task or the agent."""
+        return self in _CLOSE_STAGES
+
+
+_CLOSE_STAGES = frozenset(
+    {FailureStage.CLOSING, FailureStage.TRANSCRIPT, FailureStage.RELEASE, FailureStage.CLEANUP}
+)
 
 
 class FailureClass(StrEnum):
@@ -75,11 +93,21 @@ class _Details(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class OomVictim(StrEnum):
+    """What the OOM kill took: a command the agent ran (OpenCode survived and finished its turn), the
+    agent itself (OpenCode or its supervisor died), or not known (no receipt)."""
+
+    COMMAND = "command"
+    AGENT = "agent"
+    UNKNOWN = "unknown"
+
+
 class OomDetails(_Details):
     detail_type: Literal["oom"] = "oom"
     container_id: str | None = None
     memory_limit_bytes: int | None = None
     exit_code: int | None = None
+    victim: OomVictim | None = None
 
 
 class DeadlineDetails(_Details):

@@ -3,9 +3,18 @@
 The two are deliberately separate: the classifier maps (kind, stage) to a FailureClass; the policy
 maps a failure to an action. Overriding an action therefore never changes a failure's class.
 
-Action precedence, highest first: HTTP status → failure kind → class → default. Within a table the
-most specific key wins: ``kind@stage`` before ``kind`` before ``namespace:*``; an exact status before
-its class (``5xx``).
+Action precedence, highest first: named rule → HTTP status → failure kind → class → default. Within
+a table the most specific key wins: ``kind@stage`` before ``kind`` before ``namespace:*``; an exact
+status before its class (``5xx``).
+
+Named rules are facts the tables cannot express by key:
+
+- ``oom_survived``: the kernel OOM-killed a command the agent ran, and OpenCode survived and finished
+  its turn (``OomDetails.victim == command``). Its action is ``policy.oom_survived``.
+- ``grading_never_scored``: a failure during verification is never a reward-0 sample, whatever a
+  table says; ``count_as_zero`` there becomes ``mark_evaluation_error``.
+
+A ``retry`` is bounded by ``max_attempts`` and, for a key listed in ``max_retries``, by that count.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.failures.model import FailureClass, FailureEvent, FailureStage
+from core.failures.model import FailureClass, FailureEvent, FailureStage, OomDetails, OomVictim
 
 
 class Action(StrEnum):
@@ -27,6 +36,25 @@ class Action(StrEnum):
     MARK_EVALUATION_ERROR = "mark_evaluation_error"  # not a sample: the evaluation failed
     KEEP_UNKNOWN = "keep_unknown"  # not a sample, cause left unknown
     STOP = "stop"  # stop the batch
+
+
+class Outcome(StrEnum):
+    """How an episode ended: the policy's actions plus ``scored`` and ``refused``.
+
+    ``scored`` and ``count_as_zero`` are samples (they carry a reward); every other outcome is not.
+    """
+
+    SCORED = "scored"
+    REFUSED = "refused"
+    RETRY = Action.RETRY.value
+    COUNT_AS_ZERO = Action.COUNT_AS_ZERO.value
+    MARK_EVALUATION_ERROR = Action.MARK_EVALUATION_ERROR.value
+    KEEP_UNKNOWN = Action.KEEP_UNKNOWN.value
+    STOP = Action.STOP.value
+
+    @property
+    def is_sample(self) -> bool:
+        return self in (Outcome.SCORED, Outcome.COUNT_AS_ZERO)
 
 
 _STATUS_KEY = re.compile(r"[1-5](?:\d\d|xx)")
@@ -67,6 +95,8 @@ class OutcomePolicyConfig(BaseModel):
     default: Action = Action.KEEP_UNKNOWN
     max_attempts: int = Field(default=3, ge=1, le=100)
     # When retries are exhausted, the action falls through to the next precedence level.
+    max_retries: dict[str, int] = Field(default_factory=dict)
+    oom_survived: Action = Action.COUNT_AS_ZERO
 
     @field_validator("http_status")
     @classmethod
@@ -78,12 +108,20 @@ class OutcomePolicyConfig(BaseModel):
             )
         return table
 
-    @field_validator("kind")
+    @field_validator("kind", "max_retries")
     @classmethod
-    def _kind_keys(cls, table: dict[str, Action]) -> dict[str, Action]:
+    def _kind_keys(cls, table: dict[str, object]) -> dict[str, object]:
         bad = [k for k in table if not _kind_key_ok(k)]
         if bad:
             raise ValueError(f"kind keys must be 'kind' or 'kind@stage'; bad: {bad}")
+        return table
+
+    @field_validator("max_retries")
+    @classmethod
+    def _retry_counts(cls, table: dict[str, int]) -> dict[str, int]:
+        bad = [k for k, n in table.items() if not 0 <= n <= 100]
+        if bad:
+            raise ValueError(f"max_retries values must be between 0 and 100; bad: {bad}")
         return table
 
 
@@ -97,11 +135,15 @@ class OutcomePolicyOverrides(BaseModel):
     failure_class: dict[FailureClass, Action] | None = None
     default: Action | None = None
     max_attempts: int | None = Field(default=None, ge=1, le=100)
+    max_retries: dict[str, int] | None = None
+    oom_survived: Action | None = None
 
     @model_validator(mode="after")
     def _validate_tables(self) -> OutcomePolicyOverrides:
         # Reuse the full model's key checks.
-        OutcomePolicyConfig(http_status=self.http_status or {}, kind=self.kind or {})
+        OutcomePolicyConfig(
+            http_status=self.http_status or {}, kind=self.kind or {}, max_retries=self.max_retries or {}
+        )
         return self
 
 
@@ -123,9 +165,14 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "verification_inconclusive": FailureClass.EVALUATION,
         "verifier_error": FailureClass.EVALUATION,
         "verifier_timeout": FailureClass.EVALUATION,
+        "verifier_unknown_exit": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
         "*@admission": FailureClass.EVALUATION,
+        "*@closing": FailureClass.EVALUATION,
+        "*@transcript": FailureClass.EVALUATION,
+        "*@verification": FailureClass.EVALUATION,
+        "*@release": FailureClass.EVALUATION,
         "*@cleanup": FailureClass.EVALUATION,
         "run_cancelled": FailureClass.UNKNOWN,
     }
@@ -134,6 +181,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
 DEFAULT_POLICY = OutcomePolicyConfig(
     http_status={"408": Action.RETRY, "425": Action.RETRY, "429": Action.RETRY, "5xx": Action.RETRY},
     kind={
+        # A seed-phase OOM (copying the task in) says nothing about the model: try once more.
+        "provider_oom_killed@seed": Action.RETRY,
         "provider_oom_killed@agent": Action.COUNT_AS_ZERO,
         "agent_timeout@agent": Action.COUNT_AS_ZERO,
         "agent_context_limit": Action.COUNT_AS_ZERO,
@@ -150,6 +199,8 @@ DEFAULT_POLICY = OutcomePolicyConfig(
     },
     default=Action.KEEP_UNKNOWN,
     max_attempts=3,
+    max_retries={"provider_oom_killed@seed": 1},
+    oom_survived=Action.COUNT_AS_ZERO,
 )
 
 
@@ -163,6 +214,8 @@ def merged(base: OutcomePolicyConfig, overrides: OutcomePolicyOverrides | None) 
         failure_class={**base.failure_class, **(overrides.failure_class or {})},
         default=overrides.default or base.default,
         max_attempts=overrides.max_attempts or base.max_attempts,
+        max_retries={**base.max_retries, **(overrides.max_retries or {})},
+        oom_survived=overrides.oom_survived or base.oom_survived,
     )
 
 
@@ -200,8 +253,23 @@ class Decision(BaseModel):
     action: Action
     failure_class: FailureClass
     rule: str
-    level: Literal["http_status", "kind", "failure_class", "default"]
+    level: Literal["rule", "http_status", "kind", "failure_class", "default"]
     retries_exhausted: bool = False
+
+
+def _survived_oom(failure: FailureEvent) -> bool:
+    return (
+        failure.kind == "provider_oom_killed"
+        and isinstance(failure.details, OomDetails)
+        and failure.details.victim is OomVictim.COMMAND
+    )
+
+
+def _retry_allowed(key: str, attempt: int, policy: OutcomePolicyConfig) -> bool:
+    if attempt >= policy.max_attempts:
+        return False
+    limit = policy.max_retries.get(key)
+    return limit is None or attempt <= limit
 
 
 def decide(
@@ -218,6 +286,8 @@ def decide(
     """
     failure_class = classify(failure, classification)
     candidates: list[tuple[str, str, Action]] = []
+    if _survived_oom(failure):
+        candidates.append(("rule", "oom_survived", policy.oom_survived))
     if failure.http_status is not None:
         status = str(failure.http_status)
         for key in (status, f"{status[0]}xx"):
@@ -234,9 +304,18 @@ def decide(
 
     exhausted = False
     for level, key, action in candidates:
-        if action is Action.RETRY and attempt >= policy.max_attempts:
+        if action is Action.RETRY and not _retry_allowed(key, attempt, policy):
             exhausted = True
             continue
+        if action is Action.COUNT_AS_ZERO and failure.stage is FailureStage.VERIFICATION:
+            # A grading failure says nothing about the model: never a reward-0 sample.
+            return Decision(
+                action=Action.MARK_EVALUATION_ERROR,
+                failure_class=failure_class,
+                rule="grading_never_scored",
+                level="rule",
+                retries_exhausted=exhausted,
+            )
         return Decision(
             action=action, failure_class=failure_class, rule=key, level=level, retries_exhausted=exhausted
         )

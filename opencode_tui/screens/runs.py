@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from core.artifacts import RunInfo
+from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.feeds import run_rows
 
@@ -54,7 +55,7 @@ class RunsScreen(Screen[None]):
                 continue
             out = info.outcome
             action = out.action if out else "running/unknown"
-            style = colors.get("success", "") if action == "scored" else colors.get("error", "")
+            style = colors.get("success", "") if action == Outcome.SCORED else colors.get("error", "")
             table.add_row(
                 Text(path.name),
                 Text(info.task_id, style="bold"),

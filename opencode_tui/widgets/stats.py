@@ -6,6 +6,7 @@ from collections import Counter
 
 from textual.content import Content
 
+from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import Panel
@@ -37,9 +38,10 @@ class StatsPanel(Panel):
             n=str(len(state.model_calls)),
             kinds=" · ".join(f"{k} {v}" for k, v in kinds.items()),
         )
+        # One definition everywhere (core.tokens): every model call, title and compaction included.
         row(
             "Tokens",
-            "in $tin · out $tout",
+            "in $tin · out $tout (all calls)",
             tin=fmt.count(state.tokens("tokens_in")),
             tout=fmt.count(state.tokens("tokens_out")),
         )
@@ -61,7 +63,12 @@ class StatsPanel(Panel):
                 trig=f" ({', '.join(t.compaction_triggers)})" if t.compaction_triggers else "",
             )
             row("", "tools $by", by=_by_tool(dict(sorted(t.tool_calls.items(), key=lambda kv: -kv[1]))))
-            row("", "tokens in $tin · out $tout", tin=fmt.count(t.tokens_in), tout=fmt.count(t.tokens_out))
+            row(
+                "",
+                "agent tokens in $tin · out $tout",
+                tin=fmt.count(t.tokens_in),
+                tout=fmt.count(t.tokens_out),
+            )
         v = state.verification
         if v is not None:
             verdict = "passed" if v.passed else ("failed" if v.passed is False else "inconclusive")
@@ -76,7 +83,7 @@ class StatsPanel(Panel):
             )
         o = state.outcome
         if o is not None:
-            style = "$state-ok" if o.action == "scored" else "$state-failed"
+            style = "$state-ok" if o.action is Outcome.SCORED else "$state-failed"
             row(
                 "Outcome",
                 f"[b {style}]$action[/] · reward $reward · $summary",

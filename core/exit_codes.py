@@ -1,0 +1,31 @@
+"""The process's exit codes: stable, documented in the README's table."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0  # every episode scored
+    MODEL_FAILURE = (
+        1  # some episode failed on the model side (counted as zero), none on the infrastructure side
+    )
+    USAGE = 2  # usage or configuration error; or the provider refused the request as configured
+    INFRA = 3  # infrastructure or unknown failure
+    CLEANUP_UNCONFIRMED = 4  # a sandbox may still hold processes
+    INTERRUPTED = 130  # interrupted (after cleanup and release)
+
+    @property
+    def severity(self) -> int:
+        """Which code a batch reports when its episodes differ: the most severe one."""
+        return _SEVERITY[self]
+
+
+_SEVERITY = {
+    ExitCode.OK: 0,
+    ExitCode.MODEL_FAILURE: 1,
+    ExitCode.INFRA: 2,
+    ExitCode.CLEANUP_UNCONFIRMED: 3,
+    ExitCode.USAGE: 4,
+    ExitCode.INTERRUPTED: 5,
+}

@@ -1,0 +1,344 @@
+"""Why an episode ended: pure functions from recorded facts to failures, an outcome and an exit code.
+
+The episode collects facts (the cleanup receipt, the provider's OOM evidence, the harness's state,
+the verifier's result, every failure with the stage it happened in) and asks this module what they
+mean. Nothing here does I/O, so the table test in tests/core/test_outcome.py is the specification:
+
+- ``agent_failure``: the receipt, evidence and harness state after the agent ran → at most one failure.
+- ``verifier_verdict``: the verifier's exec result → a reward, or a failure and no reward.
+- ``decide_outcome``: every recorded failure with the policy's decision → one ``Outcome``.
+- ``exit_code``: the outcomes of a batch → the process's exit code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.exit_codes import ExitCode
+from core.failures import (
+    DeadlineDetails,
+    Decision,
+    Evidence,
+    FailureClass,
+    FailureEvent,
+    FailureStage,
+    OomDetails,
+    OomVictim,
+    Outcome,
+    VerificationDetails,
+)
+from core.runtime.supervisor_client import CleanupReceipt
+from core.sandbox.oom import oom_evidence
+
+
+class RecordedFailure(BaseModel):
+    """A failure as the episode recorded it: stamped with its stage, decided by the policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    failure: FailureEvent
+    decision: Decision
+
+
+# ---- the agent ----------------------------------------------------------------------------------
+
+
+class AgentFacts(BaseModel):
+    """What is known once the agent phase has closed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    receipt: CleanupReceipt | None
+    evidence: list[Evidence] = Field(default_factory=list)
+    finished_cleanly: bool = False
+    last_error: str | None = None
+    failed_model_call: FailureEvent | None = None
+    run_budget_s: float
+    elapsed_s: float | None = None
+    memory_limit_bytes: int | None = None
+
+
+def _exit_words(receipt: CleanupReceipt) -> str:
+    if receipt.return_code is None:
+        return "OpenCode's exit was not observed"
+    signal = f" (signal {receipt.signal})" if receipt.signal else ""
+    return f"OpenCode exited with {receipt.return_code}{signal}"
+
+
+def agent_failure(facts: AgentFacts) -> FailureEvent | None:
+    """At most one failure of the agent phase.
+
+    Order matters: authoritative OOM evidence first (exit 137 alone is never evidence), then the
+    observed deadline, then a failing model endpoint, then the harness's own exit.
+    """
+    receipt = facts.receipt
+    confirming = oom_evidence(facts.evidence, scope=facts.evidence[0].scope if facts.evidence else None)
+    if confirming:
+        oom = confirming[0]
+        if receipt is None:
+            victim = OomVictim.UNKNOWN
+        elif receipt.return_code == 0 and receipt.error is None and facts.finished_cleanly:
+            victim = OomVictim.COMMAND
+        else:
+            victim = OomVictim.AGENT
+        took = {
+            OomVictim.COMMAND: "a command the agent ran; OpenCode survived and finished its turn",
+            OomVictim.AGENT: "OpenCode or its supervisor",
+            OomVictim.UNKNOWN: "a process (which one is unknown: no cleanup receipt)",
+        }[victim]
+        return FailureEvent(
+            kind="provider_oom_killed",
+            stage=FailureStage.AGENT,
+            operation="run opencode",
+            message=f"the kernel OOM-killed {took} (confirmed by {oom.source})",
+            evidence=confirming,
+            details=OomDetails(
+                container_id=oom.scope,
+                memory_limit_bytes=facts.memory_limit_bytes,
+                exit_code=receipt.return_code if receipt else None,
+                victim=victim,
+            ),
+            # An OOM that took the agent itself is the agent's failure, whatever the tables say.
+            failure_class=FailureClass.MODEL if victim is OomVictim.AGENT else None,
+        )
+    if receipt is None:
+        return None
+    receipt_evidence = [Evidence(source="supervisor.receipt", scope=facts.run_id, data=receipt.model_dump())]
+    if receipt.timed_out:
+        return FailureEvent(
+            kind="agent_timeout",
+            stage=FailureStage.AGENT,
+            operation="run opencode",
+            message=f"the run deadline of {facts.run_budget_s:g}s fired; the supervisor stopped the agent "
+            f"and drained {receipt.descendants_killed} descendant process(es)",
+            details=DeadlineDetails(
+                budget_s=facts.run_budget_s, elapsed_s=facts.elapsed_s, timed_out_observed=True
+            ),
+            evidence=receipt_evidence,
+        )
+    finished = facts.finished_cleanly
+    if receipt.return_code == 0 and finished and receipt.error is None:
+        return None
+    if facts.failed_model_call is not None and (not finished or receipt.return_code != 0):
+        return facts.failed_model_call
+    detail = f": {facts.last_error}" if facts.last_error else ""
+    if receipt.error:
+        return FailureEvent(
+            kind="agent_bootstrap_failed",
+            stage=FailureStage.AGENT,
+            operation="launch opencode",
+            message=receipt.error,
+            evidence=receipt_evidence,
+        )
+    if receipt.return_code != 0:
+        return FailureEvent(
+            kind="agent_nonzero_exit",
+            stage=FailureStage.AGENT,
+            operation="run opencode",
+            message=_exit_words(receipt) + detail,
+            evidence=receipt_evidence,
+        )
+    return FailureEvent(
+        kind="agent_did_not_finish",
+        stage=FailureStage.AGENT,
+        operation="run opencode",
+        message="OpenCode exited 0 without a finished assistant turn" + detail,
+    )
+
+
+# ---- the verifier -------------------------------------------------------------------------------
+
+
+class VerifierRun(BaseModel):
+    """The verifier's exec, as observed (``reward_text`` is the reward file's content, when read)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exit_code: int | None
+    signal: int | None = None
+    observed: bool
+    deadline_fired: bool = False
+    timeout_s: float
+    duration_s: float | None = None
+    output_excerpt: str = ""
+    reward_file: str | None = None
+    reward_text: str | None = None
+    reward_error: str | None = None
+
+
+class VerifierVerdict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reward: float | None
+    passed: bool | None
+    failure: FailureEvent | None = None
+
+
+def _verification_failure(kind: str, message: str, run: VerifierRun, **fields: object) -> FailureEvent:
+    return FailureEvent(
+        kind=kind,
+        stage=FailureStage.VERIFICATION,
+        operation="run verifier",
+        message=message,
+        details=fields.pop("details", None)
+        or VerificationDetails(exit_code=run.exit_code, output_excerpt=run.output_excerpt or None),
+        **fields,
+    )
+
+
+def verifier_verdict(run: VerifierRun) -> VerifierVerdict:
+    """A reward only from a verifier that ran to an observed exit; otherwise an inconclusive failure.
+
+    A grading failure is never a reward: a verifier killed by a signal, whose exit was not observed,
+    whose deadline fired, or whose reward file cannot be read gives ``reward=None`` and a failure.
+    ``verifier_timeout`` only when its own deadline fired; an unobserved exit otherwise stays unknown.
+    """
+    if run.deadline_fired:
+        return VerifierVerdict(
+            reward=None,
+            passed=None,
+            failure=_verification_failure(
+                "verifier_timeout",
+                f"the verifier's deadline of {run.timeout_s:g}s fired before it finished",
+                run,
+                details=DeadlineDetails(
+                    budget_s=run.timeout_s, elapsed_s=run.duration_s, timed_out_observed=True
+                ),
+            ),
+        )
+    if not run.observed:
+        return VerifierVerdict(
+            reward=None,
+            passed=None,
+            failure=_verification_failure(
+                "verifier_unknown_exit",
+                "the verifier's exit was not observed (its deadline did not fire); its result is unknown",
+                run,
+            ),
+        )
+    if run.exit_code is None or run.signal is not None:
+        return VerifierVerdict(
+            reward=None,
+            passed=None,
+            failure=_verification_failure(
+                "verifier_error",
+                f"the verifier was killed by signal {run.signal}"
+                if run.signal is not None
+                else "the verifier ended without an exit code",
+                run,
+            ),
+        )
+    passed = run.exit_code == 0
+    if run.reward_file is None:
+        return VerifierVerdict(reward=1.0 if passed else 0.0, passed=passed)
+    reward: float | None = None
+    problem = run.reward_error
+    if problem is None:
+        try:
+            reward = float((run.reward_text or "").strip())
+        except ValueError:
+            problem = f"not a number: {(run.reward_text or '')[:80]!r}"
+    if reward is None:
+        return VerifierVerdict(
+            reward=None,
+            passed=passed,
+            failure=_verification_failure(
+                "verification_inconclusive",
+                f"the reward file {run.reward_file} could not be read ({problem})",
+                run,
+            ),
+        )
+    return VerifierVerdict(reward=reward, passed=passed)
+
+
+# ---- the outcome --------------------------------------------------------------------------------
+
+
+class EpisodeFacts(BaseModel):
+    """Everything the outcome depends on, as recorded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    failures: list[RecordedFailure] = Field(default_factory=list)
+    refusal: str | None = None
+    reward: float | None = None
+    cleanup_confirmed: bool | None = None
+
+
+class Verdict(BaseModel):
+    """The one outcome of an episode, the failure that decided it (if any), and its exit code."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    outcome: Outcome
+    reward: float | None
+    deciding: RecordedFailure | None = None
+    summary: str
+    exit_code: ExitCode
+
+
+def primary_failure(failures: Iterable[RecordedFailure]) -> RecordedFailure | None:
+    """The failure that decides the outcome: the first not about closing the sandbox, else the first."""
+    items = list(failures)
+    for item in items:
+        if not item.failure.stage.after_agent_cleanup:
+            return item
+    return items[0] if items else None
+
+
+def decide_outcome(facts: EpisodeFacts) -> Verdict:
+    """One outcome from the recorded facts (precedence: a failure → a refusal → the verifier's reward)."""
+    deciding = primary_failure(facts.failures)
+    if deciding is not None:
+        failure, decision = deciding.failure, deciding.decision
+        outcome = Outcome(decision.action.value)
+        reward = 0.0 if outcome is Outcome.COUNT_AS_ZERO else None
+        summary = f"{failure.kind} ({failure.stage.value}, class {decision.failure_class.value}) → {outcome}"
+    elif facts.refusal is not None:
+        outcome, reward = Outcome.REFUSED, None
+        summary = f"refused by the provider before launch: {facts.refusal}"
+    elif facts.reward is not None:
+        outcome, reward = Outcome.SCORED, facts.reward
+        summary = f"scored: reward {facts.reward:g}"
+    else:
+        # Nothing failed and nothing was graded: there is no sample to report.
+        outcome, reward = Outcome.KEEP_UNKNOWN, None
+        summary = "no failure was recorded, but the verifier produced no reward"
+    return Verdict(
+        outcome=outcome,
+        reward=reward,
+        deciding=deciding,
+        summary=summary,
+        exit_code=_episode_exit_code(outcome, deciding, facts.cleanup_confirmed),
+    )
+
+
+def _episode_exit_code(
+    outcome: Outcome, deciding: RecordedFailure | None, cleanup_confirmed: bool | None
+) -> ExitCode:
+    if deciding is not None and deciding.failure.kind == "run_cancelled":
+        return ExitCode.INTERRUPTED
+    if outcome is Outcome.REFUSED:
+        return ExitCode.USAGE  # the provider refused the request as configured: nothing ran
+    if cleanup_confirmed is False:
+        return ExitCode.CLEANUP_UNCONFIRMED
+    if not outcome.is_sample:
+        return ExitCode.INFRA
+    if outcome is Outcome.COUNT_AS_ZERO:
+        return ExitCode.MODEL_FAILURE
+    return ExitCode.OK
+
+
+def exit_code(codes: Iterable[ExitCode | int], *, cancelled: bool = False) -> ExitCode:
+    """A batch's exit code: the most severe of its episodes' (interrupted first)."""
+    if cancelled:
+        return ExitCode.INTERRUPTED
+    worst = ExitCode.OK
+    for code in codes:
+        code = ExitCode(code)
+        if code.severity > worst.severity:
+            worst = code
+    return worst

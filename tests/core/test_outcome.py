@@ -1,0 +1,396 @@
+"""The outcome table: the specification of why an episode ended.
+
+Each row is a set of recorded facts (the cleanup receipt, the provider's structured evidence, the
+harness's state, the verifier's result, failures other phases recorded with their stage) and the one
+outcome they must give: the outcome word, the reward, the deciding failure kind, stage and rule, and
+the process exit code. The functions under test are pure; the same facts always give the same outcome.
+The rows named after sample tasks state each sample's expected outcome as the end-to-end tests see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from core.exit_codes import ExitCode
+from core.failures import (
+    DEFAULT_CLASSIFICATION,
+    DEFAULT_POLICY,
+    Action,
+    Evidence,
+    FailureEvent,
+    FailureStage,
+    ModelCallDetails,
+    OutcomePolicyOverrides,
+    decide,
+    merged,
+)
+from core.outcome import (
+    AgentFacts,
+    EpisodeFacts,
+    Outcome,
+    RecordedFailure,
+    VerifierRun,
+    agent_failure,
+    decide_outcome,
+    exit_code,
+    verifier_verdict,
+)
+from core.runtime.supervisor_client import CleanupReceipt
+
+SCOPE = "c0ffee"
+
+
+def receipt(rc: int | None = 0, **kw) -> CleanupReceipt:
+    return CleanupReceipt(cleanup_confirmed=True, return_code=rc, **kw)
+
+
+def cgroup_oom(count: int = 1, baseline: int = 0) -> Evidence:
+    return Evidence(
+        source="cgroup.memory", scope=SCOPE, data={"oom_kill": count, "oom_kill_baseline": baseline}
+    )
+
+
+def model_500() -> FailureEvent:
+    return FailureEvent(
+        kind="model_server_error",
+        stage=FailureStage.AGENT,
+        operation="model call",
+        message="the model endpoint answered 500",
+        http_status=500,
+        details=ModelCallDetails(call_id="c1", status=500),
+    )
+
+
+def failure(kind: str, stage: FailureStage, **kw) -> FailureEvent:
+    return FailureEvent(kind=kind, stage=stage, operation="test", message=kind, **kw)
+
+
+def verifier(exit_code: int | None = 0, **kw) -> VerifierRun:
+    kw.setdefault("observed", exit_code is not None)
+    return VerifierRun(exit_code=exit_code, timeout_s=30, **kw)
+
+
+@dataclass
+class Row:
+    """Facts in, outcome out."""
+
+    agent: AgentFacts | None = None
+    verifier: VerifierRun | None = None
+    before: list[FailureEvent] = field(default_factory=list)  # seed/install failures, stamped
+    after: list[FailureEvent] = field(default_factory=list)  # closing/transcript/release failures
+    refusal: str | None = None
+    cleanup_confirmed: bool | None = True
+    attempt: int = 1
+    policy: dict | None = None
+    # expected
+    outcome: Outcome = Outcome.SCORED
+    reward: float | None = None
+    kind: str | None = None
+    stage: str | None = None
+    rule: str | None = None
+    exit: ExitCode = ExitCode.OK
+
+
+def agent(**kw) -> AgentFacts:
+    kw.setdefault("receipt", receipt())
+    kw.setdefault("finished_cleanly", True)
+    return AgentFacts(run_id="r1", run_budget_s=600, **kw)
+
+
+def judge(row: Row):
+    """Compose the pure functions the way the episode calls them, in its order."""
+    policy = merged(DEFAULT_POLICY, OutcomePolicyOverrides.model_validate(row.policy or {}))
+    recorded = []
+
+    def record(f: FailureEvent) -> None:
+        d = decide(f, attempt=row.attempt, policy=policy, classification=DEFAULT_CLASSIFICATION)
+        recorded.append(RecordedFailure(failure=f, decision=d))
+
+    for f in row.before:
+        record(f)
+    if row.agent is not None:
+        f = agent_failure(row.agent)
+        if f is not None:
+            record(f)
+    for f in row.after:
+        record(f)
+    reward = None
+    if row.verifier is not None:
+        verdict = verifier_verdict(row.verifier)
+        reward = verdict.reward
+        if verdict.failure is not None:
+            record(verdict.failure)
+    return decide_outcome(
+        EpisodeFacts(
+            failures=recorded, refusal=row.refusal, reward=reward, cleanup_confirmed=row.cleanup_confirmed
+        )
+    )
+
+
+ROWS: dict[str, Row] = {
+    # ---- the sample tasks -------------------------------------------------------------------
+    "sample hello-file / fix-bug / swe-style / long-context / model-flaky-429": Row(
+        agent=agent(), verifier=verifier(0), reward=1.0
+    ),
+    "sample oom: a command OOM-killed, OpenCode survived, verifier passed → the named rule": Row(
+        agent=agent(evidence=[cgroup_oom()]),
+        verifier=verifier(0),
+        outcome=Outcome.COUNT_AS_ZERO,
+        reward=0.0,
+        kind="provider_oom_killed",
+        stage="agent",
+        rule="oom_survived",
+        exit=ExitCode.MODEL_FAILURE,
+    ),
+    "sample exit-137: SIGKILL without memory pressure is not an OOM": Row(
+        agent=agent(evidence=[cgroup_oom(count=0)]), verifier=verifier(0), reward=1.0
+    ),
+    "sample model-flaky-500, attempt 1: retried": Row(
+        agent=agent(receipt=receipt(1), finished_cleanly=False, failed_model_call=model_500()),
+        outcome=Outcome.RETRY,
+        kind="model_server_error",
+        stage="agent",
+        rule="5xx",
+        exit=ExitCode.INFRA,
+    ),
+    "sample model-flaky-500, last attempt: an evaluation error": Row(
+        agent=agent(receipt=receipt(1), finished_cleanly=False, failed_model_call=model_500()),
+        attempt=3,
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="model_server_error",
+        stage="agent",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "sample timeout: the run deadline fired": Row(
+        agent=agent(receipt=receipt(None, timed_out=True, descendants_killed=2), finished_cleanly=False),
+        verifier=verifier(0),
+        outcome=Outcome.COUNT_AS_ZERO,
+        reward=0.0,
+        kind="agent_timeout",
+        stage="agent",
+        rule="agent_timeout@agent",
+        exit=ExitCode.MODEL_FAILURE,
+    ),
+    # ---- 1. stage-correct failures -----------------------------------------------------------
+    "OOM during verification (stamped by the episode) is inconclusive, never a reward": Row(
+        agent=agent(),
+        after=[failure("provider_oom_killed", FailureStage.VERIFICATION)],
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="provider_oom_killed",
+        stage="verification",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "sandbox lost during verification is inconclusive": Row(
+        agent=agent(),
+        after=[failure("sandbox_lost", FailureStage.VERIFICATION)],
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="sandbox_lost",
+        stage="verification",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "seed-phase OOM, first attempt: a bounded retry": Row(
+        before=[failure("provider_oom_killed", FailureStage.SEED)],
+        outcome=Outcome.RETRY,
+        kind="provider_oom_killed",
+        stage="seed",
+        rule="provider_oom_killed@seed",
+        exit=ExitCode.INFRA,
+    ),
+    "seed-phase OOM, second attempt: retries (1) used up → evaluation error": Row(
+        before=[failure("provider_oom_killed", FailureStage.SEED)],
+        attempt=2,
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="provider_oom_killed",
+        stage="seed",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "an OOM that took OpenCode itself is always the agent's (model class)": Row(
+        agent=agent(evidence=[cgroup_oom()], receipt=receipt(137, signal=9), finished_cleanly=False),
+        policy={"failure_class": {"model": "count_as_zero"}, "kind": {"provider_oom_killed@agent": "stop"}},
+        outcome=Outcome.STOP,
+        kind="provider_oom_killed",
+        stage="agent",
+        rule="provider_oom_killed@agent",
+        exit=ExitCode.INFRA,
+    ),
+    # ---- 2./3. grading failures are never scored ---------------------------------------------
+    "verifier killed by a signal: not scored": Row(
+        agent=agent(),
+        verifier=verifier(None, signal=9, observed=True),
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="verifier_error",
+        stage="verification",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "verifier's own deadline fired: verifier_timeout": Row(
+        agent=agent(),
+        verifier=verifier(None, observed=False, deadline_fired=True),
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="verifier_timeout",
+        stage="verification",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "verifier exit not observed, no deadline: unknown, not a timeout": Row(
+        agent=agent(),
+        verifier=verifier(None, observed=False),
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="verifier_unknown_exit",
+        stage="verification",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "unreadable reward file: inconclusive, reward null": Row(
+        agent=agent(),
+        verifier=verifier(0, reward_file="reward.txt", reward_error="FileNotFoundError"),
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="verification_inconclusive",
+        stage="verification",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "reward file with a fraction": Row(
+        agent=agent(), verifier=verifier(1, reward_file="reward.txt", reward_text="0.5\n"), reward=0.5
+    ),
+    "a failing verifier is a real zero": Row(agent=agent(), verifier=verifier(1), reward=0.0),
+    "a policy that would count a grading failure as zero is overruled": Row(
+        agent=agent(),
+        verifier=verifier(None, signal=9, observed=True),
+        policy={"kind": {"verifier_error": "count_as_zero"}},
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="verifier_error",
+        stage="verification",
+        rule="grading_never_scored",
+        exit=ExitCode.INFRA,
+    ),
+    # ---- 4./5. OOM only from structured evidence, and its named rule -------------------------
+    "text about memory is not evidence (no structured flag)": Row(
+        agent=agent(
+            evidence=[
+                Evidence(
+                    source="opensandbox.lifecycle",
+                    scope=SCOPE,
+                    data={"reason": "Error", "message": "npm ERR! JavaScript heap out of memory"},
+                )
+            ]
+        ),
+        verifier=verifier(0),
+        reward=1.0,
+    ),
+    "the survived-OOM rule can be set to keep the sample out": Row(
+        agent=agent(evidence=[cgroup_oom()]),
+        verifier=verifier(0),
+        policy={"oom_survived": "keep_unknown"},
+        outcome=Outcome.KEEP_UNKNOWN,
+        kind="provider_oom_killed",
+        stage="agent",
+        rule="oom_survived",
+        exit=ExitCode.INFRA,
+    ),
+    # ---- the harness's exit, in words ----------------------------------------------------------
+    "OpenCode's exit not observed: unknown, never 'None'": Row(
+        agent=agent(receipt=receipt(None), finished_cleanly=False),
+        outcome=Outcome.KEEP_UNKNOWN,
+        kind="agent_nonzero_exit",
+        stage="agent",
+        rule="unknown",
+        exit=ExitCode.INFRA,
+    ),
+    # ---- cleanup, refusal, cancel, nothing -----------------------------------------------------
+    "cleanup unconfirmed alone: unknown, exit 4": Row(
+        after=[failure("cleanup_unconfirmed", FailureStage.CLOSING)],
+        cleanup_confirmed=False,
+        outcome=Outcome.KEEP_UNKNOWN,
+        kind="cleanup_unconfirmed",
+        stage="closing",
+        rule="cleanup_unconfirmed",
+        exit=ExitCode.CLEANUP_UNCONFIRMED,
+    ),
+    "the agent's failure decides over a later transcript failure": Row(
+        agent=agent(receipt=receipt(None, timed_out=True), finished_cleanly=False),
+        after=[failure("transcript_export_failed", FailureStage.TRANSCRIPT)],
+        outcome=Outcome.COUNT_AS_ZERO,
+        reward=0.0,
+        kind="agent_timeout",
+        stage="agent",
+        rule="agent_timeout@agent",
+        exit=ExitCode.MODEL_FAILURE,
+    ),
+    "refused by the provider before launch": Row(
+        refusal="no such sandbox", outcome=Outcome.REFUSED, exit=ExitCode.USAGE
+    ),
+    "cancelled during the agent": Row(
+        before=[failure("run_cancelled", FailureStage.AGENT)],
+        outcome=Outcome.STOP,
+        kind="run_cancelled",
+        stage="agent",
+        rule="run_cancelled",
+        exit=ExitCode.INTERRUPTED,
+    ),
+    "nothing failed and nothing was graded: no sample": Row(
+        agent=agent(), outcome=Outcome.KEEP_UNKNOWN, exit=ExitCode.INFRA
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_outcome_table(name: str) -> None:
+    row = ROWS[name]
+    verdict = judge(row)
+    deciding = verdict.deciding
+    got = (
+        verdict.outcome,
+        verdict.reward,
+        deciding.failure.kind if deciding else None,
+        deciding.failure.stage.value if deciding else None,
+        deciding.decision.rule if deciding else None,
+        verdict.exit_code,
+    )
+    assert got == (row.outcome, row.reward, row.kind, row.stage, row.rule, row.exit)
+    assert verdict.outcome.is_sample == (verdict.reward is not None)
+
+
+def test_unobserved_exit_is_said_in_words() -> None:
+    f = agent_failure(agent(receipt=receipt(None), finished_cleanly=False))
+    assert f is not None and "None" not in f.message
+    assert "OpenCode's exit was not observed" in f.message
+
+
+def test_oom_victim_named_in_the_failure() -> None:
+    survived = agent_failure(agent(evidence=[cgroup_oom()]))
+    died = agent_failure(agent(evidence=[cgroup_oom()], receipt=receipt(137), finished_cleanly=False))
+    assert survived.details.victim == "command" and survived.failure_class is None
+    assert died.details.victim == "agent" and died.failure_class == "model"
+    assert "survived" in survived.message
+
+
+def test_batch_exit_code_is_the_most_severe() -> None:
+    assert exit_code([]) is ExitCode.OK
+    assert exit_code([ExitCode.OK, ExitCode.MODEL_FAILURE]) is ExitCode.MODEL_FAILURE
+    assert exit_code([ExitCode.MODEL_FAILURE, ExitCode.INFRA]) is ExitCode.INFRA
+    assert exit_code([ExitCode.INFRA, ExitCode.CLEANUP_UNCONFIRMED]) is ExitCode.CLEANUP_UNCONFIRMED
+    assert exit_code([ExitCode.CLEANUP_UNCONFIRMED, ExitCode.USAGE]) is ExitCode.USAGE
+    assert exit_code([ExitCode.USAGE, ExitCode.INTERRUPTED]) is ExitCode.INTERRUPTED
+    assert exit_code([ExitCode.OK], cancelled=True) is ExitCode.INTERRUPTED
+
+
+def test_retry_limit_is_per_rule_and_validated() -> None:
+    with pytest.raises(ValueError, match="max_retries"):
+        OutcomePolicyOverrides.model_validate({"max_retries": {"provider_oom_killed@seed": -1}})
+    policy = merged(
+        DEFAULT_POLICY,
+        OutcomePolicyOverrides.model_validate({"max_retries": {"provider_oom_killed@seed": 2}}),
+    )
+    f = failure("provider_oom_killed", FailureStage.SEED)
+    assert [decide(f, attempt=a, policy=policy).action for a in (1, 2, 3)] == [
+        Action.RETRY,
+        Action.RETRY,
+        Action.MARK_EVALUATION_ERROR,
+    ]
