@@ -18,10 +18,26 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.config import AgentConfig
 from core.episode import Episode, EpisodeResult
 from core.events import EventBus
-from core.failures import Outcome
+from core.exit_codes import ExitCode
+from core.failures import FailureStage, Outcome
 from core.tasks import Task
 
 RESULTS_FILE = "results.jsonl"
+
+
+class BatchControl:
+    """Cancels a running batch: queued episodes are not started (and recorded as such), running ones
+    close gracefully and concurrently, each within its close budget. A second cancel hurries them."""
+
+    def __init__(self) -> None:
+        self.cancelled_by: str | None = None
+        self.running: set[Episode] = set()
+
+    async def cancel(self, by: str) -> None:
+        if self.cancelled_by is None:
+            self.cancelled_by = by
+        episodes = list(self.running)
+        await asyncio.gather(*(e.cancel(by) for e in episodes), return_exceptions=True)
 
 
 class BatchSummary(BaseModel):
@@ -32,6 +48,7 @@ class BatchSummary(BaseModel):
     results: list[EpisodeResult] = Field(default_factory=list)
     failures_by_kind: dict[str, int] = Field(default_factory=dict)
     cancelled: bool = False
+    cancelled_by: str | None = None
 
     def line(self) -> str:
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.failures_by_kind.items()))
@@ -52,9 +69,11 @@ def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
         try:
             rec = json.loads(line)
             key = rec.pop("task_key")
-            out[key] = EpisodeResult.model_validate(rec)
+            result = EpisodeResult.model_validate(rec)
         except (ValueError, KeyError):
             continue  # a torn last line from an interrupted run is not fatal
+        if result.started:
+            out[key] = result
     return out
 
 
@@ -66,17 +85,27 @@ async def run_episode_with_retries(
     max_attempts: int,
     first_attempt: int = 1,
     on_episode: Callable[[Episode], None] | None = None,
+    control: BatchControl | None = None,
 ) -> EpisodeResult:
     """Attempts until the policy stops asking for ``retry`` (bounded by ``max_attempts``)."""
+    control = control or BatchControl()
     previous: list[str] = []
     attempt = first_attempt
     while True:
         episode = Episode(task, config, attempt=attempt, runs_dir=runs_dir, bus=EventBus(attempt=attempt))
         if on_episode is not None:
             on_episode(episode)
-        result = await episode.run()
+        control.running.add(episode)
+        try:
+            result = await episode.run()
+        finally:
+            control.running.discard(episode)
         result.previous_attempts = list(previous)
-        if result.action is not Outcome.RETRY or attempt - first_attempt + 1 >= max_attempts:
+        if (
+            result.action is not Outcome.RETRY
+            or attempt - first_attempt + 1 >= max_attempts
+            or control.cancelled_by is not None
+        ):
             return result
         previous.append(result.run_dir)
         attempt += 1
@@ -91,7 +120,9 @@ async def run_batch(
     max_attempts: int | None = None,
     on_result: Callable[[EpisodeResult], None] | None = None,
     on_episode: Callable[[Episode], None] | None = None,
+    control: BatchControl | None = None,
 ) -> BatchSummary:
+    control = control or BatchControl()
     runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240 (once, before any episode)
     previous = load_previous(runs_dir)
     attempts = max_attempts or config.policy.max_attempts or 3
@@ -114,6 +145,9 @@ async def run_batch(
             return
         first = prior.attempt + 1 if prior is not None else 1
         async with sem:
+            if control.cancelled_by is not None:
+                record(task, not_started(task, config, first, control.cancelled_by))
+                return
             result = await run_episode_with_retries(
                 task,
                 config,
@@ -121,6 +155,7 @@ async def run_batch(
                 max_attempts=attempts,
                 first_attempt=first,
                 on_episode=on_episode,
+                control=control,
             )
         if prior is not None:
             result.previous_attempts = [prior.run_dir, *prior.previous_attempts, *result.previous_attempts]
@@ -139,5 +174,24 @@ async def run_batch(
         scored=sum(1 for r in results if r.action.is_sample),
         results=results,
         failures_by_kind=dict(failures),
-        cancelled=cancelled,
+        cancelled=cancelled or control.cancelled_by is not None,
+        cancelled_by=control.cancelled_by,
+    )
+
+
+def not_started(task: Task, config: AgentConfig, attempt: int, by: str) -> EpisodeResult:
+    """The record of a queued episode a cancelled batch never started (a resume runs it)."""
+    return EpisodeResult(
+        run_id="",
+        task_id=task.id,
+        attempt=attempt,
+        provider=config.sandbox.provider.value,
+        action=Outcome.STOP,
+        failure_kind="run_cancelled",
+        failure_stage=FailureStage.ADMISSION.value,
+        cancelled_by=by,
+        exit_code=ExitCode.for_cancel(by),
+        run_dir="",
+        started=False,
+        summary=f"not started: the batch was cancelled by {by}",
     )

@@ -6,9 +6,32 @@ The TUI never talks to a provider: it renders events from ``bus`` and sends thes
 from __future__ import annotations
 
 import abc
+import signal
 
-from core.events import EventBus
+from pydantic import BaseModel, ConfigDict
+
+from core.events import EventBus, Phase
 from core.sandbox.base import PtyHandle
+
+CANCELLED_BY_USER = "user"  # `c` or `q` in the TUI
+CANCELLED_BY_CALLER = "caller"  # the task running the episode was cancelled
+# The signals a front end turns into a graceful close; their names are what the record says.
+CLOSING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class CancelRequest(BaseModel):
+    """Who asked the episode to stop, in which phase, and whether a second request hurried it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    by: str  # "user", "caller", or a signal name such as "SIGTERM"
+    phase: Phase
+    hurry: bool = False
+    hurried_by: str | None = None
+
+    @property
+    def words(self) -> str:
+        return "cancelled by the user" if self.by == CANCELLED_BY_USER else f"cancelled by {self.by}"
 
 
 class EpisodeControl(abc.ABC):
@@ -22,8 +45,10 @@ class EpisodeControl(abc.ABC):
         """True until the outcome has been decided and the sandbox released (or kept)."""
 
     @abc.abstractmethod
-    async def cancel(self) -> None:
-        """Graceful close: stop the agent, confirm cleanup, release; returns once requested."""
+    async def cancel(self, by: str = CANCELLED_BY_USER) -> None:
+        """Graceful close: stop the agent, confirm cleanup, release; returns once requested.
+
+        ``by`` is what asked (``user``, or a signal name); a second call hurries the close."""
 
     @abc.abstractmethod
     def keep_sandbox(self, keep: bool = True) -> None:

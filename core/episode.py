@@ -17,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, cap_diagnostics, versions
 from core.config import AgentConfig
-from core.control import EpisodeControl
+from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
 from core.events import (
     CleanupObserved,
+    CleanupProof,
     CleanupStep,
     Compaction,
     EpisodeStarted,
@@ -47,6 +48,7 @@ from core.failures import (
     Evidence,
     FailureEvent,
     FailureStage,
+    GenericDetails,
     decide,
     merged,
     merged_classification,
@@ -95,6 +97,8 @@ class EpisodeResult(BaseModel):
     failure_stage: str | None = None
     failure_class: str | None = None
     cleanup_confirmed: bool | None = None
+    cleanup_proof: CleanupProof | None = None
+    cancelled_by: str | None = None
     model_calls: int = 0
     tool_calls: int = 0
     compactions: int = 0
@@ -110,6 +114,7 @@ class EpisodeResult(BaseModel):
     summary: str = ""
     previous_attempts: list[str] = Field(default_factory=list)
     resumed: bool = False
+    started: bool = True  # false: a queued episode a cancelled batch never started
     sandbox_kept: bool = False
 
     @property
@@ -161,6 +166,11 @@ class Episode(EpisodeControl):
         self.failures: list[RecordedFailure] = []
         self._keep = config.sandbox.keep_sandbox
         self._cancel_requested = False
+        self._cancel: CancelRequest | None = None
+        self._graceful_stop: asyncio.Future[Any] | None = None
+        self._destroyed_in_hurry = False
+        self.cleanup_proof: CleanupProof | None = None
+        self._last_command: str | None = None  # the agent's last bash command (for the record)
         self._agent_task: asyncio.Task[Any] | None = None
         self._verify_task: asyncio.Task[Any] | None = None
         self._done = asyncio.Event()
@@ -186,11 +196,58 @@ class Episode(EpisodeControl):
     def running(self) -> bool:
         return not self._done.is_set()
 
-    async def cancel(self) -> None:
+    async def cancel(self, by: str = CANCELLED_BY_USER) -> None:
+        """A graceful close, whatever the phase; a second request hurries it (see ``_hurry``).
+
+        During the agent the supervisor stops OpenCode, drains its descendants and writes the
+        receipt: cancelling the exec instead would kill the supervisor with it and lose the receipt.
+        Seed and install are simply interrupted (nothing runs yet); verification is abandoned (its
+        grade would mean nothing); closing, transcript and release carry on to the end.
+        """
+        if self._cancel is not None:
+            await self._hurry(by)
+            return
+        self._cancel = CancelRequest(by=by, phase=self._phase)
         self._cancel_requested = True
+        self.emit(
+            Warning_(
+                code="cancel_requested",
+                message=f"{self._cancel.words}: stopping the agent and closing the sandbox "
+                "(cleanup is still confirmed; a second request hurries)",
+            )
+        )
+        launched = self.session is not None and self.session.launch_started
+        if self._phase is Phase.AGENT and launched:
+            assert self.session is not None
+            self._graceful_stop = asyncio.ensure_future(self.session.finalize())
+            self._graceful_stop.add_done_callback(_consume_exception)
+        elif self._phase in (Phase.ADMISSION, Phase.SEED, Phase.INSTALL, Phase.AGENT):
+            if self._agent_task is not None and not self._agent_task.done():
+                self._agent_task.cancel()
+        elif self._verify_task is not None and not self._verify_task.done():
+            self._verify_task.cancel()
+
+    async def _hurry(self, by: str) -> None:
+        """A second request: destroy an owned sandbox now (its death ends every process in it);
+        a borrowed one is never destroyed: its harness is stopped by the close already under way."""
+        assert self._cancel is not None
+        if self._cancel.hurry:
+            return
+        self._cancel = self._cancel.model_copy(update={"hurry": True, "hurried_by": by})
+        self.emit(Warning_(code="cancel_hurried", message=f"{by} again: hurrying the close"))
         for task in (self._agent_task, self._verify_task):
             if task is not None and not task.done():
                 task.cancel()
+        if self.sandbox is not None and self.sandbox.owned and not self._keep:
+            # Said before the destruction starts: the close under way sees its receipt fail because of it.
+            self._destroyed_in_hurry = True
+            try:
+                await asyncio.wait_for(self.sandbox.release(), self.config.budgets.close_s)
+            except Exception as exc:
+                self._destroyed_in_hurry = False
+                self.emit(
+                    Warning_(code="hurry_release_failed", message=f"could not destroy the sandbox: {exc}")
+                )
 
     def keep_sandbox(self, keep: bool = True) -> None:
         self._keep = keep
@@ -242,7 +299,11 @@ class Episode(EpisodeControl):
         if isinstance(event, ModelCall):
             self.counts["model_calls"] += 1
             self.model_calls.append(event)
-        elif isinstance(event, ToolCall) and event.status != "running":
+        elif isinstance(event, ToolCall) and event.status == "running":
+            command = event.input.get("command")
+            if isinstance(command, str):
+                self._last_command = command[:200]
+        elif isinstance(event, ToolCall):
             tools = self.counts["tool_calls"]
             tools[event.tool] = tools.get(event.tool, 0) + 1
         elif isinstance(event, Compaction):
@@ -316,18 +377,12 @@ class Episode(EpisodeControl):
         try:
             await self._agent_task
         except asyncio.CancelledError:
+            if self._cancel is None:  # the caller's task was cancelled, not through cancel()
+                self._cancel = CancelRequest(by=CANCELLED_BY_CALLER, phase=self._phase)
             self._cancel_requested = True
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            self.record_failure(
-                FailureEvent(
-                    kind="run_cancelled",
-                    stage=self._stage_of(self._phase),
-                    operation=f"{self._phase.value} phase",
-                    message=f"cancelled by the user during {self._phase.value}",
-                )
-            )
         except StageFailure as sf:
             self.record_failure(sf.failure)
         except ExpectedRefusal as exc:
@@ -343,6 +398,8 @@ class Episode(EpisodeControl):
                     f"{self._phase.value} phase",
                 )
             )
+        if self._cancel is not None and self._cancel.phase is not Phase.VERIFICATION:
+            self._record_cancel()
         # Closing must finish even if the caller is cancelled again (a second Ctrl-C): every step
         # below has its own deadline, so this loop is bounded.
         finish = asyncio.ensure_future(self._finish(stack))
@@ -350,15 +407,29 @@ class Episode(EpisodeControl):
             try:
                 return await asyncio.shield(finish)
             except asyncio.CancelledError:
-                self._cancel_requested = True
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
-                # Verification is the one step after the agent worth abandoning on a cancel.
-                if self._verify_task is not None and not self._verify_task.done():
-                    self._verify_task.cancel()
+                # The caller was cancelled while closing: a cancel like any other (a second hurries).
+                await self.cancel(self._cancel.by if self._cancel else CANCELLED_BY_CALLER)
                 if finish.done():
                     return finish.result()
+
+    def _record_cancel(self) -> None:
+        """``run_cancelled``, naming the phase and what asked for it (once)."""
+        assert self._cancel is not None
+        if any(r.failure.kind == "run_cancelled" for r in self.failures):
+            return
+        c = self._cancel
+        self.record_failure(
+            FailureEvent(
+                kind="run_cancelled",
+                stage=self._stage_of(c.phase),
+                operation=f"{c.phase.value} phase",
+                message=f"{c.words} during {c.phase.value}",
+                details=GenericDetails(data={"by": c.by, "phase": c.phase.value}),
+            )
+        )
 
     @staticmethod
     def _stage_of(phase: Phase) -> FailureStage:
@@ -511,21 +582,13 @@ class Episode(EpisodeControl):
             try:
                 receipt = await self.session.finalize()
                 confirmed = True
+                self.cleanup_proof = CleanupProof.RECEIPT
             except CleanupUnconfirmed as exc:
                 confirmed = False
-                owned = self.sandbox is not None and self.sandbox.owned
-                self.record_failure(
-                    FailureEvent.from_exception(
-                        exc,
-                        kind="cleanup_unconfirmed",
-                        stage=FailureStage.CLOSING,
-                        operation="stop and confirm",
-                        details=CleanupDetails(
-                            receipt=None, fallback="destroy the sandbox" if owned else None
-                        ),
-                    )
-                )
-            if self.session.launch_started:
+                await self._confirm_by_destruction(exc)
+            cancelled_agent = self._cancel is not None and self._cancel.phase is Phase.AGENT
+            # A run we stopped ourselves says nothing through its exit; its OOM evidence still counts.
+            if self.session.launch_started and (not cancelled_agent or receipt is None):
                 await self._analyse_agent(receipt)
             if self.session.collect_error is not None:
                 self.record_failure(
@@ -536,7 +599,9 @@ class Episode(EpisodeControl):
                         operation="collect OpenCode database and logs",
                     )
                 )
-        self.receipt_confirmed = confirmed
+        if self.session is None:
+            self.cleanup_proof = CleanupProof.NOTHING_LAUNCHED
+        self.receipt_confirmed = self.cleanup_proof is not None
         if confirmed:
             self._enter(Phase.TRANSCRIPT)
             await self._transcript()
@@ -551,23 +616,62 @@ class Episode(EpisodeControl):
         if confirmed and self.sandbox is not None and not self._cancel_requested:
             self._enter(Phase.VERIFICATION)
             self._verify_task = asyncio.ensure_future(self._verify())
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._verify_task
-            except asyncio.CancelledError:
-                self.record_failure(
-                    FailureEvent(
-                        kind="run_cancelled",
-                        stage=FailureStage.VERIFICATION,
-                        operation="verification phase",
-                        message="cancelled by the user during verification",
-                    )
-                )
         self._enter(Phase.RELEASE)
         await self._release()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(stack.aclose(), 10)
+        if self._cancel is not None:
+            self._record_cancel()
         self._enter(Phase.DONE, state=StepState.OK)
         return self._outcome()
+
+    async def _confirm_by_destruction(self, exc: CleanupUnconfirmed) -> None:
+        """No positive receipt: an owned sandbox is destroyed now, and its death is the proof (a
+        destroyed container or PID namespace holds no process). A borrowed or kept one stays
+        unconfirmed, and the record says so."""
+        assert self.session is not None and self.sandbox is not None
+        why = self._why_unconfirmed(exc)
+        if self.sandbox.owned and not self._keep:
+            try:
+                await asyncio.wait_for(self.session.release(), self.config.budgets.close_s)
+            except Exception as release_exc:
+                why = f"{why}; destroying the sandbox failed too: {release_exc}"
+            else:
+                self.cleanup_proof = CleanupProof.DESTROYED
+        if self.cleanup_proof is CleanupProof.DESTROYED:
+            if not self._destroyed_in_hurry:
+                self.record_failure(
+                    FailureEvent.from_exception(
+                        exc,
+                        kind="supervisor_lost",
+                        stage=FailureStage.CLOSING,
+                        operation="stop and confirm",
+                        message=f"{why}; cleanup was proven by destroying the sandbox",
+                        details=CleanupDetails(receipt=None, fallback="sandbox destroyed"),
+                    )
+                )
+            return
+        self.record_failure(
+            FailureEvent.from_exception(
+                exc,
+                kind="cleanup_unconfirmed",
+                stage=FailureStage.CLOSING,
+                operation="stop and confirm",
+                message=why,
+                details=CleanupDetails(
+                    receipt=None, fallback=None if self.sandbox.owned else "borrowed: never destroyed"
+                ),
+            )
+        )
+
+    def _why_unconfirmed(self, exc: CleanupUnconfirmed) -> str:
+        """One line on why there is no receipt, naming the agent's last command when it ran one."""
+        if self._destroyed_in_hurry:
+            return "the close was hurried: the sandbox was destroyed before the receipt arrived"
+        last = self._last_command
+        return f"{exc} (while the agent ran `{last}`)" if last else str(exc)
 
     async def _oom_evidence(self) -> list[Evidence]:
         """The provider's structured evidence about this sandbox (bounded; best effort)."""
@@ -641,7 +745,7 @@ class Episode(EpisodeControl):
                 cwd=self.task.workdir,
                 timeout=v.timeout,
             )
-        except SandboxError as exc:
+        except Exception as exc:  # a lost sandbox, a failed upload, or a bug: the grade is inconclusive
             self.record_failure(
                 self._failure_from(exc, "verifier_error", FailureStage.VERIFICATION, "run verifier")
             )
@@ -746,6 +850,7 @@ class Episode(EpisodeControl):
                 refusal=self.refusal,
                 reward=self.reward,
                 cleanup_confirmed=self.receipt_confirmed,
+                cancelled_by=self._cancel.by if self._cancel else None,
             )
         )
         deciding = verdict.deciding
@@ -775,6 +880,8 @@ class Episode(EpisodeControl):
             failure_stage=failure.stage.value if failure else None,
             failure_class=decision.failure_class.value if decision else None,
             cleanup_confirmed=self.receipt_confirmed,
+            cleanup_proof=self.cleanup_proof,
+            cancelled_by=self._cancel.by if self._cancel else None,
             model_calls=self.counts.get("model_calls", 0),
             tool_calls=sum(tools.values()),
             compactions=self.counts.get("compactions", 0),
@@ -803,6 +910,8 @@ class Episode(EpisodeControl):
             "tool_calls": tools,
             "compactions": result.compactions,
             "cleanup_confirmed": self.receipt_confirmed,
+            "cleanup_proof": self.cleanup_proof,
+            "cancelled_by": result.cancelled_by,
             "tokens_in": result.tokens_in,
             "tokens_out": result.tokens_out,
             "agent_tokens_in": result.agent_tokens_in,
@@ -830,6 +939,12 @@ class Episode(EpisodeControl):
             if text.exists():
                 parts.append((name, text.read_text(errors="replace")))
         self.run_dir.write_text("diagnostics.txt", cap_diagnostics(parts))
+
+
+def _consume_exception(future: asyncio.Future[Any]) -> None:
+    """A background close step whose error the close itself reports (it shares the same task)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _evidence_key(evidence: Evidence) -> tuple[str, str]:

@@ -33,6 +33,15 @@ class Phase(StrEnum):
     DONE = "done"
 
 
+class CleanupProof(StrEnum):
+    """What proved that no process of the run is left: the supervisor's positive receipt, or the
+    destruction of an owned sandbox (a destroyed container or PID namespace holds no process)."""
+
+    RECEIPT = "receipt"
+    DESTROYED = "destroyed"
+    NOTHING_LAUNCHED = "nothing_launched"  # the harness never started: no process of the run existed
+
+
 class StepState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

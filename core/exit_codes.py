@@ -13,7 +13,14 @@ class ExitCode(IntEnum):
     USAGE = 2  # usage or configuration error; or the provider refused the request as configured
     INFRA = 3  # infrastructure or unknown failure
     CLEANUP_UNCONFIRMED = 4  # a sandbox may still hold processes
-    INTERRUPTED = 130  # interrupted (after cleanup and release)
+    HANGUP = 129  # SIGHUP (after cleanup and release)
+    INTERRUPTED = 130  # Ctrl-C / SIGINT, or cancelled in the TUI (after cleanup and release)
+    TERMINATED = 143  # SIGTERM (after cleanup and release)
+
+    @classmethod
+    def for_cancel(cls, by: str | None) -> ExitCode:
+        """The exit code of a run cancelled by ``by`` (a signal name, or the user)."""
+        return {"SIGTERM": cls.TERMINATED, "SIGHUP": cls.HANGUP}.get(by or "", cls.INTERRUPTED)
 
     @property
     def severity(self) -> int:
@@ -28,4 +35,6 @@ _SEVERITY = {
     ExitCode.CLEANUP_UNCONFIRMED: 3,
     ExitCode.USAGE: 4,
     ExitCode.INTERRUPTED: 5,
+    ExitCode.HANGUP: 5,
+    ExitCode.TERMINATED: 5,
 }

@@ -266,6 +266,7 @@ class EpisodeFacts(BaseModel):
     refusal: str | None = None
     reward: float | None = None
     cleanup_confirmed: bool | None = None
+    cancelled_by: str | None = None  # "user", "caller" or a signal name, when the run was cancelled
 
 
 class Verdict(BaseModel):
@@ -312,15 +313,15 @@ def decide_outcome(facts: EpisodeFacts) -> Verdict:
         reward=reward,
         deciding=deciding,
         summary=summary,
-        exit_code=_episode_exit_code(outcome, deciding, facts.cleanup_confirmed),
+        exit_code=_episode_exit_code(outcome, facts),
     )
 
 
-def _episode_exit_code(
-    outcome: Outcome, deciding: RecordedFailure | None, cleanup_confirmed: bool | None
-) -> ExitCode:
-    if deciding is not None and deciding.failure.kind == "run_cancelled":
-        return ExitCode.INTERRUPTED
+def _episode_exit_code(outcome: Outcome, facts: EpisodeFacts) -> ExitCode:
+    cancelled = [r for r in facts.failures if r.failure.kind == "run_cancelled"]
+    if facts.cancelled_by is not None or cancelled:
+        return ExitCode.for_cancel(facts.cancelled_by)
+    cleanup_confirmed = facts.cleanup_confirmed
     if outcome is Outcome.REFUSED:
         return ExitCode.USAGE  # the provider refused the request as configured: nothing ran
     if cleanup_confirmed is False:
@@ -332,10 +333,10 @@ def _episode_exit_code(
     return ExitCode.OK
 
 
-def exit_code(codes: Iterable[ExitCode | int], *, cancelled: bool = False) -> ExitCode:
-    """A batch's exit code: the most severe of its episodes' (interrupted first)."""
-    if cancelled:
-        return ExitCode.INTERRUPTED
+def exit_code(codes: Iterable[ExitCode | int], *, cancelled_by: str | None = None) -> ExitCode:
+    """A batch's exit code: the most severe of its episodes' (a cancel's signal first)."""
+    if cancelled_by is not None:
+        return ExitCode.for_cancel(cancelled_by)
     worst = ExitCode.OK
     for code in codes:
         code = ExitCode(code)

@@ -18,6 +18,7 @@ Quitting a live episode asks first, then cancels it and waits until the engine r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -28,7 +29,9 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from core.control import CANCELLED_BY_USER
 from core.events import Event
+from core.signals import closing_signals
 from opencode_tui import format as fmt
 from opencode_tui.messages import (
     CancelRequested,
@@ -86,6 +89,7 @@ class OpenCodeTUI(App[None]):
             raise ValueError(f"unknown theme {theme!r}; available: {', '.join(self.themes)}")
         self.theme = theme
         self.run_episode = run_episode
+        self._signals: contextlib.AbstractContextManager[None] | None = None
         self._run_ended = asyncio.Event()
         self.episode_done = control is None
         self.quitting = False
@@ -115,6 +119,22 @@ class OpenCodeTUI(App[None]):
             self._watch_episode()
             if self.run_episode is not None:
                 self._run_episode()
+            # SIGTERM/SIGHUP (and a SIGINT sent from outside) close the episode like `q` does.
+            self._signals = closing_signals(self._on_signal)
+            self._signals.__enter__()
+
+    def on_unmount(self) -> None:
+        if self._signals is not None:
+            self._signals.__exit__(None, None, None)
+            self._signals = None
+
+    async def _on_signal(self, name: str) -> None:
+        if self.quitting and self.control is not None:
+            await self.control.cancel(name)  # a second signal hurries the close
+        elif self.episode_running:
+            self._quit_after_cleanup(name)
+        else:
+            self.exit()
         if self.FREEZE_HEAP:
             self.call_after_refresh(self._freeze_heap)
 
@@ -360,7 +380,7 @@ class OpenCodeTUI(App[None]):
         await self.action_request_quit()
 
     @work(exclusive=True, group="quit")
-    async def _quit_after_cleanup(self) -> None:
+    async def _quit_after_cleanup(self, by: str = CANCELLED_BY_USER) -> None:
         assert self.control is not None
         self.quitting = True
         budget = None
@@ -370,7 +390,7 @@ class OpenCodeTUI(App[None]):
         self.push_screen(CleanupWaitScreen(budget))
         self.post_message(CancelRequested("quit"))
         try:
-            await self.control.cancel()
+            await self.control.cancel(by)
         except Exception as exc:
             self.notify(f"Cancel failed: {exc}", severity="error", timeout=8)
         waiter = asyncio.ensure_future(self.control.wait())

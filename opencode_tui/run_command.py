@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.batch import BatchSummary, run_batch
+from core.batch import BatchControl, BatchSummary, run_batch
 from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
 from core.exit_codes import ExitCode
 from core.outcome import exit_code as outcome_exit_code
+from core.signals import closing_signals
 from core.tasks import Task, load_task
 
 
@@ -108,10 +109,6 @@ def _check_images(config: AgentConfig, tasks: list[Task]) -> None:
             ) from exc
 
 
-def exit_code(results: list[EpisodeResult], cancelled: bool = False) -> int:
-    return outcome_exit_code((r.exit_code for r in results), cancelled=cancelled)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         config, tasks = admit(args)
@@ -133,8 +130,10 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
         print(json.dumps(result.model_dump(mode="json")), flush=True)
         progress.finished(result)
 
+    control = BatchControl()
+
     async def main() -> BatchSummary:
-        with progress:
+        with progress, closing_signals(control.cancel, announce=_announce):
             return await run_batch(
                 tasks,
                 config,
@@ -143,15 +142,24 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
                 max_attempts=attempts,
                 on_result=on_result,
                 on_episode=progress.attach,
+                control=control,
             )
 
-    try:
-        summary = asyncio.run(main())
-    except KeyboardInterrupt:
-        print("opencode-tui run: interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED
+    summary = asyncio.run(main())
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
-    return exit_code(summary.results, summary.cancelled)
+    return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
+
+
+def _announce(name: str, first: bool) -> None:
+    if first:
+        print(
+            f"opencode-tui run: {name}: closing every running episode (cleanup is confirmed); "
+            "send it again to hurry",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        print(f"opencode-tui run: {name} again: hurrying the close", file=sys.stderr, flush=True)
 
 
 def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:
@@ -171,4 +179,4 @@ def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:
             f"remove it with `opencode-tui sweep --provider {result.provider}`",
             file=sys.stderr,
         )
-    return exit_code([result])
+    return result.exit_code

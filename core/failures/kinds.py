@@ -61,6 +61,7 @@ _REGISTRY: dict[str, str] = {
     "model_api_error": "the model endpoint rejected the request (4xx other than 429)",
     # cleanup and transcript
     "cleanup_unconfirmed": "no positive cleanup receipt within the close budget",
+    "supervisor_lost": "the supervisor died without a receipt; cleanup was proven by destroying the sandbox",
     "transcript_export_failed": "the transcript snapshot or export failed",
     # verification
     "verifier_error": "the verifier could not be run or crashed",

@@ -187,6 +187,7 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "agent_timeout@agent": Action.COUNT_AS_ZERO,
         "agent_context_limit": Action.COUNT_AS_ZERO,
         "cleanup_unconfirmed": Action.KEEP_UNKNOWN,
+        "supervisor_lost": Action.KEEP_UNKNOWN,
         "run_cancelled": Action.STOP,
         "task_invalid": Action.STOP,
         "config_invalid": Action.STOP,

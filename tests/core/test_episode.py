@@ -165,6 +165,13 @@ def test_oom_confirmed_from_provider_evidence(batch):
         "model",
         "count_as_zero",
     )
+    # The kernel picks the victim: the command (OpenCode survives and finishes: the named rule
+    # decides) or OpenCode itself (always the agent's failure). Either way the record says which.
+    receipt = [e for e in _events(results["oom"]) if e.type == "cleanup" and e.step == "receipt"][0]
+    if receipt.data["return_code"] == 0:
+        assert (f.decision.rule, f.failure.details.victim) == ("oom_survived", "command")
+    else:
+        assert (f.decision.rule, f.failure.details.victim) == ("provider_oom_killed@agent", "agent")
     sources = {ev.source for ev in f.failure.evidence}
     allowed = (
         {"docker.state", "docker.events", "cgroup.memory"} if provider == "docker" else {"cgroup.memory"}
@@ -232,3 +239,26 @@ def test_outcome_event_is_last_and_names_the_failure(batch):
         events = _events(r)
         assert isinstance(events[-1], OutcomeDecided)
         assert events[-1].failure_kind == r.failure_kind
+
+
+def test_batch_lines_carry_the_recorded_token_totals(batch):
+    """Tokens come from what the proxy recorded, on failed runs too; unknown would be null, never 0."""
+    _, _, results = batch
+    for r in results.values():
+        usage = [
+            json.loads(line)["usage"] or {}
+            for line in (Path(r.run_dir) / "model_calls.jsonl").read_text().splitlines()
+        ]
+        known_in = [u["tokens_in"] for u in usage if u.get("tokens_in") is not None]
+        known_out = [u["tokens_out"] for u in usage if u.get("tokens_out") is not None]
+        assert r.tokens_in == (sum(known_in) if known_in else None), r.task_id
+        assert r.tokens_out == (sum(known_out) if known_out else None), r.task_id
+    for name in ("oom", "model-flaky-500"):
+        assert results[name].tokens_in and results[name].tokens_out, name
+
+
+def test_every_diagnostics_file_is_within_its_cap(batch):
+    _, _, results = batch
+    for r in results.values():
+        for d in [r.run_dir, *r.previous_attempts]:
+            assert len((Path(d) / "diagnostics.txt").read_text()) <= 16_000, d

@@ -21,6 +21,7 @@ from core.failures import (
     Evidence,
     FailureEvent,
     FailureStage,
+    GenericDetails,
     ModelCallDetails,
     OutcomePolicyOverrides,
     decide,
@@ -82,6 +83,7 @@ class Row:
     after: list[FailureEvent] = field(default_factory=list)  # closing/transcript/release failures
     refusal: str | None = None
     cleanup_confirmed: bool | None = True
+    cancelled_by: str | None = None
     attempt: int = 1
     policy: dict | None = None
     # expected
@@ -124,7 +126,11 @@ def judge(row: Row):
             record(verdict.failure)
     return decide_outcome(
         EpisodeFacts(
-            failures=recorded, refusal=row.refusal, reward=reward, cleanup_confirmed=row.cleanup_confirmed
+            failures=recorded,
+            refusal=row.refusal,
+            reward=reward,
+            cleanup_confirmed=row.cleanup_confirmed,
+            cancelled_by=row.cancelled_by,
         )
     )
 
@@ -326,6 +332,22 @@ ROWS: dict[str, Row] = {
     "refused by the provider before launch": Row(
         refusal="no such sandbox", outcome=Outcome.REFUSED, exit=ExitCode.USAGE
     ),
+    "cancelled by SIGTERM during verification: 143, never a grade": Row(
+        agent=agent(),
+        before=[
+            failure(
+                "run_cancelled",
+                FailureStage.VERIFICATION,
+                details=GenericDetails(data={"by": "SIGTERM", "phase": "verification"}),
+            )
+        ],
+        cancelled_by="SIGTERM",
+        outcome=Outcome.STOP,
+        kind="run_cancelled",
+        stage="verification",
+        rule="run_cancelled",
+        exit=ExitCode.TERMINATED,
+    ),
     "cancelled during the agent": Row(
         before=[failure("run_cancelled", FailureStage.AGENT)],
         outcome=Outcome.STOP,
@@ -378,7 +400,9 @@ def test_batch_exit_code_is_the_most_severe() -> None:
     assert exit_code([ExitCode.INFRA, ExitCode.CLEANUP_UNCONFIRMED]) is ExitCode.CLEANUP_UNCONFIRMED
     assert exit_code([ExitCode.CLEANUP_UNCONFIRMED, ExitCode.USAGE]) is ExitCode.USAGE
     assert exit_code([ExitCode.USAGE, ExitCode.INTERRUPTED]) is ExitCode.INTERRUPTED
-    assert exit_code([ExitCode.OK], cancelled=True) is ExitCode.INTERRUPTED
+    assert exit_code([ExitCode.OK], cancelled_by="SIGINT") is ExitCode.INTERRUPTED
+    assert exit_code([ExitCode.OK], cancelled_by="SIGTERM") is ExitCode.TERMINATED
+    assert exit_code([ExitCode.OK], cancelled_by="SIGHUP") is ExitCode.HANGUP
 
 
 def test_retry_limit_is_per_rule_and_validated() -> None:

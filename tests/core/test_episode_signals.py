@@ -1,0 +1,174 @@
+"""Every exit path is a close: a real SIGINT, SIGTERM or SIGHUP delivered to this process in each phase
+of a real episode (real OpenCode, the scripted model, Docker and bubblewrap sandboxes) ends with a
+positive cleanup proof, a record naming the phase and the signal, the signal's exit code, and nothing
+left behind. The batch runs exactly as ``opencode-tui run --batch`` does: ``run_batch`` under
+``closing_signals``; the signal is sent with ``os.kill`` when the episode's event stream shows it has
+reached the phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.artifacts import RunDirReader
+from core.batch import BatchControl, run_batch
+from core.config import AgentConfig
+from core.events import Event, Phase, PhaseChanged, ToolCall
+from core.exit_codes import ExitCode
+from core.failures import Outcome
+from core.outcome import exit_code
+from core.signals import closing_signals
+from core.tasks import load_task
+
+pytestmark = pytest.mark.slow
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
+
+# A trajectory whose agent is mid-command for a while, and a verifier that takes a moment: every phase
+# lasts long enough to be hit.
+SLOW_AGENT = [
+    {"tool_calls": [{"name": "write", "arguments": {"filePath": "{workdir}/hello.txt", "content": "hi\n"}}]},
+    {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30", "description": "Wait"}}]},
+    {"text": "done"},
+]
+
+PHASES = ["seed", "install", "agent", "closing", "transcript", "verification", "release"]
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+
+def _task(tmp_path: Path, slow_agent: bool) -> Path:
+    task = tmp_path / "task"
+    shutil.copytree(SAMPLES / "hello-file", task)
+    data = yaml.safe_load((task / "task.yaml").read_text())
+    data["verify"] = {"command": "sleep 3; test -f hello.txt", "timeout": 30}
+    (task / "task.yaml").write_text(yaml.safe_dump(data))
+    if slow_agent:
+        (task / "trajectory.yaml").write_text(yaml.safe_dump({"steps": SLOW_AGENT}))
+    return task
+
+
+def _reached(phase: str, event: Event) -> bool:
+    if phase == "agent":  # the harness is running a command: the supervisor owns a live process tree
+        return isinstance(event, ToolCall) and event.status == "running" and event.tool == "bash"
+    return isinstance(event, PhaseChanged) and event.phase == Phase(phase)
+
+
+def run_with_signal(tmp_path: Path, provider: str, phase: str, sig: signal.Signals, times: int = 1):
+    task = load_task(_task(tmp_path, slow_agent=phase == "agent"))
+    config = AgentConfig.model_validate({"sandbox": {"provider": provider}, "policy": {"max_attempts": 1}})
+    control = BatchControl()
+    sent: list[str] = []
+
+    def watch(episode) -> None:
+        def on_event(event: Event) -> None:
+            if not sent and _reached(phase, event):
+                sent.append(phase)
+                for _ in range(times):
+                    os.kill(os.getpid(), sig)
+
+        episode.bus.subscribe(on_event)
+
+    async def main():
+        with closing_signals(control.cancel):
+            return await run_batch(
+                [task], config, runs_dir=tmp_path / "runs", on_episode=watch, control=control
+            )
+
+    summary = asyncio.run(main())
+    assert sent == [phase], "the episode never reached the phase"
+    [result] = summary.results
+    return summary, result
+
+
+def _left_behind(provider: str, result) -> list[str]:
+    if provider == "docker":
+        out = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=opencode-tui.run={result.run_id}"],
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.split()
+    # A local sandbox's keeper and every process in it carry the run's sandbox id on their command line
+    # or in their environment; pgrep over the command lines of this machine finds none of them.
+    out = subprocess.run(["pgrep", "-af", result.sandbox_id or result.run_id], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def _provider(request_param: str) -> str:
+    if request_param == "docker":
+        r = subprocess.run(["docker", "image", "inspect", "opencode-tui/base:bookworm"], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(
+                "docker or the base image is unavailable (scripts/start-dockerd, scripts/build-images)"
+            )
+    return request_param
+
+
+CASES = [
+    pytest.param(
+        provider,
+        phase,
+        SIGNALS[(i + j) % 3],
+        marks=getattr(pytest.mark, mark),
+        id=f"{provider}-{phase}-{SIGNALS[(i + j) % 3].name}",
+    )
+    for j, (provider, mark) in enumerate([("docker", "docker"), ("local", "bwrap")])
+    for i, phase in enumerate(PHASES)
+]
+
+
+@pytest.mark.parametrize(("provider", "phase", "sig"), CASES)
+def test_signal_in_each_phase_closes_with_confirmed_cleanup(tmp_path, provider, phase, sig):
+    provider = _provider(provider)
+    summary, result = run_with_signal(tmp_path, provider, phase, sig)
+    assert exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by) == (
+        ExitCode.for_cancel(sig.name)
+    )
+    assert result.exit_code == ExitCode.for_cancel(sig.name)
+    assert (result.action, result.failure_kind, result.cancelled_by) == (
+        Outcome.STOP,
+        "run_cancelled",
+        sig.name,
+    )
+    assert result.cleanup_confirmed is True, result.summary
+    info = RunDirReader(Path(result.run_dir)).info()
+    assert info.outcome is not None and info.outcome.action == Outcome.STOP
+    assert info.counts["cleanup_confirmed"] is True
+    [cancel] = [
+        e
+        for e in RunDirReader(Path(result.run_dir)).events()
+        if e.type == "failure" and e.failure.kind == "run_cancelled"
+    ]
+    assert sig.name in cancel.failure.message and phase in cancel.failure.message
+    assert cancel.failure.stage == phase
+    if phase in ("agent", "closing", "transcript", "verification", "release"):
+        assert result.cleanup_proof == "receipt"
+        assert (Path(result.run_dir) / "opencode" / "export.json").exists(), "transcript snapshot missing"
+    else:
+        assert result.cleanup_proof == "nothing_launched"
+    # A grade taken in a cancelled run is never reported.
+    assert result.reward is None
+    assert _left_behind(provider, result) == []
+
+
+@pytest.mark.parametrize(
+    "provider",
+    [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)],
+)
+def test_second_signal_hurries_and_still_records(tmp_path, provider):
+    provider = _provider(provider)
+    _, result = run_with_signal(tmp_path, provider, "agent", signal.SIGTERM, times=2)
+    assert result.exit_code == ExitCode.TERMINATED
+    assert (result.action, result.failure_kind) == (Outcome.STOP, "run_cancelled")
+    info = RunDirReader(Path(result.run_dir)).info()
+    assert info.outcome is not None and info.counts["cancelled_by"] == "SIGTERM"
+    assert result.cleanup_confirmed is True and result.cleanup_proof in ("receipt", "destroyed")
+    assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 1
+    assert _left_behind(provider, result) == []

@@ -1,0 +1,97 @@
+"""A grading failure is never a reward, end to end: the real OpenCode binary, the scripted model, real
+sandboxes (Docker and bubblewrap), and verifiers that really kill themselves or outlive their deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.artifacts import RunDirReader
+from core.config import AgentConfig
+from core.episode import Episode
+from core.failures import Outcome
+from core.tasks import load_task
+
+pytestmark = pytest.mark.slow
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
+
+PROVIDERS = [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)]
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request) -> str:
+    if request.param == "docker":
+        r = subprocess.run(["docker", "image", "inspect", "opencode-tui/base:bookworm"], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(
+                "docker or the base image is unavailable (scripts/start-dockerd, scripts/build-images)"
+            )
+    return request.param
+
+
+def run_hello(tmp_path: Path, provider: str, verify: dict):
+    """hello-file with another verifier; returns the episode's result."""
+    task = tmp_path / "task"
+    shutil.copytree(SAMPLES / "hello-file", task)
+    data = yaml.safe_load((task / "task.yaml").read_text())
+    data["verify"] = verify
+    (task / "task.yaml").write_text(yaml.safe_dump(data))
+    config = AgentConfig.model_validate({"sandbox": {"provider": provider}, "policy": {"max_attempts": 1}})
+    return asyncio.run(Episode(load_task(task), config, runs_dir=tmp_path / "runs").run())
+
+
+def failures(result) -> list:
+    return [e for e in RunDirReader(Path(result.run_dir)).events() if e.type == "failure"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param('test -f hello.txt && kill -9 "$$"', id="kills-its-shell"),
+        pytest.param('test -f hello.txt && kill -9 "$PPID"', id="kills-the-wrapper-too"),
+    ],
+)
+def test_verifier_killed_by_a_signal_is_not_scored_and_not_a_timeout(tmp_path, provider, command):
+    result = run_hello(tmp_path, provider, {"command": command, "timeout": 30})
+    assert (result.action, result.reward) == (Outcome.MARK_EVALUATION_ERROR, None)
+    assert (result.failure_kind, result.failure_stage, result.failure_class) == (
+        "verifier_error",
+        "verification",
+        "evaluation",
+    )
+    [f] = failures(result)
+    assert "signal 9" in f.failure.message
+    assert result.cleanup_confirmed is True
+    verification = [e for e in RunDirReader(Path(result.run_dir)).events() if e.type == "verification"]
+    assert verification[0].reward is None and verification[0].passed is None
+
+
+def test_verifier_past_its_own_deadline_is_a_verifier_timeout(tmp_path, provider):
+    result = run_hello(tmp_path, provider, {"command": "sleep 60", "timeout": 2})
+    assert (result.action, result.reward, result.failure_kind) == (
+        Outcome.MARK_EVALUATION_ERROR,
+        None,
+        "verifier_timeout",
+    )
+    [f] = failures(result)
+    assert f.failure.details.budget_s == 2 and f.failure.details.timed_out_observed
+    assert result.durations_s["verification"] < 30
+
+
+def test_verifier_exit_code_is_still_the_grade(tmp_path, provider):
+    """An honest failing verifier is a real zero: the wrapper passes its exit code through."""
+    result = run_hello(tmp_path, provider, {"command": "test -f hello.txt && exit 3", "timeout": 30})
+    assert (result.action, result.reward, result.failure_kind) == (Outcome.SCORED, 0.0, None)
+    tokens = [
+        json.loads(line)["usage"]
+        for line in (Path(result.run_dir) / "model_calls.jsonl").read_text().splitlines()
+    ]
+    assert result.tokens_in == sum(u["tokens_in"] for u in tokens) > 0
+    assert result.agent_tokens_in is not None
