@@ -163,10 +163,11 @@ class SandboxSession:
         Raises CleanupUnconfirmed when no positive receipt arrived; the session stays closing and a
         later call retries (a collect that already ran is not repeated).
         """
-        if self.receipt is not None and self._collected:
-            return self.receipt
         self._close_requested = True
-        if self._finalize_task is None or (self._finalize_task.done() and self._finalize_task.exception()):
+        task = self._finalize_task
+        # A second caller joins the close under way (it returns only once collect has finished); a
+        # failed or cancelled close is started again.
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             self._finalize_task = asyncio.ensure_future(self._finalize())
         return await asyncio.shield(self._finalize_task)
 

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
     from core.control import EpisodeControl
 
 
+INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
+
+
 class OpenCodeTUI(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "opencode-tui"
@@ -62,6 +65,8 @@ class OpenCodeTUI(App[None]):
             "q", "request_quit", "Quit", tooltip="Quit (while an episode runs: cancel it, wait for cleanup)"
         ),
         Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True),
+        # Ctrl-C is the universal interrupt: a graceful close without a question (exit 130).
+        Binding("ctrl+c", "interrupt", "Interrupt", show=False, id="interrupt"),
         Binding("t", "next_theme", "Theme", tooltip="Next theme (all themes: command palette)"),
         Binding("y", "copy", "Copy", tooltip="Copy the selection / selected call / failure (OSC 52)"),
         Binding("f1,question_mark", "help", "Help", key_display="f1/?", tooltip="This help"),
@@ -375,6 +380,15 @@ class OpenCodeTUI(App[None]):
             ),
             answered,
         )
+
+    async def action_interrupt(self) -> None:
+        if not self.episode_running:
+            self.exit()
+        elif self.quitting:
+            assert self.control is not None
+            await self.control.cancel(INTERRUPT_KEY)  # pressed again: hurry the close
+        else:
+            self._quit_after_cleanup(INTERRUPT_KEY)
 
     async def action_quit(self) -> None:
         await self.action_request_quit()

@@ -129,8 +129,17 @@ def _wait_for_phase(runs: Path, phase: str, proc: subprocess.Popen, timeout: flo
 
 @pytest.mark.slow
 @pytest.mark.docker
-@pytest.mark.parametrize("phase", ["install", "agent", "verification"])
-def test_sigint_closes_and_releases_at_any_phase(phase, task_copy, tmp_path, test_owner):
+@pytest.mark.parametrize(
+    ("phase", "sig", "code"),
+    [
+        ("install", signal.SIGINT, 130),
+        ("agent", signal.SIGINT, 130),
+        ("agent", signal.SIGTERM, 143),
+        ("agent", signal.SIGHUP, 129),
+        ("verification", signal.SIGTERM, 143),
+    ],
+)
+def test_signal_closes_and_releases_at_any_phase(phase, sig, code, task_copy, tmp_path, test_owner):
     changes: dict = {}
     if phase == "agent":
         changes["problem_statement"] = "Wait."  # the trajectory below keeps the agent busy
@@ -177,12 +186,12 @@ def test_sigint_closes_and_releases_at_any_phase(phase, task_copy, tmp_path, tes
     try:
         run_dir = _wait_for_phase(runs, phase, proc)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert _containers(test_owner) == []
     info = json.loads((run_dir / "run.json").read_text())
     assert info["outcome"]["failure_kind"] == "run_cancelled"
@@ -191,7 +200,14 @@ def test_sigint_closes_and_releases_at_any_phase(phase, task_copy, tmp_path, tes
     assert cancelled["failure"]["operation"] == f"{phase} phase"
     released = [e for e in events if e["type"] == "cleanup" and e["step"] == "sandbox_released"]
     assert released and released[-1]["state"] == "ok"
-    assert json.loads(out.splitlines()[-1])["failure_kind"] == "run_cancelled"
+    line = json.loads(out.splitlines()[-1])
+    assert (line["failure_kind"], line["cancelled_by"], line["exit_code"]) == (
+        "run_cancelled",
+        sig.name,
+        code,
+    )
+    assert line["cleanup_confirmed"] is True
+    assert sig.name in cancelled["failure"]["message"]
 
 
 @pytest.mark.slow
