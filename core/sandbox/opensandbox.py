@@ -1077,6 +1077,12 @@ class OpenSandboxSandbox(Sandbox):
         self._ensure_open("pty")
         if not argv:
             raise ValueError("argv must not be empty")
+
+        async def not_sent(failed: RequestFailed) -> bool:
+            # POST /pty starts a process: a request that may have reached the daemon is never sent
+            # again (a second terminal would run beside the first, unseen).
+            return failed.delivery is Delivery.NOT_SENT
+
         try:
             response = await self._execd_request(
                 "pty",
@@ -1088,15 +1094,28 @@ class OpenSandboxSandbox(Sandbox):
                 },
                 timeout=PTY_OPEN_TIMEOUT_S,
                 default_kind="sandbox_pty_failed",
+                retry_gate=not_sent,
             )
             session_id = response.json()["session_id"]
             ws = await self._pty_socket(session_id)
         except RequestFailed as exc:
+            uncertain = (
+                exc.operation == "pty" and exc.method == "POST" and exc.delivery is not Delivery.NOT_SENT
+            )
             raise _error(
                 exc.failure(
                     stage=FailureStage.AGENT,
                     operation="pty.open",
-                    message=f"opening a terminal failed: {exc}",
+                    kind="sandbox_pty_failed" if uncertain else None,
+                    message=(
+                        f"opening a terminal failed: {exc}"
+                        + (
+                            f" (after {exc.attempts} request(s); the last may have reached the daemon, so a "
+                            "terminal may exist there; it was not requested again)"
+                            if uncertain
+                            else ""
+                        )
+                    ),
                 ),
                 exc,
             ) from exc

@@ -485,3 +485,36 @@ async def test_sweep_removes_leftovers_by_owner_label(os_env: Any) -> None:
         assert os_env.api("GET", f"/sandboxes/{sb.sandbox_id}").status_code == 404
     finally:
         await sb.release()
+
+
+@pytest.mark.parametrize("answer", [None, 503], ids=["dropped", "503-after-create"])
+async def test_pty_create_is_never_sent_again_once_it_may_have_reached_the_daemon(
+    os_env: Any, standin: Any, answer: int | None
+) -> None:
+    """The daemon starts the terminal and then drops the connection (or answers 503): the request
+    was delivered. Both are failures the policy would retry for an idempotent read (provider
+    unavailable, 503); ``POST /pty`` is sent exactly once and fails clearly instead."""
+    sb = await os_env.sandbox()
+    standin.inject(
+        {"fault": "pty_create_lost", "match": "lost-pty", **({"status": answer} if answer else {})}
+    )
+    before = len(standin.requests("pty_create"))
+    with pytest.raises(SandboxError) as info:
+        await sb.pty(["sh", "-c", "sleep 30 # lost-pty"])
+    assert len(standin.requests("pty_create")) - before == 1, "POST /pty was sent again"
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "sandbox_pty_failed"
+    assert failure.operation == "pty.open" and failure.cause is not None
+    assert failure.http_status == answer
+    assert "may have reached the daemon" in failure.message and "not requested again" in failure.message
+    assert isinstance(failure.details, HttpDetails) and failure.details.method == "POST"
+    # A terminal opened afterwards works (the daemon is fine; only that one answer was lost).
+    pty = await sb.pty(["sh", "-c", "echo fine"])
+    try:
+        out = b""
+        while b"fine" not in out:
+            chunk = await asyncio.wait_for(pty.read(), 15)
+            assert chunk, out
+            out += chunk
+    finally:
+        await pty.close()
