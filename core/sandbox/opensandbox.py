@@ -21,7 +21,9 @@ Failure handling (docs/opensandbox.md has the full story):
 * **The execution's hard cap is the caller's ``timeout``**: recovery and diagnosis use what is left
   of it and start no request after it. execd is asked to kill the command itself ``headroom``
   seconds after the cap, as a backstop.
-* **OOM is confirmed only by this sandbox's own lifecycle/diagnostic report** (``core.sandbox.oom``).
+* **OOM is confirmed only by structured evidence about this sandbox** (``core.sandbox.oom``): a
+  terminal lifecycle state with a recognised reason code; the diagnostics reports' ``OOMKilled``
+  only when ``oom_from_diagnostics`` is on. Free text (a status message, output) never confirms.
 * **Expected refusal**: a refusal the daemon confirms before launching anything (e.g. running as root
   not allowed) raises ``ExpectedRefusal`` – control flow, no failure event – or, for the configured
   default user, falls back to the image's user.
@@ -461,6 +463,8 @@ class OpenSandboxSandbox(Sandbox):
             owner.api_url,
             oom_at_connect=oom_at_connect,
             server_version=lambda: owner.server_version,
+            oom_reason_codes=owner.settings.oom_reason_codes,
+            oom_from_diagnostics=owner.settings.oom_from_diagnostics,
         )
 
     @property
@@ -1350,7 +1354,9 @@ class OpenSandboxSandbox(Sandbox):
     # ------------------------------------------------------------------------------ evidence
 
     async def inspect(self) -> list[Evidence]:
-        """Lifecycle, the events descriptor and the (deprecated) inspect text, within 10 s."""
+        """Lifecycle and the events descriptor (for people: it confirms an OOM only when
+        ``oom_from_diagnostics`` admits it), plus the deprecated inspect text when that is on;
+        within 10 s."""
         self._ensure_open("inspect")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + INSPECT_DEADLINE_S
@@ -1360,7 +1366,8 @@ class OpenSandboxSandbox(Sandbox):
             evidence.append(ev)
             if not gone:
                 evidence.append(await self._diagnoser.events(deadline))
-                evidence.append(await self._diagnoser.inspect_text(deadline))
+                if self.settings.oom_from_diagnostics:
+                    evidence.append(await self._diagnoser.inspect_text(deadline))
         return evidence
 
     async def status(self) -> SandboxStatus:
@@ -1739,15 +1746,24 @@ class OpenSandboxProvider(SandboxProvider):
                     stage=stage,
                     operation=op,
                     message=message,
-                    evidence=[lifecycle_evidence(sandbox_id, body, server_version=self.server_version)],
+                    evidence=[
+                        lifecycle_evidence(
+                            sandbox_id,
+                            body,
+                            server_version=self.server_version,
+                            oom_reason_codes=self.settings.oom_reason_codes,
+                        )
+                    ],
                 ),
             )
         sandbox = OpenSandboxSandbox(self, sandbox_id, owned=False)
-        # A borrowed sandbox may have been OOM-killed before we came: remember that as the baseline.
-        with contextlib.suppress(TimeoutError):
-            baseline = await sandbox._diagnoser.events(min(deadline, loop.time() + 5.0))
-            if baseline.data.get("subject") == sandbox_id and baseline.data.get("OOMKilled") is not None:
-                sandbox._diagnoser.oom_at_connect = bool(baseline.data["OOMKilled"])
+        # A borrowed sandbox may have been OOM-killed before we came: remember that as the baseline
+        # (only the diagnostics reports keep a flag from before; read only when they may confirm).
+        if self.settings.oom_from_diagnostics:
+            with contextlib.suppress(TimeoutError):
+                baseline = await sandbox._diagnoser.events(min(deadline, loop.time() + 5.0))
+                if baseline.data.get("subject") == sandbox_id and baseline.data.get("OOMKilled") is not None:
+                    sandbox._diagnoser.oom_at_connect = bool(baseline.data["OOMKilled"])
         try:
             await sandbox._resolve_execd(deadline)
             await sandbox._execd_request(

@@ -179,10 +179,44 @@ async def test_create_exec_file_delete_round_trip(os_env: Any, standin: Any) -> 
 # ------------------------------------------------------------------------------------------- OOM
 
 
-async def test_real_oom_of_the_main_process_is_confirmed_from_the_server_report(os_env: Any) -> None:
-    """The main process is OOM-killed while a command runs: the stream drops, the lifecycle turns
-    Failed, and the OOM is confirmed from the server's own diagnostics within the deadline."""
+async def test_real_oom_of_the_main_process_without_a_structured_report_is_a_lost_sandbox(
+    os_env: Any,
+) -> None:
+    """The main process is OOM-killed while a command runs. Server 1.1.1 reports it as
+    Failed / CONTAINER_EXITED_ERROR (no OOM code), and its diagnostics text is not read for an OOM
+    by default: the failure is the sandbox's loss, the OOM stays unclaimed, and no diagnostics
+    request is made."""
     provider = os_env.provider(main_argv=OOM_MAIN)
+    sb = await os_env.sandbox(provider, memory_bytes=SMALL_MEMORY)
+    since = time.time()
+    start = time.monotonic()
+    with pytest.raises(SandboxError) as info:
+        await sb.exec(["sh", "-c", "echo started; touch /tmp/go; sleep 60"], timeout=20)
+    assert time.monotonic() - start < 20
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "sandbox_lost"
+    assert oom_confirmed(failure.evidence, scope=sb.sandbox_id) is None
+    lifecycle = [e for e in failure.evidence if e.source == SOURCE_OS_LIFECYCLE]
+    assert lifecycle and lifecycle[-1].data["state"] == "Failed"
+    assert (
+        lifecycle[-1].data["reason"] == "CONTAINER_EXITED_ERROR"
+        and lifecycle[-1].data["oom_reported"] is False
+    )
+    assert os_env.journal.paths("/diagnostics/", since=since) == []
+    # The public inspect() still shows the events report to people; it confirms nothing by default.
+    evidence = await sb.inspect()
+    report = next(e for e in evidence if e.data.get("endpoint") == "diagnostics/events")
+    assert report.data["OOMKilled"] is True and report.data["admitted"] is False
+    assert oom_confirmed(evidence, scope=sb.sandbox_id) is None
+    assert [e for e in evidence if e.data.get("endpoint") == "diagnostics/inspect"] == []
+
+
+async def test_real_oom_of_the_main_process_is_confirmed_from_the_server_report_when_opted_in(
+    os_env: Any,
+) -> None:
+    """With ``oom_from_diagnostics`` on: the stream drops, the lifecycle turns Failed, and the OOM is
+    confirmed from the server's own diagnostics within the deadline."""
+    provider = os_env.provider(main_argv=OOM_MAIN, oom_from_diagnostics=True)
     sb = await os_env.sandbox(provider, memory_bytes=SMALL_MEMORY)
     start = time.monotonic()
     with pytest.raises(SandboxError) as info:
@@ -221,6 +255,51 @@ async def test_exit_137_without_an_oom_report_stays_unconfirmed(os_env: Any) -> 
     assert all(e.scope == sb.sandbox_id for e in evidence)
     assert (await sb.status()).state is SandboxState.RUNNING
     assert sb.failures == []
+
+
+# The sandbox's main process: idle until /tmp/go exists, then exit 3 (an ordinary failure, no OOM).
+FAILING_MAIN = ["sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.05; done; exit 3"]
+
+
+@pytest.mark.parametrize(
+    "rewrite, kind",
+    [
+        ({"message": "npm ERR! JavaScript heap out of memory"}, "sandbox_lost"),
+        ({"message": "Sandbox container was OOM killed (out of memory)"}, "sandbox_lost"),
+        ({"reason": "OOMKilled"}, "provider_oom_killed"),
+    ],
+    ids=["npm-message", "oom-words-message", "oomkilled-code"],
+)
+async def test_lifecycle_oom_comes_from_the_reason_code_never_the_message(
+    os_env: Any, standin_harness: Any, rewrite: dict[str, str], kind: str
+) -> None:
+    """The sandbox's main process really dies while a command runs, and the real server reports it
+    Failed. Server 1.1.1 cannot put OOM words in its status message nor an OOM reason code, so a
+    loopback proxy in front of it rewrites just that field of the terminal status (the one fake,
+    see ``LifecycleRewriter``). A message saying "out of memory" is not an OOM; the structured
+    ``OOMKilled`` reason code in the terminal state is."""
+    rewriter = standin_harness.LifecycleRewriter(os_env.server.url, rewrite)
+    try:
+        provider = os_env.provider(main_argv=FAILING_MAIN, url=rewriter.url)
+        sb = await os_env.sandbox(provider)
+        with pytest.raises(SandboxError) as info:
+            await sb.exec(["sh", "-c", "echo started; touch /tmp/go; sleep 60"], timeout=20)
+        failure = info.value.failure
+        assert failure is not None and failure.kind == kind, failure.message
+        assert rewriter.rewritten >= 1
+        lifecycle = [e for e in failure.evidence if e.source == SOURCE_OS_LIFECYCLE]
+        assert lifecycle[-1].data["state"] == "Failed"
+        for field, value in rewrite.items():
+            assert lifecycle[-1].data[field] == value  # the provider saw the rewritten status
+        confirmed = oom_confirmed(failure.evidence, scope=sb.sandbox_id)
+        if kind == "provider_oom_killed":
+            assert confirmed is lifecycle[-1] and confirmed.data["oom_reason_code"] == "OOMKilled"
+            assert isinstance(failure.details, OomDetails) and failure.details.container_id == sb.sandbox_id
+        else:
+            assert confirmed is None and lifecycle[-1].data["oom_reported"] is False
+        await sb.release()
+    finally:
+        rewriter.close()
 
 
 # ------------------------------------------------------------------------------- command delivery
@@ -330,7 +409,9 @@ async def test_hard_cap_keeps_the_outcome_unknown_and_starts_no_diagnosis_after_
 async def test_late_terminal_transition_gets_exactly_one_final_inspect(os_env: Any, standin: Any) -> None:
     """The status is lost while the sandbox still runs (initial report: no OOM); its main process is
     OOM-killed a moment later, and the terminal lifecycle earns one final report that confirms it."""
-    provider = os_env.provider(main_argv=OOM_MAIN, policy={"evidence_polling": {"budget_s": 15}})
+    provider = os_env.provider(
+        main_argv=OOM_MAIN, oom_from_diagnostics=True, policy={"evidence_polling": {"budget_s": 15}}
+    )
     sb = await os_env.sandbox(provider, memory_bytes=SMALL_MEMORY)
     standin.inject(
         {"fault": "close_stream", "match": "late-oom", "after_bytes": 1},
