@@ -13,7 +13,8 @@ Failure handling (docs/opensandbox.md has the full story):
 
 * Every failure is a ``FailureEvent`` (registered kind, operation, HTTP status, original exception as
   cause, evidence, typed details) carried by a ``SandboxError``; failures that were recovered from
-  are kept in ``OpenSandboxSandbox.failures``.
+  are kept in ``OpenSandboxSandbox.failures`` and reported to ``on_recovered`` (the episode puts
+  them in the event stream as ``FailureRecovered``) with how they were recovered.
 * **Commands are never replayed** once their submission may have reached execd. A broken output
   stream is followed by the same execution id (status, then logs). Only a submission proven not to
   have started (connection refused, or a 502 before the stream began) is resubmitted, within the
@@ -70,6 +71,7 @@ from core.sandbox.base import (
     OutputChunk,
     PtyHandle,
     QueuedOutput,
+    Recovery,
     Sandbox,
     SandboxClosedError,
     SandboxError,
@@ -485,6 +487,15 @@ class OpenSandboxSandbox(Sandbox):
         self.failures.append(failure)
         log.info("opensandbox %s: %s: %s", self.sandbox_id, failure.kind, failure.message)
 
+    def _recovered(self, failure: FailureEvent, how: Recovery) -> None:
+        """Report a failure this provider went on from without raising (``on_recovered``)."""
+        if self.on_recovered is None:
+            return
+        try:
+            self.on_recovered(failure, how)
+        except Exception:  # a broken listener must not change what the command did
+            log.exception("opensandbox %s: on_recovered failed", self.sandbox_id)
+
     # ---------------------------------------------------------------------------------- execd
 
     async def _resolve_execd(self, deadline: float | None = None) -> None:
@@ -652,17 +663,17 @@ class OpenSandboxSandbox(Sandbox):
         message = (
             f"exec {run.execution_id}: the hard cap of {timeout:g}s expired {when}; the exit was not observed"
         )
-        self._observe(
-            _failure(
-                "command_hard_cap_expired",
-                stage=FailureStage.AGENT,
-                operation="exec",
-                message=message,
-                cause=run.cause,
-                evidence=[*run.evidence, *run.diagnosis.evidence],
-                details=run.details(),
-            )
+        failure = _failure(
+            "command_hard_cap_expired",
+            stage=FailureStage.AGENT,
+            operation="exec",
+            message=message,
+            cause=run.cause,
+            evidence=[*run.evidence, *run.diagnosis.evidence],
+            details=run.details(),
         )
+        self._observe(failure)
+        self._recovered(failure, Recovery.RETURNED_UNOBSERVED)
         return run.result(exit_code=None, observed=False, deadline_expired=True, error=message)
 
     async def _exec_flow(
@@ -749,6 +760,7 @@ class OpenSandboxSandbox(Sandbox):
                 and loop.time() + delay < deadline
             ):
                 self._observe(failure)  # kept even when the resubmission succeeds
+                self._recovered(failure, Recovery.RESUBMITTED)
                 await asyncio.sleep(delay)
                 continue
             if run.delivery is Delivery.NOT_SENT and status is not None and 400 <= status < 500:
@@ -882,16 +894,15 @@ class OpenSandboxSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         remote = run.remote_id
         assert remote is not None
-        self._observe(
-            _failure(
-                "command_stream_lost",
-                stage=FailureStage.AGENT,
-                operation="exec.stream",
-                message=f"exec {run.execution_id} (execd {remote}): {run.cause}; following the execution id",
-                cause=run.cause,
-                details=run.details(Delivery.DELIVERED),
-            )
+        stream_lost = _failure(
+            "command_stream_lost",
+            stage=FailureStage.AGENT,
+            operation="exec.stream",
+            message=f"exec {run.execution_id} (execd {remote}): {run.cause}; following the execution id",
+            cause=run.cause,
+            details=run.details(Delivery.DELIVERED),
         )
+        self._observe(stream_lost)
         recovery = self.policy.status_recovery
         lost_reason = "status recovery is disabled by policy"
         lost_cause: BaseException | None = run.cause
@@ -928,6 +939,7 @@ class OpenSandboxSandbox(Sandbox):
                         lost_reason = f"the command ended but its status names no exit: {str(status)[:200]}"
                         break
                     await self._recover_logs(run, remote, deadline)
+                    self._recovered(stream_lost, Recovery.FOLLOWED_EXECUTION_ID)
                     run.notes.append(
                         "the output stream broke; the exit was read by execution id"
                         + (

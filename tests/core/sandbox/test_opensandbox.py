@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails
-from core.sandbox.base import LABEL_OWNER, LABEL_RUN, SandboxError, SandboxState
+from core.sandbox.base import LABEL_OWNER, LABEL_RUN, Recovery, SandboxError, SandboxState
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
 from core.sandbox.opensandbox import ExpectedRefusal, OpenSandboxProvider, OpenSandboxSandbox
 
@@ -309,6 +309,8 @@ async def test_stream_dropped_mid_command_recovers_by_execution_id_without_resub
     os_env: Any, standin: Any
 ) -> None:
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how))
     standin.inject({"fault": "close_stream", "match": "drop-me", "after_bytes": 1})
     before = standin.state()
     seen: list[bytes] = []
@@ -332,12 +334,15 @@ async def test_stream_dropped_mid_command_recovers_by_execution_id_without_resub
         remote,
         1,
     )
+    assert reported == [("command_stream_lost", Recovery.FOLLOWED_EXECUTION_ID)]  # to the event stream
 
 
 async def test_502_before_start_is_resubmitted_and_policy_override_changes_only_the_action(
     os_env: Any, standin: Any
 ) -> None:
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how))
     standin.inject({"fault": "reject_502", "match": "five-oh-two"})
     before = standin.state()
     result = await sb.exec(["sh", "-c", "echo ok # five-oh-two"], timeout=30)
@@ -346,6 +351,7 @@ async def test_502_before_start_is_resubmitted_and_policy_override_changes_only_
     [first] = sb.failures
     assert (first.kind, first.http_status) == ("provider_unavailable", 502)
     assert isinstance(first.details, CommandDetails) and first.details.delivery is Delivery.NOT_SENT
+    assert reported == [("provider_unavailable", Recovery.RESUBMITTED)]
 
     # The same sandbox through a provider whose policy fails on a submission 502 instead.
     strict = os_env.provider(
@@ -383,6 +389,8 @@ async def test_hard_cap_keeps_the_outcome_unknown_and_starts_no_diagnosis_after_
     os_env: Any, standin: Any
 ) -> None:
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how))
     standin.inject(
         {"fault": "close_stream", "match": "capped", "after_bytes": 1},
         {"fault": "stall_status", "match": "capped", "seconds": 20},
@@ -402,6 +410,8 @@ async def test_hard_cap_keeps_the_outcome_unknown_and_starts_no_diagnosis_after_
     assert [e for e in ours if e[0] > cap_wall + 0.05] == []
     kinds = [f.kind for f in sb.failures]
     assert kinds == ["command_stream_lost", "command_hard_cap_expired"]
+    # The stream loss was not recovered (the cap came first): only the hard cap is reported.
+    assert reported == [("command_hard_cap_expired", Recovery.RETURNED_UNOBSERVED)]
     assert sb.failures[-1].cause is not None
     assert isinstance(sb.failures[-1].details, CommandDetails) and sb.failures[-1].details.exit_code is None
 
