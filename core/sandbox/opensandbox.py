@@ -1146,7 +1146,13 @@ class OpenSandboxSandbox(Sandbox):
             raise _error(failure, exc) from exc
         handle = OpenSandboxPty(self, session_id, ws)
         self._ptys.add(handle)
-        await handle.resize(cols, rows)
+        try:
+            await handle.resize(cols, rows)
+        except SandboxError:
+            # A short-lived command can end (and its socket close) before the first resize: the
+            # terminal opened, and its reader reports the exit. Any other resize failure is real.
+            if getattr(ws, "close_code", None) is None:
+                raise
         return handle
 
     # --------------------------------------------------------------------------------- files

@@ -416,6 +416,32 @@ async def test_hard_cap_keeps_the_outcome_unknown_and_starts_no_diagnosis_after_
     assert isinstance(sb.failures[-1].details, CommandDetails) and sb.failures[-1].details.exit_code is None
 
 
+async def test_opted_in_diagnosis_stays_inside_the_hard_cap(os_env: Any, standin: Any) -> None:
+    """With ``oom_from_diagnostics`` on, the status is lost while the sandbox keeps running: the
+    diagnosis reads the lifecycle, makes its one initial report round and watches the lifecycle,
+    but starts nothing once the execution's hard cap has passed (its watch budget is longer)."""
+    provider = os_env.provider(oom_from_diagnostics=True, policy={"evidence_polling": {"budget_s": 60}})
+    sb = await os_env.sandbox(provider)
+    standin.inject(
+        {"fault": "close_stream", "match": "watched", "after_bytes": 1},
+        {"fault": "drop_status", "match": "watched", "times": 10},
+    )
+    start_wall, start = time.time(), time.monotonic()
+    with pytest.raises(SandboxError) as info:
+        await sb.exec(["sh", "-c", "echo x; sleep 30 # watched"], timeout=4)
+    assert time.monotonic() - start < 5.0
+    await asyncio.sleep(1.5)  # anything started late would show up now
+    ours = os_env.journal.paths("/", since=start_wall)
+    assert [e for e in ours if e[0] > start_wall + 4.0 + 0.05] == [], "a request started after the cap"
+    reports = os_env.journal.paths("/diagnostics/", since=start_wall)
+    assert len(reports) == 1, reports  # the initial round; the sandbox never turned terminal
+    assert len(os_env.journal.paths(f"/sandboxes/{sb.sandbox_id}", since=start_wall)) >= 3  # it watched
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "command_status_lost"
+    assert oom_confirmed(failure.evidence, scope=sb.sandbox_id) is None
+    assert any(e.data.get("admitted") is True for e in failure.evidence if e.source == SOURCE_OS_DIAGNOSTICS)
+
+
 async def test_late_terminal_transition_gets_exactly_one_final_inspect(os_env: Any, standin: Any) -> None:
     """The status is lost while the sandbox still runs (initial report: no OOM); its main process is
     OOM-killed a moment later, and the terminal lifecycle earns one final report that confirms it."""
