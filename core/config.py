@@ -270,6 +270,16 @@ class OpenSandboxSettings(_Model):
     expected_refusal_codes: list[str] = Field(
         default_factory=lambda: ["ROOT_NOT_ALLOWED", "USER_NOT_ALLOWED", "UID_NOT_ALLOWED"]
     )
+    # OOM evidence (core.sandbox.oom). The lifecycle status's ``reason`` is a machine-readable code:
+    # one of these codes, matched exactly, in a terminal state confirms an OOM kill (its free-text
+    # ``message`` never does). Server 1.1.x's Docker runtime sets none of them (an OOM-killed main
+    # process reads Failed / CONTAINER_EXITED_ERROR); ``OOMKilled`` is Kubernetes' termination reason.
+    oom_reason_codes: list[str] = Field(default_factory=lambda: ["OOMKilled"])
+    # The diagnostics reports (the events descriptor, with the deprecated inspect text as fallback)
+    # are display text the diagnostics API says not to parse: confirming an OOM from their
+    # ``OOMKilled`` line is opt-in. When on, a diagnosis makes one report round and, if the lifecycle
+    # turns terminal later, one final round, all inside the execution's deadline.
+    oom_from_diagnostics: bool = False
     policy: OpenSandboxPolicyOverrides = Field(default_factory=OpenSandboxPolicyOverrides)
 
     @field_validator(

@@ -27,6 +27,7 @@ from core.events import (
     Event,
     EventBus,
     FailureRecorded,
+    FailureRecovered,
     ModelCall,
     OutcomeDecided,
     Phase,
@@ -482,6 +483,11 @@ class Episode(EpisodeControl):
             raise StageFailure(
                 self._failure_from(exc, "sandbox_allocation_failed", FailureStage.SEED, "create sandbox")
             ) from exc
+        # Failures the provider recovered from without raising go to the event stream (shown, never
+        # the outcome).
+        self.sandbox.on_recovered = lambda failure, how: self.emit(
+            FailureRecovered(failure=failure, recovery=how)
+        )
         status = await self.sandbox.status()
         assert self.info is not None and self.run_dir is not None
         self.info.sandbox_id, self.info.sandbox_owned = self.sandbox.sandbox_id, self.sandbox.owned

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from core.failures import Decision, Evidence, FailureClass, FailureEvent, Outcome
 from core.failures.evidence import utcnow
+from core.sandbox.base import Recovery
 
 
 class Phase(StrEnum):
@@ -176,6 +177,17 @@ class FailureRecorded(_Event):
     decision: Decision
 
 
+class FailureRecovered(_Event):
+    """A failure the sandbox provider recovered from without raising (an output stream lost and
+    followed by execution id, a submission resubmitted, a hard cap returned as an unknown exit).
+    Shown and recorded; never classified and never the outcome (that rests on ``FailureRecorded``
+    and the results the episode itself observes)."""
+
+    type: Literal["failure_recovered"] = "failure_recovered"
+    failure: FailureEvent
+    recovery: Recovery
+
+
 class VerificationFinished(_Event):
     type: Literal["verification"] = "verification"
     exit_code: int | None
@@ -222,6 +234,7 @@ Event = Annotated[
     | Compaction
     | CleanupObserved
     | FailureRecorded
+    | FailureRecovered
     | VerificationFinished
     | TranscriptStats
     | OutcomeDecided,

@@ -12,6 +12,7 @@ from core.events import (
     EpisodeStarted,
     Event,
     FailureRecorded,
+    FailureRecovered,
     InstallProgress,
     ModelCall,
     OpenCodeEvent,
@@ -24,6 +25,7 @@ from core.events import (
     VerificationFinished,
     Warning_,
 )
+from core.sandbox.base import Recovery
 
 DASH = "\u2013"  # en dash: "unknown" (never zero)
 TIMES = "\u00d7"
@@ -70,6 +72,18 @@ def nbytes(value: int | None) -> str:
     return f"{value} B"
 
 
+RECOVERY_LABELS = {
+    Recovery.FOLLOWED_EXECUTION_ID: "followed by execution id",
+    Recovery.RESUBMITTED: "resubmitted",
+    Recovery.RETURNED_UNOBSERVED: "returned, exit unknown",
+}
+
+
+def recovery_label(recovery: Recovery) -> str:
+    """How a recovered failure was handled, in words (the failures panel and the timeline)."""
+    return RECOVERY_LABELS.get(recovery, str(recovery))
+
+
 def short(text: Any, limit: int = 80) -> str:
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
@@ -100,6 +114,8 @@ def summarize(ev: Event) -> str:
     if isinstance(ev, FailureRecorded):
         f = ev.failure
         return f"FAILURE {f.kind} @{f.stage} → {ev.decision.action} ({ev.decision.failure_class})"
+    if isinstance(ev, FailureRecovered):
+        return f"recovered {ev.failure.kind} @{ev.failure.stage} ({recovery_label(ev.recovery)})"
     if isinstance(ev, CleanupObserved):
         return f"cleanup {ev.step} {ev.state}" + (f": {short(ev.reason, 40)}" if ev.reason else "")
     if isinstance(ev, EpisodeStarted):

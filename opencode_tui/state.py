@@ -20,6 +20,7 @@ from core.events import (
     EpisodeStarted,
     Event,
     FailureRecorded,
+    FailureRecovered,
     InstallProgress,
     ModelCall,
     OpenCodeEvent,
@@ -57,7 +58,7 @@ class RunState:
     tool_errors: int = 0
     compactions: list[Compaction] = field(default_factory=list)
     cleanup: dict[CleanupStep, CleanupObserved] = field(default_factory=dict)
-    failures: list[FailureRecorded] = field(default_factory=list)
+    failures: list[FailureRecorded | FailureRecovered] = field(default_factory=list)  # both, in order
     verification: VerificationFinished | None = None
     transcript: TranscriptStats | None = None
     outcome: OutcomeDecided | None = None
@@ -134,7 +135,7 @@ class RunState:
             self.compactions.append(ev)
         elif isinstance(ev, CleanupObserved):
             self.cleanup[ev.step] = ev
-        elif isinstance(ev, FailureRecorded):
+        elif isinstance(ev, FailureRecorded | FailureRecovered):
             self.failures.append(ev)
         elif isinstance(ev, VerificationFinished):
             self.verification = ev

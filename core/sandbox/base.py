@@ -249,12 +249,26 @@ class PtyHandle(abc.ABC):
     async def close(self) -> None: ...
 
 
+class Recovery(StrEnum):
+    """How a provider went on after a failure it did not raise (see ``Sandbox.on_recovered``)."""
+
+    FOLLOWED_EXECUTION_ID = "followed_execution_id"  # output stream lost; the exit was read by execution id
+    RESUBMITTED = "resubmitted"  # a submission proven not to have started was sent again
+    RETURNED_UNOBSERVED = "returned_unobserved"  # the hard cap expired; exec returned, its exit unknown
+
+
+RecoveredCallback = Callable[[FailureEvent, Recovery], None]
+
+
 class Sandbox(abc.ABC):
     """One sandbox, owned or borrowed."""
 
     provider: str
     sandbox_id: str
     owned: bool
+    # Set by whoever runs the sandbox (the episode): called with each failure the provider recovered
+    # from without raising, so it reaches the event stream. Informational: it never decides an outcome.
+    on_recovered: RecoveredCallback | None = None
 
     @abc.abstractmethod
     async def status(self) -> SandboxStatus: ...

@@ -1,4 +1,5 @@
-"""Is an OOM kill confirmed? Only current, authoritative evidence about *this* container counts.
+"""Is an OOM kill confirmed? Only current, authoritative, *structured* evidence about *this*
+container counts: flags, counters and reason codes. Text never does.
 
 Authoritative pieces, in order of preference:
 
@@ -9,15 +10,21 @@ Authoritative pieces, in order of preference:
 - ``docker.events``: an ``oom`` event emitted by the engine for this container id.
 - ``cgroup.memory``: the container cgroup's ``oom_kill`` counter rose above the baseline recorded
   when the sandbox was created (or connected).
-- ``opensandbox.lifecycle``: the OpenSandbox server's lifecycle status of this sandbox names an OOM
-  kill in its reason or message (``oom_reported``, parsed by the provider), for this sandbox id.
-- ``opensandbox.diagnostics``: the server's diagnostic report (``diagnostics/events`` or the
-  deprecated ``diagnostics/inspect``) for this sandbox's own container says ``OOMKilled``: the
+- ``opensandbox.lifecycle``: the OpenSandbox server's lifecycle status of this sandbox id is
+  terminal (Failed, Terminated) and its machine-readable ``reason`` code is one of the recognised
+  OOM codes, matched exactly (``oom_reported``, set by the provider from
+  ``settings.oom_reason_codes``). The status ``message`` is free text and is never read for this.
+- ``opensandbox.diagnostics`` (**opt-in**, ``settings.oom_from_diagnostics``, default off): the
+  server's diagnostic report (``diagnostics/events`` or the deprecated ``diagnostics/inspect``) for
+  this sandbox's own container says ``OOMKilled``. Its payload is display text the diagnostics API
+  says not to parse, so it counts only when the provider ``admitted`` it (the setting is on); the
   report's subject (container name / id label) must be this sandbox and, for a borrowed sandbox,
   the flag must not already have been set when we connected.
 
-Never evidence: exit code 137 (any SIGKILL gives it), output text such as "Killed" or "out of
-memory", a report about another container (a sidecar, a sibling sandbox), or an unscoped report.
+Never evidence: exit code 137 (any SIGKILL gives it), output or message text such as "Killed",
+"out of memory" or ``npm ERR! JavaScript heap out of memory`` (a program's own words, wherever they
+appear: output, a lifecycle message), a report about another container (a sidecar, a sibling
+sandbox), or an unscoped report.
 """
 
 from __future__ import annotations
@@ -55,7 +62,8 @@ def _os_lifecycle_says_oom(ev: Evidence) -> bool:
 
 def _os_diagnostics_says_oom(ev: Evidence) -> bool:
     return (
-        ev.data.get("OOMKilled") is True
+        ev.data.get("admitted") is True
+        and ev.data.get("OOMKilled") is True
         and ev.data.get("subject") == ev.scope
         and ev.data.get("OOMKilledAtConnect") is not True
     )

@@ -13,7 +13,8 @@ Failure handling (docs/opensandbox.md has the full story):
 
 * Every failure is a ``FailureEvent`` (registered kind, operation, HTTP status, original exception as
   cause, evidence, typed details) carried by a ``SandboxError``; failures that were recovered from
-  are kept in ``OpenSandboxSandbox.failures``.
+  are kept in ``OpenSandboxSandbox.failures`` and reported to ``on_recovered`` (the episode puts
+  them in the event stream as ``FailureRecovered``) with how they were recovered.
 * **Commands are never replayed** once their submission may have reached execd. A broken output
   stream is followed by the same execution id (status, then logs). Only a submission proven not to
   have started (connection refused, or a 502 before the stream began) is resubmitted, within the
@@ -21,7 +22,9 @@ Failure handling (docs/opensandbox.md has the full story):
 * **The execution's hard cap is the caller's ``timeout``**: recovery and diagnosis use what is left
   of it and start no request after it. execd is asked to kill the command itself ``headroom``
   seconds after the cap, as a backstop.
-* **OOM is confirmed only by this sandbox's own lifecycle/diagnostic report** (``core.sandbox.oom``).
+* **OOM is confirmed only by structured evidence about this sandbox** (``core.sandbox.oom``): a
+  terminal lifecycle state with a recognised reason code; the diagnostics reports' ``OOMKilled``
+  only when ``oom_from_diagnostics`` is on. Free text (a status message, output) never confirms.
 * **Expected refusal**: a refusal the daemon confirms before launching anything (e.g. running as root
   not allowed) raises ``ExpectedRefusal`` – control flow, no failure event – or, for the configured
   default user, falls back to the image's user.
@@ -68,6 +71,7 @@ from core.sandbox.base import (
     OutputChunk,
     PtyHandle,
     QueuedOutput,
+    Recovery,
     Sandbox,
     SandboxClosedError,
     SandboxError,
@@ -461,6 +465,8 @@ class OpenSandboxSandbox(Sandbox):
             owner.api_url,
             oom_at_connect=oom_at_connect,
             server_version=lambda: owner.server_version,
+            oom_reason_codes=owner.settings.oom_reason_codes,
+            oom_from_diagnostics=owner.settings.oom_from_diagnostics,
         )
 
     @property
@@ -480,6 +486,15 @@ class OpenSandboxSandbox(Sandbox):
     def _observe(self, failure: FailureEvent) -> None:
         self.failures.append(failure)
         log.info("opensandbox %s: %s: %s", self.sandbox_id, failure.kind, failure.message)
+
+    def _recovered(self, failure: FailureEvent, how: Recovery) -> None:
+        """Report a failure this provider went on from without raising (``on_recovered``)."""
+        if self.on_recovered is None:
+            return
+        try:
+            self.on_recovered(failure, how)
+        except Exception:  # a broken listener must not change what the command did
+            log.exception("opensandbox %s: on_recovered failed", self.sandbox_id)
 
     # ---------------------------------------------------------------------------------- execd
 
@@ -648,17 +663,17 @@ class OpenSandboxSandbox(Sandbox):
         message = (
             f"exec {run.execution_id}: the hard cap of {timeout:g}s expired {when}; the exit was not observed"
         )
-        self._observe(
-            _failure(
-                "command_hard_cap_expired",
-                stage=FailureStage.AGENT,
-                operation="exec",
-                message=message,
-                cause=run.cause,
-                evidence=[*run.evidence, *run.diagnosis.evidence],
-                details=run.details(),
-            )
+        failure = _failure(
+            "command_hard_cap_expired",
+            stage=FailureStage.AGENT,
+            operation="exec",
+            message=message,
+            cause=run.cause,
+            evidence=[*run.evidence, *run.diagnosis.evidence],
+            details=run.details(),
         )
+        self._observe(failure)
+        self._recovered(failure, Recovery.RETURNED_UNOBSERVED)
         return run.result(exit_code=None, observed=False, deadline_expired=True, error=message)
 
     async def _exec_flow(
@@ -745,6 +760,7 @@ class OpenSandboxSandbox(Sandbox):
                 and loop.time() + delay < deadline
             ):
                 self._observe(failure)  # kept even when the resubmission succeeds
+                self._recovered(failure, Recovery.RESUBMITTED)
                 await asyncio.sleep(delay)
                 continue
             if run.delivery is Delivery.NOT_SENT and status is not None and 400 <= status < 500:
@@ -878,16 +894,15 @@ class OpenSandboxSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         remote = run.remote_id
         assert remote is not None
-        self._observe(
-            _failure(
-                "command_stream_lost",
-                stage=FailureStage.AGENT,
-                operation="exec.stream",
-                message=f"exec {run.execution_id} (execd {remote}): {run.cause}; following the execution id",
-                cause=run.cause,
-                details=run.details(Delivery.DELIVERED),
-            )
+        stream_lost = _failure(
+            "command_stream_lost",
+            stage=FailureStage.AGENT,
+            operation="exec.stream",
+            message=f"exec {run.execution_id} (execd {remote}): {run.cause}; following the execution id",
+            cause=run.cause,
+            details=run.details(Delivery.DELIVERED),
         )
+        self._observe(stream_lost)
         recovery = self.policy.status_recovery
         lost_reason = "status recovery is disabled by policy"
         lost_cause: BaseException | None = run.cause
@@ -924,6 +939,7 @@ class OpenSandboxSandbox(Sandbox):
                         lost_reason = f"the command ended but its status names no exit: {str(status)[:200]}"
                         break
                     await self._recover_logs(run, remote, deadline)
+                    self._recovered(stream_lost, Recovery.FOLLOWED_EXECUTION_ID)
                     run.notes.append(
                         "the output stream broke; the exit was read by execution id"
                         + (
@@ -1077,6 +1093,12 @@ class OpenSandboxSandbox(Sandbox):
         self._ensure_open("pty")
         if not argv:
             raise ValueError("argv must not be empty")
+
+        async def not_sent(failed: RequestFailed) -> bool:
+            # POST /pty starts a process: a request that may have reached the daemon is never sent
+            # again (a second terminal would run beside the first, unseen).
+            return failed.delivery is Delivery.NOT_SENT
+
         try:
             response = await self._execd_request(
                 "pty",
@@ -1088,15 +1110,28 @@ class OpenSandboxSandbox(Sandbox):
                 },
                 timeout=PTY_OPEN_TIMEOUT_S,
                 default_kind="sandbox_pty_failed",
+                retry_gate=not_sent,
             )
             session_id = response.json()["session_id"]
             ws = await self._pty_socket(session_id)
         except RequestFailed as exc:
+            uncertain = (
+                exc.operation == "pty" and exc.method == "POST" and exc.delivery is not Delivery.NOT_SENT
+            )
             raise _error(
                 exc.failure(
                     stage=FailureStage.AGENT,
                     operation="pty.open",
-                    message=f"opening a terminal failed: {exc}",
+                    kind="sandbox_pty_failed" if uncertain else None,
+                    message=(
+                        f"opening a terminal failed: {exc}"
+                        + (
+                            f" (after {exc.attempts} request(s); the last may have reached the daemon, so a "
+                            "terminal may exist there; it was not requested again)"
+                            if uncertain
+                            else ""
+                        )
+                    ),
                 ),
                 exc,
             ) from exc
@@ -1111,7 +1146,13 @@ class OpenSandboxSandbox(Sandbox):
             raise _error(failure, exc) from exc
         handle = OpenSandboxPty(self, session_id, ws)
         self._ptys.add(handle)
-        await handle.resize(cols, rows)
+        try:
+            await handle.resize(cols, rows)
+        except SandboxError:
+            # A short-lived command can end (and its socket close) before the first resize: the
+            # terminal opened, and its reader reports the exit. Any other resize failure is real.
+            if getattr(ws, "close_code", None) is None:
+                raise
         return handle
 
     # --------------------------------------------------------------------------------- files
@@ -1331,7 +1372,9 @@ class OpenSandboxSandbox(Sandbox):
     # ------------------------------------------------------------------------------ evidence
 
     async def inspect(self) -> list[Evidence]:
-        """Lifecycle, the events descriptor and the (deprecated) inspect text, within 10 s."""
+        """Lifecycle and the events descriptor (for people: it confirms an OOM only when
+        ``oom_from_diagnostics`` admits it), plus the deprecated inspect text when that is on;
+        within 10 s."""
         self._ensure_open("inspect")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + INSPECT_DEADLINE_S
@@ -1341,7 +1384,8 @@ class OpenSandboxSandbox(Sandbox):
             evidence.append(ev)
             if not gone:
                 evidence.append(await self._diagnoser.events(deadline))
-                evidence.append(await self._diagnoser.inspect_text(deadline))
+                if self.settings.oom_from_diagnostics:
+                    evidence.append(await self._diagnoser.inspect_text(deadline))
         return evidence
 
     async def status(self) -> SandboxStatus:
@@ -1720,15 +1764,24 @@ class OpenSandboxProvider(SandboxProvider):
                     stage=stage,
                     operation=op,
                     message=message,
-                    evidence=[lifecycle_evidence(sandbox_id, body, server_version=self.server_version)],
+                    evidence=[
+                        lifecycle_evidence(
+                            sandbox_id,
+                            body,
+                            server_version=self.server_version,
+                            oom_reason_codes=self.settings.oom_reason_codes,
+                        )
+                    ],
                 ),
             )
         sandbox = OpenSandboxSandbox(self, sandbox_id, owned=False)
-        # A borrowed sandbox may have been OOM-killed before we came: remember that as the baseline.
-        with contextlib.suppress(TimeoutError):
-            baseline = await sandbox._diagnoser.events(min(deadline, loop.time() + 5.0))
-            if baseline.data.get("subject") == sandbox_id and baseline.data.get("OOMKilled") is not None:
-                sandbox._diagnoser.oom_at_connect = bool(baseline.data["OOMKilled"])
+        # A borrowed sandbox may have been OOM-killed before we came: remember that as the baseline
+        # (only the diagnostics reports keep a flag from before; read only when they may confirm).
+        if self.settings.oom_from_diagnostics:
+            with contextlib.suppress(TimeoutError):
+                baseline = await sandbox._diagnoser.events(min(deadline, loop.time() + 5.0))
+                if baseline.data.get("subject") == sandbox_id and baseline.data.get("OOMKilled") is not None:
+                    sandbox._diagnoser.oom_at_connect = bool(baseline.data["OOMKilled"])
         try:
             await sandbox._resolve_execd(deadline)
             await sandbox._execd_request(

@@ -2,27 +2,33 @@
 
 Sources (all scoped to the sandbox id; see ``core.sandbox.oom`` for what confirms an OOM kill):
 
-* ``opensandbox.lifecycle`` – ``GET /sandboxes/{id}``: ``status.state/reason/message``. Server 1.1.x
-  (Docker runtime) reports an OOM-killed main process as ``Failed / CONTAINER_EXITED_ERROR /
-  "Sandbox container exited with code 137."`` – no OOM named, so that alone confirms nothing;
-  other runtimes (e.g. Kubernetes) may name ``OOMKilled`` in the reason or message, which does.
+* ``opensandbox.lifecycle`` – ``GET /sandboxes/{id}``: ``status.state/reason/message``. Only the
+  structured fields count: a terminal ``state`` (Failed, Terminated) whose ``reason`` *code* is one
+  of the recognised OOM codes (``settings.oom_reason_codes``, matched exactly) confirms an OOM kill.
+  The ``message`` is free text and never evidence (``npm ERR! JavaScript heap out of memory`` in a
+  message is a program's output, not a kernel report). Server 1.1.x (Docker runtime) reports an
+  OOM-killed main process as ``Failed / CONTAINER_EXITED_ERROR / "…exited with code 137."``: no
+  OOM code, so it confirms nothing.
 * ``opensandbox.diagnostics`` – ``GET /sandboxes/{id}/diagnostics/events?scope=runtime`` (a JSON
   descriptor with display text; the supported endpoint) and, as a fallback when that yields no
-  verdict, the deprecated plain-text ``GET /sandboxes/{id}/diagnostics/inspect``. Both are
-  human-readable; the parsers below accept the formats of server 1.1.x's Docker runtime and treat
-  anything they do not recognise as "no verdict" (``OOMKilled: None``), never as evidence.
+  verdict, the deprecated plain-text ``GET /sandboxes/{id}/diagnostics/inspect``. The diagnostics
+  API says its text is for humans and has no stable line schema, so reading an OOM from it is
+  **opt-in** (``settings.oom_from_diagnostics``, default off): its evidence carries ``admitted``
+  and only admitted reports can confirm. The parsers accept the formats of server 1.1.x's Docker
+  runtime and treat anything they do not recognise as "no verdict" (``OOMKilled: None``).
 
 ``Diagnoser.diagnose`` is the one entry point for exec and PTY failures. It runs inside the caller's
-deadline (starting no request after it), reads the lifecycle, makes an initial report round, and,
-when the lifecycle was not yet terminal, watches it and makes **one** final report round once it
-turns terminal: at most two report rounds per call.
+deadline (starting no request after it) and reads the lifecycle; when the lifecycle is not yet
+terminal it watches it until it is (or the budget ends). With diagnostics confirmation on, it also
+makes an initial report round and **one** final report round once the lifecycle turns terminal: at
+most two report rounds per call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,17 +45,22 @@ INSPECT_FORMAT = "opensandbox-1.1-docker-inspect-text"
 SUPPORTED_SERVER_VERSIONS = ("1.1",)  # major.minor prefixes whose diagnostics text was checked
 
 TERMINAL_STATES = frozenset({"Failed", "Terminated"})
-_OOM_WORDS = re.compile(r"\boom[\s_-]?kill(?:ed)?\b|\bout[\s_-]of[\s_-]memory\b", re.IGNORECASE)
 _CONTAINER_NAME = re.compile(r"^sandbox-([0-9A-Za-z][0-9A-Za-z._-]*)$")
 _KV = re.compile(r"^([A-Za-z][A-Za-z ]*?):\s*(.*)$")
 _MEMORY = re.compile(r"^(\d+)\s*MiB$")
 CONTENT_EXCERPT = 2000
 
 
-def lifecycle_names_oom(status: dict[str, Any]) -> bool:
-    """Whether the lifecycle status's reason or message names an OOM kill (exit 137 alone does not)."""
-    text = f"{status.get('reason') or ''} {status.get('message') or ''}"
-    return bool(_OOM_WORDS.search(text))
+def lifecycle_oom_code(status: dict[str, Any], oom_reason_codes: Collection[str]) -> str | None:
+    """The recognised OOM reason code of a terminal lifecycle status, else ``None``.
+
+    Structured fields only: the ``state`` must be terminal and the ``reason`` code one of
+    ``oom_reason_codes`` exactly (no case folding, no substrings). The ``message`` is never read.
+    """
+    reason = status.get("reason")
+    if status.get("state") in TERMINAL_STATES and isinstance(reason, str) and reason in oom_reason_codes:
+        return reason
+    return None
 
 
 def lifecycle_evidence(
@@ -59,6 +70,7 @@ def lifecycle_evidence(
     exists: bool = True,
     error: str | None = None,
     server_version: str | None = None,
+    oom_reason_codes: Collection[str] = (),
 ) -> Evidence:
     data: dict[str, Any] = {"format": LIFECYCLE_FORMAT, "exists": exists, "server_version": server_version}
     if error is not None:
@@ -73,7 +85,8 @@ def lifecycle_evidence(
                 "message": (status.get("message") or "")[:500] or None,
                 "last_transition_at": status.get("lastTransitionAt"),
                 "expires_at": body.get("expiresAt"),
-                "oom_reported": lifecycle_names_oom(status) and body.get("id") == sandbox_id,
+                "oom_reason_code": (code := lifecycle_oom_code(status, oom_reason_codes)),
+                "oom_reported": code is not None and body.get("id") == sandbox_id,
             }
         )
     elif not exists:
@@ -183,11 +196,14 @@ def diagnostics_evidence(
     error: str | None = None,
     server_version: str | None = None,
     extra: dict[str, Any] | None = None,
+    admitted: bool = False,
 ) -> Evidence:
+    """``admitted``: whether this report may confirm an OOM (``settings.oom_from_diagnostics``)."""
     data: dict[str, Any] = {
         "endpoint": endpoint,
         "format": EVENTS_FORMAT if endpoint.endswith("events") else INSPECT_FORMAT,
         "server_version": server_version,
+        "admitted": admitted,
         **(extra or {}),
     }
     if error is not None:
@@ -209,7 +225,8 @@ class Diagnosis:
     oom: Evidence | None = None
     state: str | None = None
     gone: bool = False
-    rounds: int = 0  # report rounds (events, with the deprecated inspect as fallback): at most two
+    rounds: int = 0  # report rounds (events, with the deprecated inspect as fallback): at most two,
+    # and none unless diagnostics confirmation is on
     deadline_reached: bool = False
 
     @property
@@ -229,6 +246,8 @@ class Diagnoser:
         *,
         oom_at_connect: bool | None = None,
         server_version: Callable[[], str | None] = lambda: None,
+        oom_reason_codes: Collection[str] = (),
+        oom_from_diagnostics: bool = False,
     ):
         self.http = http
         self.policy = policy
@@ -236,6 +255,8 @@ class Diagnoser:
         self.api_url = api_url
         self.oom_at_connect = oom_at_connect
         self.server_version = server_version
+        self.oom_reason_codes = frozenset(oom_reason_codes)
+        self.oom_from_diagnostics = oom_from_diagnostics
 
     def _remaining(self, deadline: float) -> float:
         return deadline - asyncio.get_running_loop().time()
@@ -278,7 +299,9 @@ class Diagnoser:
                 sid, None, error="unparseable lifecycle answer", server_version=self.server_version()
             )
             return ev, None, False
-        ev = lifecycle_evidence(sid, body, server_version=self.server_version())
+        ev = lifecycle_evidence(
+            sid, body, server_version=self.server_version(), oom_reason_codes=self.oom_reason_codes
+        )
         return ev, ev.data.get("state"), False
 
     async def events(self, deadline: float) -> Evidence:
@@ -328,6 +351,7 @@ class Diagnoser:
             oom_at_connect=self.oom_at_connect,
             server_version=self.server_version(),
             extra=extra,
+            admitted=self.oom_from_diagnostics,
         )
 
     async def inspect_text(self, deadline: float) -> Evidence:
@@ -356,6 +380,7 @@ class Diagnoser:
             content=content,
             oom_at_connect=self.oom_at_connect,
             server_version=self.server_version(),
+            admitted=self.oom_from_diagnostics,
         )
 
     async def report_round(self, deadline: float) -> list[Evidence]:
@@ -369,7 +394,8 @@ class Diagnoser:
         return [first, await self.inspect_text(deadline)]
 
     async def diagnose(self, deadline: float, into: Diagnosis | None = None) -> Diagnosis:
-        """Lifecycle, an initial report round, and one final round when the lifecycle turns terminal.
+        """Lifecycle (watched until terminal); with diagnostics confirmation on, an initial report
+        round and one final round when the lifecycle turns terminal.
 
         Nothing is started after ``deadline``; if it passes, what was seen so far is returned with
         ``deadline_reached`` set. ``into`` is filled as the diagnosis goes (a caller whose own cap
@@ -396,12 +422,14 @@ class Diagnoser:
         ev, d.state, d.gone = await self.lifecycle(deadline)
         d.evidence.append(ev)
         if confirmed() or d.gone:
-            return  # named by the lifecycle itself; or the container is removed: nothing to inspect
-        d.evidence.extend(await self.report_round(deadline))
-        d.rounds += 1
+            return  # a recognised OOM code; or the container is removed: nothing to inspect
+        if self.oom_from_diagnostics:
+            d.evidence.extend(await self.report_round(deadline))
+            d.rounds += 1
         if confirmed() or d.terminal or not polling.enabled:
             return
-        # Not terminal yet: watch the lifecycle; once it turns terminal, one final report round.
+        # Not terminal yet: watch the lifecycle (a terminal status may carry an OOM code); once it
+        # turns terminal, one final report round when diagnostics confirmation is on.
         while True:
             wait = polling.interval_s
             if loop.time() + wait >= min(deadline, watch_until):
@@ -412,6 +440,7 @@ class Diagnoser:
             if confirmed() or d.gone:
                 return
             if d.terminal:
-                d.evidence.extend(await self.report_round(deadline))
-                d.rounds += 1
+                if self.oom_from_diagnostics:
+                    d.evidence.extend(await self.report_round(deadline))
+                    d.rounds += 1
                 return

@@ -14,7 +14,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, LoadingIndicator, Static, TabbedContent, TabPane, TextArea
 
-from core.events import FailureRecorded, ModelCall
+from core.events import FailureRecorded, FailureRecovered, ModelCall
 from opencode_tui import format as fmt
 from opencode_tui.feeds import find_model_call
 from opencode_tui.messages import Copied
@@ -169,7 +169,7 @@ class FailureScreen(ModalScreen[None]):
         Binding("y", "copy", "Copy"),
     ]
 
-    def __init__(self, record: FailureRecorded) -> None:
+    def __init__(self, record: FailureRecorded | FailureRecovered) -> None:
         super().__init__(classes="modal")
         self.record = record
 
@@ -182,7 +182,7 @@ class FailureScreen(ModalScreen[None]):
                 yield Static(self.render_detail(), id="failure-detail")
 
     def render_detail(self) -> Content:
-        f, d = self.record.failure, self.record.decision
+        f = self.record.failure
         out: list[Content] = []
 
         def line(markup: str, **values: object) -> None:
@@ -193,12 +193,21 @@ class FailureScreen(ModalScreen[None]):
 
         line("[b $error]$kind[/]", kind=f.kind)
         field("stage", f.stage)
-        field("class", d.failure_class)
-        line("[b]$k[/][b $accent]$v[/]", k=f"{'action':<16}", v=str(d.action))
-        field(
-            "decided by",
-            f"{d.level} rule '{d.rule}'" + (" (retries exhausted)" if d.retries_exhausted else ""),
-        )
+        if isinstance(self.record, FailureRecovered):
+            # Recovered by the provider: no class, no policy action; it never decides the outcome.
+            line(
+                "[b]$k[/][b $success]$v[/]",
+                k=f"{'recovered':<16}",
+                v=fmt.recovery_label(self.record.recovery),
+            )
+        else:
+            d = self.record.decision
+            field("class", d.failure_class)
+            line("[b]$k[/][b $accent]$v[/]", k=f"{'action':<16}", v=str(d.action))
+            field(
+                "decided by",
+                f"{d.level} rule '{d.rule}'" + (" (retries exhausted)" if d.retries_exhausted else ""),
+            )
         field("operation", f.operation)
         field("http status", fmt.DASH if f.http_status is None else f.http_status)
         field("occurred at", f.occurred_at.isoformat())

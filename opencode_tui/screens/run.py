@@ -26,7 +26,7 @@ from textual.timer import Timer
 from textual.widgets import Footer
 
 from core.artifacts import RunInfo
-from core.events import Event, FailureRecorded, ModelCall, TerminalOutput
+from core.events import Event, FailureRecorded, FailureRecovered, ModelCall, TerminalOutput
 from opencode_tui import format as fmt
 from opencode_tui.feeds import Cast, EventIndex, LoadStats, find_model_call, iter_event_batches, read_cast
 from opencode_tui.messages import EventsReceived, ReplayLoaded
@@ -369,7 +369,7 @@ class RunScreen(Screen[None]):
         self.refresh_timeline()
         if index is not None and self.index is not None:
             ev = self.index.event_at(index)
-            if isinstance(ev, FailureRecorded):
+            if isinstance(ev, FailureRecorded | FailureRecovered):
                 table = self.query_one(FailuresTable)
                 if table.records:
                     table.move_cursor(row=len(table.records) - 1, animate=False)

@@ -1,4 +1,5 @@
-"""Failure events with their classification and the policy's action; Enter opens the detail."""
+"""Failure events with their classification and the policy's action, and the failures a provider
+recovered from (a "recovered" row: no class, never the outcome); Enter opens the detail."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
-from core.events import FailureRecorded
+from core.events import FailureRecorded, FailureRecovered
+from opencode_tui.format import recovery_label
 
 COLUMNS = ("kind", "stage", "class", "action", "evidence")
 
@@ -16,13 +18,13 @@ class FailuresTable(DataTable):
     BINDINGS = [Binding("enter", "select_cursor", "Failure detail", tooltip="Message, cause chain, evidence")]
 
     class Open(Message):
-        def __init__(self, record: FailureRecorded) -> None:
+        def __init__(self, record: FailureRecorded | FailureRecovered) -> None:
             self.record = record
             super().__init__()
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.records: list[FailureRecorded] = []
+        self.records: list[FailureRecorded | FailureRecovered] = []
 
     def on_mount(self) -> None:
         for name in COLUMNS:
@@ -30,8 +32,18 @@ class FailuresTable(DataTable):
         self.border_title = "Failures"
         self.border_subtitle = "0"
 
-    def _row(self, rec: FailureRecorded) -> list[Text]:
+    def _row(self, rec: FailureRecorded | FailureRecovered) -> list[Text]:
         colors = self.app.theme_variables
+        if isinstance(rec, FailureRecovered):
+            f = rec.failure
+            sources = ", ".join(dict.fromkeys(e.source for e in f.evidence)) or "none"
+            return [
+                Text(f.kind, style=colors.get("warning", "")),
+                Text(str(f.stage)),
+                Text("—", style="dim"),
+                Text(f"recovered: {recovery_label(rec.recovery)}", style=colors.get("success", "")),
+                Text(sources),
+            ]
         f, d = rec.failure, rec.decision
         cls_style = {"model": colors.get("warning", ""), "evaluation": colors.get("error", "")}.get(
             str(d.failure_class), ""
@@ -46,7 +58,7 @@ class FailuresTable(DataTable):
             Text(sources),
         ]
 
-    def sync(self, records: list[FailureRecorded], force: bool = False) -> None:
+    def sync(self, records: list[FailureRecorded | FailureRecovered], force: bool = False) -> None:
         mine = self.records
         rebuild = force or len(records) < len(mine) or any(records[i] is not r for i, r in enumerate(mine))
         if rebuild:
@@ -58,7 +70,7 @@ class FailuresTable(DataTable):
         self.border_subtitle = str(len(records))
 
     @property
-    def selected(self) -> FailureRecorded | None:
+    def selected(self) -> FailureRecorded | FailureRecovered | None:
         if not self.records or not 0 <= self.cursor_row < len(self.records):
             return None
         return self.records[self.cursor_row]

@@ -9,6 +9,7 @@ from core.events import (
     EpisodeStarted,
     EventBus,
     FailureRecorded,
+    FailureRecovered,
     InstallProgress,
     ModelCall,
     OpenCodeEvent,
@@ -35,6 +36,7 @@ from core.failures import (
     OomDetails,
     decide,
 )
+from core.sandbox.base import Recovery
 
 
 def _failure():
@@ -104,6 +106,16 @@ def all_events():
             ),
             decision=decide(FailureEvent(kind="x_y", stage="agent", operation="o", message="m")),
         ),
+        FailureRecovered(
+            failure=FailureEvent(
+                kind="command_stream_lost",
+                stage="agent",
+                operation="exec.stream",
+                message="stream broke; following the execution id",
+                details=CommandDetails(execution_id="e", delivery="delivered", submissions=1),
+            ),
+            recovery=Recovery.FOLLOWED_EXECUTION_ID,
+        ),
         VerificationFinished(exit_code=0, reward=1.0, passed=True, duration_s=1.5, output_excerpt="ok"),
         TranscriptStats(messages=4, tool_calls={"bash": 2}, compactions=1, tokens_in=None),
         OutcomeDecided(
@@ -127,6 +139,7 @@ def test_every_event_round_trips_losslessly():
         "compaction",
         "cleanup",
         "failure",
+        "failure_recovered",
         "verification",
         "outcome",
     }

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails
-from core.sandbox.base import LABEL_OWNER, LABEL_RUN, SandboxError, SandboxState
+from core.sandbox.base import LABEL_OWNER, LABEL_RUN, Recovery, SandboxError, SandboxState
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
 from core.sandbox.opensandbox import ExpectedRefusal, OpenSandboxProvider, OpenSandboxSandbox
 
@@ -179,10 +179,44 @@ async def test_create_exec_file_delete_round_trip(os_env: Any, standin: Any) -> 
 # ------------------------------------------------------------------------------------------- OOM
 
 
-async def test_real_oom_of_the_main_process_is_confirmed_from_the_server_report(os_env: Any) -> None:
-    """The main process is OOM-killed while a command runs: the stream drops, the lifecycle turns
-    Failed, and the OOM is confirmed from the server's own diagnostics within the deadline."""
+async def test_real_oom_of_the_main_process_without_a_structured_report_is_a_lost_sandbox(
+    os_env: Any,
+) -> None:
+    """The main process is OOM-killed while a command runs. Server 1.1.1 reports it as
+    Failed / CONTAINER_EXITED_ERROR (no OOM code), and its diagnostics text is not read for an OOM
+    by default: the failure is the sandbox's loss, the OOM stays unclaimed, and no diagnostics
+    request is made."""
     provider = os_env.provider(main_argv=OOM_MAIN)
+    sb = await os_env.sandbox(provider, memory_bytes=SMALL_MEMORY)
+    since = time.time()
+    start = time.monotonic()
+    with pytest.raises(SandboxError) as info:
+        await sb.exec(["sh", "-c", "echo started; touch /tmp/go; sleep 60"], timeout=20)
+    assert time.monotonic() - start < 20
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "sandbox_lost"
+    assert oom_confirmed(failure.evidence, scope=sb.sandbox_id) is None
+    lifecycle = [e for e in failure.evidence if e.source == SOURCE_OS_LIFECYCLE]
+    assert lifecycle and lifecycle[-1].data["state"] == "Failed"
+    assert (
+        lifecycle[-1].data["reason"] == "CONTAINER_EXITED_ERROR"
+        and lifecycle[-1].data["oom_reported"] is False
+    )
+    assert os_env.journal.paths("/diagnostics/", since=since) == []
+    # The public inspect() still shows the events report to people; it confirms nothing by default.
+    evidence = await sb.inspect()
+    report = next(e for e in evidence if e.data.get("endpoint") == "diagnostics/events")
+    assert report.data["OOMKilled"] is True and report.data["admitted"] is False
+    assert oom_confirmed(evidence, scope=sb.sandbox_id) is None
+    assert [e for e in evidence if e.data.get("endpoint") == "diagnostics/inspect"] == []
+
+
+async def test_real_oom_of_the_main_process_is_confirmed_from_the_server_report_when_opted_in(
+    os_env: Any,
+) -> None:
+    """With ``oom_from_diagnostics`` on: the stream drops, the lifecycle turns Failed, and the OOM is
+    confirmed from the server's own diagnostics within the deadline."""
+    provider = os_env.provider(main_argv=OOM_MAIN, oom_from_diagnostics=True)
     sb = await os_env.sandbox(provider, memory_bytes=SMALL_MEMORY)
     start = time.monotonic()
     with pytest.raises(SandboxError) as info:
@@ -223,6 +257,51 @@ async def test_exit_137_without_an_oom_report_stays_unconfirmed(os_env: Any) -> 
     assert sb.failures == []
 
 
+# The sandbox's main process: idle until /tmp/go exists, then exit 3 (an ordinary failure, no OOM).
+FAILING_MAIN = ["sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.05; done; exit 3"]
+
+
+@pytest.mark.parametrize(
+    "rewrite, kind",
+    [
+        ({"message": "npm ERR! JavaScript heap out of memory"}, "sandbox_lost"),
+        ({"message": "Sandbox container was OOM killed (out of memory)"}, "sandbox_lost"),
+        ({"reason": "OOMKilled"}, "provider_oom_killed"),
+    ],
+    ids=["npm-message", "oom-words-message", "oomkilled-code"],
+)
+async def test_lifecycle_oom_comes_from_the_reason_code_never_the_message(
+    os_env: Any, standin_harness: Any, rewrite: dict[str, str], kind: str
+) -> None:
+    """The sandbox's main process really dies while a command runs, and the real server reports it
+    Failed. Server 1.1.1 cannot put OOM words in its status message nor an OOM reason code, so a
+    loopback proxy in front of it rewrites just that field of the terminal status (the one fake,
+    see ``LifecycleRewriter``). A message saying "out of memory" is not an OOM; the structured
+    ``OOMKilled`` reason code in the terminal state is."""
+    rewriter = standin_harness.LifecycleRewriter(os_env.server.url, rewrite)
+    try:
+        provider = os_env.provider(main_argv=FAILING_MAIN, url=rewriter.url)
+        sb = await os_env.sandbox(provider)
+        with pytest.raises(SandboxError) as info:
+            await sb.exec(["sh", "-c", "echo started; touch /tmp/go; sleep 60"], timeout=20)
+        failure = info.value.failure
+        assert failure is not None and failure.kind == kind, failure.message
+        assert rewriter.rewritten >= 1
+        lifecycle = [e for e in failure.evidence if e.source == SOURCE_OS_LIFECYCLE]
+        assert lifecycle[-1].data["state"] == "Failed"
+        for field, value in rewrite.items():
+            assert lifecycle[-1].data[field] == value  # the provider saw the rewritten status
+        confirmed = oom_confirmed(failure.evidence, scope=sb.sandbox_id)
+        if kind == "provider_oom_killed":
+            assert confirmed is lifecycle[-1] and confirmed.data["oom_reason_code"] == "OOMKilled"
+            assert isinstance(failure.details, OomDetails) and failure.details.container_id == sb.sandbox_id
+        else:
+            assert confirmed is None and lifecycle[-1].data["oom_reported"] is False
+        await sb.release()
+    finally:
+        rewriter.close()
+
+
 # ------------------------------------------------------------------------------- command delivery
 
 
@@ -230,6 +309,8 @@ async def test_stream_dropped_mid_command_recovers_by_execution_id_without_resub
     os_env: Any, standin: Any
 ) -> None:
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how))
     standin.inject({"fault": "close_stream", "match": "drop-me", "after_bytes": 1})
     before = standin.state()
     seen: list[bytes] = []
@@ -253,12 +334,15 @@ async def test_stream_dropped_mid_command_recovers_by_execution_id_without_resub
         remote,
         1,
     )
+    assert reported == [("command_stream_lost", Recovery.FOLLOWED_EXECUTION_ID)]  # to the event stream
 
 
 async def test_502_before_start_is_resubmitted_and_policy_override_changes_only_the_action(
     os_env: Any, standin: Any
 ) -> None:
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how))
     standin.inject({"fault": "reject_502", "match": "five-oh-two"})
     before = standin.state()
     result = await sb.exec(["sh", "-c", "echo ok # five-oh-two"], timeout=30)
@@ -267,6 +351,7 @@ async def test_502_before_start_is_resubmitted_and_policy_override_changes_only_
     [first] = sb.failures
     assert (first.kind, first.http_status) == ("provider_unavailable", 502)
     assert isinstance(first.details, CommandDetails) and first.details.delivery is Delivery.NOT_SENT
+    assert reported == [("provider_unavailable", Recovery.RESUBMITTED)]
 
     # The same sandbox through a provider whose policy fails on a submission 502 instead.
     strict = os_env.provider(
@@ -304,6 +389,8 @@ async def test_hard_cap_keeps_the_outcome_unknown_and_starts_no_diagnosis_after_
     os_env: Any, standin: Any
 ) -> None:
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how))
     standin.inject(
         {"fault": "close_stream", "match": "capped", "after_bytes": 1},
         {"fault": "stall_status", "match": "capped", "seconds": 20},
@@ -323,14 +410,44 @@ async def test_hard_cap_keeps_the_outcome_unknown_and_starts_no_diagnosis_after_
     assert [e for e in ours if e[0] > cap_wall + 0.05] == []
     kinds = [f.kind for f in sb.failures]
     assert kinds == ["command_stream_lost", "command_hard_cap_expired"]
+    # The stream loss was not recovered (the cap came first): only the hard cap is reported.
+    assert reported == [("command_hard_cap_expired", Recovery.RETURNED_UNOBSERVED)]
     assert sb.failures[-1].cause is not None
     assert isinstance(sb.failures[-1].details, CommandDetails) and sb.failures[-1].details.exit_code is None
+
+
+async def test_opted_in_diagnosis_stays_inside_the_hard_cap(os_env: Any, standin: Any) -> None:
+    """With ``oom_from_diagnostics`` on, the status is lost while the sandbox keeps running: the
+    diagnosis reads the lifecycle, makes its one initial report round and watches the lifecycle,
+    but starts nothing once the execution's hard cap has passed (its watch budget is longer)."""
+    provider = os_env.provider(oom_from_diagnostics=True, policy={"evidence_polling": {"budget_s": 60}})
+    sb = await os_env.sandbox(provider)
+    standin.inject(
+        {"fault": "close_stream", "match": "watched", "after_bytes": 1},
+        {"fault": "drop_status", "match": "watched", "times": 10},
+    )
+    start_wall, start = time.time(), time.monotonic()
+    with pytest.raises(SandboxError) as info:
+        await sb.exec(["sh", "-c", "echo x; sleep 30 # watched"], timeout=4)
+    assert time.monotonic() - start < 5.0
+    await asyncio.sleep(1.5)  # anything started late would show up now
+    ours = os_env.journal.paths("/", since=start_wall)
+    assert [e for e in ours if e[0] > start_wall + 4.0 + 0.05] == [], "a request started after the cap"
+    reports = os_env.journal.paths("/diagnostics/", since=start_wall)
+    assert len(reports) == 1, reports  # the initial round; the sandbox never turned terminal
+    assert len(os_env.journal.paths(f"/sandboxes/{sb.sandbox_id}", since=start_wall)) >= 3  # it watched
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "command_status_lost"
+    assert oom_confirmed(failure.evidence, scope=sb.sandbox_id) is None
+    assert any(e.data.get("admitted") is True for e in failure.evidence if e.source == SOURCE_OS_DIAGNOSTICS)
 
 
 async def test_late_terminal_transition_gets_exactly_one_final_inspect(os_env: Any, standin: Any) -> None:
     """The status is lost while the sandbox still runs (initial report: no OOM); its main process is
     OOM-killed a moment later, and the terminal lifecycle earns one final report that confirms it."""
-    provider = os_env.provider(main_argv=OOM_MAIN, policy={"evidence_polling": {"budget_s": 15}})
+    provider = os_env.provider(
+        main_argv=OOM_MAIN, oom_from_diagnostics=True, policy={"evidence_polling": {"budget_s": 15}}
+    )
     sb = await os_env.sandbox(provider, memory_bytes=SMALL_MEMORY)
     standin.inject(
         {"fault": "close_stream", "match": "late-oom", "after_bytes": 1},
@@ -485,3 +602,36 @@ async def test_sweep_removes_leftovers_by_owner_label(os_env: Any) -> None:
         assert os_env.api("GET", f"/sandboxes/{sb.sandbox_id}").status_code == 404
     finally:
         await sb.release()
+
+
+@pytest.mark.parametrize("answer", [None, 503], ids=["dropped", "503-after-create"])
+async def test_pty_create_is_never_sent_again_once_it_may_have_reached_the_daemon(
+    os_env: Any, standin: Any, answer: int | None
+) -> None:
+    """The daemon starts the terminal and then drops the connection (or answers 503): the request
+    was delivered. Both are failures the policy would retry for an idempotent read (provider
+    unavailable, 503); ``POST /pty`` is sent exactly once and fails clearly instead."""
+    sb = await os_env.sandbox()
+    standin.inject(
+        {"fault": "pty_create_lost", "match": "lost-pty", **({"status": answer} if answer else {})}
+    )
+    before = len(standin.requests("pty_create"))
+    with pytest.raises(SandboxError) as info:
+        await sb.pty(["sh", "-c", "sleep 30 # lost-pty"])
+    assert len(standin.requests("pty_create")) - before == 1, "POST /pty was sent again"
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "sandbox_pty_failed"
+    assert failure.operation == "pty.open" and failure.cause is not None
+    assert failure.http_status == answer
+    assert "may have reached the daemon" in failure.message and "not requested again" in failure.message
+    assert isinstance(failure.details, HttpDetails) and failure.details.method == "POST"
+    # A terminal opened afterwards works (the daemon is fine; only that one answer was lost).
+    pty = await sb.pty(["sh", "-c", "echo fine"])
+    try:
+        out = b""
+        while b"fine" not in out:
+            chunk = await asyncio.wait_for(pty.read(), 15)
+            assert chunk, out
+            out += chunk
+    finally:
+        await pty.close()

@@ -18,8 +18,17 @@ import pytest
 from core.artifacts import RunDirReader
 from core.batch import run_batch
 from core.config import AgentConfig
-from core.events import SandboxReady
-from core.sandbox.base import LABEL_OWNER
+from core.episode import Episode
+from core.events import (
+    Event,
+    EventBus,
+    FailureRecorded,
+    FailureRecovered,
+    OutcomeDecided,
+    SandboxReady,
+    VerificationFinished,
+)
+from core.sandbox.base import LABEL_OWNER, Recovery
 from core.tasks import load_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(600)]
@@ -27,24 +36,28 @@ SAMPLES = Path(__file__).resolve().parents[3] / "sample_tasks"
 KEY_ENV = "OPENCODE_TUI_TEST_OPENSANDBOX_KEY"
 
 
-@pytest.fixture(scope="module")
-def os_batch(opensandbox_server: Any, tmp_path_factory: pytest.TempPathFactory, test_run_id: str) -> Any:
-    owner = f"os-{test_run_id}"
-    runs = tmp_path_factory.mktemp("runs-opensandbox")
-    config = AgentConfig.model_validate(
+def _config(server: Any) -> AgentConfig:
+    return AgentConfig.model_validate(
         {
             "sandbox": {
                 "provider": "opensandbox",
                 "opensandbox": {
-                    "url": opensandbox_server.url,
+                    "url": server.url,
                     "api_key_env": KEY_ENV,
                     "sandbox_timeout_s": 1800,
-                    "execd_port": opensandbox_server.execd_port,
+                    "execd_port": server.execd_port,
                 },
             },
             "policy": {"max_attempts": 1},
         }
     )
+
+
+@pytest.fixture(scope="module")
+def os_batch(opensandbox_server: Any, tmp_path_factory: pytest.TempPathFactory, test_run_id: str) -> Any:
+    owner = f"os-{test_run_id}"
+    runs = tmp_path_factory.mktemp("runs-opensandbox")
+    config = _config(opensandbox_server)
     tasks = [load_task(SAMPLES / name) for name in ("hello-file", "oom")]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(KEY_ENV, opensandbox_server.api_key)
@@ -93,3 +106,40 @@ def test_oom_sample_runs_and_an_in_command_oom_stays_unconfirmed(os_batch: Any) 
 def test_no_sandbox_left_behind(os_batch: Any) -> None:
     _, leftovers = os_batch
     assert leftovers == []
+
+
+def test_a_recovered_stream_loss_is_an_event_in_events_jsonl_never_the_outcome(
+    opensandbox_server: Any, standin_harness: Any, tmp_path: Path, test_run_id: str
+) -> None:
+    """The verifier's output stream stalls and drops after execd named the command (the stand-in's
+    ``stall_stream`` fault, injected as soon as the sandbox is ready): the provider follows the
+    execution id and reads the verifier's exit. The loss reaches events.jsonl as one
+    ``FailureRecovered`` (followed by execution id); no failure is recorded and the episode scores."""
+    control = standin_harness.StandinControl(f"http://127.0.0.1:{opensandbox_server.execd_port}")
+    bus = EventBus()
+    injected: list[Event] = []
+
+    def inject_when_ready(event: Event) -> None:
+        if isinstance(event, SandboxReady) and not injected:
+            control.inject({"fault": "stall_stream", "match": "$(cat hello.txt)", "seconds": 1})
+            injected.append(event)
+
+    bus.subscribe(inject_when_ready)
+    task = load_task(SAMPLES / "hello-file")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KEY_ENV, opensandbox_server.api_key)
+        mp.setenv("OPENCODE_TUI_OWNER", f"os-rec-{test_run_id}")
+        result = asyncio.run(Episode(task, _config(opensandbox_server), runs_dir=tmp_path, bus=bus).run())
+    assert injected, "the sandbox never became ready"
+    events = list(RunDirReader(Path(result.run_dir)).events())
+    recovered = [e for e in events if isinstance(e, FailureRecovered)]
+    assert len(recovered) == 1, recovered
+    assert recovered[0].failure.kind == "command_stream_lost"
+    assert recovered[0].recovery is Recovery.FOLLOWED_EXECUTION_ID
+    assert [e for e in events if isinstance(e, FailureRecorded)] == []
+    [verification] = [e for e in events if isinstance(e, VerificationFinished)]
+    assert (verification.exit_code, verification.passed) == (0, True)
+    outcome = [e for e in events if isinstance(e, OutcomeDecided)][-1]
+    assert (outcome.action, outcome.reward, outcome.failure_kind) == ("scored", 1.0, None)
+    assert (result.action, result.reward, result.failure_kind) == ("scored", 1.0, None)
+    assert result.cleanup_confirmed is True

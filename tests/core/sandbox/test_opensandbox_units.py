@@ -60,8 +60,16 @@ Labels:
 """
 
 
-def _events(content: str, **kw: object) -> Evidence:
-    return diagnostics_evidence(SID, "diagnostics/events", parse_events_text(content), content=content, **kw)  # type: ignore[arg-type]
+def _events(content: str, admitted: bool = True, **kw: object) -> Evidence:
+    """A ``diagnostics/events`` report, admitted as OOM evidence (``oom_from_diagnostics`` on) by default."""
+    return diagnostics_evidence(
+        SID,
+        "diagnostics/events",
+        parse_events_text(content),
+        content=content,
+        admitted=admitted,
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 # ------------------------------------------------------------------------------------------ policy
@@ -192,10 +200,21 @@ def test_server_report_of_this_container_confirms_oom() -> None:
     assert events.data["OOMKilled"] is True and events.data["subject"] == SID
     assert events.data["exit_code"] == 137
     assert oom_confirmed([events], scope=SID) is events
-    inspect = diagnostics_evidence(SID, "diagnostics/inspect", parse_inspect_text(INSPECT_OOM))
+    inspect = diagnostics_evidence(SID, "diagnostics/inspect", parse_inspect_text(INSPECT_OOM), admitted=True)
     assert inspect.data["OOMKilled"] is True and inspect.data["subject"] == SID
     assert inspect.data["memory_limit_bytes"] == 128 << 20
     assert oom_confirmed([inspect], scope=SID) is inspect
+
+
+def test_diagnostics_reports_confirm_only_when_admitted_by_the_opt_in_setting() -> None:
+    """The reports are display text (the diagnostics API says not to parse their lines): the same
+    report that confirms when ``oom_from_diagnostics`` is on confirms nothing by default."""
+    assert OpenSandboxSettings().oom_from_diagnostics is False
+    events = _events(EVENTS_OOM, admitted=False)
+    inspect = diagnostics_evidence(SID, "diagnostics/inspect", parse_inspect_text(INSPECT_OOM))
+    assert events.data["OOMKilled"] is True and inspect.data["OOMKilled"] is True  # parsed, kept for people
+    assert (events.data["admitted"], inspect.data["admitted"]) == (False, False)
+    assert oom_confirmed([events, inspect], scope=SID) is None
 
 
 def test_running_report_says_no_oom() -> None:
@@ -236,22 +255,55 @@ def test_oom_flag_already_set_when_we_connected_is_stale() -> None:
 def test_ambiguous_or_unrecognised_reports_are_not_evidence(content: str) -> None:
     ev = _events(content)
     assert oom_confirmed([ev], scope=SID) is None
-    inspect = diagnostics_evidence(SID, "diagnostics/inspect", parse_inspect_text(content))
+    inspect = diagnostics_evidence(SID, "diagnostics/inspect", parse_inspect_text(content), admitted=True)
     assert oom_confirmed([inspect], scope=SID) is None
 
 
-def test_lifecycle_status_naming_oom_is_evidence_but_exit_137_is_not() -> None:
-    def body(reason: str, message: str, sid: str = SID) -> dict[str, object]:
-        return {"id": sid, "status": {"state": "Failed", "reason": reason, "message": message}}
+CODES = OpenSandboxSettings().oom_reason_codes  # the recognised lifecycle OOM reason codes (default)
 
-    exit_137 = lifecycle_evidence(
-        SID, body("CONTAINER_EXITED_ERROR", "Sandbox container exited with code 137.")
+
+def _lifecycle(reason: str | None, message: str, *, state: str = "Failed", sid: str = SID) -> Evidence:
+    body = {"id": sid, "status": {"state": state, "reason": reason, "message": message}}
+    return lifecycle_evidence(SID, body, oom_reason_codes=CODES)
+
+
+@pytest.mark.parametrize(
+    "reason, message",
+    [
+        # A program's own words in the status message: not a kernel report (this once confirmed an OOM).
+        ("CONTAINER_EXITED_ERROR", "npm ERR! JavaScript heap out of memory"),
+        ("CONTAINER_EXITED_ERROR", "Sandbox container exited with code 137 (out of memory)"),
+        ("CONTAINER_EXITED_ERROR", "OOMKilled"),
+        ("runtime_error", "oom kill"),
+        (None, "Out Of Memory: Killed process 42 (node)"),
+        # Codes are matched exactly: no case folding, no substrings.
+        ("oomkilled", "container exited"),
+        ("NOT_OOMKilled", "container exited"),
+        ("OOMKilled ", "container exited"),
+    ],
+)
+def test_lifecycle_text_never_confirms_an_oom(reason: str | None, message: str) -> None:
+    ev = _lifecycle(reason, message)
+    assert ev.data["oom_reported"] is False and ev.data["oom_reason_code"] is None
+    assert oom_confirmed([ev], scope=SID) is None
+
+
+def test_lifecycle_oom_needs_a_recognised_code_in_a_terminal_state_of_this_sandbox() -> None:
+    named = _lifecycle("OOMKilled", "exited with code 137")
+    assert named.source == SOURCE_OS_LIFECYCLE and named.data["oom_reason_code"] == "OOMKilled"
+    assert oom_confirmed([named], scope=SID) is named
+    assert oom_confirmed([_lifecycle("OOMKilled", "", state="Terminated")], scope=SID) is not None
+    # Not terminal (the container still runs), or another sandbox's record: no confirmation.
+    assert oom_confirmed([_lifecycle("OOMKilled", "", state="Running")], scope=SID) is None
+    assert _lifecycle("OOMKilled", "", sid=OTHER).data["oom_reported"] is False
+    # A deployment's own code is recognised once configured, exactly.
+    custom = lifecycle_evidence(
+        SID,
+        {"id": SID, "status": {"state": "Failed", "reason": "SANDBOX_OOM"}},
+        oom_reason_codes=OpenSandboxSettings(oom_reason_codes=["SANDBOX_OOM"]).oom_reason_codes,
     )
-    named = lifecycle_evidence(SID, body("OOMKilled", "primary reason=OOMKilled, exit code 137"))
-    other = lifecycle_evidence(SID, body("OOMKilled", "container OOMKilled", sid=OTHER))
-    assert exit_137.data["oom_reported"] is False and oom_confirmed([exit_137], scope=SID) is None
-    assert named.source == SOURCE_OS_LIFECYCLE and oom_confirmed([named], scope=SID) is named
-    assert other.data["oom_reported"] is False
+    assert oom_confirmed([custom], scope=SID) is custom
+    exit_137 = _lifecycle("CONTAINER_EXITED_ERROR", "Sandbox container exited with code 137.")
     text = Evidence(source="exec.output", scope=SID, data={"text": "Killed (OOMKilled)", "exit_code": 137})
     assert oom_confirmed([text, exit_137], scope=SID) is None
     assert SOURCE_OS_DIAGNOSTICS == "opensandbox.diagnostics"
