@@ -39,6 +39,11 @@ OPENCODE_ENV = {
     "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
 }
 
+# OpenCode sends ``max_tokens = min(limit.output, this or 32000)`` (agent, title and compaction calls
+# alike; it also reserves that much of the context window before compacting). Set to the configured
+# output cap so the cap reaches the wire unclamped.
+OUTPUT_TOKEN_MAX_ENV = "OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX"
+
 # Applied whatever the model provider: the agent may edit and run commands in its sandbox without
 # asking (nobody is there to answer), but never fetch the web.
 DEFAULT_PERMISSIONS = {"edit": "allow", "bash": "allow", "webfetch": "deny"}
@@ -227,6 +232,7 @@ class OpenCodeHarness:
             **self.layout.xdg,
             **OPENCODE_ENV,
             "OPENCODE_CONFIG": self.layout.config_file,
+            OUTPUT_TOKEN_MAX_ENV: str(self.config.model.output_cap),
             "PATH": f"{self.layout.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "TERM": "xterm-256color",
             "LANG": "C.UTF-8",
