@@ -323,6 +323,11 @@ class RuntimeSettings(_Model):
     # ``serve``: OpenCode's server event stream (running commands' output and text live); ``run``:
     # ``opencode run --format json`` (tool calls shown once finished), kept as a fallback.
     harness: Literal["serve", "run"] = "serve"
+    # What OpenCode may do without asking (nobody can answer an ask: it is rejected and the turn ends as
+    # ``agent_permission_rejected``). ``default``: OpenCode's own rules (it asks before touching a path
+    # outside the workdir, reading a ``.env`` file, or repeating one tool call three times) with edit
+    # and bash allowed; ``allow-all``: nothing is asked. Web fetches are denied either way.
+    permissions: Literal["default", "allow-all"] = "default"
     registry_url: str = "https://registry.npmjs.org"
     cache_dir: str | None = None
 

@@ -640,6 +640,10 @@ class Episode(EpisodeControl):
                     ],
                 )
             )
+        # -- issue 11 item 13 (runtime helper): a rejected permission that ended the turn is its own kind.
+        elif not finished and (rejected := self.harness.permission_failure()) is not None:
+            self.record_failure(rejected)
+        # -- end item 13
         elif not finished:
             self.record_failure(
                 FailureEvent(

@@ -16,6 +16,7 @@ from core.failures.model import (
     HttpDetails,
     ModelCallDetails,
     OomDetails,
+    PermissionDetails,
     VerificationDetails,
 )
 from core.failures.policy import (
@@ -54,6 +55,7 @@ __all__ = [
     "OomDetails",
     "OutcomePolicyConfig",
     "OutcomePolicyOverrides",
+    "PermissionDetails",
     "VerificationDetails",
     "check_kind",
     "classify",
