@@ -318,6 +318,11 @@ class SandboxConfig(_Model):
         return self
 
 
+# ``runtime.permissions`` profiles; what each means to OpenCode is core/runtime/opencode.py's
+# PERMISSION_PROFILES.
+PermissionProfile = Literal["default", "allow-all"]
+
+
 class RuntimeSettings(_Model):
     opencode_version: str = DEFAULT_OPENCODE_VERSION
     # ``serve``: OpenCode's server event stream (running commands' output and text live); ``run``:
@@ -327,7 +332,7 @@ class RuntimeSettings(_Model):
     # ``agent_permission_rejected``). ``default``: OpenCode's own rules (it asks before touching a path
     # outside the workdir, reading a ``.env`` file, or repeating one tool call three times) with edit
     # and bash allowed; ``allow-all``: nothing is asked. Web fetches are denied either way.
-    permissions: Literal["default", "allow-all"] = "default"
+    permissions: PermissionProfile = "default"
     registry_url: str = "https://registry.npmjs.org"
     cache_dir: str | None = None
 

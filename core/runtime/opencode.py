@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from core.artifacts import RunDir
-from core.config import AgentConfig, ModelSettings
+from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.runtime import transcript
@@ -52,7 +52,7 @@ OUTPUT_TOKEN_MAX_ENV = "OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX"
 # matching rule wins, so nothing is asked (what harnesses that skip permission prompts configure).
 # Never a web fetch, in either (later keys win).
 WEB_DENIED = {"webfetch": "deny"}
-PERMISSION_PROFILES: dict[str, dict[str, str]] = {
+PERMISSION_PROFILES: dict[PermissionProfile, dict[str, str]] = {
     "default": {"edit": "allow", "bash": "allow", **WEB_DENIED},
     "allow-all": {"*": "allow", **WEB_DENIED},
 }
@@ -113,7 +113,7 @@ def build_config(
     base_url: str,
     plugin_file: str | None,
     instructions_file: str | None,
-    permissions: str = "default",
+    permissions: PermissionProfile = "default",
 ) -> dict:
     """OpenCode's config: one provider (the recording proxy), independent context and output limits."""
     entry: dict[str, Any] = {

@@ -12,14 +12,15 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from pydantic import ValidationError
 
-from core.config import AgentConfig, ModelSettings
+from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, FailureRecorded, TerminalOutput, ToolCall
 from core.failures import DEFAULT_CLASSIFICATION, FailureClass, PermissionDetails, classify, is_registered
-from core.runtime.opencode import build_config
+from core.runtime.opencode import PERMISSION_PROFILES, build_config
 from core.runtime.stream import RunStreamTranslator
 
 DOCKER_IMAGE = "opencode-tui/base:bookworm"
@@ -39,6 +40,7 @@ RUN_STDERR_LINE = (
 
 def test_profiles_are_validated_and_become_opencode_permission_config():
     assert AgentConfig().runtime.permissions == "default"
+    assert set(PERMISSION_PROFILES) == set(get_args(PermissionProfile))
     with pytest.raises(ValidationError, match="allow-all"):
         AgentConfig.model_validate({"runtime": {"permissions": "yes"}})
     default = build_config(ModelSettings(), "http://x/v1", None, None)["permission"]
