@@ -328,11 +328,21 @@ class SandboxConfig(_Model):
         return self
 
 
+# ``runtime.permissions`` profiles; what each means to OpenCode is core/runtime/opencode.py's
+# PERMISSION_PROFILES.
+PermissionProfile = Literal["default", "allow-all"]
+
+
 class RuntimeSettings(_Model):
     opencode_version: str = DEFAULT_OPENCODE_VERSION
     # ``serve``: OpenCode's server event stream (running commands' output and text live); ``run``:
     # ``opencode run --format json`` (tool calls shown once finished), kept as a fallback.
     harness: Literal["serve", "run"] = "serve"
+    # What OpenCode may do without asking (nobody can answer an ask: it is rejected and the turn ends as
+    # ``agent_permission_rejected``). ``default``: OpenCode's own rules (it asks before touching a path
+    # outside the workdir, reading a ``.env`` file, or repeating one tool call three times) with edit
+    # and bash allowed; ``allow-all``: nothing is asked. Web fetches are denied either way.
+    permissions: PermissionProfile = "default"
     registry_url: str = "https://registry.npmjs.org"
     cache_dir: str | None = None
 

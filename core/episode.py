@@ -705,6 +705,7 @@ class Episode(EpisodeControl):
                 finished_cleanly=self.harness.finished_cleanly,
                 last_error=self.harness.last_error,
                 failed_model_call=failed_call.to_failure(FailureStage.AGENT) if failed_call else None,
+                permission_rejected=self.harness.permission_failure(),
                 run_budget_s=self.run_budget_s,
                 elapsed_s=self.durations.get("agent"),
                 memory_limit_bytes=self.task.limits.memory_bytes,

@@ -56,6 +56,8 @@ class AgentFacts(BaseModel):
     finished_cleanly: bool = False
     last_error: str | None = None
     failed_model_call: FailureEvent | None = None
+    # The harness's own account of a permission it asked for and had rejected (nobody can answer).
+    permission_rejected: FailureEvent | None = None
     run_budget_s: float
     elapsed_s: float | None = None
     memory_limit_bytes: int | None = None
@@ -141,6 +143,8 @@ def agent_failure(facts: AgentFacts) -> FailureEvent | None:
             message=_exit_words(receipt) + detail,
             evidence=receipt_evidence,
         )
+    if facts.permission_rejected is not None:
+        return facts.permission_rejected  # a rejected permission ended the turn: say which
     return FailureEvent(
         kind="agent_did_not_finish",
         stage=FailureStage.AGENT,

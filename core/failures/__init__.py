@@ -17,6 +17,7 @@ from core.failures.model import (
     ModelCallDetails,
     OomDetails,
     OomVictim,
+    PermissionDetails,
     VerificationDetails,
 )
 from core.failures.policy import (
@@ -58,6 +59,7 @@ __all__ = [
     "Outcome",
     "OutcomePolicyConfig",
     "OutcomePolicyOverrides",
+    "PermissionDetails",
     "VerificationDetails",
     "check_kind",
     "classify",

@@ -52,6 +52,7 @@ _REGISTRY: dict[str, str] = {
     "agent_did_not_finish": "OpenCode ended without a finished assistant turn",
     "agent_context_limit": "the conversation exhausted the model's context window",
     "agent_bootstrap_failed": "the supervisor or OpenCode could not be started",
+    "agent_permission_rejected": "OpenCode asked for a permission nobody could grant (e.g. a path outside the workdir); the rejection ended the turn",
     # model: the model endpoint as seen by the recording proxy
     "model_rate_limited": "the model endpoint answered 429",
     "model_server_error": "the model endpoint answered 5xx",

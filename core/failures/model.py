@@ -152,6 +152,17 @@ class ModelCallDetails(_Details):
     attempts: int = 1
 
 
+class PermissionDetails(_Details):
+    """A permission OpenCode asked for that nobody could grant (``agent_permission_rejected``)."""
+
+    detail_type: Literal["permission"] = "permission"
+    permission: str  # OpenCode's permission name, e.g. ``external_directory``
+    patterns: list[str] = Field(default_factory=list)  # what it was asked for, e.g. ``/etc/*``
+    profile: str  # ``runtime.permissions`` in effect
+    call_id: str | None = None  # the tool call that asked, when known
+    rejected_total: int = 1  # rejections in the run (the first one is named above)
+
+
 class GenericDetails(_Details):
     detail_type: Literal["generic"] = "generic"
     data: dict[str, Any] = Field(default_factory=dict)
@@ -165,6 +176,7 @@ FailureDetails = Annotated[
     | CleanupDetails
     | VerificationDetails
     | ModelCallDetails
+    | PermissionDetails
     | GenericDetails,
     Field(discriminator="detail_type"),
 ]

@@ -155,6 +155,10 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "agent_timeout@agent": FailureClass.MODEL,
         "agent_context_limit": FailureClass.MODEL,
         "agent_did_not_finish": FailureClass.MODEL,
+        # The agent's own tool call needed what the run's permission profile does not grant (the profile
+        # is part of the task's rules, as the time budget is); a task that needs it is run with
+        # ``runtime.permissions: allow-all``.
+        "agent_permission_rejected": FailureClass.MODEL,
         "agent_nonzero_exit": FailureClass.UNKNOWN,
         "model_rate_limited": FailureClass.EVALUATION,
         "model_server_error": FailureClass.EVALUATION,

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from core.artifacts import RunDir
-from core.config import AgentConfig, ModelSettings
+from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, TerminalOutput, TranscriptStats
+from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.runtime import transcript
-from core.runtime.stream import RunStreamTranslator, ServeStreamTranslator
+from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
 from core.sandbox.tarsafe import safe_extract, tree_tar
 from core.tasks import Task, render_prompt
@@ -39,9 +40,22 @@ OPENCODE_ENV = {
     "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
 }
 
-# Applied whatever the model provider: the agent may edit and run commands in its sandbox without
-# asking (nobody is there to answer), but never fetch the web.
-DEFAULT_PERMISSIONS = {"edit": "allow", "bash": "allow", "webfetch": "deny"}
+# OpenCode sends ``max_tokens = min(limit.output, this or 32000)`` (agent, title and compaction calls
+# alike; it also reserves that much of the context window before compacting). Set to the configured
+# output cap so the cap reaches the wire unclamped.
+OUTPUT_TOKEN_MAX_ENV = "OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX"
+
+# OpenCode's ``permission`` config per ``runtime.permissions`` profile, whatever the model provider.
+# ``default``: the agent may edit and run commands in its sandbox without asking (nobody is there to
+# answer); OpenCode's other asks stay (external_directory, doom_loop, reading ``.env`` files) and are
+# rejected. ``allow-all``: ``"*": "allow"`` — OpenCode merges the user's rules after its own and the last
+# matching rule wins, so nothing is asked (what harnesses that skip permission prompts configure).
+# Never a web fetch, in either (later keys win).
+WEB_DENIED = {"webfetch": "deny"}
+PERMISSION_PROFILES: dict[PermissionProfile, dict[str, str]] = {
+    "default": {"edit": "allow", "bash": "allow", **WEB_DENIED},
+    "allow-all": {"*": "allow", **WEB_DENIED},
+}
 
 
 @dataclass(frozen=True)
@@ -95,7 +109,11 @@ class RuntimeLayout:
 
 
 def build_config(
-    model: ModelSettings, base_url: str, plugin_file: str | None, instructions_file: str | None
+    model: ModelSettings,
+    base_url: str,
+    plugin_file: str | None,
+    instructions_file: str | None,
+    permissions: PermissionProfile = "default",
 ) -> dict:
     """OpenCode's config: one provider (the recording proxy), independent context and output limits."""
     entry: dict[str, Any] = {
@@ -124,7 +142,7 @@ def build_config(
                 "models": {model.name: entry},
             }
         },
-        "permission": dict(DEFAULT_PERMISSIONS),
+        "permission": dict(PERMISSION_PROFILES[permissions]),
     }
     if plugin_file:
         cfg["plugin"] = [f"file://{plugin_file}"]
@@ -162,7 +180,13 @@ class OpenCodeHarness:
 
     def config_dict(self) -> dict:
         instructions = self.layout.instructions_file if self.task.instructions else None
-        return build_config(self.config.model, self.base_url, self.layout.plugin_file, instructions)
+        return build_config(
+            self.config.model,
+            self.base_url,
+            self.layout.plugin_file,
+            instructions,
+            self.config.runtime.permissions,
+        )
 
     def staged_files(self) -> dict[str, tuple[bytes | None, int]]:
         """Everything OpenCode needs in the session dir, relative to it (``None``: a directory)."""
@@ -227,6 +251,7 @@ class OpenCodeHarness:
             **self.layout.xdg,
             **OPENCODE_ENV,
             "OPENCODE_CONFIG": self.layout.config_file,
+            OUTPUT_TOKEN_MAX_ENV: str(self.config.model.output_cap),
             "PATH": f"{self.layout.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "TERM": "xterm-256color",
             "LANG": "C.UTF-8",
@@ -266,13 +291,52 @@ class OpenCodeHarness:
     def last_error(self) -> str | None:
         return self._stream.last_error
 
+    @property
+    def rejected_permissions(self) -> list[RejectedPermission]:
+        """Permissions OpenCode asked for and nobody granted, in order (serve: live; run: from its
+        stderr log once collected)."""
+        return list(self._stream.rejected_permissions)
+
+    def permission_failure(self) -> FailureEvent | None:
+        """``agent_permission_rejected`` for the first rejected permission (OpenCode ends the turn after
+        a rejection), or None when nothing was rejected."""
+        rejected = self._stream.rejected_permissions
+        if not rejected:
+            return None
+        first, profile = rejected[0], self.config.runtime.permissions
+        more = f" ({len(rejected)} permission requests rejected in all)" if len(rejected) > 1 else ""
+        return FailureEvent(
+            kind="agent_permission_rejected",
+            stage=FailureStage.AGENT,
+            operation="run opencode",
+            message=f"OpenCode asked for permission {first.describe()}; nobody can answer, so it was "
+            f"rejected and the turn ended{more}. Permission profile: runtime.permissions = {profile}"
+            + ("; allow-all lets the agent proceed without asking" if profile == "default" else ""),
+            details=PermissionDetails(
+                permission=first.permission,
+                patterns=first.patterns,
+                profile=profile,
+                call_id=first.call_id,
+                rejected_total=len(rejected),
+            ),
+            evidence=[
+                Evidence(
+                    source="opencode.permission.asked" if self.mode == "serve" else "opencode.run.stderr",
+                    scope=r.session_id,
+                    data=r.model_dump(exclude_none=True),
+                )
+                for r in rejected
+            ],
+        )
+
     # ---- after confirmed cleanup ----
     async def collect(self, sandbox: Sandbox, run_dir: RunDir) -> None:
         """Bring OpenCode's database files and the supervisor log into the run directory."""
         dest = run_dir.sub("opencode")
         try:
-            log = await sandbox.download_file(self.layout.output_log)
-            run_dir.write_text("opencode/output.log", log.decode("utf-8", "replace"))
+            log = (await sandbox.download_file(self.layout.output_log)).decode("utf-8", "replace")
+            run_dir.write_text("opencode/output.log", log)
+            self._stream.feed_log(log)
         except (SandboxError, FileNotFoundError):
             pass
         archive = await sandbox.download_tar(self.layout.data_dir)

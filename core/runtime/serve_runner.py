@@ -258,7 +258,18 @@ def drive(server, prompt):
         if etype == "permission.asked":
             # Nobody can answer: reject, as ``opencode run`` does without its skip flag.
             server.request("POST", f"/permission/{props.get('id')}/reply", {"reply": "reject"})
-            note("permission_rejected", id=props.get("id"), permission=props.get("permission"))
+            # What was asked for, so the engine can name it in the failure: the permission, its path
+            # patterns (e.g. ``/etc/*`` for ``external_directory``), the tool call and the session.
+            tool = props.get("tool") if isinstance(props.get("tool"), dict) else {}
+            note(
+                "permission_rejected",
+                id=props.get("id"),
+                permission=props.get("permission"),
+                patterns=props.get("patterns") if isinstance(props.get("patterns"), list) else [],
+                metadata=props.get("metadata") if isinstance(props.get("metadata"), dict) else {},
+                callID=tool.get("callID"),
+                sessionID=owner,
+            )
         elif etype == "question.asked":
             server.request("POST", f"/question/{props.get('id')}/reject", {})
             note("question_rejected", id=props.get("id"))

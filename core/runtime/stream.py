@@ -1,6 +1,7 @@
 """OpenCode's machine-readable stdout turned into engine events and the terminal a person would have seen.
 
-Two sources, one contract (``feed``/``close``, ``finished_cleanly``, ``last_error``):
+Two sources, one contract (``feed``/``close``, ``finished_cleanly``, ``last_error``,
+``rejected_permissions``):
 
 - :class:`ServeStreamTranslator` reads the server event stream relayed by ``serve_runner.py``: a running
   bash command's output appears as it is produced, assistant text as it is generated;
@@ -15,8 +16,11 @@ knows from the start that the engine renders the transcript.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
 
@@ -38,8 +42,33 @@ CYAN = "\x1b[36m"
 PROMPT = "\x1b[1;32m"
 
 
+# ``opencode run`` (1.18.32) reports a permission it auto-rejects on its stderr, which the supervisor
+# appends to output.log: ``! permission requested: external_directory (/etc/*); auto-rejecting``.
+RUN_REJECTION = re.compile(r"permission requested: (?P<permission>\S+) \((?P<patterns>.*)\); auto-rejecting")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def display(text: str) -> TerminalOutput:
     return TerminalOutput(stream="display", data=text)
+
+
+class RejectedPermission(BaseModel):
+    """A permission OpenCode asked for and nobody could grant (the runner, or ``opencode run``, rejected
+    it). OpenCode ends the turn after a rejection, so this is usually why a run did not finish."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    permission: str  # e.g. ``external_directory``, ``doom_loop``, ``read`` (a ``.env`` file)
+    patterns: list[str] = Field(default_factory=list)  # what it was for, e.g. ``/etc/*``
+    metadata: dict[str, Any] = Field(default_factory=dict)  # e.g. ``filepath`` (serve only)
+    call_id: str | None = None  # the tool call that asked (serve only)
+    session_id: str | None = None  # the session (or sub-agent session) that asked (serve only)
+
+    def describe(self) -> str:
+        """``external_directory`` for /etc/* (/etc/hostname): one line for messages and the display."""
+        where = f" for {', '.join(self.patterns)}" if self.patterns else ""
+        path = self.metadata.get("filepath")
+        return f"`{self.permission}`{where}" + (f" ({path})" if isinstance(path, str) and path else "")
 
 
 class _Translator:
@@ -50,6 +79,7 @@ class _Translator:
         self._buf = b""
         self.finished_cleanly = False
         self.last_error: str | None = None
+        self.rejected_permissions: list[RejectedPermission] = []
 
     def feed(self, data: bytes) -> list[Event]:
         self._buf += data
@@ -73,6 +103,18 @@ class _Translator:
 
     def _event(self, obj: dict[str, Any]) -> list[Event]:
         raise NotImplementedError
+
+    def _rejected(self, rejected: RejectedPermission) -> None:
+        self.rejected_permissions.append(rejected)
+        # OpenCode ends the turn after a rejection: if the run fails, this is why.
+        self.last_error = (
+            f"OpenCode asked for permission {rejected.describe()}; nobody can answer, so it was rejected"
+        )
+
+    def feed_log(self, text: str) -> None:
+        """OpenCode's stderr log, once collected. Nothing to take from it by default: the serve runner
+        reports rejected permissions on stdout; ``opencode run`` only on stderr (see its override)."""
+        del text
 
     def _error(self, message: Any) -> list[Event]:
         self.last_error = str(message)[:2000]
@@ -143,6 +185,13 @@ class RunStreamTranslator(_Translator):
     def __init__(self, workdir: str) -> None:
         super().__init__(workdir)
         self._headed = False
+
+    def feed_log(self, text: str) -> None:
+        for line in text.splitlines():
+            found = RUN_REJECTION.search(ANSI.sub("", line))
+            if found:
+                patterns = [p for p in found.group("patterns").split(", ") if p]
+                self._rejected(RejectedPermission(permission=found.group("permission"), patterns=patterns))
 
     def _event(self, obj: dict[str, Any]) -> list[Event]:
         etype = str(obj.get("type", "unknown"))
@@ -222,10 +271,18 @@ class ServeStreamTranslator(_Translator):
         elif etype == "session.compacted" and self._main(props.get("sessionID")):
             events.append(display(f"{DIM}── context compacted ──{RESET}\n"))
         elif etype == "runner.permission_rejected":
-            what = props.get("permission") or "?"
-            # OpenCode ends the turn after a rejection: if the run fails, this is why.
-            self.last_error = f"OpenCode asked for permission `{what}`; nobody can answer, so it was rejected"
-            events.append(display(f"{YELLOW}! permission requested: {what}; auto-rejected{RESET}\n"))
+            patterns = props.get("patterns")
+            metadata = props.get("metadata")
+            rejected = RejectedPermission(
+                permission=str(props.get("permission") or "?"),
+                patterns=[str(p) for p in patterns] if isinstance(patterns, list) else [],
+                metadata=metadata if isinstance(metadata, dict) else {},
+                call_id=props.get("callID") if isinstance(props.get("callID"), str) else None,
+                session_id=props.get("sessionID") if isinstance(props.get("sessionID"), str) else None,
+            )
+            self._rejected(rejected)
+            shown = rejected.describe().replace("`", "")
+            events.append(display(f"{YELLOW}! permission requested: {shown}; auto-rejected{RESET}\n"))
         elif etype == "runner.error":
             events += self._error(f"runner: {props.get('message')}")
         elif etype == "runner.stream_error":  # the runner reconnects; events in between are lost

@@ -309,6 +309,19 @@ ROWS: dict[str, Row] = {
         rule="unknown",
         exit=ExitCode.INFRA,
     ),
+    "a rejected permission ended the turn: its own kind, model class": Row(
+        agent=agent(
+            finished_cleanly=False,
+            permission_rejected=failure("agent_permission_rejected", FailureStage.AGENT),
+        ),
+        verifier=verifier(1),
+        outcome=Outcome.COUNT_AS_ZERO,
+        reward=0.0,
+        kind="agent_permission_rejected",
+        stage="agent",
+        rule="model",
+        exit=ExitCode.MODEL_FAILURE,
+    ),
     # ---- cleanup, refusal, cancel, nothing -----------------------------------------------------
     "cleanup unconfirmed alone: unknown, exit 4": Row(
         after=[failure("cleanup_unconfirmed", FailureStage.CLOSING)],

@@ -102,7 +102,7 @@ async def test_permission_nobody_can_give_ends_the_turn_and_says_why(task_copy, 
     """``question`` is denied by the session's rules (not offered; a call to it is answered as an invalid
     tool and the turn goes on). A read outside the workdir asks for ``external_directory``, which would
     wait forever for a human in a bare server: the runner rejects it as ``opencode run`` does, OpenCode
-    ends the turn, and the failure names the cause."""
+    ends the turn, and the failure (``agent_permission_rejected``) names the permission and its pattern."""
     steps = [
         {
             "tool_calls": [
@@ -116,13 +116,17 @@ async def test_permission_nobody_can_give_ends_the_turn_and_says_why(task_copy, 
     ep = episode_on(task_copy(trajectory=steps))
     seen = _record(ep)
     result = await ep.run()
-    assert (result.failure_kind, result.failure_stage) == ("agent_did_not_finish", "agent"), result.summary
-    assert "permission `external_directory`" in _failure_message(seen)
+    assert (result.failure_kind, result.failure_stage) == ("agent_permission_rejected", "agent"), (
+        result.summary
+    )
+    assert "permission `external_directory` for /etc/* (/etc/hostname)" in _failure_message(seen)
     final = {e.tool: e for _, e in seen if isinstance(e, ToolCall) and e.status != "running"}
     assert "question" not in final and final["invalid"].status == "completed"  # not offered: not run
     assert final["write"].status == "completed"
     assert final["read"].status == "error" and "rejected" in (final["read"].output or "")
-    assert "permission requested: external_directory; auto-rejected" in _display(seen)
+    assert "permission requested: external_directory for /etc/* (/etc/hostname); auto-rejected" in _display(
+        seen
+    )
     assert result.durations_s["agent"] < 60
 
 

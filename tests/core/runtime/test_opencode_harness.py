@@ -34,15 +34,22 @@ def _calls(result) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.bwrap
-async def test_max_tokens_follows_the_output_cap_on_the_wire(task_copy, episode_on):
-    ep = episode_on(task_copy(), model={"output_cap": 1024})
+@pytest.mark.parametrize(
+    ("cap", "harness"),
+    [(1024, "serve"), (32768, "serve"), (65536, "serve"), (65536, "run")],
+)
+async def test_max_tokens_follows_the_output_cap_on_the_wire(task_copy, episode_on, cap, harness):
+    """OpenCode clamps ``max_tokens`` to 32,000 unless OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX says more:
+    the configured cap, above and below that clamp, is what every request carries (title included)."""
+    ep = episode_on(task_copy(), model={"output_cap": cap}, runtime={"harness": harness})
     result = await ep.run()
-    assert result.action == "scored"
-    agent = [c for c in _calls(result) if c["kind"] == "agent"]
+    assert result.action == "scored", result.summary
+    calls = _calls(result)
     sent = {
-        c["request_body"].get("max_tokens") or c["request_body"].get("max_completion_tokens") for c in agent
+        (c["kind"], c["request_body"].get("max_tokens") or c["request_body"].get("max_completion_tokens"))
+        for c in calls
     }
-    assert sent == {1024}
+    assert sent == {("agent", cap), ("title", cap)}, sent
     config = json.loads((Path(result.run_dir) / "run.json").read_text())["config"]
     assert config["model"]["context_window"] == 262144
 
