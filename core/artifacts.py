@@ -63,6 +63,8 @@ class RunInfo(BaseModel):
     phase_durations_s: dict[str, float] = Field(default_factory=dict)
     outcome: OutcomeSummary | None = None
     counts: dict[str, Any] = Field(default_factory=dict)
+    # A person used a shell in the sandbox before verification finished (see ShellOpened).
+    human_intervened: bool = False
 
     @property
     def duration_s(self) -> float | None:
@@ -91,12 +93,22 @@ class CastWriter:
         self._f.write(json.dumps(header) + "\n")
 
     def output(self, text: str, at: float | None = None) -> None:
+        self._write("o", text, at)
+
+    def input(self, text: str, at: float | None = None) -> None:
+        """What a person typed (asciinema's "i" events), for shells a human used."""
+        self._write("i", text, at)
+
+    def _write(self, code: str, text: str, at: float | None) -> None:
         t = time.monotonic() - self._t0 if at is None else at
-        self._f.write(json.dumps([round(t, 6), "o", redact_text(text)]) + "\n")
+        self._f.write(json.dumps([round(t, 6), code, redact_text(text)]) + "\n")
         self._f.flush()
 
     def close(self) -> None:
         self._f.close()
+
+
+SHELLS_DIR = "shells"  # the casts of shells a person opened in the sandbox
 
 
 class RunDir:
@@ -122,6 +134,8 @@ class RunDir:
         if self._secrets or _might_hold_secret(line):
             line = json.dumps(redact(json.loads(line), self._secrets), separators=(",", ":"))
         with self._lock:
+            if self._events.closed:  # a post-mortem shell on a kept sandbox, after the run ended
+                self._events = (self.path / "events.jsonl").open("a", encoding="utf-8")
             self._events.write(line + "\n")
             self._events.flush()
 
@@ -129,6 +143,12 @@ class RunDir:
         if self._cast is None:
             self._cast = CastWriter(self.path / "terminal.cast")
         return self._cast
+
+    def shell_cast(self, n: int, width: int, height: int) -> tuple[str, CastWriter]:
+        """A new recording for the n-th shell a person opened: (its name in the run dir, the writer)."""
+        name = f"{SHELLS_DIR}/shell-{n}.cast"
+        make_private_dir(self.path / SHELLS_DIR)
+        return name, CastWriter(self.path / name, width, height)
 
     def write_json(self, name: str, obj: Any) -> Path:
         if isinstance(obj, BaseModel):

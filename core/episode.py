@@ -33,6 +33,8 @@ from core.events import (
     Phase,
     PhaseChanged,
     SandboxReady,
+    ShellClosed,
+    ShellOpened,
     StepState,
     TerminalOutput,
     ToolCall,
@@ -78,6 +80,7 @@ from core.sandbox.base import (
     default_owner,
 )
 from core.session import CleanupUnconfirmed, SandboxSession
+from core.shells import RecordedShell
 from core.tasks import Task
 from core.tokens import token_totals
 
@@ -116,6 +119,7 @@ class EpisodeResult(BaseModel):
     previous_attempts: list[str] = Field(default_factory=list)
     resumed: bool = False
     started: bool = True  # false: a queued episode a cancelled batch never started
+    human_intervened: bool = False  # a person used a shell in the sandbox before verification finished
     sandbox_kept: bool = False
 
     @property
@@ -172,6 +176,8 @@ class Episode(EpisodeControl):
         self._destroyed_in_hurry = False
         self.cleanup_proof: CleanupProof | None = None
         self._last_command: str | None = None  # the agent's last bash command (for the record)
+        self._shells = 0
+        self.human_intervened = False
         self._agent_task: asyncio.Task[Any] | None = None
         self._verify_task: asyncio.Task[Any] | None = None
         self._done = asyncio.Event()
@@ -254,9 +260,50 @@ class Episode(EpisodeControl):
         self._keep = keep
 
     async def open_shell(self, cols: int = 80, rows: int = 24) -> PtyHandle:
+        """A recorded shell; opened before verification has finished, it marks the sample."""
         if self.sandbox is None or (self.session is not None and self.session.released):
             raise SandboxClosedError("the sandbox is not available (not created yet, or already released)")
-        return await self.sandbox.pty(["/bin/bash", "-l"], cols=cols, rows=rows, cwd=self.task.workdir)
+        handle = await self.sandbox.pty(["/bin/bash", "-l"], cols=cols, rows=rows, cwd=self.task.workdir)
+        assert self.run_dir is not None
+        self._shells += 1
+        n, phase = self._shells, self._phase
+        marks = phase not in (Phase.RELEASE, Phase.DONE)
+        cast_name, cast = self.run_dir.shell_cast(n, cols, rows)
+        self.emit(ShellOpened(shell=n, phase=phase, marks_sample=marks, cast=cast_name))
+        if marks:
+            self._human_intervened(phase)
+
+        def closed(duration_s: float, bytes_in: int, bytes_out: int) -> None:
+            self.emit(ShellClosed(shell=n, duration_s=duration_s, bytes_in=bytes_in, bytes_out=bytes_out))
+
+        return RecordedShell(handle, cast, closed)
+
+    def _human_intervened(self, phase: Phase) -> None:
+        """Once per episode: the run.json flag, and a failure (or, if the policy scores such runs, a
+        warning) so the outcome cannot be a clean sample without saying so."""
+        if self.human_intervened:
+            return
+        self.human_intervened = True
+        if self.info is not None and self.run_dir is not None:
+            self.info.human_intervened = True
+            self.run_dir.write_run_info(self.info)
+        message = f"a person opened a shell in the sandbox during {phase.value}, before verification finished"
+        if self.policy.score_human_intervened:
+            self.emit(
+                Warning_(
+                    code="human_intervened",
+                    message=f"{message}; scored anyway (policy.score_human_intervened)",
+                )
+            )
+            return
+        self.record_failure(
+            FailureEvent(
+                kind="human_intervened",
+                stage=self._stage_of(phase),
+                operation="interactive shell",
+                message=message,
+            )
+        )
 
     async def wait(self) -> EpisodeResult:
         await self._done.wait()
@@ -899,6 +946,7 @@ class Episode(EpisodeControl):
             exit_code=verdict.exit_code,
             durations_s=dict(self.durations),
             sandbox_kept=self._keep and self.sandbox is not None,
+            human_intervened=self.human_intervened,
             run_dir=str(self.run_dir.path),
             summary=verdict.summary,
         )

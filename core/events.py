@@ -211,6 +211,26 @@ class TranscriptStats(_Event):
     tokens_reasoning: int | None = None
 
 
+class ShellOpened(_Event):
+    """A person opened a shell in the sandbox. Before verification has finished this marks the
+    sample (``marks_sample``): what a hand did in the sandbox can change the grade."""
+
+    type: Literal["shell_opened"] = "shell_opened"
+    shell: int
+    phase: Phase
+    marks_sample: bool
+    cast: str  # its terminal recording, relative to the run directory
+    user: str | None = None
+
+
+class ShellClosed(_Event):
+    type: Literal["shell_closed"] = "shell_closed"
+    shell: int
+    duration_s: float
+    bytes_in: int
+    bytes_out: int
+
+
 class OutcomeDecided(_Event):
     type: Literal["outcome"] = "outcome"
     action: Outcome
@@ -237,6 +257,8 @@ Event = Annotated[
     | FailureRecovered
     | VerificationFinished
     | TranscriptStats
+    | ShellOpened
+    | ShellClosed
     | OutcomeDecided,
     Field(discriminator="type"),
 ]

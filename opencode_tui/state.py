@@ -27,6 +27,7 @@ from core.events import (
     OutcomeDecided,
     PhaseChanged,
     SandboxReady,
+    ShellOpened,
     TerminalOutput,
     ToolCall,
     TranscriptStats,
@@ -62,6 +63,7 @@ class RunState:
     verification: VerificationFinished | None = None
     transcript: TranscriptStats | None = None
     outcome: OutcomeDecided | None = None
+    shells: list[ShellOpened] = field(default_factory=list)
     first_ts: datetime | None = None
     last_ts: datetime | None = None
     events: int = 0
@@ -143,8 +145,15 @@ class RunState:
             self.transcript = ev
         elif isinstance(ev, OutcomeDecided):
             self.outcome = ev
+        elif isinstance(ev, ShellOpened):
+            self.shells.append(ev)
 
     # -- derived values ------------------------------------------------------------------------
+
+    @property
+    def human_intervened(self) -> bool:
+        """A person used a shell before verification finished (run.json says so for old runs too)."""
+        return any(s.marks_sample for s in self.shells) or bool(self.info and self.info.human_intervened)
 
     @property
     def task_id(self) -> str | None:

@@ -71,6 +71,7 @@ _REGISTRY: dict[str, str] = {
     "verification_inconclusive": "the verifier ran but its result could not be read",
     # lifecycle
     "run_cancelled": "the run was cancelled by the user",
+    "human_intervened": "a person used a shell in the sandbox before verification finished",
 }
 
 _warned: set[str] = set()

@@ -97,6 +97,9 @@ class OutcomePolicyConfig(BaseModel):
     # When retries are exhausted, the action falls through to the next precedence level.
     max_retries: dict[str, int] = Field(default_factory=dict)
     oom_survived: Action = Action.COUNT_AS_ZERO
+    # A shell a person used before verification finished: not a clean sample unless this says so
+    # (the record still says a human intervened, and that it was scored anyway).
+    score_human_intervened: bool = False
 
     @field_validator("http_status")
     @classmethod
@@ -137,6 +140,7 @@ class OutcomePolicyOverrides(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1, le=100)
     max_retries: dict[str, int] | None = None
     oom_survived: Action | None = None
+    score_human_intervened: bool | None = None
 
     @model_validator(mode="after")
     def _validate_tables(self) -> OutcomePolicyOverrides:
@@ -192,6 +196,7 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "agent_context_limit": Action.COUNT_AS_ZERO,
         "cleanup_unconfirmed": Action.KEEP_UNKNOWN,
         "supervisor_lost": Action.KEEP_UNKNOWN,
+        "human_intervened": Action.KEEP_UNKNOWN,
         "run_cancelled": Action.STOP,
         "task_invalid": Action.STOP,
         "config_invalid": Action.STOP,
@@ -221,6 +226,11 @@ def merged(base: OutcomePolicyConfig, overrides: OutcomePolicyOverrides | None) 
         max_attempts=overrides.max_attempts or base.max_attempts,
         max_retries={**base.max_retries, **(overrides.max_retries or {})},
         oom_survived=overrides.oom_survived or base.oom_survived,
+        score_human_intervened=(
+            base.score_human_intervened
+            if overrides.score_human_intervened is None
+            else overrides.score_human_intervened
+        ),
     )
 
 

@@ -17,7 +17,17 @@ from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.feeds import run_rows
 
-COLUMNS = ("run", "task", "outcome", "reward", "failure kind", "duration", "started (UTC)")
+COLUMNS = (
+    "run",
+    "task",
+    "outcome",
+    "reward",
+    "failure kind",
+    "cleanup",
+    "human",
+    "duration",
+    "started (UTC)",
+)
 
 
 class RunsTable(DataTable):
@@ -51,7 +61,11 @@ class RunsScreen(Screen[None]):
         colors = self.app.theme_variables
         for path, info in self.rows:
             if info is None:
-                table.add_row(Text(path.name), Text("run.json unreadable", style="italic"), *[Text("")] * 5)
+                table.add_row(
+                    Text(path.name),
+                    Text("run.json unreadable", style="italic"),
+                    *[Text("")] * (len(COLUMNS) - 2),
+                )
                 continue
             out = info.outcome
             action = out.action if out else "running/unknown"
@@ -62,6 +76,8 @@ class RunsScreen(Screen[None]):
                 Text(action, style=style if out else "italic"),
                 Text(fmt.DASH if not out or out.reward is None else f"{out.reward:g}", justify="right"),
                 Text((out.failure_kind if out else None) or fmt.DASH),
+                _cleanup_cell(info),
+                Text("yes", style=colors.get("error", "")) if info.human_intervened else Text(""),
                 Text(fmt.duration(info.duration_s), justify="right"),
                 Text(info.started_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")),
             )
@@ -88,3 +104,14 @@ class RunsScreen(Screen[None]):
         from opencode_tui.screens.run import RunScreen
 
         self.app.push_screen(RunScreen(run_dir=self.rows[row][0], from_browser=True))
+
+
+def _cleanup_cell(info: RunInfo) -> Text:
+    """✓ with the proof (receipt, destroyed, nothing launched), ✗ when unconfirmed, blank while unknown."""
+    confirmed = info.counts.get("cleanup_confirmed")
+    if confirmed is None:
+        return Text(fmt.DASH)
+    if not confirmed:
+        return Text("✗ unconfirmed")
+    proof = str(info.counts.get("cleanup_proof") or "receipt").replace("_", " ")
+    return Text(f"✓ {proof}")

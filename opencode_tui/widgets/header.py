@@ -49,9 +49,10 @@ class RunHeader(Panel):
         else:
             outcome = ""
         keep_text = "" if keep is None else f" · keep sandbox: {'on' if keep else 'off'}"
+        human = " · [b $error]human intervened[/]" if state.human_intervened else ""
         style = _PHASE_STYLE.get(phase_state, "$foreground")
         line2 = Content.from_markup(
-            f"phase [b {style}]$phase[/] $pstate · elapsed $elapsed / $budget$outcome · [b]$mode[/]$keep",
+            f"phase [b {style}]$phase[/] $pstate · elapsed $elapsed / $budget$outcome{human} · [b]$mode[/]$keep",
             phase=phase_name,
             pstate=phase_state,
             elapsed=fmt.duration(elapsed),
