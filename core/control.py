@@ -50,6 +50,16 @@ class EpisodeControl(abc.ABC):
 
         ``by`` is what asked (``user``, or a signal name); a second call hurries the close."""
 
+    @property
+    @abc.abstractmethod
+    def kept(self) -> bool:
+        """Whether the sandbox will be (or was) kept after the run: the one source of truth."""
+
+    @property
+    @abc.abstractmethod
+    def keep_changeable(self) -> bool:
+        """False once the release has started: the sandbox's fate is then decided."""
+
     @abc.abstractmethod
     def keep_sandbox(self, keep: bool = True) -> None:
         """Keep (or stop keeping) the sandbox after the run for debugging instead of destroying it."""

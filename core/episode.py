@@ -177,6 +177,7 @@ class Episode(EpisodeControl):
         self.cleanup_proof: CleanupProof | None = None
         self._last_command: str | None = None  # the agent's last bash command (for the record)
         self._shells = 0
+        self._release_started = False
         self.human_intervened = False
         self._agent_task: asyncio.Task[Any] | None = None
         self._verify_task: asyncio.Task[Any] | None = None
@@ -256,7 +257,18 @@ class Episode(EpisodeControl):
                     Warning_(code="hurry_release_failed", message=f"could not destroy the sandbox: {exc}")
                 )
 
+    @property
+    def kept(self) -> bool:
+        return self._keep
+
+    @property
+    def keep_changeable(self) -> bool:
+        return not self._release_started
+
     def keep_sandbox(self, keep: bool = True) -> None:
+        if self._release_started and keep != self._keep:
+            state = "kept" if self._keep else "released"
+            raise SandboxClosedError(f"the sandbox was already {state}; keep can no longer change")
         self._keep = keep
 
     async def open_shell(self, cols: int = 80, rows: int = 24) -> PtyHandle:
@@ -864,6 +876,7 @@ class Episode(EpisodeControl):
             self.record_failure(verdict.failure)
 
     async def _release(self) -> None:
+        self._release_started = True
         if self.sandbox is None:
             return
         if self._keep:

@@ -98,7 +98,7 @@ class OpenCodeTUI(App[None]):
         self._run_ended = asyncio.Event()
         self.episode_done = control is None
         self.quitting = False
-        self.keep = False
+        self.keep = control.kept if control is not None else False  # --keep-sandbox shows as on
         self._queue: asyncio.Queue[Event] | None = None
         if control is not None:
             try:
@@ -340,6 +340,12 @@ class OpenCodeTUI(App[None]):
     def toggle_keep(self, screen: RunScreen) -> None:
         if self.control is None:
             self.notify("Replay: there is no sandbox to keep.", timeout=3)
+            return
+        if not self.control.keep_changeable:
+            self.keep = self.control.kept
+            state = "kept" if self.keep else "released"
+            self.notify(f"The sandbox was already {state}; keep can no longer change.", timeout=4)
+            screen.refresh_bindings()
             return
         self.keep = not self.keep
         try:

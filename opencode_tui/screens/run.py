@@ -545,6 +545,9 @@ class RunScreen(Screen[None]):
             return False
         if action == "back":
             return self.from_browser or self.play_source is not None
+        if action == "toggle_keep":
+            control = getattr(self.app, "control", None)
+            return None if control is not None and not control.keep_changeable else True  # None: greyed
         return True
 
     def action_open_shell(self) -> None:

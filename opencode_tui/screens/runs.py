@@ -76,10 +76,10 @@ class RunsScreen(Screen[None]):
                 Text(action, style=style if out else "italic"),
                 Text(fmt.DASH if not out or out.reward is None else f"{out.reward:g}", justify="right"),
                 Text((out.failure_kind if out else None) or fmt.DASH),
-                _cleanup_cell(info),
-                Text("yes", style=colors.get("error", "")) if info.human_intervened else Text(""),
                 Text(fmt.duration(info.duration_s), justify="right"),
                 Text(info.started_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")),
+                _cleanup_cell(info),
+                Text("yes", style=colors.get("error", "")) if info.human_intervened else Text(""),
             )
         self.query_one("#runs-title", Static).update(
             Content.from_markup(

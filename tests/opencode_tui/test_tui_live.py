@@ -132,9 +132,17 @@ class EngineDouble(EpisodeControl):
     def running(self) -> bool:
         return not self._done.is_set()
 
-    async def cancel(self) -> None:
+    async def cancel(self, by: str = "user") -> None:
         self.cancel_calls += 1
         self._cancel.set()
+
+    @property
+    def kept(self) -> bool:
+        return bool(self.keep_calls and self.keep_calls[-1])
+
+    @property
+    def keep_changeable(self) -> bool:
+        return self.running
 
     def keep_sandbox(self, keep: bool = True) -> None:
         self.keep_calls.append(keep)
