@@ -170,7 +170,6 @@ class Episode(EpisodeControl):
         self.session: SandboxSession | None = None
         self.failures: list[RecordedFailure] = []
         self._keep = config.sandbox.keep_sandbox
-        self._cancel_requested = False
         self._cancel: CancelRequest | None = None
         self._graceful_stop: asyncio.Future[Any] | None = None
         self._destroyed_in_hurry = False
@@ -216,7 +215,6 @@ class Episode(EpisodeControl):
             await self._hurry(by)
             return
         self._cancel = CancelRequest(by=by, phase=self._phase)
-        self._cancel_requested = True
         self.emit(
             Warning_(
                 code="cancel_requested",
@@ -228,12 +226,19 @@ class Episode(EpisodeControl):
         if self._phase is Phase.AGENT and launched:
             assert self.session is not None
             self._graceful_stop = asyncio.ensure_future(self.session.finalize())
-            self._graceful_stop.add_done_callback(_consume_exception)
+            self._graceful_stop.add_done_callback(self._after_graceful_stop)
         elif self._phase in (Phase.ADMISSION, Phase.SEED, Phase.INSTALL, Phase.AGENT):
             if self._agent_task is not None and not self._agent_task.done():
                 self._agent_task.cancel()
         elif self._verify_task is not None and not self._verify_task.done():
             self._verify_task.cancel()
+
+    def _after_graceful_stop(self, stop: asyncio.Future[Any]) -> None:
+        """The supervisor could not confirm the stop: stop waiting for the harness's exec (it may
+        never end by itself); the close records the unconfirmed cleanup."""
+        failed = stop.cancelled() or stop.exception() is not None
+        if failed and self._agent_task is not None and not self._agent_task.done():
+            self._agent_task.cancel()
 
     async def _hurry(self, by: str) -> None:
         """A second request: destroy an owned sandbox now (its death ends every process in it);
@@ -439,7 +444,6 @@ class Episode(EpisodeControl):
         except asyncio.CancelledError:
             if self._cancel is None:  # the caller's task was cancelled, not through cancel()
                 self._cancel = CancelRequest(by=CANCELLED_BY_CALLER, phase=self._phase)
-            self._cancel_requested = True
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -678,7 +682,7 @@ class Episode(EpisodeControl):
                     reason="cleanup was not confirmed" if confirmed is False else "OpenCode never ran",
                 )
             )
-        if confirmed and self.sandbox is not None and not self._cancel_requested:
+        if confirmed and self.sandbox is not None and self._cancel is None:
             self._enter(Phase.VERIFICATION)
             self._verify_task = asyncio.ensure_future(self._verify())
             with contextlib.suppress(asyncio.CancelledError):
@@ -1007,12 +1011,6 @@ class Episode(EpisodeControl):
             if text.exists():
                 parts.append((name, text.read_text(errors="replace")))
         self.run_dir.write_text("diagnostics.txt", cap_diagnostics(parts))
-
-
-def _consume_exception(future: asyncio.Future[Any]) -> None:
-    """A background close step whose error the close itself reports (it shares the same task)."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _evidence_key(evidence: Evidence) -> tuple[str, str]:
