@@ -65,6 +65,7 @@ from core.sandbox.base import (
     SandboxProvider,
     SandboxSpec,
     default_owner,
+    describe_exit,
 )
 from core.session import CleanupUnconfirmed, SandboxSession
 from core.tasks import Task
@@ -161,6 +162,7 @@ class Episode(EpisodeControl):
         self.agent_result: Any = None  # the harness exec's ExecResult
         self.reward: float | None = None
         self.info: RunInfo | None = None
+        self.sandbox_user: Any = None  # SandboxUser, decided once in the seed phase (core.runtime.access)
         self._phase: Phase = Phase.ADMISSION
 
     # ---- control API ---------------------------------------------------------------------------
@@ -358,11 +360,11 @@ class Episode(EpisodeControl):
 
     async def _work(self, stack: contextlib.AsyncExitStack) -> None:
         from core.model.endpoint import ModelEndpoint
+        from core.runtime import access
         from core.runtime.opencode import OpenCodeHarness
         from core.runtime.prepare import RUNTIME_CACHE_MOUNT, RuntimeNotReady, prepare_runtime
         from core.sandbox.base import Mount
         from core.sandbox.providers import get_provider
-        from core.sandbox.tarsafe import directory_tar
 
         # ---- seed: model endpoint, sandbox, task files ----
         self._enter(Phase.SEED)
@@ -373,6 +375,8 @@ class Episode(EpisodeControl):
         installer = self._installer or _default_installer(self.config)
         self._installer = installer
         sb = self.config.sandbox
+        # ---- sandbox user (issue 17): asked for by the config or the task, else the image's ----
+        requested, user_source = access.requested_user(sb.user, self.task.user)
         # The cache is bind-mounted read-only into owned sandboxes; it must exist before the mount.
         Path(installer.config.cache_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
         try:
@@ -389,6 +393,7 @@ class Episode(EpisodeControl):
                     network=sb.network,
                     model_socket=self.endpoint.unix_path if sb.network == "model-only" else None,
                     mounts=[Mount(source=str(installer.config.cache_dir), target=RUNTIME_CACHE_MOUNT)],
+                    user=requested,
                     labels={
                         LABEL_RUN: self.run_id,
                         LABEL_OWNER: default_owner(),
@@ -404,6 +409,24 @@ class Episode(EpisodeControl):
             ) from exc
         status = await self.sandbox.status()
         assert self.info is not None and self.run_dir is not None
+        # ---- sandbox user (issue 17): who it is, recorded; inputs staged as its; preflight ----
+        if requested is not None and sb.mode == "borrowed":
+            self.emit(
+                Warning_(
+                    code="sandbox_user_ignored",
+                    message=f"user {requested!r} is not applied "
+                    "to a borrowed sandbox: commands run as the sandbox's own user",
+                )
+            )
+            user_source = "image"
+        try:
+            user = self.sandbox_user = await access.identify_user(self.sandbox, user_source)
+        except SandboxError as exc:
+            raise StageFailure(
+                self._failure_from(exc, "command_failed", FailureStage.SEED, "identify the sandbox user")
+            ) from exc
+        self.info.sandbox_user = user.model_dump(mode="json")
+        # ---- end sandbox user ----
         self.info.sandbox_id, self.info.sandbox_owned = self.sandbox.sandbox_id, self.sandbox.owned
         self.run_dir.write_run_info(self.info)
         self.emit(
@@ -414,19 +437,34 @@ class Episode(EpisodeControl):
                 network=sb.network.value,
                 memory_limit_enforced=status.memory_limit_enforced,
                 notes=status.notes,
+                user=user.label,
+                uid=user.uid,
+                gid=user.gid,
+                user_source=user.source,
             )
         )
-        if self.task.files_dir is not None:
-            try:
-                await self.sandbox.upload_tar(self.task.workdir, directory_tar(self.task.files_dir))
-            except SandboxError as exc:
-                raise StageFailure(
-                    self._failure_from(exc, "sandbox_file_failed", FailureStage.SEED, "copy task files")
-                ) from exc
+        # ---- sandbox user (issue 17): task files and workdir owned by it, then the preflight ----
+        via_socket = sb.network == "model-only" and self.endpoint.unix_path is not None
+        if via_socket:
+            access.grant_model_socket(self.sandbox, user, self.endpoint.unix_path)
+        try:
+            inputs = await access.stage_task_files(self.sandbox, self.task.files_dir, self.task.workdir, user)
+        except SandboxError as exc:
+            raise StageFailure(
+                self._failure_from(exc, "sandbox_file_failed", FailureStage.SEED, "copy task files")
+            ) from exc
+        try:
+            await access.preflight(
+                self.sandbox, user, self.task.workdir, inputs, model_socket=via_socket and sb.mode == "owned"
+            )
+        except access.SandboxPermissionDenied as exc:
+            raise StageFailure(exc.failure) from exc
+        # ---- end sandbox user ----
 
         # ---- install: the pinned OpenCode, checked in the sandbox ----
         self._enter(Phase.INSTALL)
         harness = OpenCodeHarness(self.run_id, self.task, self.config, self.endpoint)
+        harness.owner = user.ids  # sandbox user (issue 17)
         try:
             runtime = await asyncio.wait_for(
                 prepare_runtime(
@@ -460,6 +498,7 @@ class Episode(EpisodeControl):
             close_timeout_s=self.config.budgets.close_s,
             python=runtime.python,
             emit=self.emit,
+            owner=user.ids,  # sandbox user (issue 17)
         )
         self.harness = harness
         argv, env = harness.command(runtime)
@@ -632,8 +671,8 @@ class Episode(EpisodeControl):
                     kind="agent_nonzero_exit",
                     stage=FailureStage.AGENT,
                     operation="run opencode",
-                    message=f"OpenCode exited with {receipt.return_code}"
-                    + (f" (signal {receipt.signal})" if receipt.signal else "")
+                    # An exit never observed is said in words, never "exited with None" (issue 17).
+                    message=describe_exit(receipt.return_code, receipt.signal, subject="OpenCode")
                     + (f": {self.harness.last_error}" if self.harness.last_error else ""),
                     evidence=[
                         Evidence(source="supervisor.receipt", scope=self.run_id, data=receipt.model_dump())
@@ -673,11 +712,20 @@ class Episode(EpisodeControl):
         assert self.sandbox is not None and self.run_dir is not None
         v = self.task.verify
         started = time.monotonic()
+        # sandbox user (issue 17): hidden tests are the user's; the verifier runs as it unless the
+        # task says `verify.user` (e.g. root for Harbor tasks), and the record says who ran it.
+        owner = self.sandbox_user.ids if self.sandbox_user is not None else None
+        verifier = v.user or (self.sandbox_user.label if self.sandbox_user is not None else None)
+        if self.info is not None and self.run_dir is not None:
+            self.info.verifier_user = verifier
+            self.run_dir.write_run_info(self.info)
         try:
             if self.task.verify_files_dir is not None:
-                await self.sandbox.upload_tar(self.task.workdir, directory_tar(self.task.verify_files_dir))
+                await self.sandbox.upload_tar(
+                    self.task.workdir, directory_tar(self.task.verify_files_dir, owner=owner)
+                )
             result = await self.sandbox.exec(
-                ["/bin/sh", "-c", v.command], cwd=self.task.workdir, timeout=v.timeout
+                ["/bin/sh", "-c", v.command], cwd=self.task.workdir, timeout=v.timeout, user=v.user
             )
         except SandboxError as exc:
             self.record_failure(
@@ -697,6 +745,7 @@ class Episode(EpisodeControl):
                     passed=None,
                     duration_s=duration,
                     output_excerpt=(out + err)[-2000:],
+                    user=verifier,
                 )
             )
             self.record_failure(
@@ -737,6 +786,7 @@ class Episode(EpisodeControl):
                 passed=result.exit_code == 0,
                 duration_s=duration,
                 output_excerpt=(out + err)[-2000:],
+                user=verifier,
             )
         )
 

@@ -123,6 +123,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "verification_inconclusive": FailureClass.EVALUATION,
         "verifier_error": FailureClass.EVALUATION,
         "verifier_timeout": FailureClass.EVALUATION,
+        # Staged inputs the sandbox user cannot use: our set-up (or the task's), never the model's.
+        "sandbox_permission_denied": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
         "*@admission": FailureClass.EVALUATION,

@@ -16,6 +16,7 @@ from core.artifacts import RunDir
 from core.config import AgentConfig, ModelSettings
 from core.events import Event, TerminalOutput, TranscriptStats
 from core.runtime import transcript
+from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RunStreamTranslator, ServeStreamTranslator
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
 from core.sandbox.tarsafe import safe_extract, tree_tar
@@ -140,7 +141,11 @@ class OpenCodeHarness:
         self.task = task
         self.config = config
         self.endpoint = endpoint
-        self.layout = RuntimeLayout(f"/tmp/.opencode-tui/{run_id}")
+        # Directly in /tmp (sticky, writable by all): a non-root sandbox user can create and later
+        # rename/remove its own session dir there, with no shared parent directory to own.
+        self.layout = RuntimeLayout(f"/tmp/.opencode-tui-{run_id}")
+        # The sandbox user's (uid, gid), set by the episode once known: staged files are theirs.
+        self.owner: tuple[int, int] | None = None
         self.use_relay = (
             config.sandbox.network.value == "model-only"
             and getattr(endpoint, "unix_path", None)
@@ -199,7 +204,9 @@ class OpenCodeHarness:
 
     async def stage(self, sandbox: Sandbox) -> None:
         """Lay out config, plugin, instructions, relay and the private HOME/XDG dirs in one upload."""
-        await sandbox.upload_tar(self.layout.session_dir, tree_tar(self.staged_files()))
+        root_mode = SESSION_DIR_MODE if self.owner is not None else None
+        archive = tree_tar(self.staged_files(), owner=self.owner, root_mode=root_mode)
+        await sandbox.upload_tar(self.layout.session_dir, archive)
 
     def command(self, runtime: Any) -> tuple[list[str], dict[str, str]]:
         """The harness argv (run under the supervisor) and its environment."""
