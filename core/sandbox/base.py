@@ -362,7 +362,9 @@ class Sandbox(abc.ABC):
             detail = r.stderr.decode("utf-8", "replace").strip()[:300] or describe_exit(r.exit_code, r.signal)
             raise SandboxError(f"cannot tell which user the sandbox runs commands as (`id`): {detail}")
         name = lines[2].strip() if len(lines) > 2 else ""
-        return SandboxUser(name=name or None, uid=int(lines[0]), gid=int(lines[1]))
+        uid, gid = int(lines[0]), int(lines[1])
+        # GNU id prints the number when the uid has no passwd entry: that is no name.
+        return SandboxUser(name=name if name and name != str(uid) else None, uid=uid, gid=gid)
 
     def host_ids(self, user: SandboxUser) -> tuple[int, int] | None:
         """The host uid/gid that appears as ``user`` inside, for host files bound into the sandbox

@@ -170,6 +170,16 @@ def _error(failure: FailureEvent, cause: BaseException | None = None) -> Sandbox
     return error
 
 
+# Become uid/gid, then exec "$@": setpriv (util-linux) where present, else python3 (the process
+# supervisor needs it in every sandbox anyway).
+_DROP_TO_USER_SH = (
+    "if command -v setpriv >/dev/null 2>&1; then "
+    'exec setpriv --reuid={uid} --regid={gid} --clear-groups -- "$@"; fi; '
+    "exec python3 -c 'import os, sys; os.setgroups([]); os.setgid({gid}); os.setuid({uid}); "
+    'os.execvp(sys.argv[1], sys.argv[1:])\' "$@"'
+)
+
+
 def _shell_command(argv: Sequence[str], stdin_path: str | None) -> str:
     """execd runs a command string with ``bash -c`` (``sh -c`` without bash)."""
     command = shlex.join(argv)
@@ -703,8 +713,15 @@ class OpenSandboxSandbox(Sandbox):
             await self._resolve_execd(deadline)
         stdin_path = None
         if stdin is not None:
-            stdin_path = f"/tmp/.opencode-tui-stdin-{uuid.uuid4().hex[:16]}"
-            await self._upload_bytes(stdin_path, stdin, 0o600, operation="exec.stdin", deadline=deadline)
+            name = f".opencode-tui-stdin-{uuid.uuid4().hex[:16]}"
+            stdin_path = f"/tmp/{name}"
+            if uid:
+                # The command's user must read it, and nobody else: upload it as that user's own
+                # (upload_tar extracts as root, so the archive's owner applies).
+                owner = (uid, gid if gid is not None else 0)
+                await self.upload_tar("/tmp", tarsafe.single_file_tar(name, stdin, 0o600, owner=owner))
+            else:
+                await self._upload_bytes(stdin_path, stdin, 0o600, operation="exec.stdin", deadline=deadline)
         body: dict[str, Any] = {
             "command": _shell_command(argv, stdin_path),
             "timeout": int((timeout + self.policy.command_timeout_headroom_s) * 1000),
@@ -1101,6 +1118,15 @@ class OpenSandboxSandbox(Sandbox):
         self._ensure_open("pty")
         if not argv:
             raise ValueError("argv must not be empty")
+        ids = self.user_ids or (
+            (self.settings.command_uid, self.settings.command_gid)
+            if self.settings.command_uid is not None
+            else None
+        )
+        if ids is not None:
+            # execd's terminal takes no uid/gid: the terminal drops to the sandbox user itself.
+            uid, gid = ids[0], ids[1] if ids[1] is not None else 0
+            argv = ["/bin/sh", "-c", _DROP_TO_USER_SH.format(uid=uid, gid=gid), "sh", *argv]
         try:
             response = await self._execd_request(
                 "pty",

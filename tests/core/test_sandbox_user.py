@@ -1,52 +1,39 @@
 """Sandboxes whose user is not root (issue 17), end to end: the real OpenCode binary, the scripted model,
 real Docker with the non-root image (``opencode-tui/nonroot:bookworm``: USER agent, uid 1000, WORKDIR
 /app, /app root-owned) and real bubblewrap with uid 1000 mapped in. Every test runs with the test
-process's umask at 077, so staging cannot lean on the controller's umask.
-
-The agent reverses its input into the workdir, and records the modes and owners of its workdir, its
-session directory and the model socket; the verifier (running as the sandbox user) checks all of it.
+process's umask at 077, so staging cannot lean on the controller's umask. The task and the checks are
+in tests/fixtures/nonroot_task.py (shared with the OpenSandbox test).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
+import pwd
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import yaml
 
 from core.artifacts import RunDirReader
 from core.config import AgentConfig
 from core.episode import Episode
-from core.events import SandboxReady, VerificationFinished
+from core.events import VerificationFinished
 from core.tasks import load_task
 
 pytestmark = pytest.mark.slow
-NONROOT_IMAGE = "opencode-tui/nonroot:bookworm"
-INPUT = "hello sandbox user\n"
-REVERSED = "resu xobdnas olleh"
 REPO = Path(__file__).resolve().parents[2]
-
-# What the agent runs: the task itself, then the facts the verifier checks (its HOME is inside the
-# session directory, so "$HOME/.." is the session directory).
-AGENT_COMMAND = (
-    "rev input.txt > output.txt && "
-    "stat -c '%a %u' . > workdir.mode && "
-    'stat -c \'%a %u\' "$HOME/.." > session.mode && '
-    "stat -c '%a %u' /run/opencode-tui/model.sock > socket.mode"
+_spec = importlib.util.spec_from_file_location(
+    "nonroot_task", REPO / "tests" / "fixtures" / "nonroot_task.py"
 )
-VERIFY = (
-    f'test "$(cat output.txt)" = "{REVERSED}" && test "$(id -u)" = 1000 '
-    '&& test "$(stat -c %u output.txt)" = 1000 '
-    '&& test "$(cat workdir.mode)" = "755 1000" '
-    '&& test "$(cat session.mode)" = "700 1000" '
-    '&& test "$(cat socket.mode)" = "600 1000"'
-)
+assert _spec is not None and _spec.loader is not None
+nonroot = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(nonroot)
 
 
 @pytest.fixture
@@ -59,138 +46,58 @@ def umask_077() -> Iterator[None]:
 
 
 def _need_nonroot_image() -> None:
-    r = subprocess.run(["docker", "image", "inspect", NONROOT_IMAGE], capture_output=True)
+    r = subprocess.run(["docker", "image", "inspect", nonroot.NONROOT_IMAGE], capture_output=True)
     if r.returncode != 0:
-        pytest.skip(f"docker or {NONROOT_IMAGE} is unavailable (scripts/build-images)")
+        pytest.skip(f"docker or {nonroot.NONROOT_IMAGE} is unavailable (scripts/build-images)")
 
 
-def make_task(root: Path, *, image: str | None = NONROOT_IMAGE, unreadable: bool = False) -> Path:
-    """A task written under the test's umask 077 (task files 0600, directories 0700 on the host)."""
-    task = root / "rev-input"
-    files = task / "files"
-    files.mkdir(parents=True)
-    (files / "input.txt").write_text(INPUT)
-    if unreadable:
-        secret = files / "secret.txt"
-        secret.write_text("nobody may read this\n")
-        secret.chmod(0o000)
-    data = {
-        "id": "rev-input",
-        "problem_statement": "Write input.txt reversed (rev) into output.txt.",
-        "workdir": "/app",
-        "files": "files",
-        "verify": {"command": VERIFY, "timeout": 30},
-        "model": {"trajectory": "trajectory.yaml"},
-    }
-    if image is not None:
-        data["image"] = image
-    (task / "task.yaml").write_text(yaml.safe_dump(data))
-    steps = [
-        {"tool_calls": [{"name": "bash", "arguments": {"command": AGENT_COMMAND, "description": "rev"}}]},
-        {"text": "output.txt holds the reversed input."},
-    ]
-    (task / "trajectory.yaml").write_text(yaml.safe_dump({"steps": steps}))
-    return task
-
-
-def _episode(task: Path, runs: Path, provider: str, **sandbox: object) -> Episode:
+def _run_then_shell(task: Path, runs: Path, provider: str, **sandbox: Any) -> tuple[Any, str]:
+    """Run the episode keeping its sandbox, open the interactive shell in it, then release it."""
     config = AgentConfig.model_validate(
-        {"sandbox": {"provider": provider, **sandbox}, "policy": {"max_attempts": 1}}
+        {"sandbox": {"provider": provider, "keep_sandbox": True, **sandbox}, "policy": {"max_attempts": 1}}
     )
-    return Episode(load_task(task), config, runs_dir=runs)
+    episode = Episode(load_task(task), config, runs_dir=runs)
 
+    async def main() -> tuple[Any, str]:
+        result = await episode.run()
+        try:
+            return result, await nonroot.shell_uid(episode)
+        finally:
+            if episode.sandbox is not None:
+                await episode.sandbox.release()
 
-async def _shell_uid(episode: Episode) -> str:
-    """``id -u`` typed into the episode's interactive shell (a real pty), as printed back."""
-    pty = await episode.open_shell(cols=100, rows=20)
-    try:
-        await pty.write(b"echo UID=$(id -u)=END\n")
-        seen = b""
-        async with asyncio.timeout(30):
-            while b"=END" not in seen.replace(b"$(id -u)=END", b""):
-                chunk = await pty.read()
-                if not chunk:
-                    break
-                seen += chunk
-        text = seen.decode("utf-8", "replace")
-        return text.rsplit("UID=", 1)[1].split("=END", 1)[0]
-    finally:
-        await pty.close()
-
-
-def _check_scored_run(result, uid_name: str, source: str) -> None:
-    assert (result.action, result.reward, result.failure_kind) == ("scored", 1.0, None), result.summary
-    run_dir = Path(result.run_dir)
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["sandbox_user"] == {"name": uid_name, "uid": 1000, "gid": 1000, "source": source}
-    assert info["verifier_user"] == f"{uid_name} (uid 1000, gid 1000)"
-    events = list(RunDirReader(run_dir).events())
-    ready = [e for e in events if isinstance(e, SandboxReady)]
-    assert ready and (ready[0].user, ready[0].uid, ready[0].user_source) == (
-        f"{uid_name} (uid 1000, gid 1000)",
-        1000,
-        source,
-    )
-    verified = [e for e in events if isinstance(e, VerificationFinished)]
-    assert verified and verified[0].passed and verified[0].user == f"{uid_name} (uid 1000, gid 1000)"
-    exported = json.loads((run_dir / "opencode" / "export.json").read_text())
-    assert exported  # the transcript was exported from the user's private data dir
+    return asyncio.run(main())
 
 
 @pytest.mark.docker
 def test_docker_nonroot_image_runs_as_its_user(tmp_path: Path, umask_077: None) -> None:
     _need_nonroot_image()
-    task = make_task(tmp_path)
-    episode = _episode(task, tmp_path / "runs", "docker", keep_sandbox=True)
-
-    async def main() -> tuple[object, str]:
-        result = await episode.run()
-        try:
-            return result, await _shell_uid(episode)
-        finally:
-            assert episode.sandbox is not None
-            await episode.sandbox.release()
-
-    result, shell_uid = asyncio.run(main())
-    _check_scored_run(result, "agent", "image")
-    assert shell_uid == "1000"
+    result, uid = _run_then_shell(nonroot.make_task(tmp_path), tmp_path / "runs", "docker")
+    nonroot.check_scored_run(result, "agent", "image")
+    assert uid == "1000"
 
 
 @pytest.mark.bwrap
 def test_local_with_a_mapped_user(tmp_path: Path, umask_077: None) -> None:
     """The local provider has no image: the config names the user, mapped into its user namespace."""
-    task = make_task(tmp_path, image=None)
-    episode = _episode(task, tmp_path / "runs", "local", keep_sandbox=True, user="1000")
-
-    async def main() -> tuple[object, str]:
-        result = await episode.run()
-        try:
-            return result, await _shell_uid(episode)
-        finally:
-            assert episode.sandbox is not None
-            await episode.sandbox.release()
-
-    result, shell_uid = asyncio.run(main())
-    import pwd
-
+    task = nonroot.make_task(tmp_path, image=None)
+    result, uid = _run_then_shell(task, tmp_path / "runs", "local", user="1000")
     try:
-        name = pwd.getpwuid(1000).pw_name
+        name = pwd.getpwuid(1000).pw_name  # the local sandbox shows the host's users
     except KeyError:
         name = None
-    info = json.loads((Path(result.run_dir) / "run.json").read_text())
-    _check_scored_run(result, info["sandbox_user"]["name"], "config")
-    assert info["sandbox_user"]["name"] == name
-    assert shell_uid == "1000"
+    nonroot.check_scored_run(result, name, "config")
+    assert uid == "1000"
 
 
 @pytest.mark.docker
 def test_unreadable_input_fails_in_the_seed_phase_with_exit_code_3(tmp_path: Path, umask_077: None) -> None:
     _need_nonroot_image()
-    task = make_task(tmp_path, unreadable=True)
+    task = nonroot.make_task(tmp_path, unreadable=True)
     runs = tmp_path / "runs"
+    argv = ["run", str(task), "--batch", "--provider", "docker", "--attempts", "1", "--runs-dir", str(runs)]
     proc = subprocess.run(
-        [sys.executable, "-m", "opencode_tui.cli", "run", str(task), "--batch", "--provider", "docker"]
-        + ["--attempts", "1", "--runs-dir", str(runs)],
+        [sys.executable, "-m", "opencode_tui.cli", *argv],
         capture_output=True,
         text=True,
         timeout=300,
