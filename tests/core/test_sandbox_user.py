@@ -77,6 +77,15 @@ def test_docker_nonroot_image_runs_as_its_user(tmp_path: Path, umask_077: None) 
     assert uid == "1000"
 
 
+@pytest.mark.docker
+def test_docker_verifier_as_root_when_the_task_says_so(tmp_path: Path, umask_077: None) -> None:
+    _need_nonroot_image()
+    task = nonroot.make_task(tmp_path, verify_as_root=True)
+    result, uid = _run_then_shell(task, tmp_path / "runs", "docker")
+    nonroot.check_scored_run(result, "agent", "image", verifier="root")
+    assert uid == "1000"  # only the verifier is root; the shell is the sandbox user's
+
+
 @pytest.mark.bwrap
 def test_local_with_a_mapped_user(tmp_path: Path, umask_077: None) -> None:
     """The local provider has no image: the config names the user, mapped into its user namespace."""
