@@ -409,18 +409,11 @@ class Episode(EpisodeControl):
             ) from exc
         status = await self.sandbox.status()
         assert self.info is not None and self.run_dir is not None
-        # ---- sandbox user (issue 17): who it is, recorded; inputs staged as its; preflight ----
-        if requested is not None and sb.mode == "borrowed":
-            self.emit(
-                Warning_(
-                    code="sandbox_user_ignored",
-                    message=f"user {requested!r} is not applied "
-                    "to a borrowed sandbox: commands run as the sandbox's own user",
-                )
-            )
-            user_source = "image"
+        # ---- sandbox user (issue 17): who it is, recorded in run.json and SandboxReady ----
         try:
-            user = self.sandbox_user = await access.identify_user(self.sandbox, user_source)
+            user = self.sandbox_user = await access.establish_user(
+                self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
+            )
         except SandboxError as exc:
             raise StageFailure(
                 self._failure_from(exc, "command_failed", FailureStage.SEED, "identify the sandbox user")
@@ -443,22 +436,16 @@ class Episode(EpisodeControl):
                 user_source=user.source,
             )
         )
-        # ---- sandbox user (issue 17): task files and workdir owned by it, then the preflight ----
-        via_socket = sb.network == "model-only" and self.endpoint.unix_path is not None
-        if via_socket:
-            access.grant_model_socket(self.sandbox, user, self.endpoint.unix_path)
+        # ---- sandbox user (issue 17): task files, workdir and model socket its own; preflight ----
+        socket = self.endpoint.unix_path if sb.network == "model-only" and sb.mode == "owned" else None
         try:
-            inputs = await access.stage_task_files(self.sandbox, self.task.files_dir, self.task.workdir, user)
+            await access.stage_inputs(self.sandbox, self.task.files_dir, self.task.workdir, user, socket)
+        except access.SandboxPermissionDenied as exc:
+            raise StageFailure(exc.failure) from exc
         except SandboxError as exc:
             raise StageFailure(
                 self._failure_from(exc, "sandbox_file_failed", FailureStage.SEED, "copy task files")
             ) from exc
-        try:
-            await access.preflight(
-                self.sandbox, user, self.task.workdir, inputs, model_socket=via_socket and sb.mode == "owned"
-            )
-        except access.SandboxPermissionDenied as exc:
-            raise StageFailure(exc.failure) from exc
         # ---- end sandbox user ----
 
         # ---- install: the pinned OpenCode, checked in the sandbox ----

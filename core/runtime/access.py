@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from core.events import Event, Warning_
 from core.failures import FailureEvent, FailureStage, GenericDetails
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, Sandbox, SandboxError, SandboxUser
 from core.sandbox.tarsafe import directory_tar, tree_tar
@@ -52,10 +54,39 @@ def requested_user(
     return None, "image"
 
 
-async def identify_user(sandbox: Sandbox, source: Literal["image", "config", "task"]) -> SandboxUser:
-    """Who the sandbox runs commands as (the requested user was applied at create)."""
+async def establish_user(
+    sandbox: Sandbox,
+    requested: str | None,
+    source: Literal["image", "config", "task"],
+    *,
+    borrowed: bool,
+    emit: Callable[[Event], Any],
+) -> SandboxUser:
+    """Who the sandbox runs commands as: the requested user was applied at create; a borrowed
+    sandbox keeps its own (said in a warning). Raises SandboxError when ``id`` cannot tell."""
+    if requested is not None and borrowed:
+        emit(
+            Warning_(
+                code="sandbox_user_ignored",
+                message=f"user {requested!r} is not applied to a borrowed sandbox: "
+                "commands run as the sandbox's own user",
+            )
+        )
+        source = "image"
     user = await sandbox.identify()
     return user.model_copy(update={"source": source})
+
+
+async def stage_inputs(
+    sandbox: Sandbox, files_dir: Path | None, workdir: str, user: SandboxUser, model_socket: str | None
+) -> None:
+    """The seed phase's inputs, as the user's: the model socket (host path, when bound into the
+    sandbox), the task files and the workdir; then the preflight. Raises SandboxError (upload) or
+    SandboxPermissionDenied (the user cannot use them)."""
+    if model_socket is not None:
+        grant_model_socket(sandbox, user, model_socket)
+    inputs = await stage_task_files(sandbox, files_dir, workdir, user)
+    await preflight(sandbox, user, workdir, inputs, model_socket=model_socket is not None)
 
 
 def grant_model_socket(sandbox: Sandbox, user: SandboxUser, host_path: str) -> None:
