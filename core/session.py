@@ -34,7 +34,7 @@ from core.runtime.supervisor_client import (
     stop_script,
     supervisor_source,
 )
-from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError
+from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError, describe_exit
 from core.sandbox.tarsafe import tree_tar
 
 
@@ -255,7 +255,7 @@ class SandboxSession:
         if not self.sandbox.owned:
             r = await self.sandbox.exec(remove_session_dir_script(self.paths.session_dir), timeout=30)
             if not r.ok:
-                reason = r.stderr.decode("utf-8", "replace").strip() or f"exit {r.exit_code}"
+                reason = r.stderr.decode("utf-8", "replace").strip() or describe_exit(r.exit_code, r.signal)
                 self._emit(
                     CleanupObserved(step=CleanupStep.SANDBOX_RELEASED, state=StepState.FAILED, reason=reason)
                 )

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from core.events import Event, Warning_
 from core.failures import FailureEvent, FailureStage, GenericDetails
-from core.sandbox.base import SANDBOX_MODEL_SOCKET, Sandbox, SandboxError, SandboxUser
+from core.sandbox.base import SANDBOX_MODEL_SOCKET, Sandbox, SandboxError, SandboxUser, describe_exit
 from core.sandbox.tarsafe import directory_tar, tree_tar
 
 # The workdir belongs to the sandbox user; others may read it (a root verifier, a shell as root).
@@ -175,7 +175,11 @@ async def preflight(
             )
         ) from exc
     if not r.ok:
-        detail = r.stderr.decode("utf-8", "replace").strip()[:300] or r.error or f"exit {r.exit_code}"
+        detail = (
+            r.stderr.decode("utf-8", "replace").strip()[:300]
+            or r.error
+            or describe_exit(r.exit_code, r.signal)
+        )
         raise SandboxPermissionDenied(
             FailureEvent(
                 kind=PERMISSION_KIND,
