@@ -159,6 +159,7 @@ async def prepare_runtime(
             ) from exc
 
     # Prefer the read-only bind of the cache; upload where the provider could not mount it.
+    await asyncio.to_thread(installer.share_for_mount, target)
     rel = Path(installed.path).relative_to(installer.config.cache_dir)
     mounted_path = f"{RUNTIME_CACHE_MOUNT}/{rel.as_posix()}"
     check = await sandbox.exec(["/bin/sh", "-c", f"test -x {shlex.quote(mounted_path)}"], timeout=30)
