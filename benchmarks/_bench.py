@@ -244,6 +244,9 @@ def make_timed_sandbox(inner: Any, log: OpLog) -> Any:
         async def inspect(self) -> Any:
             return await log.timed("inspect", "inspect", inner.inspect())
 
+        def host_ids(self, user: Any) -> Any:
+            return inner.host_ids(user)
+
         async def release(self) -> None:
             return await log.timed("release", "release", inner.release())
 

@@ -55,6 +55,10 @@ class RunInfo(BaseModel):
     provider: str
     sandbox_id: str | None = None
     sandbox_owned: bool | None = None
+    # The sandbox user (name, uid, gid, source) the agent and the shell ran as; the verifier's when
+    # it differs (``verify.user: root``).
+    sandbox_user: dict[str, Any] | None = None
+    verifier_user: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     started_at: datetime = Field(default_factory=utcnow)

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.failures import ClassificationConfig, OutcomePolicyOverrides
-from core.sandbox.base import NetworkPolicy
+from core.sandbox.base import NetworkPolicy, parse_user_spec
 
 DEFAULT_OPENCODE_VERSION = "1.18.32"
 DEFAULT_IMAGE = "opencode-tui/base:bookworm"
@@ -316,8 +316,18 @@ class SandboxConfig(_Model):
     sandbox_id: str | None = None  # required when borrowed
     network: NetworkPolicy = NetworkPolicy.MODEL_ONLY
     image: str | None = None  # overrides the task's image
+    # Who the agent, the shell and the verifier run as (a name, uid or uid:gid); overrides the task's
+    # ``user:`` and the image's own user.
+    user: str | None = None
     keep_sandbox: bool = False
     opensandbox: OpenSandboxSettings = Field(default_factory=OpenSandboxSettings)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_user_spec(value)
+        return value
 
     @model_validator(mode="after")
     def _borrowed_needs_id(self) -> SandboxConfig:

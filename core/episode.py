@@ -195,6 +195,7 @@ class Episode(EpisodeControl):
         self.agent_result: Any = None  # the harness exec's ExecResult
         self.reward: float | None = None
         self.info: RunInfo | None = None
+        self.sandbox_user: Any = None  # SandboxUser, decided once in the seed phase (core.runtime.access)
         self._phase: Phase = Phase.ADMISSION
 
     # ---- control API ---------------------------------------------------------------------------
@@ -502,11 +503,11 @@ class Episode(EpisodeControl):
 
     async def _work(self, stack: contextlib.AsyncExitStack) -> None:
         from core.model.endpoint import ModelEndpoint
+        from core.runtime import access
         from core.runtime.opencode import OpenCodeHarness
         from core.runtime.prepare import RUNTIME_CACHE_MOUNT, RuntimeNotReady, prepare_runtime
         from core.sandbox.base import Mount
         from core.sandbox.providers import get_provider
-        from core.sandbox.tarsafe import directory_tar
 
         # ---- seed: model endpoint, sandbox, task files ----
         self._enter(Phase.SEED)
@@ -517,6 +518,8 @@ class Episode(EpisodeControl):
         installer = self._installer or _default_installer(self.config)
         self._installer = installer
         sb = self.config.sandbox
+        # ---- sandbox user (issue 17): asked for by the config or the task, else the image's ----
+        requested, user_source = access.requested_user(sb.user, self.task.user)
         # The cache is bind-mounted read-only into owned sandboxes; it must exist before the mount.
         Path(installer.config.cache_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
         try:
@@ -533,6 +536,7 @@ class Episode(EpisodeControl):
                     network=sb.network,
                     model_socket=self.endpoint.unix_path if sb.network == "model-only" else None,
                     mounts=[Mount(source=str(installer.config.cache_dir), target=RUNTIME_CACHE_MOUNT)],
+                    user=requested,
                     labels={
                         LABEL_RUN: self.run_id,
                         LABEL_OWNER: default_owner(),
@@ -553,6 +557,17 @@ class Episode(EpisodeControl):
         )
         status = await self.sandbox.status()
         assert self.info is not None and self.run_dir is not None
+        # ---- sandbox user (issue 17): who it is, recorded in run.json and SandboxReady ----
+        try:
+            user = self.sandbox_user = await access.establish_user(
+                self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
+            )
+        except SandboxError as exc:
+            raise StageFailure(
+                self._failure_from(exc, "command_failed", FailureStage.SEED, "identify the sandbox user")
+            ) from exc
+        self.info.sandbox_user = user.model_dump(mode="json")
+        # ---- end sandbox user ----
         self.info.sandbox_id, self.info.sandbox_owned = self.sandbox.sandbox_id, self.sandbox.owned
         self.run_dir.write_run_info(self.info)
         self.emit(
@@ -563,19 +578,28 @@ class Episode(EpisodeControl):
                 network=sb.network.value,
                 memory_limit_enforced=status.memory_limit_enforced,
                 notes=status.notes,
+                user=user.label,
+                uid=user.uid,
+                gid=user.gid,
+                user_source=user.source,
             )
         )
-        if self.task.files_dir is not None:
-            try:
-                await self.sandbox.upload_tar(self.task.workdir, directory_tar(self.task.files_dir))
-            except SandboxError as exc:
-                raise StageFailure(
-                    self._failure_from(exc, "sandbox_file_failed", FailureStage.SEED, "copy task files")
-                ) from exc
+        # ---- sandbox user (issue 17): task files, workdir and model socket its own; preflight ----
+        socket = self.endpoint.unix_path if sb.network == "model-only" and sb.mode == "owned" else None
+        try:
+            await access.stage_inputs(self.sandbox, self.task.files_dir, self.task.workdir, user, socket)
+        except access.SandboxPermissionDenied as exc:
+            raise StageFailure(exc.failure) from exc
+        except SandboxError as exc:
+            raise StageFailure(
+                self._failure_from(exc, "sandbox_file_failed", FailureStage.SEED, "copy task files")
+            ) from exc
+        # ---- end sandbox user ----
 
         # ---- install: the pinned OpenCode, checked in the sandbox ----
         self._enter(Phase.INSTALL)
         harness = OpenCodeHarness(self.run_id, self.task, self.config, self.endpoint)
+        harness.owner = user.ids  # sandbox user (issue 17)
         try:
             runtime = await asyncio.wait_for(
                 prepare_runtime(
@@ -610,6 +634,7 @@ class Episode(EpisodeControl):
             close_timeout_s=self.config.budgets.close_s,
             python=runtime.python,
             emit=self.emit,
+            owner=user.ids,  # sandbox user (issue 17)
         )
         self.harness = harness
         argv, env = harness.command(runtime)
@@ -807,13 +832,23 @@ class Episode(EpisodeControl):
         # shell's 128+N cannot be told apart from `exit 128+N`, and a killed grader is no grade.
         status_path = f"/tmp/.opencode-tui-verify-{self.run_id}.json"
         python = self.runtime.python if self.runtime is not None else "python3"
+        # sandbox user (issue 17): hidden tests are the user's; the verifier runs as it unless the
+        # task says `verify.user` (e.g. root for Harbor tasks), and the record says who ran it.
+        owner = self.sandbox_user.ids if self.sandbox_user is not None else None
+        verifier = v.user or (self.sandbox_user.label if self.sandbox_user is not None else None)
+        if self.info is not None and self.run_dir is not None:
+            self.info.verifier_user = verifier
+            self.run_dir.write_run_info(self.info)
         try:
             if self.task.verify_files_dir is not None:
-                await self.sandbox.upload_tar(self.task.workdir, directory_tar(self.task.verify_files_dir))
+                await self.sandbox.upload_tar(
+                    self.task.workdir, directory_tar(self.task.verify_files_dir, owner=owner)
+                )
             result = await self.sandbox.exec(
                 [python, "-c", VERIFY_WRAPPER_SOURCE, v.command, status_path],
                 cwd=self.task.workdir,
                 timeout=v.timeout,
+                user=v.user,
             )
         except Exception as exc:  # a lost sandbox, a failed upload, or a bug: the grade is inconclusive
             self.record_failure(
@@ -855,6 +890,7 @@ class Episode(EpisodeControl):
                 passed=verdict.passed,
                 duration_s=run.duration_s or 0.0,
                 output_excerpt=run.output_excerpt,
+                user=verifier,
             )
         )
         if verdict.failure is None:

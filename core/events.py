@@ -86,6 +86,11 @@ class SandboxReady(_Event):
     network: str
     memory_limit_enforced: bool | None = None
     notes: list[str] = Field(default_factory=list)
+    # Who the harness, OpenCode and the shell run as: "agent (uid 1000, gid 1000)"; who chose it.
+    user: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+    user_source: str | None = None
 
 
 class InstallProgress(_Event):
@@ -195,6 +200,7 @@ class VerificationFinished(_Event):
     passed: bool | None
     duration_s: float
     output_excerpt: str = ""
+    user: str | None = None  # who ran the verifier (the sandbox user, or root when the task says so)
 
 
 class TranscriptStats(_Event):

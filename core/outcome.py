@@ -30,6 +30,7 @@ from core.failures import (
     VerificationDetails,
 )
 from core.runtime.supervisor_client import CleanupReceipt
+from core.sandbox.base import describe_exit
 from core.sandbox.oom import oom_evidence
 
 
@@ -64,10 +65,7 @@ class AgentFacts(BaseModel):
 
 
 def _exit_words(receipt: CleanupReceipt) -> str:
-    if receipt.return_code is None:
-        return "OpenCode's exit was not observed"
-    signal = f" (signal {receipt.signal})" if receipt.signal else ""
-    return f"OpenCode exited with {receipt.return_code}{signal}"
+    return describe_exit(receipt.return_code, receipt.signal, subject="OpenCode")
 
 
 def agent_failure(facts: AgentFacts) -> FailureEvent | None:

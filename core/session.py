@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from core.events import CleanupObserved, CleanupStep, Event, StepState
+from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.supervisor_client import (
     SUPERVISOR_FILE,
     CleanupReceipt,
@@ -33,7 +34,7 @@ from core.runtime.supervisor_client import (
     stop_script,
     supervisor_source,
 )
-from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError
+from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError, describe_exit
 from core.sandbox.tarsafe import tree_tar
 
 
@@ -79,8 +80,11 @@ class SandboxSession:
         close_timeout_s: float,
         python: str = "python3",
         emit: Emit | None = None,
+        owner: tuple[int, int] | None = None,
     ) -> None:
         self.sandbox = sandbox
+        # The sandbox user's (uid, gid): the session dir and its files are staged as theirs, 0700.
+        self.owner = owner
         self.paths = SessionPaths.of(session_dir)
         self.budgets = budgets(run_timeout_s, close_timeout_s)
         self.python = python
@@ -151,7 +155,10 @@ class SandboxSession:
         files: dict[str, tuple[bytes | None, int]] = {SUPERVISOR_FILE: (supervisor_source(), 0o644)}
         if stdin is not None:
             files["stdin"] = (stdin, 0o600)
-        await self.sandbox.upload_tar(self.paths.session_dir, tree_tar(files))
+        root_mode = SESSION_DIR_MODE if self.owner is not None else None
+        await self.sandbox.upload_tar(
+            self.paths.session_dir, tree_tar(files, owner=self.owner, root_mode=root_mode)
+        )
         if stage is not None:
             await stage(self.sandbox)
 
@@ -249,7 +256,7 @@ class SandboxSession:
         if not self.sandbox.owned:
             r = await self.sandbox.exec(remove_session_dir_script(self.paths.session_dir), timeout=30)
             if not r.ok:
-                reason = r.stderr.decode("utf-8", "replace").strip() or f"exit {r.exit_code}"
+                reason = r.stderr.decode("utf-8", "replace").strip() or describe_exit(r.exit_code, r.signal)
                 self._emit(
                     CleanupObserved(step=CleanupStep.SANDBOX_RELEASED, state=StepState.FAILED, reason=reason)
                 )

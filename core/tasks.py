@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.config import DEFAULT_IMAGE, ConfigError, format_validation_error, yaml_error_text
+from core.sandbox.base import parse_user_spec
 
 _MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -48,6 +49,12 @@ def parse_memory(value: str | int) -> int:
     return n
 
 
+def _check_user(value: str | None) -> str | None:
+    if value is not None:
+        parse_user_spec(value)
+    return value
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -58,6 +65,14 @@ class VerifySpec(_Model):
     reward_file: str | None = None
     # Hidden test files, copied into the workdir only after the agent's cleanup is confirmed.
     files: str | None = None
+    # Who runs the verifier: None is the sandbox user (as the agent); "root" for tasks whose tests
+    # need it (Harbor-style tasks run their verifier as root).
+    user: str | None = None
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return _check_user(value)
 
 
 class Limits(_Model):
@@ -96,7 +111,14 @@ class Task(_Model):
     limits: Limits = Field(default_factory=Limits)
     model: ModelSpec = Field(default_factory=ModelSpec)
     instructions: str | None = None
+    # The sandbox user (a name, uid or uid:gid) when the image's own user is not the right one.
+    user: str | None = None
     root: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return _check_user(value)
 
     @field_validator("workdir")
     @classmethod

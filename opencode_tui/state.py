@@ -172,6 +172,15 @@ class RunState:
         return self.sandbox.sandbox_id if self.sandbox else (self.info.sandbox_id if self.info else None)
 
     @property
+    def sandbox_user(self) -> str | None:
+        if self.sandbox is not None and self.sandbox.user:
+            return self.sandbox.user
+        user = self.info.sandbox_user if self.info else None
+        if not user:
+            return None
+        return f"{user.get('name') or '?'} (uid {user.get('uid')}, gid {user.get('gid')})"
+
+    @property
     def sandbox_owned(self) -> bool | None:
         return self.sandbox.owned if self.sandbox else (self.info.sandbox_owned if self.info else None)
 

@@ -34,6 +34,7 @@ _REGISTRY: dict[str, str] = {
     "sandbox_file_failed": "an upload or download failed",
     "sandbox_pty_failed": "an interactive terminal failed",
     "sandbox_release_failed": "releasing or destroying the sandbox failed",
+    "sandbox_permission_denied": "the sandbox user cannot read its staged input or write its workdir",
     # command: delivery and results of commands inside the sandbox
     "command_delivery_uncertain": "a command may have reached the sandbox but its result is unknown",
     "command_status_lost": "the command's status could not be recovered by its execution id",

@@ -174,6 +174,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "verifier_error": FailureClass.EVALUATION,
         "verifier_timeout": FailureClass.EVALUATION,
         "verifier_unknown_exit": FailureClass.EVALUATION,
+        # Staged inputs the sandbox user cannot use: our set-up (or the task's), never the model's.
+        "sandbox_permission_denied": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
         "*@admission": FailureClass.EVALUATION,

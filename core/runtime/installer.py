@@ -274,6 +274,17 @@ class Installer:
 
     # -- public API --------------------------------------------------------------------------------
 
+    def share_for_mount(self, target: Target) -> None:
+        """Make the path down to ``target``'s entry traversable by anyone (0755, whatever the umask
+        made it): the cache is bind-mounted read-only into sandboxes whose user may not be ours, and
+        a directory only its owner can enter would make every such sandbox upload the binary. The
+        download and lock dirs stay private; nothing in the entries is secret."""
+        root = self.config.cache_dir
+        for d in (root, root / self.config.version, self.entry_dir(target)):
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                if d.stat().st_mode & 0o777 != 0o755:
+                    os.chmod(d, 0o755)
+
     def cached(self, target: Target) -> InstalledBinary | None:
         """The cached binary for ``target`` if a complete entry exists (cheap check: no hashing)."""
         entry = self.entry_dir(target)

@@ -17,6 +17,7 @@ from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.runtime import transcript
+from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
 from core.sandbox.tarsafe import safe_extract, tree_tar
@@ -158,7 +159,11 @@ class OpenCodeHarness:
         self.task = task
         self.config = config
         self.endpoint = endpoint
-        self.layout = RuntimeLayout(f"/tmp/.opencode-tui/{run_id}")
+        # Directly in /tmp (sticky, writable by all): a non-root sandbox user can create and later
+        # rename/remove its own session dir there, with no shared parent directory to own.
+        self.layout = RuntimeLayout(f"/tmp/.opencode-tui-{run_id}")
+        # The sandbox user's (uid, gid), set by the episode once known: staged files are theirs.
+        self.owner: tuple[int, int] | None = None
         self.use_relay = (
             config.sandbox.network.value == "model-only"
             and getattr(endpoint, "unix_path", None)
@@ -223,7 +228,9 @@ class OpenCodeHarness:
 
     async def stage(self, sandbox: Sandbox) -> None:
         """Lay out config, plugin, instructions, relay and the private HOME/XDG dirs in one upload."""
-        await sandbox.upload_tar(self.layout.session_dir, tree_tar(self.staged_files()))
+        root_mode = SESSION_DIR_MODE if self.owner is not None else None
+        archive = tree_tar(self.staged_files(), owner=self.owner, root_mode=root_mode)
+        await sandbox.upload_tar(self.layout.session_dir, archive)
 
     def command(self, runtime: Any) -> tuple[list[str], dict[str, str]]:
         """The harness argv (run under the supervisor) and its environment."""

@@ -24,7 +24,7 @@ from core.runtime.targets import (
     parse_probe,
     probe_script,
 )
-from core.sandbox.base import Sandbox, SandboxError
+from core.sandbox.base import Sandbox, SandboxError, describe_exit
 
 # Where providers that can bind-mount expose the controller's OpenCode cache (read-only).
 RUNTIME_CACHE_MOUNT = "/opt/opencode-tui/cache"
@@ -89,7 +89,7 @@ async def probe(sandbox: Sandbox) -> SandboxFacts:
     if not r.ok:
         raise _fail(
             "install_prerequisite_missing",
-            f"the sandbox probe failed (exit {r.exit_code}): {r.stderr.decode(errors='replace')[:500]}; "
+            f"the sandbox probe failed ({describe_exit(r.exit_code, r.signal)}): {r.stderr.decode(errors='replace')[:500]}; "
             "preinstall a POSIX shell (sh) in the image",
         )
     try:
@@ -159,6 +159,7 @@ async def prepare_runtime(
             ) from exc
 
     # Prefer the read-only bind of the cache; upload where the provider could not mount it.
+    await asyncio.to_thread(installer.share_for_mount, target)
     rel = Path(installed.path).relative_to(installer.config.cache_dir)
     mounted_path = f"{RUNTIME_CACHE_MOUNT}/{rel.as_posix()}"
     check = await sandbox.exec(["/bin/sh", "-c", f"test -x {shlex.quote(mounted_path)}"], timeout=30)
@@ -180,7 +181,7 @@ async def prepare_runtime(
     if not r.ok or not check_version_output(out, version):
         raise _fail(
             "install_failed",
-            f"OpenCode in the sandbox reports {out or 'nothing'} (exit {r.exit_code}), expected {version}: "
+            f"OpenCode in the sandbox reports {out or 'nothing'} ({describe_exit(r.exit_code, r.signal)}), expected {version}: "
             f"{r.stderr.decode(errors='replace')[:300]}",
             binary=binary,
         )
@@ -208,7 +209,7 @@ async def _provision_ripgrep(
         if r.ok:
             emit(Warning_(code="ripgrep_provisioned", message=f"no rg in the image; provisioned {dest}"))
             return dest
-        reason = f"the provisioned rg does not run (exit {r.exit_code})"
+        reason = f"the provisioned rg does not run ({describe_exit(r.exit_code, r.signal)})"
     except Exception as exc:  # best effort by design
         reason = str(exc) or type(exc).__name__
     emit(

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
+from core.sandbox.base import describe_exit
 
 DIFF_LINES = 12  # a "short diff": at most this many changed lines per edit
 TOOL_OUTPUT_CAP = 20_000
@@ -288,7 +289,11 @@ class ServeStreamTranslator(_Translator):
         elif etype == "runner.stream_error":  # the runner reconnects; events in between are lost
             events.append(display(f"{YELLOW}! event stream interrupted: {props.get('error')}{RESET}\n"))
         elif etype == "runner.server_exited":
-            events += self._error(f"opencode serve exited with {props.get('returncode')} during the session")
+            code = props.get("returncode")
+            events += self._error(
+                f"{describe_exit(code if isinstance(code, int) else None, subject='opencode serve')} "
+                "during the session"
+            )
         return events
 
     def _main(self, session_id: Any) -> bool:

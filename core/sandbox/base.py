@@ -68,6 +68,58 @@ class Mount(BaseModel):
         return value
 
 
+def describe_exit(exit_code: int | None, signal: int | None = None, *, subject: str = "the command") -> str:
+    """An exit status in words; an exit that was never observed is said so, never shown as ``None``."""
+    if exit_code is None and signal is None:
+        return f"{subject}'s exit was not observed"
+    if exit_code is None:
+        return f"{subject} was killed by signal {signal}"
+    return f"{subject} exited with {exit_code}" + (f" (signal {signal})" if signal else "")
+
+
+class SandboxUser(BaseModel):
+    """The identity sandbox processes run as (the harness, OpenCode, the shell, the verifier).
+
+    ``source`` says who chose it: ``image`` (the image's or provider's default user), ``config``
+    (``sandbox.user``) or ``task`` (``user:`` in task.yaml).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    uid: int = Field(ge=0)
+    gid: int = Field(ge=0)
+    source: Literal["image", "config", "task"] = "image"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name or '?'} (uid {self.uid}, gid {self.gid})"
+
+    @property
+    def ids(self) -> tuple[int, int]:
+        return self.uid, self.gid
+
+
+# Prints uid, gid and user name, one per line (POSIX ``id``; the name may be missing in /etc/passwd).
+IDENTIFY_SCRIPT = 'id -u && id -g && (id -un 2>/dev/null || echo "")'
+
+
+def parse_user_spec(value: str) -> tuple[str | None, int | None, int | None]:
+    """``"agent"`` → (name, None, None); ``"1000"`` → (None, 1000, None); ``"1000:1000"`` → both ids."""
+    value = value.strip()
+    if not value:
+        raise ValueError("a sandbox user must not be empty")
+    head, _, tail = value.partition(":")
+    if head.isdigit():
+        gid = int(tail) if tail.isdigit() else None
+        if tail and gid is None:
+            raise ValueError(f"sandbox user {value!r}: the group must be a number (uid:gid)")
+        return None, int(head), gid
+    if tail:
+        raise ValueError(f"sandbox user {value!r}: give a name or uid[:gid]")
+    return head, None, None
+
+
 class SandboxSpec(BaseModel):
     """What to create. Providers ignore fields they cannot honour only where ``status()`` says so."""
 
@@ -84,6 +136,9 @@ class SandboxSpec(BaseModel):
     mounts: list[Mount] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
+    # Who the sandbox's processes run as: a name, uid or uid:gid; None keeps the image's (or the
+    # provider's) own user. See ``Sandbox.identify``.
+    user: str | None = None
     ready_timeout_s: float = Field(default=60.0, gt=0)
 
 
@@ -284,8 +339,13 @@ class Sandbox(abc.ABC):
         stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
         execution_id: str | None = None,
+        user: str | None = None,
     ) -> ExecResult:
-        """Run ``argv``; stream output to ``on_output`` as it comes; never wait past ``timeout``."""
+        """Run ``argv``; stream output to ``on_output`` as it comes; never wait past ``timeout``.
+
+        ``user`` (a name, uid or uid:gid; ``"root"`` for the verifier of Harbor-style tasks) runs this
+        one command as someone else than the sandbox's user; a provider that cannot raises SandboxError.
+        """
 
     @abc.abstractmethod
     async def pty(
@@ -307,6 +367,23 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def release(self) -> None:
         """Owned: destroy. Borrowed: disconnect only. Idempotent."""
+
+    async def identify(self, user: str | None = None) -> SandboxUser:
+        """Who commands run as (``user`` None: the sandbox's own user), asked inside the sandbox."""
+        r = await self.exec(["/bin/sh", "-c", IDENTIFY_SCRIPT], timeout=30, user=user)
+        lines = r.stdout.decode("utf-8", "replace").splitlines()
+        if not r.ok or len(lines) < 2 or not lines[0].strip().isdigit() or not lines[1].strip().isdigit():
+            detail = r.stderr.decode("utf-8", "replace").strip()[:300] or describe_exit(r.exit_code, r.signal)
+            raise SandboxError(f"cannot tell which user the sandbox runs commands as (`id`): {detail}")
+        name = lines[2].strip() if len(lines) > 2 else ""
+        uid, gid = int(lines[0]), int(lines[1])
+        # GNU id prints the number when the uid has no passwd entry: that is no name.
+        return SandboxUser(name=name if name and name != str(uid) else None, uid=uid, gid=gid)
+
+    def host_ids(self, user: SandboxUser) -> tuple[int, int] | None:
+        """The host uid/gid that appears as ``user`` inside, for host files bound into the sandbox
+        (the model proxy's socket); None when the provider shares no host file."""
+        return None
 
     # Convenience built on the primitives above.
     async def upload_file(self, path: str, data: bytes, mode: int = 0o644) -> None:

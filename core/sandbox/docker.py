@@ -80,6 +80,7 @@ from core.sandbox.base import (
     SandboxSpec,
     SandboxState,
     SandboxStatus,
+    SandboxUser,
     check_exec_args,
     default_owner,
     new_execution_id,
@@ -431,8 +432,10 @@ class _ExecJob:
         env: Mapping[str, str] | None,
         stdin: bytes | None,
         loop: asyncio.AbstractEventLoop,
+        user: str | None = None,
     ):
         self.api = api
+        self.user = user
         self.container_id = container_id
         self.argv = list(argv)
         self.cwd = cwd
@@ -476,6 +479,8 @@ class _ExecJob:
                 tty=False,
                 environment=self.env,
                 workdir=self.cwd,
+                # "" is the container's user (the image's USER, or SandboxSpec.user at create).
+                user=self.user or "",
             )
             self.exec_id = created["Id"]
             if self.abandoned:
@@ -623,7 +628,10 @@ class DockerPty(PtyHandle):
             return  # the container itself is being destroyed
         try:
             await self._sandbox._run_exec(
-                ["/bin/sh", "-c", _END_MARKED_SH, "sh", self.marker], timeout=PTY_END_DEADLINE_S
+                # As root: it must see (in /proc) and signal whatever the terminal's user started.
+                ["/bin/sh", "-c", _END_MARKED_SH, "sh", self.marker],
+                timeout=PTY_END_DEADLINE_S,
+                user="0",
             )
         except SandboxError as exc:
             log.warning("could not end the processes of terminal %s: %s", self.exec_id[:12], exc)
@@ -747,6 +755,7 @@ class DockerSandbox(Sandbox):
         stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
         execution_id: str | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         self._ensure_open("exec")
         return await self._run_exec(
@@ -757,6 +766,7 @@ class DockerSandbox(Sandbox):
             stdin=stdin,
             on_output=on_output,
             execution_id=execution_id,
+            user=user,
         )
 
     async def _run_exec(
@@ -769,6 +779,7 @@ class DockerSandbox(Sandbox):
         stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
         execution_id: str | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         check_exec_args(argv, timeout)
         execution_id = execution_id or new_execution_id()
@@ -776,7 +787,7 @@ class DockerSandbox(Sandbox):
         deadline = loop.time() + timeout
         started_at = _now()
         self._jobs = {j for j in self._jobs if not j.finished}
-        job = _ExecJob(self._api, self.sandbox_id, argv, cwd, env, stdin, loop)
+        job = _ExecJob(self._api, self.sandbox_id, argv, cwd, env, stdin, loop, user)
         self._jobs.add(job)
         out, err = _Tail(), _Tail()
 
@@ -911,8 +922,15 @@ class DockerSandbox(Sandbox):
         self._ensure_open("upload")
         if not PurePosixPath(dest_dir).is_absolute():
             raise ValueError(f"dest_dir must be an absolute path inside the sandbox, got {dest_dir!r}")
-        tarsafe.check_archive(archive)  # raises UnsafeArchiveError before anything is written
-        made = await self.exec(["mkdir", "-p", "--", dest_dir], timeout=CALL_DEADLINE_S)
+        members = tarsafe.check_archive(archive)  # raises UnsafeArchiveError before anything is written
+        target = PurePosixPath(dest_dir)
+        if target.name and any(m.isdir() and PurePosixPath(m.name) == PurePosixPath(".") for m in members):
+            # The engine skips a "." entry when the target exists; extracted from the parent, the
+            # target's own owner and mode come from the archive (and "." is the target by name).
+            archive = tarsafe.reroot(archive, target.name)
+            dest_dir = str(target.parent)
+        # As root, whatever the image's user: the engine extracts as root with the archive's owners.
+        made = await self.exec(["mkdir", "-p", "--", dest_dir], timeout=CALL_DEADLINE_S, user="0")
         if not made.ok:
             detail = made.stderr.decode("utf-8", "replace").strip() or made.error or f"exit {made.exit_code}"
             message = f"upload: cannot create {dest_dir!r} in the sandbox: {detail}"
@@ -976,6 +994,10 @@ class DockerSandbox(Sandbox):
             ) from exc
         tarsafe.check_archive(archive)
         return archive
+
+    def host_ids(self, user: SandboxUser) -> tuple[int, int] | None:
+        # Without user-namespace remapping in the engine, ids inside a container are host ids.
+        return user.ids
 
     # -------------------------------------------------------------------------------- evidence
 
@@ -1290,6 +1312,8 @@ class DockerProvider(SandboxProvider):
             "working_dir": spec.workdir,
             "environment": dict(spec.env),
             "mounts": mounts,
+            # Empty keeps the image's USER; every exec and terminal then runs as this user.
+            "user": spec.user or "",
             "detach": True,
         }
         if spec.memory_bytes:

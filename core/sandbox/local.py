@@ -147,10 +147,12 @@ from core.sandbox.base import (
     SandboxSpec,
     SandboxState,
     SandboxStatus,
+    SandboxUser,
     UnsafeArchiveError,
     check_exec_args,
     default_owner,
     new_execution_id,
+    parse_user_spec,
 )
 from core.sandbox.oom import SOURCE_CGROUP, oom_confirmed
 from core.sandbox.tarsafe import check_archive
@@ -1125,6 +1127,13 @@ class LocalSandbox(Sandbox):
         self.spec = SandboxSpec.model_validate(meta["spec"])
         self.home: str = meta["home"]
         self.hostname: str = meta["hostname"]
+        # The one user mapped into the sandbox's user namespace (the engine's own ids by default).
+        self.uid: int = meta.get("uid", os.getuid())
+        self.gid: int = meta.get("gid", os.getgid())
+        # bwrap cannot join the keeper's PID namespace when another uid is mapped (EPERM: it joins
+        # the user namespace first and then lacks the privilege): each exec gets its own then, as
+        # for a non-root engine.
+        self.share_pidns: bool = provider.share_pidns and self.uid == os.getuid()
         cg = meta.get("cgroup")
         self._cgroup = _Cgroup(Path(cg)) if cg else None
         self._oom_baseline: int | None = meta.get("oom_kill_baseline")
@@ -1324,6 +1333,12 @@ class LocalSandbox(Sandbox):
         argv = [
             p.bwrap.path,
             "--unshare-user",
+            # The engine's uid appears inside as this one (and only this one): host files the engine
+            # writes (uploads, overlays) belong to the sandbox user; nothing else is mapped.
+            "--uid",
+            str(self.uid),
+            "--gid",
+            str(self.gid),
             "--unshare-pid",
             "--unshare-ipc",
             "--unshare-uts",
@@ -1507,7 +1522,7 @@ class LocalSandbox(Sandbox):
             ns_dir = f"/proc/{keeper.pid}/ns"
             cmd += [p.nsenter, f"--net={ns_dir}/net", f"--ipc={ns_dir}/ipc", f"--uts={ns_dir}/uts", "--"]
         cmd += [p.bwrap.path, "--userns", str(user_fd)]
-        if p.share_pidns:
+        if self.share_pidns:
             cmd += ["--pidns", str(pid_fd)]
         else:
             # bwrap joins a PID namespace before the user namespace, which needs privilege in ours:
@@ -1607,8 +1622,19 @@ class LocalSandbox(Sandbox):
         stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
         execution_id: str | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         check_exec_args(argv, timeout)
+        if user is not None and not self._is_mapped(user):
+            # One uid is mapped into the sandbox's user namespace; there is no other user to become.
+            raise _error(
+                "command_failed",
+                "exec",
+                f"the local provider maps one user into sandbox {self.sandbox_id} (uid {self.uid}); "
+                f"it cannot run a command as {user!r}",
+                stage=FailureStage.AGENT,
+                details=CommandDetails(execution_id=execution_id or "", delivery=Delivery.NOT_SENT),
+            )
         eid = execution_id or new_execution_id()
         loop = asyncio.get_running_loop()
         started = utcnow()
@@ -1701,7 +1727,19 @@ class LocalSandbox(Sandbox):
         self._ptys.add(handle)
         return handle
 
+    def _is_mapped(self, user: str) -> bool:
+        try:
+            return _resolve_user(user)[0] == self.uid
+        except ValueError:
+            return False
+
+    def host_ids(self, user: SandboxUser) -> tuple[int, int] | None:
+        # The engine's own ids are the ones that appear inside as the mapped user.
+        return (os.getuid(), os.getgid()) if user.uid == self.uid else None
+
     async def upload_tar(self, dest_dir: str, archive: bytes) -> None:
+        # Owners in the archive are not applied: whatever the engine writes appears inside as the
+        # sandbox's one mapped user, which is what staging asks for.
         self._ensure_open("upload")
         bind, rel = self._translate(dest_dir, write=True, operation="upload")
         check_archive(archive)
@@ -1780,7 +1818,7 @@ class LocalSandbox(Sandbox):
 def _kill_exec_tree(sb: LocalSandbox, child: int, pidfd: int | None) -> None:
     """Kill what one exec started. In the sandbox's shared PID namespace: the command's session and
     descendants. In an exec's own PID namespace (non-root): its pid 1, and the kernel kills the rest."""
-    if sb._provider.share_pidns:
+    if sb.share_pidns:
         _kill_tree(child, sb.pidns)
     elif pidfd is not None:
         with contextlib.suppress(ProcessLookupError, OSError):
@@ -2152,6 +2190,25 @@ def _default_base_dir() -> Path:
     return Path(state) / "opencode-tui" / "local"
 
 
+def _resolve_user(value: str) -> tuple[int, int]:
+    """A sandbox user (name, uid or uid:gid) as ids; names and default groups from the host's
+    passwd, which is also the sandbox's (the local provider shows the host's /etc)."""
+    name, uid, gid = parse_user_spec(value)
+    try:
+        pw = pwd.getpwnam(name) if name is not None else pwd.getpwuid(uid)  # type: ignore[arg-type]
+    except KeyError:
+        if name is not None:
+            raise ValueError(
+                f"no user {name!r} on this host (the local sandbox uses the host's users)"
+            ) from None
+        pw = None
+    assert uid is not None or pw is not None
+    uid = pw.pw_uid if uid is None else uid  # type: ignore[union-attr]
+    if gid is None:
+        gid = pw.pw_gid if pw is not None else uid
+    return uid, gid
+
+
 def _home_for(uid: int) -> tuple[str, str]:
     try:
         pw = pwd.getpwuid(uid)
@@ -2241,8 +2298,12 @@ class LocalProvider(SandboxProvider):
         sandbox_id = "local-" + uuid.uuid4().hex[:12]
         state_dir = self._state_dir(sandbox_id)
         self.base_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            uid, gid = _resolve_user(spec.user) if spec.user else (os.getuid(), os.getgid())
+        except ValueError as exc:
+            raise _error("sandbox_allocation_failed", "create", str(exc)) from exc
         state_dir.mkdir(mode=0o700)
-        user, home = _home_for(os.getuid())
+        user, home = _home_for(uid)
         owner = spec.labels.get(LABEL_OWNER) or self.owner or default_owner()
         labels = {**spec.labels, LABEL_RUN: spec.run_id, LABEL_OWNER: owner}
         notes: list[str] = []
@@ -2264,6 +2325,8 @@ class LocalProvider(SandboxProvider):
             "creator_pid": os.getpid(),
             "spec": spec.model_dump(mode="json"),
             "user": user,
+            "uid": uid,
+            "gid": gid,
             "home": home,
             "hostname": sandbox_id,
             "bwrap": {"path": self.bwrap.path, "source": self.bwrap.source, "version": self.bwrap.version},
@@ -2304,6 +2367,11 @@ class LocalProvider(SandboxProvider):
                 )
             else:
                 notes.append("network: the host's network namespace (shared)")
+            if self.share_pidns and uid != os.getuid():
+                notes.append(
+                    f"uid {uid} is mapped (not the engine's): every exec gets its own PID namespace: "
+                    "background processes end with the exec that started them"
+                )
             if not self.share_pidns:
                 notes.append(
                     "not root: every exec gets its own PID namespace: background processes end with the exec "

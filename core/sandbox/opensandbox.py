@@ -83,6 +83,7 @@ from core.sandbox.base import (
     check_exec_args,
     default_owner,
     new_execution_id,
+    parse_user_spec,
 )
 from core.sandbox.opensandbox_diagnostics import (
     TERMINAL_STATES,
@@ -171,6 +172,16 @@ def _error(failure: FailureEvent, cause: BaseException | None = None) -> Sandbox
     if cause is not None:
         error.__cause__ = cause
     return error
+
+
+# Become uid/gid, then exec "$@": setpriv (util-linux) where present, else python3 (the process
+# supervisor needs it in every sandbox anyway).
+_DROP_TO_USER_SH = (
+    "if command -v setpriv >/dev/null 2>&1; then "
+    'exec setpriv --reuid={uid} --regid={gid} --clear-groups -- "$@"; fi; '
+    "exec python3 -c 'import os, sys; os.setgroups([]); os.setgid({gid}); os.setuid({uid}); "
+    'os.execvp(sys.argv[1], sys.argv[1:])\' "$@"'
+)
 
 
 def _shell_command(argv: Sequence[str], stdin_path: str | None) -> str:
@@ -450,6 +461,8 @@ class OpenSandboxSandbox(Sandbox):
         self.owned = owned
         self.workdir = workdir
         self.memory_bytes = memory_bytes
+        # The spec's user as execd's uid/gid (None: ``command_uid``/``command_gid``, else execd's own).
+        self.user_ids: tuple[int, int | None] | None = None
         self.failures: list[FailureEvent] = []  # every failure seen here, recovered ones included
         self.remote_ids: dict[str, str] = {}  # our execution id -> execd's execution id
         self._execd_base: str | None = None
@@ -627,6 +640,7 @@ class OpenSandboxSandbox(Sandbox):
         execution_id: str | None = None,
         uid: int | None = None,
         gid: int | None = None,
+        user: str | None = None,
     ) -> ExecResult:
         """Run ``argv`` through execd. ``timeout`` is the hard cap: nothing waits past it.
 
@@ -639,6 +653,10 @@ class OpenSandboxSandbox(Sandbox):
         run = _Run(execution_id or new_execution_id(), argv, on_output)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        if user is not None and uid is None and gid is None:
+            uid, gid = await self._user_ids(user)
+        elif uid is None and gid is None and self.user_ids is not None:
+            uid, gid = self.user_ids  # asked for in the spec: a refusal must not silently fall back
         explicit_user = uid is not None or gid is not None
         if not explicit_user:
             uid, gid = self.settings.command_uid, self.settings.command_gid
@@ -652,6 +670,22 @@ class OpenSandboxSandbox(Sandbox):
             if not (cap.expired() or loop.time() >= deadline):
                 raise
         return self._hard_cap_result(run, timeout)
+
+    async def _user_ids(self, user: str) -> tuple[int, int | None]:
+        """execd takes numeric ids: a name is looked up in the sandbox (``id``)."""
+        name, uid, gid = parse_user_spec(user)
+        if name is None:
+            assert uid is not None
+            return uid, gid
+        if name == "root":
+            return 0, 0
+        r = await self.exec(
+            ["/bin/sh", "-c", 'id -u -- "$1" && id -g -- "$1"', "sh", name], cwd="/", timeout=30, uid=None
+        )
+        ids = r.stdout.decode("utf-8", "replace").split()
+        if not r.ok or len(ids) != 2 or not all(i.isdigit() for i in ids):
+            raise self._file_error("user", f"there is no user {name!r} in sandbox {self.sandbox_id}", r)
+        return int(ids[0]), int(ids[1])
 
     def _hard_cap_result(self, run: _Run, timeout: float) -> ExecResult:
         if run.remote_id is not None:
@@ -694,8 +728,15 @@ class OpenSandboxSandbox(Sandbox):
             await self._resolve_execd(deadline)
         stdin_path = None
         if stdin is not None:
-            stdin_path = f"/tmp/.opencode-tui-stdin-{uuid.uuid4().hex[:16]}"
-            await self._upload_bytes(stdin_path, stdin, 0o600, operation="exec.stdin", deadline=deadline)
+            name = f".opencode-tui-stdin-{uuid.uuid4().hex[:16]}"
+            stdin_path = f"/tmp/{name}"
+            if uid:
+                # The command's user must read it, and nobody else: upload it as that user's own
+                # (upload_tar extracts as root, so the archive's owner applies).
+                owner = (uid, gid if gid is not None else 0)
+                await self.upload_tar("/tmp", tarsafe.single_file_tar(name, stdin, 0o600, owner=owner))
+            else:
+                await self._upload_bytes(stdin_path, stdin, 0o600, operation="exec.stdin", deadline=deadline)
         body: dict[str, Any] = {
             "command": _shell_command(argv, stdin_path),
             "timeout": int((timeout + self.policy.command_timeout_headroom_s) * 1000),
@@ -1093,6 +1134,15 @@ class OpenSandboxSandbox(Sandbox):
         self._ensure_open("pty")
         if not argv:
             raise ValueError("argv must not be empty")
+        ids = self.user_ids or (
+            (self.settings.command_uid, self.settings.command_gid)
+            if self.settings.command_uid is not None
+            else None
+        )
+        if ids is not None:
+            # execd's terminal takes no uid/gid: the terminal drops to the sandbox user itself.
+            uid, gid = ids[0], ids[1] if ids[1] is not None else 0
+            argv = ["/bin/sh", "-c", _DROP_TO_USER_SH.format(uid=uid, gid=gid), "sh", *argv]
 
         async def not_sent(failed: RequestFailed) -> bool:
             # POST /pty starts a process: a request that may have reached the daemon is never sent
@@ -1236,9 +1286,15 @@ class OpenSandboxSandbox(Sandbox):
         tmp = f"/tmp/.opencode-tui-upload-{uuid.uuid4().hex[:16]}.tar"
         await self._upload_bytes(tmp, archive, 0o600)
         script = 'mkdir -p -- "$1" && tar -xf "$2" -C "$1"; rc=$?; rm -f -- "$2"; exit $rc'
-        result = await self.exec(
-            ["/bin/sh", "-c", script, "sh", dest_dir, tmp], cwd="/", timeout=self.settings.file_timeout_s
-        )
+        argv = ["/bin/sh", "-c", script, "sh", dest_dir, tmp]
+        result = None
+        if self.user_ids is not None or self.settings.command_uid is not None:
+            # Commands run as a chosen user: extract as root so the archive's owners and modes
+            # apply (as that user, tar could neither chown nor set the mode of a root-owned target).
+            with contextlib.suppress(ExpectedRefusal):
+                result = await self.exec(argv, cwd="/", timeout=self.settings.file_timeout_s, uid=0, gid=0)
+        if result is None:
+            result = await self.exec(argv, cwd="/", timeout=self.settings.file_timeout_s)
         if not result.ok:
             raise self._file_error("upload", f"extracting into {dest_dir!r} failed", result)
 
@@ -1654,6 +1710,8 @@ class OpenSandboxProvider(SandboxProvider):
         )
         try:
             reason, evidence = await sandbox._become_ready(spec.ready_timeout_s)
+            if reason is None and spec.user:
+                sandbox.user_ids = await sandbox._user_ids(spec.user)
         except BaseException:
             await self._release_quietly(sandbox)
             raise

@@ -94,18 +94,38 @@ def safe_extract(archive: bytes, dest: Path) -> None:
         tf.extractall(dest, filter="tar")
 
 
-def single_file_tar(name: str, data: bytes, mode: int = 0o644) -> bytes:
-    return tree_tar({name: (data, mode)})
+def single_file_tar(name: str, data: bytes, mode: int = 0o644, owner: tuple[int, int] | None = None) -> bytes:
+    return tree_tar({name: (data, mode)}, owner=owner)
 
 
-def tree_tar(entries: dict[str, tuple[bytes | None, int]]) -> bytes:
+def _owned(info: tarfile.TarInfo, owner: tuple[int, int] | None) -> tarfile.TarInfo:
+    # Numeric ids only: an empty name makes extractors use the number, not a lookup by name.
+    if owner is not None:
+        info.uid, info.gid = owner
+        info.uname = info.gname = ""
+    return info
+
+
+def tree_tar(
+    entries: dict[str, tuple[bytes | None, int]],
+    *,
+    owner: tuple[int, int] | None = None,
+    root_mode: int | None = None,
+) -> bytes:
     """A tar of relative paths → ``(content, mode)``; ``None`` content makes a directory.
 
-    Parent directories are added as needed, so one upload can lay out a whole tree.
+    Parent directories are added as needed, so one upload can lay out a whole tree. Modes are the
+    given ones (never the controller's umask); ``owner`` (uid, gid) is written into every header;
+    ``root_mode`` adds a ``.`` entry: the target directory itself gets that mode and owner.
     """
     buf = io.BytesIO()
     added: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w") as tf:
+        if root_mode is not None:
+            info = tarfile.TarInfo(".")
+            info.type = tarfile.DIRTYPE
+            info.mode = root_mode
+            tf.addfile(_owned(info, owner))
         for name, (data, mode) in entries.items():
             parts = PurePosixPath(name).parts
             for i in range(1, len(parts) + (1 if data is None else 0)):
@@ -115,25 +135,64 @@ def tree_tar(entries: dict[str, tuple[bytes | None, int]]) -> bytes:
                     info = tarfile.TarInfo(parent)
                     info.type = tarfile.DIRTYPE
                     info.mode = mode if data is None and i == len(parts) else 0o755
-                    tf.addfile(info)
+                    tf.addfile(_owned(info, owner))
             if data is not None:
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 info.mode = mode
-                tf.addfile(info, io.BytesIO(data))
+                tf.addfile(_owned(info, owner), io.BytesIO(data))
     return buf.getvalue()
 
 
-def directory_tar(src: Path, arcname: str = ".") -> bytes:
-    """Tar a host directory (links kept as links; they are validated again on upload)."""
+def directory_tar(
+    src: Path,
+    arcname: str = ".",
+    *,
+    owner: tuple[int, int] | None = None,
+    root_mode: int | None = None,
+) -> bytes:
+    """Tar a host directory (links kept as links; they are validated again on upload).
+
+    Modes are the host files' own (a deliberately unreadable file stays unreadable); ``owner``
+    (uid, gid) replaces the host's ids in every header; ``root_mode`` adds the ``.`` entry.
+    """
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
+        if root_mode is not None:
+            info = tarfile.TarInfo(arcname)
+            info.type = tarfile.DIRTYPE
+            info.mode = root_mode
+            tf.addfile(_owned(info, owner))
         for root, dirs, files in os.walk(src):
             dirs.sort()
             for name in sorted(dirs) + sorted(files):
                 full = Path(root) / name
                 rel = full.relative_to(src)
-                tf.add(full, arcname=str(PurePosixPath(arcname) / rel), recursive=False)
+                tf.add(
+                    full,
+                    arcname=str(PurePosixPath(arcname) / rel),
+                    recursive=False,
+                    filter=lambda info: _owned(info, owner),
+                )
+    return buf.getvalue()
+
+
+def reroot(archive: bytes, top: str) -> bytes:
+    """The same archive with every member moved under ``top/`` (``.`` becomes ``top`` itself).
+
+    For providers whose extractor skips a ``.`` entry for an existing target (Docker's): uploading
+    the rerooted archive into the target's parent applies the ``.`` entry's owner and mode.
+    """
+    _check_name(top)
+    src = tarfile.open(fileobj=io.BytesIO(archive), mode="r:*")
+    buf = io.BytesIO()
+    with src, tarfile.open(fileobj=buf, mode="w") as dst:
+        for m in src.getmembers():
+            rel = PurePosixPath(m.name)
+            m.name = top if str(rel) == "." else str(PurePosixPath(top) / rel)
+            if m.islnk():
+                m.linkname = str(PurePosixPath(top) / m.linkname)
+            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
     return buf.getvalue()
 
 

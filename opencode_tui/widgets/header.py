@@ -26,14 +26,16 @@ class RunHeader(Panel):
         owned = state.sandbox_owned
         sandbox = state.sandbox_id or "not yet"
         ownership = "" if owned is None else (" (owned)" if owned else " (borrowed)")
+        user = f" · user {state.sandbox_user}" if state.sandbox_user else ""
         model = state.started.model if state.started else None
         line1 = Content.from_markup(
-            "[b $primary]$task[/] · $provider · sandbox [b]$sandbox[/]$ownership · opencode $version"
+            "[b $primary]$task[/] · $provider · sandbox [b]$sandbox[/]$ownership$user · opencode $version"
             " · model $model",
             task=state.task_id or "unknown task",
             provider=state.provider or "?",
             sandbox=sandbox,
             ownership=ownership,
+            user=user,
             version=state.opencode_version or "?",
             model=model or "?",
         )

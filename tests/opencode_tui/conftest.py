@@ -127,6 +127,10 @@ def write_constructed_run(runs_dir: Path, run_id: str = "constructed-oom") -> Pa
             owned=True,
             network="none",
             memory_limit_enforced=True,
+            user="agent (uid 1000, gid 1000)",
+            uid=1000,
+            gid=1000,
+            user_source="image",
         )
     )
     bus.emit(Warning_(ts=at(2), code="ripgrep_unavailable", message="no system rg"))

@@ -35,6 +35,7 @@ from opencode_tui.state import CLEANUP_ORDER
 from opencode_tui.transcript import RENDERED_STREAMS
 from opencode_tui.widgets.cleanup import CleanupPanel
 from opencode_tui.widgets.failures import FailuresTable
+from opencode_tui.widgets.header import RunHeader
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.progress import WarningsBar
 from opencode_tui.widgets.stats import StatsPanel
@@ -214,6 +215,8 @@ async def test_constructed_failure_with_cause_chain_failed_receipt_and_tool_erro
         assert screen.state.compaction_count == 1
         assert screen.state.tool_errors == 1
         assert "ripgrep_unavailable" in screen.query_one(WarningsBar).render().plain
+        # the header names the user the sandbox ran as (SandboxReady)
+        assert "user agent (uid 1000, gid 1000)" in str(screen.query_one(RunHeader).render())
         assert _cell_texts(screen.query_one(FailuresTable))[0][4] == "docker.state"
         # no engine rendering here: the TUI renders the bash call itself, progress lines collapsed
         lines = screen.terminal.rendered.plain(0, screen.terminal.rendered.count)

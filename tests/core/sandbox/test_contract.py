@@ -414,3 +414,48 @@ def test_relay_rejects_bad_arguments() -> None:
 
     bad = subprocess.run([sys.executable, str(RELAY_SCRIPT_PATH), "notaport"], capture_output=True, text=True)
     assert bad.returncode == 2 and "PORT" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------ sandbox user
+
+
+async def test_the_spec_user_runs_everything_and_owned_uploads_are_its(make_sandbox: MakeSandbox) -> None:
+    """``SandboxSpec.user`` is who every exec and terminal runs as, and an archive's owners and modes
+    (its ``.`` entry: the target directory itself) apply whoever extracts it. The archive is made under
+    umask 077 on the controller: nothing here may depend on it."""
+    from core.sandbox.tarsafe import tree_tar
+
+    sb = await make_sandbox(user="1000:1000")
+    user = await sb.identify()
+    assert (user.uid, user.gid) == (1000, 1000)
+    old = os.umask(0o077)
+    try:
+        archive = tree_tar(
+            {"in.txt": (b"input\n", 0o600), "home": (None, 0o700)}, owner=user.ids, root_mode=0o700
+        )
+    finally:
+        os.umask(old)
+    await sb.upload_tar("/tmp/owned-session", archive)
+    r = await sb.exec(
+        [
+            "sh",
+            "-c",
+            "stat -c '%a %u:%g' /tmp/owned-session /tmp/owned-session/in.txt /tmp/owned-session/home "
+            "&& cat /tmp/owned-session/in.txt && id -u",
+        ],
+        timeout=30,
+    )
+    assert r.ok, r.stderr
+    assert r.text().splitlines() == ["700 1000:1000", "600 1000:1000", "700 1000:1000", "input", "1000"]
+    pty = await sb.pty(["sh", "-c", "echo PTY=$(id -u)=; sleep 5"])
+    try:
+        seen = b""
+        async with asyncio.timeout(20):
+            while b"=" not in seen.partition(b"PTY=")[2]:
+                chunk = await pty.read()
+                if not chunk:
+                    break
+                seen += chunk
+        assert b"PTY=1000=" in seen
+    finally:
+        await pty.close()
