@@ -12,11 +12,12 @@ Layout of ``runs/<run-id>/`` (directories created 0700; secrets redacted in ever
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -84,7 +85,14 @@ def make_private_dir(path: Path) -> Path:
 class CastWriter:
     """asciinema v2: a header line, then ``[seconds, "o", text]`` per output chunk."""
 
-    def __init__(self, path: Path, width: int = 120, height: int = 36) -> None:
+    def __init__(
+        self,
+        path: Path,
+        width: int = 120,
+        height: int = 36,
+        on_error: Callable[[str, OSError], None] | None = None,
+    ) -> None:
+        self._on_error = on_error
         self._f: TextIO = path.open("w", encoding="utf-8")
         self._t0 = time.monotonic()
         header = {
@@ -105,8 +113,13 @@ class CastWriter:
 
     def _write(self, code: str, text: str, at: float | None) -> None:
         t = time.monotonic() - self._t0 if at is None else at
-        self._f.write(json.dumps([round(t, 6), code, redact_text(text)]) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps([round(t, 6), code, redact_text(text)]) + "\n")
+            self._f.flush()
+        except OSError as exc:
+            if self._on_error is None:
+                raise
+            self._on_error(self._f.name, exc)
 
     def close(self) -> None:
         self._f.close()
@@ -116,14 +129,33 @@ SHELLS_DIR = "shells"  # the casts of shells a person opened in the sandbox
 
 
 class RunDir:
-    """Writer for one run directory. Thread-safe appends; every write is redacted."""
+    """Writer for one run directory. Thread-safe appends; every write is redacted.
+
+    Once created, writing never raises into the episode: a full or failing disk must not stop the
+    sandbox from being closed. The first failure is kept in ``write_error`` and reported through
+    ``on_write_error``; what was written before it stays.
+    """
 
     def __init__(self, path: Path, secrets: tuple[str, ...] = ()) -> None:
         self.path = make_private_dir(path)
         self._secrets = secrets
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._events: TextIO = (self.path / "events.jsonl").open("a", encoding="utf-8")
         self._cast: CastWriter | None = None
+        self.write_error: str | None = None
+        self.on_write_error: Callable[[str], None] | None = None
+
+    def write_failed(self, target: Path | str, exc: OSError) -> None:
+        """Note a failed write (the first one is kept and reported)."""
+        self.note_write_error(f"cannot write {target}: {exc.strerror or exc}")
+
+    def note_write_error(self, message: str) -> None:
+        with self._lock:
+            if self.write_error is not None:
+                return
+            self.write_error = message
+        if self.on_write_error is not None:
+            self.on_write_error(message)
 
     @classmethod
     def create(cls, runs_dir: Path, run_id: str, secrets: tuple[str, ...] = ()) -> RunDir:
@@ -137,22 +169,25 @@ class RunDir:
         line = encode(event)
         if self._secrets or _might_hold_secret(line):
             line = json.dumps(redact(json.loads(line), self._secrets), separators=(",", ":"))
-        with self._lock:
-            if self._events.closed:  # a post-mortem shell on a kept sandbox, after the run ended
-                self._events = (self.path / "events.jsonl").open("a", encoding="utf-8")
-            self._events.write(line + "\n")
-            self._events.flush()
+        try:
+            with self._lock:
+                if self._events.closed:  # a post-mortem shell on a kept sandbox, after the run ended
+                    self._events = (self.path / "events.jsonl").open("a", encoding="utf-8")
+                self._events.write(line + "\n")
+                self._events.flush()
+        except OSError as exc:
+            self.write_failed(self.path / "events.jsonl", exc)
 
     def cast(self) -> CastWriter:
         if self._cast is None:
-            self._cast = CastWriter(self.path / "terminal.cast")
+            self._cast = CastWriter(self.path / "terminal.cast", on_error=self.write_failed)
         return self._cast
 
     def shell_cast(self, n: int, width: int, height: int) -> tuple[str, CastWriter]:
         """A new recording for the n-th shell a person opened: (its name in the run dir, the writer)."""
         name = f"{SHELLS_DIR}/shell-{n}.cast"
         make_private_dir(self.path / SHELLS_DIR)
-        return name, CastWriter(self.path / name, width, height)
+        return name, CastWriter(self.path / name, width, height, on_error=self.write_failed)
 
     def write_json(self, name: str, obj: Any) -> Path:
         if isinstance(obj, BaseModel):
@@ -164,26 +199,37 @@ class RunDir:
 
     def append_text(self, name: str, text: str) -> None:
         target = self.path / name
-        make_private_dir(target.parent)
-        with self._lock, target.open("a", encoding="utf-8") as f:
-            f.write(redact_text(text, self._secrets))
+        try:
+            make_private_dir(target.parent)
+            with self._lock, target.open("a", encoding="utf-8") as f:
+                f.write(redact_text(text, self._secrets))
+        except OSError as exc:
+            self.write_failed(target, exc)
 
     def write_run_info(self, info: RunInfo) -> Path:
         return self.write_json("run.json", info)
 
     def _atomic(self, name: str, text: str) -> Path:
         target = self.path / name
-        make_private_dir(target.parent)
         tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        try:
+            make_private_dir(target.parent)
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            # The previous complete version (if any) stays; a torn temporary file does not.
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self.write_failed(target, exc)
         return target
 
     def close(self) -> None:
         with self._lock:
-            self._events.close()
+            with contextlib.suppress(OSError):
+                self._events.close()
             if self._cast is not None:
-                self._cast.close()
+                with contextlib.suppress(OSError):
+                    self._cast.close()
 
 
 _SECRET_HINTS = (

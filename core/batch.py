@@ -8,6 +8,7 @@ the others again with the next attempt number, leaving earlier attempts' artifac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -31,13 +32,27 @@ class BatchControl:
 
     def __init__(self) -> None:
         self.cancelled_by: str | None = None
+        self.halted: str | None = None  # why no further episode starts (the runs directory failed)
         self.running: set[Episode] = set()
+
+    def halt(self, reason: str) -> None:
+        """Start nothing more; the running episodes finish (and close) as usual."""
+        if self.halted is None:
+            self.halted = reason
 
     async def cancel(self, by: str) -> None:
         if self.cancelled_by is None:
             self.cancelled_by = by
         episodes = list(self.running)
         await asyncio.gather(*(e.cancel(by) for e in episodes), return_exceptions=True)
+
+
+class RunsDirError(OSError):
+    """The runs directory cannot be written at all: nothing was started."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(exc.errno, f"cannot write the runs directory {path}: {exc.strerror or exc}")
+        self.path = path
 
 
 class BatchSummary(BaseModel):
@@ -123,18 +138,28 @@ async def run_batch(
     control: BatchControl | None = None,
 ) -> BatchSummary:
     control = control or BatchControl()
-    runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240 (once, before any episode)
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240 (once, before any episode)
+        results_file = (runs_dir / RESULTS_FILE).open("a", encoding="utf-8")
+    except OSError as exc:
+        raise RunsDirError(runs_dir, exc) from exc
     previous = load_previous(runs_dir)
     attempts = max_attempts or config.policy.max_attempts or 3
     sem = asyncio.Semaphore(max(1, jobs))
     results: list[EpisodeResult] = []
-    results_file = (runs_dir / RESULTS_FILE).open("a", encoding="utf-8")
 
     def record(task: Task, result: EpisodeResult) -> None:
         results.append(result)
+        if result.artifacts_error is not None:
+            control.halt(result.artifacts_error)
         if not result.resumed:
-            results_file.write(json.dumps({"task_key": _key(task), **result.model_dump(mode="json")}) + "\n")
-            results_file.flush()
+            try:
+                results_file.write(
+                    json.dumps({"task_key": _key(task), **result.model_dump(mode="json")}) + "\n"
+                )
+                results_file.flush()
+            except OSError as exc:
+                control.halt(f"cannot write {runs_dir / RESULTS_FILE}: {exc.strerror or exc}")
         if on_result is not None:
             on_result(result)
 
@@ -146,7 +171,10 @@ async def run_batch(
         first = prior.attempt + 1 if prior is not None else 1
         async with sem:
             if control.cancelled_by is not None:
-                record(task, not_started(task, config, first, control.cancelled_by))
+                record(task, not_started(task, config, first, cancelled_by=control.cancelled_by))
+                return
+            if control.halted is not None:
+                record(task, not_started(task, config, first, halted=control.halted))
                 return
             result = await run_episode_with_retries(
                 task,
@@ -167,7 +195,8 @@ async def run_batch(
     except asyncio.CancelledError:
         cancelled = True
     finally:
-        results_file.close()
+        with contextlib.suppress(OSError):
+            results_file.close()
     failures = Counter(r.failure_kind for r in results if r.failure_kind)
     return BatchSummary(
         total=len(tasks),
@@ -179,19 +208,33 @@ async def run_batch(
     )
 
 
-def not_started(task: Task, config: AgentConfig, attempt: int, by: str) -> EpisodeResult:
-    """The record of a queued episode a cancelled batch never started (a resume runs it)."""
+def not_started(
+    task: Task,
+    config: AgentConfig,
+    attempt: int,
+    *,
+    cancelled_by: str | None = None,
+    halted: str | None = None,
+) -> EpisodeResult:
+    """The record of a queued episode the batch never started (a resume runs it): the batch was
+    cancelled, or halted because its runs directory stopped taking writes."""
+    if cancelled_by is not None:
+        action, kind, code = Outcome.STOP, "run_cancelled", ExitCode.for_cancel(cancelled_by)
+        summary = f"not started: the batch was cancelled by {cancelled_by}"
+    else:
+        action, kind, code = Outcome.MARK_EVALUATION_ERROR, "artifacts_write_failed", ExitCode.INFRA
+        summary = f"not started: {halted}"
     return EpisodeResult(
         run_id="",
         task_id=task.id,
         attempt=attempt,
         provider=config.sandbox.provider.value,
-        action=Outcome.STOP,
-        failure_kind="run_cancelled",
+        action=action,
+        failure_kind=kind,
         failure_stage=FailureStage.ADMISSION.value,
-        cancelled_by=by,
-        exit_code=ExitCode.for_cancel(by),
+        cancelled_by=cancelled_by,
+        exit_code=code,
         run_dir="",
         started=False,
-        summary=f"not started: the batch was cancelled by {by}",
+        summary=summary,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import time
 import uuid
 from datetime import UTC, datetime
@@ -120,6 +121,7 @@ class EpisodeResult(BaseModel):
     resumed: bool = False
     started: bool = True  # false: a queued episode a cancelled batch never started
     human_intervened: bool = False  # a person used a shell in the sandbox before verification finished
+    artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
     sandbox_kept: bool = False
 
     @property
@@ -347,19 +349,28 @@ class Episode(EpisodeControl):
             self.run_dir.write_run_info(self.info)
 
     def record_failure(self, failure: FailureEvent) -> Decision:
-        decision = decide(
-            failure, attempt=self.attempt, policy=self.policy, classification=self.classification
-        )
+        decision = self._decide(failure)
         self.failures.append(RecordedFailure(failure=failure, decision=decision))
         self.emit(FailureRecorded(failure=failure, decision=decision))
         return decision
+
+    def _decide(self, failure: FailureEvent) -> Decision:
+        return decide(failure, attempt=self.attempt, policy=self.policy, classification=self.classification)
 
     def _cleanup_step_failed(
         self, step: CleanupStep, exc: BaseException, kind: str, stage: FailureStage, operation: str
     ) -> None:
         """A cleanup-side step failed: show it in the cleanup panel and record it as a failure."""
         self.emit(CleanupObserved(step=step, state=StepState.FAILED, reason=str(exc)))
-        self.record_failure(self._failure_from(exc, kind, stage, operation))
+        if not self._run_dir_full(exc):
+            self.record_failure(self._failure_from(exc, kind, stage, operation))
+
+    def _run_dir_full(self, exc: BaseException) -> bool:
+        """An error writing the run directory itself (disk full, read-only) is said as what it is."""
+        if self.run_dir is None or not (isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS):
+            return False
+        self.run_dir.write_failed(exc.filename or self.run_dir.path, exc)
+        return True
 
     def _count(self, event: Event) -> None:
         if isinstance(event, ModelCall):
@@ -399,6 +410,7 @@ class Episode(EpisodeControl):
 
     def _start_run_dir(self) -> None:
         self.run_dir = RunDir.create(self.runs_dir, self.run_id, secrets=self._secrets())
+        self.run_dir.on_write_error = self._artifacts_failed
         self.bus.subscribe(self.run_dir.append_event)
         self.bus.subscribe(self._count)
         cast = self.run_dir.cast()
@@ -424,8 +436,49 @@ class Episode(EpisodeControl):
         cap = self.task.limits.run_s
         return min(self.config.budgets.run_s, cap) if cap else self.config.budgets.run_s
 
+    def _artifacts_failed(self, message: str) -> None:
+        """The run directory stopped taking writes (a full or read-only disk): the episode goes on
+        and closes its sandbox; the record it could not finish is not a trustworthy sample."""
+        self.record_failure(
+            FailureEvent(
+                kind="artifacts_write_failed",
+                stage=self._stage_of(self._phase),
+                operation="write the run directory",
+                message=message,
+            )
+        )
+
+    def _unrecorded(self, exc: OSError) -> EpisodeResult:
+        """The run directory could not even be created: nothing started, nothing to release."""
+        message = f"cannot create the run directory {self.runs_dir / self.run_id}: {exc.strerror or exc}"
+        failure = FailureEvent(
+            kind="artifacts_write_failed",
+            stage=FailureStage.ADMISSION,
+            operation="create run directory",
+            message=message,
+        )
+        self.failures.append(RecordedFailure(failure=failure, decision=self._decide(failure)))
+        verdict = decide_outcome(EpisodeFacts(failures=self.failures))
+        return EpisodeResult(
+            run_id=self.run_id,
+            task_id=self.task.id,
+            attempt=self.attempt,
+            provider=self.config.sandbox.provider.value,
+            action=verdict.outcome,
+            failure_kind=failure.kind,
+            failure_stage=failure.stage.value,
+            failure_class=verdict.deciding.decision.failure_class.value if verdict.deciding else None,
+            exit_code=verdict.exit_code,
+            run_dir=str(self.runs_dir / self.run_id),
+            summary=message,
+            artifacts_error=message,
+        )
+
     async def _run(self) -> EpisodeResult:
-        self._start_run_dir()
+        try:
+            self._start_run_dir()
+        except OSError as exc:
+            return self._unrecorded(exc)
         self.emit(
             EpisodeStarted(
                 run_id=self.run_id,
@@ -684,7 +737,7 @@ class Episode(EpisodeControl):
             # A run we stopped ourselves says nothing through its exit; its OOM evidence still counts.
             if self.session.launch_started and (not cancelled_agent or receipt is None):
                 await self._analyse_agent(receipt)
-            if self.session.collect_error is not None:
+            if self.session.collect_error is not None and not self._run_dir_full(self.session.collect_error):
                 self.record_failure(
                     self._failure_from(
                         self.session.collect_error,
@@ -951,6 +1004,9 @@ class Episode(EpisodeControl):
 
     def _outcome(self) -> EpisodeResult:
         assert self.run_dir is not None and self.info is not None
+        proxy = getattr(self.endpoint, "proxy", None)
+        if proxy is not None and proxy.write_error and self.run_dir.write_error is None:
+            self.run_dir.note_write_error(proxy.write_error)
         verdict = decide_outcome(
             EpisodeFacts(
                 failures=self.failures,
@@ -1000,6 +1056,7 @@ class Episode(EpisodeControl):
             durations_s=dict(self.durations),
             sandbox_kept=self._keep and self.sandbox is not None,
             human_intervened=self.human_intervened,
+            artifacts_error=self.run_dir.write_error,
             run_dir=str(self.run_dir.path),
             summary=verdict.summary,
         )
@@ -1047,6 +1104,10 @@ class Episode(EpisodeControl):
             if text.exists():
                 parts.append((name, text.read_text(errors="replace")))
         self.run_dir.write_text("diagnostics.txt", cap_diagnostics(parts))
+
+
+# errno values that mean "the run directory's disk does not take writes", not a bug of ours.
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM})
 
 
 def _evidence_key(evidence: Evidence) -> tuple[str, str]:

@@ -326,6 +326,7 @@ class EventBus:
         return q
 
     def emit(self, event: Event) -> Event:
+        failed: list[str] = []
         with self._lock:
             self._seq += 1
             stamped = event.model_copy(update={"seq": self._seq, "attempt": self.attempt})
@@ -335,6 +336,15 @@ class EventBus:
                 except Exception as exc:  # a broken consumer must not break the episode
                     self.errors.append(f"{fn!r}: {exc!r}")
                     self._subscribers.remove(fn)
+                    failed.append(f"{getattr(fn, '__qualname__', fn)!s}: {type(exc).__name__}: {exc}")
+        # Never silent: the remaining consumers (the TUI, the run directory) are told.
+        for what in failed:
+            self.emit(
+                Warning_(
+                    code="event_consumer_failed",
+                    message=f"an event consumer failed and receives no further events ({what})",
+                )
+            )
         return stamped
 
     @property

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.batch import BatchControl, BatchSummary, run_batch
+from core.batch import BatchControl, BatchSummary, RunsDirError, run_batch
 from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
 from core.exit_codes import ExitCode
@@ -129,6 +129,13 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
     def on_result(result: EpisodeResult) -> None:
         print(json.dumps(result.model_dump(mode="json")), flush=True)
         progress.finished(result)
+        if result.artifacts_error is not None:
+            print(
+                f"opencode-tui run: {result.artifacts_error}; the sandbox was still closed and released, "
+                "what was written before is kept; no further episode starts",
+                file=sys.stderr,
+                flush=True,
+            )
 
     control = BatchControl()
 
@@ -145,7 +152,11 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
                 control=control,
             )
 
-    summary = asyncio.run(main())
+    try:
+        summary = asyncio.run(main())
+    except RunsDirError as exc:
+        print(f"opencode-tui run: {exc.strerror}; free space or choose another --runs-dir", file=sys.stderr)
+        return ExitCode.INFRA
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
 

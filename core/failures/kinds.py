@@ -65,6 +65,8 @@ _REGISTRY: dict[str, str] = {
     "cleanup_unconfirmed": "no positive cleanup receipt within the close budget",
     "supervisor_lost": "the supervisor died without a receipt; cleanup was proven by destroying the sandbox",
     "transcript_export_failed": "the transcript snapshot or export failed",
+    # artifacts: the run directory on the controller
+    "artifacts_write_failed": "the run directory could not be written (disk full, read-only, removed)",
     # verification
     "verifier_error": "the verifier could not be run or crashed",
     "verifier_timeout": "the verifier's own deadline fired before it finished",

@@ -176,6 +176,7 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "verifier_unknown_exit": FailureClass.EVALUATION,
         # Staged inputs the sandbox user cannot use: our set-up (or the task's), never the model's.
         "sandbox_permission_denied": FailureClass.EVALUATION,
+        "artifacts_write_failed": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
         "*@admission": FailureClass.EVALUATION,

@@ -262,6 +262,7 @@ class ModelProxy(HttpService):
         self._server = HttpServer(self._handle, name="model-proxy")
         self._file_lock = threading.Lock()
         self.records: list[ModelCallRecord] = []
+        self.write_error: str | None = None  # the first failed append to model_calls.jsonl
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -335,8 +336,11 @@ class ModelProxy(HttpService):
                     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
                     with os.fdopen(fd, "a", encoding="utf-8") as f:
                         f.write(line + "\n")
-            except OSError:
-                log.exception("model proxy: cannot append to %s", path)
+            except OSError as exc:
+                # Recorded for the episode (a full runs directory), never a traceback on stderr.
+                if self.write_error is None:
+                    self.write_error = f"cannot write {path}: {exc.strerror or exc}"
+                log.debug("model proxy: cannot append to %s: %s", path, exc)
         try:
             if self.on_record is not None:
                 self.on_record(safe)

@@ -169,6 +169,10 @@ def test_bus_stamps_monotonic_seq_and_survives_broken_subscriber():
     bus.subscribe(seen.append)
     for e in all_events():
         bus.emit(e)
-    assert [e.seq for e in seen] == list(range(1, len(all_events()) + 1))
+    # The broken consumer is dropped, and that is said as an event of its own (never silent).
+    assert [e.seq for e in seen] == list(range(1, len(all_events()) + 2))
     assert all(e.attempt == 2 for e in seen)
     assert len(bus.errors) == 1
+    warning = seen[1]
+    assert warning.type == "warning" and warning.code == "event_consumer_failed"
+    assert "consumer bug" in warning.message

@@ -232,3 +232,63 @@ def test_sweep_removes_what_kill_9_left(task_copy, tmp_path, test_owner):
     r = run_cli("sweep", "--provider", "docker")
     assert r.returncode == 0, r.stderr
     assert _containers(test_owner) == []
+
+
+# ---- the runs directory fails: one line, exit 3, the sandbox still closed ---------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real, tiny filesystem (tmpfs) to fill: needs root to mount."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounts: list[Path] = []
+
+    def make(size: str, read_only: bool = False) -> Path:
+        target = tmp_path / f"disk-{len(mounts)}"
+        target.mkdir()
+        opts = f"size={size}" + (",ro" if read_only else "")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(target)], check=True)
+        mounts.append(target)
+        return target
+
+    yield make
+    for m in mounts:
+        subprocess.run(["umount", "-l", str(m)], check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_runs_directory_full_is_one_line_exit_3_and_keeps_what_was_written(small_disk):
+    runs = small_disk("600k")
+    r = run_cli(
+        "run",
+        str(SAMPLES / "fix-bug"),
+        "--batch",
+        "--provider",
+        "local",
+        "--runs-dir",
+        str(runs),
+        timeout=300,
+    )
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    said = [line for line in r.stderr.splitlines() if "No space left on device" in line]
+    assert len(said) == 1 and str(runs) in said[0], r.stderr
+    line = json.loads(r.stdout.splitlines()[-1])
+    assert line["failure_kind"] == "artifacts_write_failed" and line["artifacts_error"]
+    assert line["cleanup_confirmed"] is True
+    run_dir = Path(line["run_dir"])
+    assert (run_dir / "events.jsonl").stat().st_size > 0, "what was written before the fault is kept"
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == line["run_id"]
+    left = subprocess.run(["pgrep", "-af", line["run_id"]], capture_output=True, text=True).stdout
+    assert [x for x in left.splitlines() if "pgrep" not in x] == []
+
+
+def test_read_only_runs_directory_starts_nothing(small_disk):
+    runs = small_disk("1m", read_only=True)
+    r = run_cli("run", str(SAMPLES / "hello-file"), "--batch", "--runs-dir", str(runs / "sub"))
+    assert r.returncode == 3, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Read-only file system" in lines[0] and str(runs / "sub") in lines[0], r.stderr
+    assert r.stdout == ""
