@@ -28,6 +28,7 @@ from core import __version__
 from core.events import Event, decode, encode
 from core.failures import Outcome
 from core.failures.evidence import utcnow
+from core.invocation import Invocation
 from core.redaction import redact, redact_text
 
 DIAGNOSTICS_CAP = 16_000
@@ -70,6 +71,14 @@ class RunInfo(BaseModel):
     counts: dict[str, Any] = Field(default_factory=dict)
     # A person used a shell in the sandbox before verification finished (see ShellOpened).
     human_intervened: bool = False
+    # The process that ran the episode: a run without an outcome whose controller is gone was
+    # interrupted (SIGKILL, power loss), not running.
+    controller: Invocation | None = None
+
+    @property
+    def orphaned(self) -> bool:
+        """No outcome, and the controller process is known to be gone."""
+        return self.outcome is None and self.controller is not None and self.controller.alive() is False
 
     @property
     def duration_s(self) -> float | None:

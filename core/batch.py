@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
 from core.config import AgentConfig
 from core.episode import Episode, EpisodeResult
 from core.events import EventBus
@@ -72,6 +73,36 @@ class BatchSummary(BaseModel):
 
 def _key(task: Task) -> str:
     return f"{task.id}@{task.root}"
+
+
+def mark_orphans(runs_dir: Path) -> list[RunInfo]:
+    """Run directories whose controller died mid-episode (run.json without an outcome, its process
+    gone): each gets the outcome ``run_interrupted`` so nothing shows them as running forever. Their
+    sandboxes (the owned ones) are left for ``opencode-tui sweep --run RUN_ID``."""
+    marked: list[RunInfo] = []
+    for path, info in list_runs(runs_dir):
+        if info is None or not info.orphaned:
+            continue
+        assert info.controller is not None
+        info.outcome = OutcomeSummary(
+            action=Outcome.KEEP_UNKNOWN,
+            failure_kind="run_interrupted",
+            failure_stage=_stage_of_phase(info.phase),
+            failure_class="unknown",
+            summary=f"interrupted during {info.phase}: its controller (pid {info.controller.pid}) died "
+            f"before the episode ended; cleanup unknown (opencode-tui sweep --run {info.run_id})",
+        )
+        info.counts["cleanup_confirmed"] = False
+        try:
+            RunDir(path).write_run_info(info)
+        except OSError:
+            continue  # an unwritable old run stays as it was; it is still reported below
+        marked.append(info)
+    return marked
+
+
+def _stage_of_phase(phase: str) -> str:
+    return phase if phase in FailureStage.__members__.values() else FailureStage.RELEASE.value
 
 
 def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
@@ -136,6 +167,7 @@ async def run_batch(
     on_result: Callable[[EpisodeResult], None] | None = None,
     on_episode: Callable[[Episode], None] | None = None,
     control: BatchControl | None = None,
+    on_orphan: Callable[[RunInfo], None] | None = None,
 ) -> BatchSummary:
     control = control or BatchControl()
     try:
@@ -143,6 +175,9 @@ async def run_batch(
         results_file = (runs_dir / RESULTS_FILE).open("a", encoding="utf-8")
     except OSError as exc:
         raise RunsDirError(runs_dir, exc) from exc
+    for info in mark_orphans(runs_dir):
+        if on_orphan is not None:
+            on_orphan(info)
     previous = load_previous(runs_dir)
     attempts = max_attempts or config.policy.max_attempts or 3
     sem = asyncio.Semaphore(max(1, jobs))

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core import invocation
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, cap_diagnostics, versions
 from core.config import AgentConfig
 from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
@@ -428,6 +429,7 @@ class Episode(EpisodeControl):
             provider=self.config.sandbox.provider.value,
             config=self.config.model_dump(mode="json"),
             versions=versions(self.config.runtime.opencode_version),
+            controller=invocation.current(),
         )
         self.run_dir.write_run_info(self.info)
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core.artifacts import RunInfo
 from core.batch import BatchControl, BatchSummary, RunsDirError, run_batch
 from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
@@ -150,6 +151,7 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
                 on_result=on_result,
                 on_episode=progress.attach,
                 control=control,
+                on_orphan=_report_orphan,
             )
 
     try:
@@ -159,6 +161,11 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
         return ExitCode.INFRA
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
+
+
+def _report_orphan(info: RunInfo) -> None:
+    assert info.outcome is not None
+    print(f"opencode-tui run: {info.run_id} was {info.outcome.summary}", file=sys.stderr, flush=True)
 
 
 def _announce(name: str, first: bool) -> None:

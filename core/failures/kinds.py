@@ -74,6 +74,7 @@ _REGISTRY: dict[str, str] = {
     "verification_inconclusive": "the verifier ran but its result could not be read",
     # lifecycle
     "run_cancelled": "the run was cancelled by the user",
+    "run_interrupted": "the controller died mid-episode (SIGKILL, power loss): no outcome, cleanup unknown",
     "human_intervened": "a person used a shell in the sandbox before verification finished",
 }
 

@@ -200,6 +200,7 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "cleanup_unconfirmed": Action.KEEP_UNKNOWN,
         "supervisor_lost": Action.KEEP_UNKNOWN,
         "human_intervened": Action.KEEP_UNKNOWN,
+        "run_interrupted": Action.KEEP_UNKNOWN,
         "run_cancelled": Action.STOP,
         "task_invalid": Action.STOP,
         "config_invalid": Action.STOP,

@@ -68,7 +68,7 @@ class RunsScreen(Screen[None]):
                 )
                 continue
             out = info.outcome
-            action = out.action if out else "running/unknown"
+            action = out.action if out else ("interrupted" if info.orphaned else "running/unknown")
             style = colors.get("success", "") if action == Outcome.SCORED else colors.get("error", "")
             table.add_row(
                 Text(path.name),

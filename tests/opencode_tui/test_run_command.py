@@ -292,3 +292,33 @@ def test_read_only_runs_directory_starts_nothing(small_disk):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Read-only file system" in lines[0] and str(runs / "sub") in lines[0], r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_next_run_reports_what_a_kill_9_interrupted(task_copy, tmp_path, test_owner):
+    task = task_copy()
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [*CLI, "run", str(task), "--batch", "--provider", "docker", "--runs-dir", str(runs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        run_dir = _wait_for_phase(runs, "agent", proc)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert json.loads((run_dir / "run.json").read_text())["outcome"] is None
+    r = run_cli(
+        "run", str(SAMPLES / "hello-file"), "--batch", "--provider", "docker", "--runs-dir", str(runs)
+    )
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if run_dir.name in line]
+    assert len(said) == 1 and "interrupted during agent" in said[0] and "sweep --run" in said[0], r.stderr
+    outcome = json.loads((run_dir / "run.json").read_text())["outcome"]
+    assert (outcome["action"], outcome["failure_kind"]) == ("keep_unknown", "run_interrupted")
+    # Only SIGKILL leaves a sandbox behind, and sweep finds it.
+    assert _containers(test_owner)
+    assert run_cli("sweep", "--provider", "docker").returncode == 0
+    assert _containers(test_owner) == []
