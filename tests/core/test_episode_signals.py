@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,50 @@ def test_second_signal_hurries_and_still_records(tmp_path, provider):
     assert result.cleanup_confirmed is True and result.cleanup_proof in ("receipt", "destroyed")
     assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 1
     assert _left_behind(provider, result) == []
+
+
+@pytest.mark.bwrap
+def test_batch_signal_closes_running_episodes_together_and_records_queued_as_not_started(tmp_path):
+    """Three tasks, two at a time: SIGTERM while both run → both close (confirmed) concurrently, the
+    queued third is recorded as not started, and nothing is left."""
+    tasks = []
+    for i in range(3):
+        d = tmp_path / f"t{i}"
+        d.mkdir()
+        tasks.append(load_task(_task(d, slow_agent=True)))
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}, "policy": {"max_attempts": 1}})
+    control = BatchControl()
+    busy: set[str] = set()
+    sent: list[float] = []
+
+    def watch(episode) -> None:
+        def on_event(event: Event) -> None:
+            if _reached("agent", event):
+                busy.add(episode.run_id)
+                if len(busy) == 2 and not sent:
+                    sent.append(time.monotonic())
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+        episode.bus.subscribe(on_event)
+
+    async def main():
+        with closing_signals(control.cancel):
+            return await run_batch(
+                tasks, config, runs_dir=tmp_path / "runs", jobs=2, on_episode=watch, control=control
+            )
+
+    summary = asyncio.run(main())
+    closed_in = time.monotonic() - sent[0]
+    started = [r for r in summary.results if r.started]
+    queued = [r for r in summary.results if not r.started]
+    assert len(started) == 2 and len(queued) == 1
+    assert all(r.cleanup_confirmed and r.cleanup_proof == "receipt" for r in started)
+    assert all(r.cancelled_by == "SIGTERM" and r.exit_code == ExitCode.TERMINATED for r in summary.results)
+    assert queued[0].summary == "not started: the batch was cancelled by SIGTERM"
+    # Closed side by side: well within one close budget, not two in a row.
+    assert closed_in < config.budgets.close_s
+    assert exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by) == 143
+    lines = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    for r in started:
+        assert _left_behind("local", r) == []
