@@ -32,6 +32,7 @@ from core.invocation import Invocation
 from core.redaction import redact, redact_text
 
 DIAGNOSTICS_CAP = 16_000
+DIAGNOSTICS_FILE = "diagnostics.txt"
 
 
 class OutcomeSummary(BaseModel):
@@ -215,6 +216,15 @@ class RunDir:
         except OSError as exc:
             self.write_failed(target, exc)
 
+    def write_diagnostics(self, parts: Sequence[tuple[str, str]], cap: int = DIAGNOSTICS_CAP) -> Path:
+        """``diagnostics.txt``: the parts redacted first, then capped, then written as is.
+
+        Redacting after capping would let a short secret replaced by the longer marker push the
+        file past the cap, and a cut through a secret could leave a fragment the redaction no
+        longer recognises; so the cap sees the text exactly as it is written.
+        """
+        return self._atomic(DIAGNOSTICS_FILE, cap_diagnostics(parts, cap, secrets=self._secrets))
+
     def write_run_info(self, info: RunInfo) -> Path:
         return self.write_json("run.json", info)
 
@@ -358,15 +368,20 @@ def _water_fill(lengths: list[int], total: int) -> list[int]:
     return budgets
 
 
-def cap_diagnostics(parts: Sequence[tuple[str, str]], cap: int = DIAGNOSTICS_CAP) -> str:
-    """Combine named diagnostic parts into at most ``cap`` characters.
+def cap_diagnostics(
+    parts: Sequence[tuple[str, str]], cap: int = DIAGNOSTICS_CAP, secrets: tuple[str, ...] = ()
+) -> str:
+    """Combine named diagnostic parts into at most ``cap`` characters, secrets already redacted.
+
+    Every name and text is redacted before anything is measured, so the result is final: write it
+    without redacting again (a second pass could grow it, e.g. a truncation marker after ``token=``).
 
     A ``stderr`` part that repeats another part's text is dropped (it is often the same stream
     captured twice). When the whole does not fit, the budget is split evenly across parts; a part
     smaller than its share keeps all of it and leaves the rest to the others; an oversized part
     keeps its head and tail around a truncation marker. Oversized input yields exactly ``cap``.
     """
-    texts = [(n, t) for n, t in parts if t]
+    texts = [(redact_text(n, secrets), redact_text(t, secrets)) for n, t in parts if t]
     kept: list[tuple[str, str]] = []
     for name, text in texts:
         if name.startswith("stderr"):

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import invocation
-from core.artifacts import OutcomeSummary, RunDir, RunInfo, cap_diagnostics, versions
+from core.artifacts import OutcomeSummary, RunDir, RunInfo, versions
 from core.config import AgentConfig
 from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
 from core.events import (
@@ -1105,7 +1105,7 @@ class Episode(EpisodeControl):
             text = self.run_dir.path / name
             if text.exists():
                 parts.append((name, text.read_text(errors="replace")))
-        self.run_dir.write_text("diagnostics.txt", cap_diagnostics(parts))
+        self.run_dir.write_diagnostics(parts)
 
 
 # errno values that mean "the run directory's disk does not take writes", not a bug of ours.

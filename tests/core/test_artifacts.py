@@ -102,3 +102,21 @@ def test_diagnostics_cap_holds_for_many_parts(n):
         assert len(out) < DIAGNOSTICS_CAP and "truncated" not in out
     for i in range(n):
         assert f"===== p{i} =====" in out
+
+
+@pytest.mark.parametrize("fill", [15_000, 16_000, 60_000])
+def test_diagnostics_file_on_disk_stays_under_the_cap_when_redaction_grows_it(tmp_path, fill):
+    """Short secrets (a 4-character literal, ``token=abcd``) become the longer marker; the file that
+    is written, read back from disk, still holds at most the cap and no secret."""
+    rd = RunDir.create(tmp_path / "runs", "r1", secrets=("s3cr",))
+    unit = "s3cr token=abcd "
+    text = (unit * (fill // len(unit) + 1))[:fill]
+    parts = [("failure agent_nonzero_exit", "exit 1 with s3cr\n"), ("opencode/output.log", text)]
+    rd.write_diagnostics(parts)
+    rd.close()
+    on_disk = (rd.path / "diagnostics.txt").read_text(encoding="utf-8")
+    assert len(on_disk) <= DIAGNOSTICS_CAP
+    assert "s3cr" not in on_disk and "token=abcd" not in on_disk
+    assert REDACTED in on_disk
+    if fill >= 16_000:  # grown past the cap by redaction: cut to exactly the cap, marker included
+        assert len(on_disk) == DIAGNOSTICS_CAP and "characters truncated" in on_disk
