@@ -4,6 +4,9 @@ States: ``new → staging → launched → finalizing → closing → closed``.
 
 - Staging uploads the supervisor and the run inputs. A close during staging prevents the launch.
 - ``finalize()`` requests a stop and waits for the supervisor's receipt within the close budget.
+  One :class:`CloseDeadline` bounds the whole close (stop, collect, release and whatever the caller
+  does in between): it is computed once, at the first close step, and every step gets what remains;
+  no request starts once it is spent (a retried finalize then fails at once).
   Only a positive receipt confirms cleanup; only then the ``collect`` hook runs (exactly once).
   No transcript snapshot, export or verification may happen before that.
 - Unconfirmed cleanup keeps the session closing and retryable; for an owned sandbox the caller falls
@@ -16,13 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from core.events import CleanupObserved, CleanupStep, Event, StepState
 from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.supervisor_client import (
+    RELEASE_RESERVE_SHARE,
     SUPERVISOR_FILE,
     CleanupReceipt,
     ReceiptError,
@@ -32,10 +37,18 @@ from core.runtime.supervisor_client import (
     parse_receipt,
     remove_session_dir_script,
     stop_script,
+    stop_window,
     supervisor_source,
 )
 from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError, describe_exit
 from core.sandbox.tarsafe import tree_tar
+
+T = TypeVar("T")
+
+# The least time an owned sandbox's destruction gets, even when the close budget is spent.
+RELEASE_FLOOR_S = 1.0
+# A stop request is not started with less close budget than this left: it could not even start.
+STOP_MIN_WINDOW_S = 0.5
 
 
 class SessionState(StrEnum):
@@ -61,6 +74,87 @@ class CleanupUnconfirmed(RuntimeError):
     def __init__(self, message: str, receipt_text: str = "") -> None:
         super().__init__(message)
         self.receipt_text = receipt_text
+
+
+class CloseBudgetSpent(TimeoutError):
+    """A close step found no close budget left (it did not start) or ran out of it."""
+
+    def __init__(self, step: str, budget_s: float, started: bool) -> None:
+        when = "ran out of it" if started else "was not started"
+        super().__init__(f"the close budget of {budget_s:g}s was spent: {step} {when}")
+        self.step = step
+        self.started = started
+
+
+class CloseDeadline:
+    """One budget for the whole close, computed once; every step gets what remains.
+
+    ``remaining()`` is what a step before the release may use: the release keeps a reserve
+    (``RELEASE_RESERVE_SHARE`` of the budget) so that a stalled stop cannot leave no time to destroy
+    an owned sandbox. ``remaining(for_release=True)`` is everything left. Time spent inside
+    ``suspended()`` (verification, which has its own deadline) does not count.
+    """
+
+    def __init__(
+        self,
+        budget_s: float,
+        *,
+        reserve_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.budget_s = float(budget_s)
+        self.reserve_s = self.budget_s * RELEASE_RESERVE_SHARE if reserve_s is None else float(reserve_s)
+        self._clock = clock
+        self._started = clock()
+        self._suspended_total = 0.0
+        self._suspended_at: float | None = None
+
+    @property
+    def spent_s(self) -> float:
+        now = self._clock()
+        paused = self._suspended_total + (now - self._suspended_at if self._suspended_at is not None else 0.0)
+        return now - self._started - paused
+
+    def remaining(self, *, for_release: bool = False) -> float:
+        left = self.budget_s - self.spent_s
+        if not for_release:
+            left -= self.reserve_s
+        return max(left, 0.0)
+
+    def expired(self, *, for_release: bool = False) -> bool:
+        return self.remaining(for_release=for_release) <= 0.0
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Stop the clock, e.g. while the verifier runs under its own deadline."""
+        if self._suspended_at is not None:
+            yield
+            return
+        self._suspended_at = self._clock()
+        try:
+            yield
+        finally:
+            self._suspended_total += self._clock() - self._suspended_at
+            self._suspended_at = None
+
+    async def run(
+        self, aw: Awaitable[T], *, step: str, for_release: bool = False, cap: float | None = None
+    ) -> T:
+        """Await ``aw`` within what remains (and ``cap``); raise CloseBudgetSpent when nothing is
+        left, without starting it."""
+        left = self.remaining(for_release=for_release)
+        if cap is not None:
+            left = min(left, cap)
+        if left <= 0.0:
+            if asyncio.iscoroutine(aw):
+                aw.close()  # never started: no request goes out after the deadline
+            raise CloseBudgetSpent(step, self.budget_s, started=False)
+        try:
+            return await asyncio.wait_for(aw, left)
+        except TimeoutError as exc:
+            if isinstance(exc, CloseBudgetSpent):
+                raise
+            raise CloseBudgetSpent(step, self.budget_s, started=True) from exc
 
 
 Stage = Callable[[Sandbox], Awaitable[None]]
@@ -100,6 +194,14 @@ class SandboxSession:
         self._collect: Collect | None = None
         self._collected = False
         self._close_requested = False
+        self.close_deadline: CloseDeadline | None = None
+
+    def begin_close(self, deadline: CloseDeadline | None = None) -> CloseDeadline:
+        """The close deadline: the first call fixes it (``deadline``, or the session's close budget
+        from now); later calls return the same one, so a retried close never gets a fresh budget."""
+        if self.close_deadline is None:
+            self.close_deadline = deadline or CloseDeadline(self.budgets.close_timeout)
+        return self.close_deadline
 
     # ---- execute -------------------------------------------------------------------------------
 
@@ -171,6 +273,7 @@ class SandboxSession:
         later call retries (a collect that already ran is not repeated).
         """
         self._close_requested = True
+        self.begin_close()
         task = self._finalize_task
         # A second caller joins the close under way (it returns only once collect has finished); a
         # failed or cancelled close is started again.
@@ -179,29 +282,42 @@ class SandboxSession:
         return await asyncio.shield(self._finalize_task)
 
     async def _finalize(self) -> CleanupReceipt:
+        deadline = self.begin_close()
         if self.state in (SessionState.NEW, SessionState.STAGING, SessionState.LAUNCHED):
             self.state = SessionState.FINALIZING
         if self._staging is not None and not self._staging.done():
             # Let an in-flight upload finish (bounded) so the fence below sees a consistent dir.
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(self._staging), self.budgets.cleanup_timeout)
+                await deadline.run(
+                    asyncio.shield(self._staging), step="wait for staging", cap=self.budgets.cleanup_timeout
+                )
         if self.receipt is None:
-            self.receipt = await self._stop_and_confirm()
+            self.receipt = await self._stop_and_confirm(deadline)
         if self.launch_started and not self._collected and self._collect is not None:
             self._collected = True  # once, even if it fails: a failed collect is recorded, not retried
             try:
-                await asyncio.wait_for(self._collect(self.sandbox, self.receipt), self.budgets.close_timeout)
+                await deadline.run(self._collect(self.sandbox, self.receipt), step="collect")
             except Exception as exc:
                 self.collect_error = exc
         self._collected = True
         self.state = SessionState.CLOSING
         return self.receipt
 
-    async def _stop_and_confirm(self) -> CleanupReceipt:
+    async def _stop_and_confirm(self, deadline: CloseDeadline) -> CleanupReceipt:
+        available = deadline.remaining()
+        if available < STOP_MIN_WINDOW_S:
+            # A retried close after the budget was spent: no stop request starts past the deadline
+            # (nor one that could not even start an exec in what is left).
+            why = (
+                f"the close budget of {deadline.budget_s:g}s was spent ({available:.2f}s left before "
+                "the release); no stop request was started"
+            )
+            self._cleanup_event(StepState.FAILED, why)
+            raise CleanupUnconfirmed(f"cleanup not confirmed: {why}")
+        script_wait, exec_deadline = stop_window(available)
         try:
             r = await self.sandbox.exec(
-                stop_script(self.paths.session_dir, self.budgets.stop_timeout),
-                timeout=self.budgets.stop_exec_timeout,
+                stop_script(self.paths.session_dir, max(script_wait, 0.1)), timeout=exec_deadline
             )
         except SandboxError as exc:
             self._cleanup_event(StepState.FAILED, f"stop request failed: {exc}")
@@ -225,7 +341,7 @@ class SandboxSession:
                 )
                 return receipt
             if not r.observed:
-                why = f"the stop request did not finish within {self.budgets.stop_exec_timeout:g}s ({why})"
+                why = f"the stop request did not finish within {exec_deadline:.3g}s ({why})"
             self._cleanup_event(StepState.FAILED, why)
             raise CleanupUnconfirmed(f"cleanup not confirmed: {why}", text) from exc
         data = receipt.model_dump()
@@ -248,13 +364,18 @@ class SandboxSession:
         self._close_requested = True
         if self.released:
             return
+        self.begin_close()
         if self._release_task is None or (self._release_task.done() and self._release_task.exception()):
             self._release_task = asyncio.ensure_future(self._release())
         await asyncio.shield(self._release_task)
 
     async def _release(self) -> None:
+        deadline = self.begin_close()
         if not self.sandbox.owned:
-            r = await self.sandbox.exec(remove_session_dir_script(self.paths.session_dir), timeout=30)
+            left = min(deadline.remaining(for_release=True), 30.0)
+            if left <= 0.0:
+                raise CloseBudgetSpent("removing the session directory", deadline.budget_s, started=False)
+            r = await self.sandbox.exec(remove_session_dir_script(self.paths.session_dir), timeout=left)
             if not r.ok:
                 reason = r.stderr.decode("utf-8", "replace").strip() or describe_exit(r.exit_code, r.signal)
                 self._emit(
@@ -263,7 +384,11 @@ class SandboxSession:
                 raise SandboxError(
                     f"could not remove the session directory from the borrowed sandbox: {reason}"
                 )
-        await self.sandbox.release()
+        # Destroying an owned sandbox is the authority when cleanup is unconfirmed: it is attempted
+        # even with the budget spent, for at most RELEASE_FLOOR_S.
+        await asyncio.wait_for(
+            self.sandbox.release(), max(deadline.remaining(for_release=True), RELEASE_FLOOR_S)
+        )
         self.released = True
         self.state = SessionState.CLOSED
         self._emit(

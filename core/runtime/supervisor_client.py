@@ -41,8 +41,13 @@ CLAIM_STOP = "stop"
 CLEANUP_PHASE_COUNT = 3
 # Covers supervisor start-up, polling and receipt I/O on top of the run and cleanup budgets.
 EXEC_SLACK_SECONDS = 30.0
-# The stop exec gets this much on top of the time the stop script itself waits for the receipt.
+# The stop exec's deadline exceeds the time the stop script waits for the receipt by this much (at
+# most), so the script reports "unconfirmed" itself before the exec is cut; small budgets use a share.
 STOP_EXEC_SLACK_SECONDS = 5.0
+STOP_EXEC_SLACK_SHARE = 0.1
+# The close budget bounds the whole close; this share of it is kept for the release (destroying an
+# owned sandbox is the authority when cleanup is unconfirmed, so a stalled stop must not spend it).
+RELEASE_RESERVE_SHARE = 0.25
 
 BOOTSTRAP_EXIT_CODE = 127
 STOP_UNCONFIRMED_EXIT_CODE = 3
@@ -101,28 +106,44 @@ class SessionPaths:
 
 @dataclass(frozen=True)
 class Budgets:
-    """Deadlines derived from the run and close budgets (seconds)."""
+    """Deadlines derived from the run and close budgets (seconds).
+
+    The close budget is one deadline for the whole close (see ``core.session.CloseDeadline``): the
+    stop request may use all of it but the release reserve, and the supervisor's three cleanup phases
+    together fit inside the time the stop script waits, so a receipt can arrive within the budget.
+    """
 
     run_timeout: float
     close_timeout: float
+    release_reserve: float  # kept for the release: no step before it may use this part
     cleanup_timeout: float  # each of the supervisor's three cleanup phases
     exec_timeout: float  # the provider exec that runs the launch script
-    stop_timeout: float  # how long the stop script waits for the receipt
-    stop_exec_timeout: float  # the provider exec that runs the stop script
+    stop_timeout: float  # how long the stop script waits for the receipt (full budget left)
+    stop_exec_timeout: float  # the provider exec that runs the stop script (full budget left)
+
+
+def stop_window(available: float) -> tuple[float, float]:
+    """(how long the stop script waits for the receipt, the stop exec's deadline) for ``available``
+    seconds of close budget: the exec may use all of it, the script returns a little earlier."""
+    slack = min(STOP_EXEC_SLACK_SECONDS, available * STOP_EXEC_SLACK_SHARE)
+    return available - slack, available
 
 
 def budgets(run_timeout: float, close_timeout: float) -> Budgets:
-    """Split the close budget over the cleanup phases and derive the exec deadlines."""
+    """Split the close budget over the stop, the cleanup phases and the release reserve."""
     _positive("run_timeout", run_timeout)
     _positive("close_timeout", close_timeout)
-    cleanup_timeout = close_timeout / CLEANUP_PHASE_COUNT
+    reserve = close_timeout * RELEASE_RESERVE_SHARE
+    stop_timeout, stop_exec_timeout = stop_window(close_timeout - reserve)
+    cleanup_timeout = stop_timeout / CLEANUP_PHASE_COUNT
     return Budgets(
         run_timeout=float(run_timeout),
         close_timeout=float(close_timeout),
+        release_reserve=reserve,
         cleanup_timeout=cleanup_timeout,
         exec_timeout=run_timeout + CLEANUP_PHASE_COUNT * cleanup_timeout + EXEC_SLACK_SECONDS,
-        stop_timeout=float(close_timeout),
-        stop_exec_timeout=close_timeout + STOP_EXEC_SLACK_SECONDS,
+        stop_timeout=stop_timeout,
+        stop_exec_timeout=stop_exec_timeout,
     )
 
 
@@ -219,7 +240,7 @@ def stop_script(session_dir: str, timeout: float) -> list[str]:
     writes a synthetic confirmed receipt. If the launch won, it sends SIGTERM to the supervisor and
     polls for the receipt for up to ``timeout`` seconds. Exit 0 with the receipt on stdout, or exit 3
     when cleanup could not be confirmed (an unconfirmed receipt, if any, is still printed).
-    Run it with an exec deadline of about ``timeout + 5`` (see :func:`budgets`).
+    Run it with the exec deadline :func:`stop_window` pairs with ``timeout``.
     """
     paths = SessionPaths.of(session_dir)
     _positive("timeout", timeout)

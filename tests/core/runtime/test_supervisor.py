@@ -583,9 +583,15 @@ def test_well_formed_receipt_round_trips(caplog: pytest.LogCaptureFixture) -> No
 
 def test_budgets_split_close_timeout() -> None:
     b = budgets(100, 60)
-    assert b.cleanup_timeout == 20
-    assert b.exec_timeout == 100 + 3 * 20 + 30
-    assert b.stop_timeout == 60 and b.stop_exec_timeout == 65
+    # 60 s close: 15 s kept for the release, the stop exec may use 45 s, its script waits 40.5 s
+    # (10 % slack), and the supervisor's three cleanup phases fit inside that wait.
+    assert b.release_reserve == 15
+    assert b.stop_exec_timeout == 45 and b.stop_timeout == 40.5
+    assert b.cleanup_timeout == 13.5
+    assert 3 * b.cleanup_timeout <= b.stop_timeout
+    assert b.exec_timeout == 100 + 40.5 + 30
+    small = budgets(100, 3)  # small budgets keep a proportional slack, never a negative wait
+    assert small.stop_exec_timeout == 2.25 and small.stop_timeout == pytest.approx(2.025)
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             budgets(bad, 60)

@@ -7,13 +7,23 @@ processes are looked for on the host by a unique marker argument, which sees ins
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import subprocess
+import time
 import uuid
 
 import pytest
 
 from core.sandbox.base import Sandbox, SandboxClosedError
-from core.session import ClosedBeforeLaunch, SandboxSession, SessionRefused, SessionState
+from core.session import (
+    CleanupUnconfirmed,
+    ClosedBeforeLaunch,
+    SandboxSession,
+    SessionRefused,
+    SessionState,
+)
 
 
 def _marker() -> str:
@@ -140,3 +150,61 @@ async def test_closed_session_refuses_and_never_falls_back_to_host(sandbox: Sand
     with pytest.raises(SandboxClosedError):
         await sandbox.exec(["/bin/sh", "-c", f"touch {host_marker}"], timeout=5)
     assert not host_marker.exists()
+
+
+def _supervisor_pid(session: SandboxSession) -> int | None:
+    """The host pid of the session's supervisor (python running supervisor.py, not the launch shell)."""
+    out = subprocess.run(["pgrep", "-f", session.paths.supervisor], capture_output=True, text=True)
+    for pid in (int(p) for p in out.stdout.split()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--receipt" in argv and b"-c" not in argv[:2]:
+            return pid
+    return None
+
+
+async def _until(predicate, what: str, within: float = 30.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# One close budget for the whole close, plus what the host needs to start execs and remove a sandbox.
+CLOSE_SLACK_S = 2.0
+
+
+async def test_one_close_budget_bounds_stop_retry_and_release_when_the_receipt_never_comes(
+    sandbox: Sandbox,
+):
+    """A real stall: the supervisor is SIGSTOPped, so no receipt ever comes. The first finalize waits
+    what the budget allows, a retried finalize starts no request (nothing is left), and the owned
+    sandbox is still destroyed: all inside one close budget (before, each step had its own)."""
+    close = 4.0
+    marker = _marker()
+    s = _session(sandbox, run=120, close=close)
+    task = asyncio.ensure_future(s.execute(["/bin/sh", "-c", f"sleep {marker}"]))
+    try:
+        pid = await _until(lambda: _supervisor_pid(s), "the supervisor")
+        await _until(lambda: _host_pids(marker), "the harness")
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(CleanupUnconfirmed):
+            await s.finalize()
+        with pytest.raises(CleanupUnconfirmed, match="close budget"):
+            await s.finalize()
+        await s.release()
+        elapsed = time.monotonic() - started
+        assert elapsed <= close + CLOSE_SLACK_S, f"the close took {elapsed:.2f}s"
+        assert s.released and s.close_deadline is not None
+        assert s.close_deadline.spent_s <= close + CLOSE_SLACK_S
+        await _until(lambda: not _host_pids(marker), "the destroyed sandbox's processes to end", 15)
+    finally:
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(task, 30)
