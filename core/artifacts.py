@@ -1,13 +1,22 @@
 """The run directory: writer, reader, diagnostics cap.
 
-Layout of ``runs/<run-id>/`` (directories created 0700; secrets redacted in everything written)::
+Layout of ``runs/<run-id>/`` (directories created 0700; secrets redacted in everything written
+except OpenCode's raw stdout and database, which hold only what the sandbox saw)::
 
-    run.json            RunInfo: config, versions, outcome
-    events.jsonl        the full event stream
-    terminal.cast       asciinema v2 recording of the harness/exec output
-    model_calls.jsonl   one record per model call (written by the recording proxy)
-    opencode/stdout.jsonl, opencode/export.json, opencode.db
-    stderr.log  cleanup.json  diagnostics.txt  verify/
+    run.json               RunInfo: config, versions, outcome
+    events.jsonl           the full event stream
+    terminal.cast          asciinema v2 recording of the harness/exec output
+    model_calls.jsonl      one record per model call (written by the recording proxy)
+    opencode/stdout.jsonl  OpenCode's stdout, written as it streams in     } whatever happens to
+    opencode/stderr.log    its stderr (and the supervisor's), likewise     } the sandbox
+    opencode/output.log    the sandbox's copy of that stderr               } after confirmed
+    opencode/data/         OpenCode's data directory from the sandbox      } cleanup only
+    opencode.db            one consolidated copy of its database           }
+    opencode/export.json   the transcript exported from it                 }
+    verify/stdout.log, verify/stderr.log    the verifier's output (when it ran)
+    diagnostics.txt        failures and logs, redacted, then capped at DIAGNOSTICS_CAP characters
+
+The names of OpenCode's files are in ``core.runtime.opencode`` (STDOUT_FILE, ...).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -384,7 +394,7 @@ def cap_diagnostics(
     texts = [(redact_text(n, secrets), redact_text(t, secrets)) for n, t in parts if t]
     kept: list[tuple[str, str]] = []
     for name, text in texts:
-        if name.startswith("stderr"):
+        if posixpath.basename(name).startswith("stderr"):
             stripped = text.strip()
             if any(stripped and stripped in other for n, other in texts if n != name):
                 continue

@@ -1101,7 +1101,9 @@ class Episode(EpisodeControl):
                     f"class={decision.failure_class.value} action={decision.action.value}\n",
                 )
             )
-        for name in ("opencode/output.log", "stderr.log", "verify/stdout.log", "verify/stderr.log"):
+        from core.runtime.opencode import OUTPUT_LOG_FILE, STDERR_FILE  # [streamed output]
+
+        for name in (OUTPUT_LOG_FILE, STDERR_FILE, "verify/stdout.log", "verify/stderr.log"):
             text = self.run_dir.path / name
             if text.exists():
                 parts.append((name, text.read_text(errors="replace")))

@@ -23,6 +23,15 @@ from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, Sandbo
 from core.sandbox.tarsafe import safe_extract, tree_tar
 from core.tasks import Task, render_prompt
 
+# OpenCode's output in the run directory. stdout and stderr are written as they stream in, so they are
+# there whatever happens to the sandbox; the output log is the sandbox's own copy (the supervisor's
+# messages, OpenCode's and the model relay's stderr), collected after confirmed cleanup only.
+STDOUT_FILE = "opencode/stdout.jsonl"
+STDERR_FILE = "opencode/stderr.log"
+OUTPUT_LOG_FILE = "opencode/output.log"
+EXPORT_FILE = "opencode/export.json"
+DATABASE_FILE = "opencode.db"
+
 PLUGIN_SOURCE = Path(__file__).with_name("attribution_plugin.js")
 RUNNER_SOURCE = Path(__file__).with_name("serve_runner.py")
 RELAY_PORT = 47331  # inside the sandbox's own network namespace, so any fixed port is free
@@ -238,10 +247,11 @@ class OpenCodeHarness:
         lines = [f"cd {q(self.task.workdir)} || exit 2"]
         if self.use_relay:
             # The relay is the sandbox's only way out (to the model proxy's Unix socket). It is a
-            # child of this shell, hence drained by the supervisor with everything else.
+            # child of this shell, hence drained by the supervisor with everything else. Its stderr
+            # is the harness's: streamed out and kept in the output log by the supervisor.
             lines += [
                 f"{q(runtime.python)} -I {q(self.layout.relay_file)} {RELAY_PORT} {q(SANDBOX_MODEL_SOCKET)} "
-                f"</dev/null >/dev/null 2>>{q(self.layout.output_log)} &",
+                "</dev/null >/dev/null &",
                 "i=0",
                 f'while ! {q(runtime.python)} -c \'import socket,sys; socket.create_connection(("127.0.0.1", '
                 f"{RELAY_PORT}), 1)' 2>/dev/null; do",
@@ -268,14 +278,18 @@ class OpenCodeHarness:
 
     # ---- live output ----
     def on_output(self, emit: Callable[[Event], Any], run_dir: RunDir) -> Callable[[OutputChunk], None]:
-        path = run_dir.sub("opencode") / "stdout.jsonl"
-        self._stdout_log = path.open("ab")
+        """Each chunk goes to the run directory as it arrives (stdout raw, stderr redacted), then to
+        the event stream: unconfirmed cleanup or a destroyed sandbox cannot take it back."""
+        run_dir.sub(str(Path(STDOUT_FILE).parent))
+        self._stdout_log = (run_dir.path / STDOUT_FILE).open("ab")
 
         def handle(chunk: OutputChunk) -> None:
             if chunk.stream == "stdout":
                 self._stdout_log.write(chunk.data)
                 self._stdout_log.flush()
             text = chunk.data.decode("utf-8", "replace")
+            if chunk.stream == "stderr":
+                run_dir.append_text(STDERR_FILE, text)
             emit(TerminalOutput(stream=chunk.stream, data=text))
             if chunk.stream == "stdout":
                 for event in self._stream.feed(chunk.data):
@@ -342,7 +356,7 @@ class OpenCodeHarness:
         dest = run_dir.sub("opencode")
         try:
             log = (await sandbox.download_file(self.layout.output_log)).decode("utf-8", "replace")
-            run_dir.write_text("opencode/output.log", log)
+            run_dir.write_text(OUTPUT_LOG_FILE, log)
             self._stream.feed_log(log)
         except (SandboxError, FileNotFoundError):
             pass
@@ -352,7 +366,7 @@ class OpenCodeHarness:
 
     def export_transcript(self, run_dir: RunDir) -> TranscriptStats:
         raw = run_dir.path / "opencode" / "data" / "opencode"
-        db = transcript.snapshot(raw, run_dir.path / "opencode.db")
+        db = transcript.snapshot(raw, run_dir.path / DATABASE_FILE)
         doc, stats = transcript.export(db)
-        run_dir.write_json("opencode/export.json", doc)
+        run_dir.write_json(EXPORT_FILE, doc)
         return stats

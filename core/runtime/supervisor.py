@@ -4,7 +4,7 @@
 Usage::
 
     python3 -I supervisor.py --timeout T --cleanup-timeout C --stop-file PATH --receipt PATH \
-        [--preserve-descendants-on-success] -- <harness argv...>
+        [--log-file PATH] [--preserve-descendants-on-success] -- <harness argv...>
 
 It starts the harness in its own session, enforces the deadline (TERM, grace, KILL), then kills and
 reaps every descendant (it is a child subreaper, so double-forked and detached processes come back to
@@ -16,9 +16,14 @@ it) and atomically writes a cleanup receipt::
 Exit status: 0 when cleanup was confirmed without error, else 1.
 
 Constraints: standard library only, Linux only, runs on Python 3.8 and newer (the sandbox image
-decides the interpreter, not us). The harness's stdin/stdout/stderr are inherited untouched: the
-engine reads the harness's stdout live. The supervisor's own diagnostics go to stderr with a
-"supervisor:" prefix.
+decides the interpreter, not us). The harness's stdin and stdout are inherited untouched: the engine
+reads the harness's stdout live. With ``--log-file``, the harness's stderr goes through a pipe that the
+supervisor copies both to that file and to its own stderr (the exec's stream, so the engine gets it
+live and keeps it even if the sandbox is destroyed later); the copy is a thread of the supervisor, so
+it is never drained with the harness, and the receipt is written only after the copy reached EOF (or
+a short bound passed). A stream that stops being read never blocks the harness: the file gets every
+byte, the stream skips what it cannot take. The supervisor's own diagnostics go to the same places
+with a "supervisor:" prefix.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -43,15 +49,92 @@ DEFAULT_CLEANUP_TIMEOUT = 10.0
 # same so that an unexpected signal still ends in a cleanup and a receipt rather than a silent death.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
+# How long the stderr copy may take to reach EOF once the harness tree is gone, and how long one
+# write to the (streamed) stderr may wait before that chunk is skipped for the stream.
+PUMP_JOIN_SECONDS = 2.0
+STREAM_WRITE_WAIT_SECONDS = 0.5
+
 _stopping = False
+
+
+class _Tee:
+    """Copies bytes to the log file (always, blocking) and to stderr (best effort, never stuck)."""
+
+    def __init__(self, log_fd: int | None) -> None:
+        self.log_fd = log_fd
+        self.lock = threading.Lock()
+        self.stream_ok = True
+        self.skipped = 0
+        if log_fd is not None:
+            try:  # the stream must never block the harness: skip what it cannot take
+                os.set_blocking(2, False)
+            except OSError:
+                pass
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            if self.log_fd is not None:
+                _write_all(self.log_fd, data)
+            if self.stream_ok:
+                self._to_stream(data)
+
+    def _to_stream(self, data: bytes) -> None:
+        view = memoryview(data)
+        deadline = time.monotonic() + STREAM_WRITE_WAIT_SECONDS
+        while view:
+            try:
+                view = view[os.write(2, view) :]
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    self.skipped += len(view)
+                    return
+                time.sleep(0.01)
+            except OSError:
+                self.stream_ok = False  # the exec's stream is gone; the file keeps everything
+                return
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        pass
+
+
+_TEE = _Tee(None)
+_PUMP: threading.Thread | None = None
 
 
 def _log(message: str) -> None:
     try:
-        sys.stderr.write("supervisor: " + message + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
+        _TEE.write(("supervisor: " + message + "\n").encode("utf-8", "replace"))
+    except Exception:
         pass
+
+
+def _pump(read_fd: int) -> None:
+    """Copy the harness's stderr pipe through the tee until every writer has closed it."""
+    try:
+        while True:
+            try:
+                data = os.read(read_fd, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            _TEE.write(data)
+    finally:
+        os.close(read_fd)
+
+
+def _join_pump() -> None:
+    if _PUMP is not None:
+        _PUMP.join(PUMP_JOIN_SECONDS)
+        if _TEE.skipped:
+            skipped, _TEE.stream_ok = _TEE.skipped, False
+            _log(f"{skipped} bytes of stderr were kept in the log file only (the stream did not take them)")
 
 
 def _on_stop_signal(signum, frame) -> None:
@@ -87,6 +170,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--stop-file", required=True, help="a stop is requested when this path exists")
     parser.add_argument("--receipt", required=True, help="where the cleanup receipt JSON is written")
+    parser.add_argument(
+        "--log-file",
+        help="append the harness's stderr and the supervisor's messages here as well as to stderr",
+    )
     parser.add_argument(
         "--preserve-descendants-on-success",
         action="store_true",
@@ -150,6 +237,7 @@ def _write_receipt(path: str, receipt: dict) -> None:
 
 
 def _finish(receipt_path: str, receipt: dict) -> int:
+    _join_pump()  # every stderr byte is in the log (and the stream) before the receipt says "done"
     try:
         _write_receipt(receipt_path, receipt)
     except OSError as exc:
@@ -341,6 +429,12 @@ def run(argv: list[str]) -> int:
         return _finish(receipt_path, _receipt(True, error=f"launch: invalid supervisor arguments: {exc}"))
 
     receipt_path = opts.receipt
+    global _TEE
+    if opts.log_file:
+        try:
+            _TEE = _Tee(os.open(opts.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        except OSError as exc:
+            _log(f"cannot open the log file {opts.log_file}: {exc}; stderr is only streamed")
     problem = _check_budgets(opts.timeout, opts.cleanup_timeout)
     if problem is None and not harness:
         problem = "no harness command after '--'"
@@ -366,9 +460,22 @@ def run(argv: list[str]) -> int:
         _log("stop requested before launch; the harness is not started")
         return _finish(receipt_path, _receipt(True))
 
+    global _PUMP
+    stderr_w = None
     try:
-        proc = subprocess.Popen(harness, start_new_session=True)
+        if _TEE.log_fd is not None and not opts.preserve_descendants_on_success:
+            stderr_r, stderr_w = os.pipe()
+            _PUMP = threading.Thread(target=_pump, args=(stderr_r,), name="stderr-tee", daemon=True)
+        elif _TEE.log_fd is not None:
+            # Preserved descendants may outlive us: they write to the file itself, never to a pipe
+            # whose reader is gone.
+            stderr_w = os.dup(_TEE.log_fd)
+        proc = subprocess.Popen(harness, start_new_session=True, stderr=stderr_w)
     except OSError as exc:
+        if stderr_w is not None:
+            os.close(stderr_w)
+        if _PUMP is not None:
+            _PUMP.start()  # reads EOF at once and closes its end
         # The exec failed inside the child, which subprocess has already reaped.
         killed, drain_error = _drain(opts.cleanup_timeout)
         return _finish(
@@ -380,6 +487,10 @@ def run(argv: list[str]) -> int:
             ),
         )
 
+    if stderr_w is not None:
+        os.close(stderr_w)  # only the harness tree holds the write end now: EOF when it is gone
+    if _PUMP is not None:
+        _PUMP.start()
     return _supervise(proc, opts, receipt_path)
 
 

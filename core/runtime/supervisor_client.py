@@ -164,9 +164,10 @@ def launch_script(
     supervisor's own status (0 = cleanup confirmed without error, 1 = see the receipt). A non-zero
     harness exit is reported in the receipt, not in this status.
 
-    The harness's stdout is the exec's stdout, streamed as it is produced. The supervisor's stderr,
-    and so the harness's stderr, is appended to ``output.log``: a plain redirect keeps every process in
-    the tree a descendant of the supervisor (a ``tee`` helper would itself be drained). Stdin is
+    The harness's stdout is the exec's stdout, streamed as it is produced. The harness's stderr is
+    the exec's stderr too, streamed, and the supervisor also appends it to ``output.log`` (its own
+    ``--log-file`` copy, a thread of the supervisor: a ``tee`` process would itself be drained), so it
+    survives in the sandbox when the stream breaks. Stdin is
     ``stdin_file`` (relative paths are inside the session dir) or ``/dev/null``, so a harness never
     blocks on an exec channel that stays open.
     """
@@ -196,6 +197,8 @@ def launch_script(
         paths.stop_request,
         "--receipt",
         paths.receipt,
+        "--log-file",
+        paths.output_log,
     ]
     if preserve:
         supervisor_cmd.append("--preserve-descendants-on-success")
@@ -218,7 +221,7 @@ if [ ! -r {q(stdin_path)} ]; then
   echo {q(f"opencode-tui: the harness input {stdin_path} is missing or unreadable")} >&2
   exit 2
 fi
-exec 3< {q(stdin_path)} 4>> {q(paths.output_log)}
+exec 3< {q(stdin_path)}
 trap '' TERM
 ln -s {CLAIM_LAUNCH} {q(paths.claim)} 2>/dev/null || exit 0
 # The pid is only meaningful in this pid namespace; some providers (local bubblewrap) run every
@@ -227,7 +230,7 @@ pidns=$(readlink /proc/self/ns/pid 2>/dev/null || echo unknown)
 if ! {{ printf '%s %s\\n' "$$" "$pidns" > {q(pid_tmp)} && mv -f {q(pid_tmp)} {q(paths.pid)}; }}; then
   echo 'opencode-tui: cannot record the supervisor pid; a stop will rely on the stop file' >&2
 fi
-exec {shlex.join(supervisor_cmd)} <&3 2>&4 3<&- 4>&-
+exec {shlex.join(supervisor_cmd)} <&3 3<&-
 """
     return ["/bin/sh", "-c", script]
 

@@ -597,3 +597,59 @@ def test_budgets_split_close_timeout() -> None:
             budgets(bad, 60)
         with pytest.raises(ValueError):
             budgets(100, bad)
+
+
+def test_harness_stderr_streams_live_and_is_kept_in_the_output_log(session_dir: Path) -> None:
+    launch = _launch(session_dir, ["/bin/sh", "-c", "echo early-problem >&2; sleep 3; echo late >&2"])
+    try:
+        start = time.monotonic()
+        assert _read_line(launch.stderr, 5) == b"early-problem\n"  # streamed while the harness runs
+        assert time.monotonic() - start < 2.5 and launch.poll() is None
+        assert _read_line(launch.stderr, 10) == b"late\n"
+        assert launch.wait(timeout=10) == 0
+        log = (session_dir / sc.OUTPUT_LOG).read_text()
+        assert "early-problem\n" in log and "late\n" in log
+        assert parse_receipt((session_dir / sc.RECEIPT_FILE).read_text()).return_code == 0
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+
+
+def test_a_stderr_stream_nobody_reads_never_blocks_the_harness(session_dir: Path) -> None:
+    """The exec's stderr pipe is closed by its reader (a controller that went away): the harness still
+    writes 1 MiB to stderr and finishes, and the output log in the session dir has every byte."""
+    launch = _launch(
+        session_dir,
+        ["/bin/sh", "-c", "head -c 1048576 /dev/zero | tr '\\0' x >&2; echo finished"],
+    )
+    launch.stderr.close()
+    try:
+        assert _read_line(launch.stdout, 20) == b"finished\n"
+        assert launch.wait(timeout=20) == 0
+        log = (session_dir / sc.OUTPUT_LOG).read_text()
+        assert log.count("x") == 1048576
+        assert parse_receipt((session_dir / sc.RECEIPT_FILE).read_text()).return_code == 0
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+
+
+def test_a_stderr_stream_read_too_slowly_never_blocks_the_harness(session_dir: Path) -> None:
+    """Nobody reads the exec's stderr pipe (it stays open and fills up): the harness is not held up;
+    what the stream could not take is in the output log, and the log says so."""
+    launch = _launch(
+        session_dir,
+        ["/bin/sh", "-c", "head -c 1048576 /dev/zero | tr '\\0' Q >&2; echo finished"],
+    )
+    try:
+        assert _read_line(launch.stdout, 30) == b"finished\n"
+        assert launch.wait(timeout=30) == 0
+        log = (session_dir / sc.OUTPUT_LOG).read_text()
+        assert log.count("Q") == 1048576
+        assert "kept in the log file only" in log
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
