@@ -81,7 +81,7 @@ from core.sandbox.base import (
     SandboxSpec,
     default_owner,
 )
-from core.session import CleanupUnconfirmed, SandboxSession
+from core.session import CleanupUnconfirmed, CloseDeadline, SandboxSession
 from core.shells import RecordedShell
 from core.tasks import Task
 from core.tokens import token_totals
@@ -176,6 +176,7 @@ class Episode(EpisodeControl):
         self._cancel: CancelRequest | None = None
         self._graceful_stop: asyncio.Future[Any] | None = None
         self._destroyed_in_hurry = False
+        self.close_deadline: CloseDeadline | None = None  # [close budget] fixed when the close starts
         self.cleanup_proof: CleanupProof | None = None
         self._last_command: str | None = None  # the agent's last bash command (for the record)
         self._shells = 0
@@ -724,6 +725,13 @@ class Episode(EpisodeControl):
     # ---- closing, transcript, verification, release, outcome -------------------------------------
 
     async def _finish(self, stack: contextlib.AsyncExitStack) -> EpisodeResult:
+        # [close budget] one deadline for the whole close, shared with the session (which started it
+        # already when a cancel asked the supervisor to stop); each step below gets what remains.
+        self.close_deadline = (
+            self.session.begin_close()
+            if self.session is not None
+            else CloseDeadline(self.config.budgets.close_s)
+        )
         confirmed: bool | None = None
         if self.session is not None:
             self._enter(Phase.CLOSING)
@@ -765,7 +773,8 @@ class Episode(EpisodeControl):
         if confirmed and self.sandbox is not None and self._cancel is None:
             self._enter(Phase.VERIFICATION)
             self._verify_task = asyncio.ensure_future(self._verify())
-            with contextlib.suppress(asyncio.CancelledError):
+            # [close budget] verification has its own deadline: the close budget's clock stops.
+            with contextlib.suppress(asyncio.CancelledError), self.close_deadline.suspended():
                 await self._verify_task
         self._enter(Phase.RELEASE)
         await self._release()
@@ -784,7 +793,7 @@ class Episode(EpisodeControl):
         why = self._why_unconfirmed(exc)
         if self.sandbox.owned and not self._keep:
             try:
-                await asyncio.wait_for(self.session.release(), self.config.budgets.close_s)
+                await self.session.release()  # [close budget] bounded by the session's close deadline
             except Exception as release_exc:
                 why = f"{why}; destroying the sandbox failed too: {release_exc}"
             else:
@@ -827,7 +836,9 @@ class Episode(EpisodeControl):
         if self.sandbox is None:
             return []
         try:
-            return await asyncio.wait_for(self.sandbox.inspect(), 15)
+            # [close budget] within what the close has left; not started once it is spent.
+            deadline = self.close_deadline or CloseDeadline(self.config.budgets.close_s)
+            return await deadline.run(self.sandbox.inspect(), step="inspect the sandbox", cap=15)
         except Exception as exc:  # diagnosis is best effort and bounded
             self.emit(Warning_(code="inspect_failed", message=f"could not inspect the sandbox: {exc}"))
             return []
@@ -860,7 +871,10 @@ class Episode(EpisodeControl):
     async def _transcript(self) -> None:
         assert self.run_dir is not None
         try:
-            stats = await asyncio.to_thread(self.harness.export_transcript, self.run_dir)
+            assert self.close_deadline is not None  # [close budget]
+            stats = await self.close_deadline.run(
+                asyncio.to_thread(self.harness.export_transcript, self.run_dir), step="export the transcript"
+            )
         except Exception as exc:
             self._cleanup_step_failed(
                 CleanupStep.TRANSCRIPT_SNAPSHOT,
@@ -985,9 +999,10 @@ class Episode(EpisodeControl):
             return
         try:
             if self.session is not None:
-                await asyncio.wait_for(self.session.release(), self.config.budgets.close_s)
+                await self.session.release()  # [close budget] bounded by the session's close deadline
             else:
-                await asyncio.wait_for(self.sandbox.release(), self.config.budgets.close_s)
+                assert self.close_deadline is not None  # [close budget]
+                await self.close_deadline.run(self.sandbox.release(), step="release", for_release=True)
                 self.emit(
                     CleanupObserved(
                         step=CleanupStep.SANDBOX_RELEASED,

@@ -2,11 +2,9 @@
 
 Real episodes (the real OpenCode binary, the scripted model, real sandboxes). The fault is real: the
 process supervisor inside the sandbox is SIGSTOPped from the host while OpenCode runs a command, so
-no cleanup receipt can ever come; then the run is cancelled and the episode closes. On docker the
-stop then waits for a receipt that never comes (before: 8.4 s for a 4 s budget, now about 3.2 s). On
-the local provider the cancelled launch exec takes its process tree, the stopped supervisor included,
-with it, so the stop learns at once that no receipt will come (the stalled stop on the local provider
-is in tests/core/sandbox/test_session_lifecycle.py).
+no cleanup receipt can ever come; then the run is cancelled and the episode closes: the stop waits
+what the budget allows, the agent's launch exec is abandoned (before, the episode waited for it until
+a second cancel: over 120 s here), a retried stop starts nothing, and the sandbox is destroyed.
 """
 
 from __future__ import annotations
@@ -104,13 +102,12 @@ async def test_a_stalled_close_ends_within_one_budget_and_keeps_the_streamed_out
     print(f"close with a {CLOSE_S:g}s budget took {elapsed:.2f}s on {provider}")
     # The close (stop, a retried stop that starts nothing, inspect, release) fits one budget.
     assert elapsed <= CLOSE_S + SLACK_S, f"the close took {elapsed:.1f}s with a {CLOSE_S:g}s budget"
-    assert result.cleanup_confirmed is False
-    kinds = [f.kind for f, _ in ep.failures]
-    assert "cleanup_unconfirmed" in kinds, kinds
+    # No receipt ever came: the owned sandbox was destroyed, and the record says both.
+    kinds = [r.failure.kind for r in ep.failures]
+    assert "supervisor_lost" in kinds, kinds
+    assert result.cleanup_proof == "destroyed"
     assert ep.close_deadline is not None and ep.close_deadline.spent_s <= CLOSE_S + 1.0
     run_dir = Path(result.run_dir)
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["counts"]["cleanup_confirmed"] is False
     events = (run_dir / "events.jsonl").read_text().splitlines()
     receipts = [
         e for e in map(json.loads, events) if e.get("type") == CleanupObserved.model_fields["type"].default
