@@ -678,7 +678,10 @@ class Episode(EpisodeControl):
                 )
             ) from exc
         except RuntimeNotReady as exc:
-            raise StageFailure(exc.failure) from exc
+            # [install causes] a provider's failure keeps its kind, cause and evidence; stage: install.
+            raise StageFailure(
+                self._failure_from(exc, "install_failed", FailureStage.INSTALL, "install opencode")
+            ) from exc
         self.runtime = runtime
 
         # ---- agent: OpenCode under the supervisor ----

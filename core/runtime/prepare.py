@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from core.events import Event, InstallProgress, Warning_
-from core.failures import FailureEvent, FailureStage, GenericDetails
+from core.failures import CommandDetails, FailureEvent, FailureStage, GenericDetails
 from core.runtime.installer import Installer, InstallError, check_version_output
 from core.runtime.targets import (
     ProbeError,
@@ -24,7 +24,12 @@ from core.runtime.targets import (
     parse_probe,
     probe_script,
 )
-from core.sandbox.base import Sandbox, SandboxError, describe_exit
+from core.sandbox.base import ExecResult, Sandbox, SandboxError, describe_exit
+
+# What a shell reports when the program it was asked to run is missing or not executable: the only
+# exits that say "preinstall something". Any other failure of a probe is the sandbox's or the
+# provider's, and keeps its own kind.
+_NOT_FOUND_EXITS = (126, 127)
 
 # Where providers that can bind-mount expose the controller's OpenCode cache (read-only).
 RUNTIME_CACHE_MOUNT = "/opt/opencode-tui/cache"
@@ -65,6 +70,31 @@ def _fail(kind: str, message: str, **data: Any) -> RuntimeNotReady:
     )
 
 
+def _kept(exc: BaseException, operation: str) -> RuntimeNotReady:
+    """A provider failure during preparation (sandbox lost, OOM, I/O timeout) keeps its own kind,
+    cause and evidence; the episode stamps the stage. Only an untyped error gets a generic kind."""
+    failure = getattr(exc, "failure", None)
+    if not isinstance(failure, FailureEvent):
+        failure = FailureEvent.from_exception(
+            exc, kind="command_failed", stage=FailureStage.INSTALL, operation=operation
+        )
+    return RuntimeNotReady(failure)
+
+
+def _unobserved(r: ExecResult, operation: str, timeout: float) -> RuntimeNotReady:
+    """An exec whose exit nobody saw: the outcome stays unknown, never "a program is missing"."""
+    why = f"its hard cap of {timeout:g}s expired" if r.deadline_expired else "its exit was not observed"
+    return RuntimeNotReady(
+        FailureEvent(
+            kind="command_hard_cap_expired" if r.deadline_expired else "command_status_lost",
+            stage=FailureStage.INSTALL,
+            operation=operation,
+            message=f"{operation}: {why}" + (f" ({r.error})" if r.error else ""),
+            details=CommandDetails(execution_id=r.execution_id, exit_code=None),
+        )
+    )
+
+
 def _throttled(emit: Callable[[Event], Any], package: str) -> Callable[[int, int | None], None]:
     last = [0.0, -1]
 
@@ -78,19 +108,34 @@ def _throttled(emit: Callable[[Event], Any], package: str) -> Callable[[int, int
     return on_progress
 
 
+PROBE_TIMEOUT_S = 60.0
+
+
 async def probe(sandbox: Sandbox) -> SandboxFacts:
+    operation = "probe the sandbox"
     try:
-        r = await sandbox.exec(["/bin/sh", "-c", probe_script()], timeout=60)
+        r = await sandbox.exec(["/bin/sh", "-c", probe_script()], timeout=PROBE_TIMEOUT_S)
     except SandboxError as exc:
+        raise _kept(exc, operation) from exc
+    if not r.observed:
+        raise _unobserved(r, operation, PROBE_TIMEOUT_S)
+    stderr = r.stderr.decode(errors="replace")[:500]
+    if r.exit_code in _NOT_FOUND_EXITS and r.signal is None:
         raise _fail(
             "install_prerequisite_missing",
-            f"cannot run /bin/sh in the sandbox ({exc}); preinstall a POSIX shell in the image",
-        ) from exc
-    if not r.ok:
-        raise _fail(
-            "install_prerequisite_missing",
-            f"the sandbox probe failed ({describe_exit(r.exit_code, r.signal)}): {r.stderr.decode(errors='replace')[:500]}; "
+            f"cannot run /bin/sh in the sandbox ({describe_exit(r.exit_code, r.signal)}): {stderr}; "
             "preinstall a POSIX shell (sh) in the image",
+        )
+    if not r.ok:
+        # Killed, OOM, a crash: what happened to the sandbox, not a missing program.
+        raise RuntimeNotReady(
+            FailureEvent(
+                kind="command_failed",
+                stage=FailureStage.INSTALL,
+                operation=operation,
+                message=f"the sandbox probe failed ({describe_exit(r.exit_code, r.signal)}): {stderr}",
+                details=CommandDetails(execution_id=r.execution_id, exit_code=r.exit_code),
+            )
         )
     try:
         return parse_probe(r.stdout.decode("utf-8", "replace"))
@@ -172,11 +217,11 @@ async def prepare_runtime(
             data = await asyncio.to_thread(Path(installed.path).read_bytes)
             await sandbox.upload_file(binary, data, 0o755)
         except SandboxError as exc:
-            raise _fail(
-                "install_failed", f"could not upload the OpenCode binary into the sandbox: {exc}"
-            ) from exc
+            raise _kept(exc, "upload the OpenCode binary into the sandbox") from exc
 
     r = await sandbox.exec([binary, "--version"], timeout=60, env={"HOME": "/tmp"})
+    if not r.observed:
+        raise _unobserved(r, "check the OpenCode version", 60)
     out = r.stdout.decode("utf-8", "replace").strip()
     if not r.ok or not check_version_output(out, version):
         raise _fail(

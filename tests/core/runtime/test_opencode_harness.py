@@ -3,6 +3,7 @@ faults from the scripted model, and the best-effort/required prerequisites in re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -156,3 +157,49 @@ def test_musl_loader_in_a_real_image_is_detected():
     # The same image read as an Alpine would be (ldd says musl): the musl build is chosen.
     alpine_like = facts.model_copy(update={"ldd_version": "musl libc (x86_64)", "gnu_libc_version": None})
     assert select_target(alpine_like).package_name.endswith("-musl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "provider",
+    [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)],
+)
+async def test_a_sandbox_killed_under_the_install_probe_keeps_the_providers_failure(
+    provider, task_copy, episode_on
+):
+    """A real fault: the moment the install phase starts, the sandbox is killed from outside
+    (``docker kill`` of the container; SIGKILL to every process of the local sandbox, its keeper
+    included). The probe's exec fails because of the provider, and the record says so: the
+    provider's own kind with its cause, stage install; never ``install_prerequisite_missing``."""
+    import os
+    import signal
+
+    from core.events import Phase, PhaseChanged
+
+    if provider == "docker":
+        _docker_ready("opencode-tui/base:bookworm")
+    ep = episode_on(task_copy(), sandbox={"provider": provider})
+    killed: list[str] = []
+
+    def kill_at_install(event) -> None:
+        if not (isinstance(event, PhaseChanged) and event.phase is Phase.INSTALL) or killed:
+            return
+        sb = ep.sandbox
+        if provider == "docker":
+            subprocess.run(["docker", "kill", sb.sandbox_id], capture_output=True, check=True, timeout=60)
+        else:
+            for pid in sb.host_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        killed.append(sb.sandbox_id)
+
+    ep.bus.subscribe(kill_at_install)
+    result = await ep.run()
+    assert killed, "the sandbox was never killed"
+    failure = next(r.failure for r in ep.failures if r.failure.stage.value == "install")
+    # Before: install_prerequisite_missing ("cannot run /bin/sh ...; preinstall a POSIX shell").
+    assert failure.kind == "sandbox_lost", failure
+    assert result.failure_kind == "sandbox_lost" and result.failure_stage == "install"
+    assert "preinstall" not in failure.message.lower()
+    if provider == "docker":  # the engine's answer is kept as the cause
+        assert failure.cause is not None and "409" in failure.cause.message
