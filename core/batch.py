@@ -153,8 +153,44 @@ async def run_episode_with_retries(
             or control.cancelled_by is not None
         ):
             return result
+        if not await borrowed_sandbox_is_clean(episode, result, config):
+            result.summary += (
+                "; no further attempt: the borrowed sandbox's cleanup is unconfirmed (its session "
+                "directory stays there for a later close)"
+            )
+            return result
         previous.append(result.run_dir)
         attempt += 1
+
+
+async def borrowed_sandbox_is_clean(episode: Episode, result: EpisodeResult, config: AgentConfig) -> bool:
+    """Whether another attempt may start in the sandbox of ``episode``.
+
+    An owned sandbox is new for every attempt. A borrowed one whose cleanup was not confirmed may
+    still run the last attempt's processes: the close is retried once from the session directory
+    the release kept (within the close budget), and only a confirmed receipt lets another attempt in.
+    """
+    if config.sandbox.mode != "borrowed" or result.cleanup_confirmed is not False:
+        return True
+    session = episode.session
+    if session is None or not session.keeps_session_dir or config.sandbox.sandbox_id is None:
+        return False
+    from core.sandbox.providers import get_provider
+    from core.session import SandboxSession
+
+    later: SandboxSession | None = None
+    try:
+        sandbox = await get_provider(config.sandbox.provider, config).connect(config.sandbox.sandbox_id)
+        later = SandboxSession.reattach(
+            sandbox, session.paths.session_dir, close_timeout_s=config.budgets.close_s
+        )
+        await later.close()
+        return True
+    except Exception:  # unconfirmed again, or the sandbox is gone: no further attempt there
+        if later is not None:
+            with contextlib.suppress(Exception):
+                await later.release()  # disconnect; the session directory stays for yet another close
+        return False
 
 
 async def run_batch(

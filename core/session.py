@@ -10,7 +10,9 @@ States: ``new → staging → launched → finalizing → closing → closed``.
   Only a positive receipt confirms cleanup; only then the ``collect`` hook runs (exactly once).
   No transcript snapshot, export or verification may happen before that.
 - Unconfirmed cleanup keeps the session closing and retryable; for an owned sandbox the caller falls
-  back to destroying it (``release()``), which is the authority.
+  back to destroying it (``release()``), which is the authority. A borrowed sandbox is never
+  destroyed: its release keeps the session directory (stop file, claim, pid) in the sandbox, and a
+  later close retries from it (``SandboxSession.reattach``).
 - ``finalize``/``release``/``close`` are idempotent: concurrent or retried calls share one task.
 - A closed or invalid session refuses work: nothing ever falls back to running on the host.
 """
@@ -33,6 +35,7 @@ from core.runtime.supervisor_client import (
     ReceiptError,
     SessionPaths,
     budgets,
+    confirmed,
     launch_script,
     parse_receipt,
     remove_session_dir_script,
@@ -360,7 +363,8 @@ class SandboxSession:
         self._emit(CleanupObserved(step=CleanupStep.RECEIPT, state=state, reason=reason))
 
     async def release(self) -> None:
-        """Owned: destroy the sandbox. Borrowed: remove our session dir, then disconnect. Idempotent."""
+        """Owned: destroy the sandbox. Borrowed: remove our session dir, then disconnect; when cleanup is
+        unconfirmed the session dir stays (see :attr:`keeps_session_dir`). Idempotent."""
         self._close_requested = True
         if self.released:
             return
@@ -369,9 +373,16 @@ class SandboxSession:
             self._release_task = asyncio.ensure_future(self._release())
         await asyncio.shield(self._release_task)
 
+    @property
+    def keeps_session_dir(self) -> bool:
+        """Borrowed, launched and not confirmed: the session directory (stop file, claim, pid, a
+        late receipt) stays in the sandbox, so a later close can retry (:meth:`reattach`)."""
+        return not self.sandbox.owned and self.launch_started and not confirmed(self.receipt)
+
     async def _release(self) -> None:
         deadline = self.begin_close()
-        if not self.sandbox.owned:
+        kept = self.keeps_session_dir
+        if not self.sandbox.owned and not kept:
             left = min(deadline.remaining(for_release=True), 30.0)
             if left <= 0.0:
                 raise CloseBudgetSpent("removing the session directory", deadline.budget_s, started=False)
@@ -398,9 +409,33 @@ class SandboxSession:
                 data={
                     "owned": self.sandbox.owned,
                     "action": "destroyed" if self.sandbox.owned else "disconnected",
+                    **({"session_dir_kept": self.paths.session_dir} if kept else {}),
                 },
+                reason="cleanup is unconfirmed: the session directory stays for a later close"
+                if kept
+                else None,
             )
         )
+
+    @classmethod
+    def reattach(
+        cls,
+        sandbox: Sandbox,
+        session_dir: str,
+        *,
+        close_timeout_s: float,
+        emit: Emit | None = None,
+    ) -> SandboxSession:
+        """A later close of a session whose directory was kept (borrowed, cleanup unconfirmed): the
+        stop protocol runs again on the same directory (its stop file and claim are still there, and
+        a receipt the supervisor wrote since is found); nothing is ever launched from it."""
+        session = cls(
+            sandbox, session_dir, run_timeout_s=close_timeout_s, close_timeout_s=close_timeout_s, emit=emit
+        )
+        session.state = SessionState.LAUNCHED
+        session.launch_started = True
+        session._close_requested = True
+        return session
 
     async def close(self) -> CleanupReceipt | None:
         """Finalize, then release. An owned sandbox whose cleanup is unconfirmed is destroyed anyway

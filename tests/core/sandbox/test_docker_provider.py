@@ -345,3 +345,88 @@ async def test_borrowed_session_removes_its_files_and_leaves_the_container(
     assert container.status == "running"
     left = container.exec_run(["sh", "-c", "ls -a /tmp/.opencode-tui"]).output.decode().split()
     assert left == [".", ".."], left
+
+
+def _host_supervisor_pid(session_dir: str) -> int | None:
+    """The host pid of the python supervisor of ``session_dir`` (container processes are host-visible)."""
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", f"{session_dir}/supervisor.py"], capture_output=True, text=True)
+    for pid in (int(p) for p in out.stdout.split()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--receipt" in argv and b"-c" not in argv[:2]:
+            return pid
+    return None
+
+
+def _host_pids_of(pattern: str) -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+async def _until(predicate: Callable[[], Any], what: str, within: float = 30.0) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_borrowed_session_with_unconfirmed_cleanup_keeps_its_files_for_a_later_close(
+    docker_client: Any, sdk_containers: Callable[..., Any]
+) -> None:
+    """A real stall: the supervisor in a borrowed container is SIGSTOPped from the host, so no receipt
+    comes. The close is unconfirmed; the release disconnects but keeps the session directory (stop
+    file, claim, pid) in the container, which keeps running (before, release removed it, and with
+    it any way to confirm later). Once the supervisor runs again, a later close from a new connection
+    confirms cleanup from the same directory, then removes it."""
+    import contextlib
+    import os
+    import signal
+
+    from core.session import CleanupUnconfirmed, SandboxSession
+
+    container = sdk_containers()
+    session_dir = f"/tmp/.opencode-tui/borrowed-{uuid.uuid4().hex[:8]}"
+    marker = f"1000.{uuid.uuid4().int % 10**9}"
+    sb = await DockerProvider().connect(container.id)
+    session = SandboxSession(sb, session_dir, run_timeout_s=120, close_timeout_s=3)
+    run = asyncio.ensure_future(session.execute(["/bin/sh", "-c", f"sleep {marker}"]))
+    pid = await _until(lambda: _host_supervisor_pid(session_dir), "the supervisor")
+    await _until(lambda: _host_pids_of(f"sleep {marker}"), "the harness")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(CleanupUnconfirmed):
+            await session.close()  # borrowed: never destroyed, the close stays retryable
+        assert session.keeps_session_dir
+        await session.release()
+        assert session.released
+        container.reload()
+        assert container.status == "running"
+        kept = container.exec_run(["ls", "-a", session_dir]).output.decode().split()
+        assert {"stop.request", "launch.claim", "supervisor.pid"} <= set(kept), kept
+        assert "cleanup.json" not in kept
+        assert _host_pids_of(f"sleep {marker}"), "the harness still runs in the borrowed container"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    later = SandboxSession.reattach(
+        await DockerProvider().connect(container.id), session_dir, close_timeout_s=20
+    )
+    receipt = await later.close()
+    assert receipt.cleanup_confirmed
+    assert _host_pids_of(f"sleep {marker}") == []
+    left = container.exec_run(["sh", "-c", "ls -a /tmp/.opencode-tui"]).output.decode().split()
+    assert left == [".", ".."], left
+    container.reload()
+    assert container.status == "running"
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(run, 30)
