@@ -38,7 +38,9 @@ class _Model(BaseModel):
 
 
 class Budgets(_Model):
-    """Time budgets in seconds; all finite and > 0. ``close_s`` is split across the cleanup phases."""
+    """Time budgets in seconds; all finite and > 0. ``close_s`` bounds the whole close (stop and
+    receipt, collect, inspect, transcript export, release) as one deadline; a quarter of it is kept
+    for the release (see ``core.session.CloseDeadline``); verification has its own deadline."""
 
     run_s: float = 10800.0
     install_s: float = 600.0
