@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 BASE_IMAGE = "opencode-tui/base:bookworm"
 # The agent kills its own supervisor: no receipt can ever come for this run.
-KILL_SUPERVISOR = "kill -9 $(cut -d' ' -f1 /tmp/.opencode-tui/*/supervisor.pid); echo killed"
+# (The session directory is the only one under /tmp in this fresh container.)
+KILL_SUPERVISOR = "kill -9 $(cut -d' ' -f1 /tmp/.opencode-tui*/supervisor.pid) && echo killed"
 
 
 async def test_no_further_attempt_in_a_borrowed_sandbox_whose_cleanup_is_unconfirmed(
@@ -62,7 +63,8 @@ async def test_no_further_attempt_in_a_borrowed_sandbox_whose_cleanup_is_unconfi
         assert [p.name for p in runs.iterdir() if p.is_dir()] == [result.run_id]
         container.reload()
         assert container.status == "running"  # borrowed: never destroyed
-        kept = f"/tmp/.opencode-tui/{result.run_id}"
+        found = container.exec_run(["sh", "-c", "ls -d /tmp/.opencode-tui*/"]).output.decode().split()
+        (kept,) = [d for d in found if result.run_id in d]
         files = container.exec_run(["ls", "-a", kept]).output.decode().split()
         assert {"stop.request", "launch.claim", "supervisor.pid"} <= set(files), files
     finally:
