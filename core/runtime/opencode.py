@@ -5,6 +5,7 @@ artifacts collected after confirmed cleanup.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from collections.abc import Callable
@@ -280,13 +281,20 @@ class OpenCodeHarness:
     def on_output(self, emit: Callable[[Event], Any], run_dir: RunDir) -> Callable[[OutputChunk], None]:
         """Each chunk goes to the run directory as it arrives (stdout raw, stderr redacted), then to
         the event stream: unconfirmed cleanup or a destroyed sandbox cannot take it back."""
-        run_dir.sub(str(Path(STDOUT_FILE).parent))
-        self._stdout_log = (run_dir.path / STDOUT_FILE).open("ab")
+        stdout_path = run_dir.path / STDOUT_FILE
+        try:
+            run_dir.sub(str(Path(STDOUT_FILE).parent))
+            self._stdout_log = stdout_path.open("ab")
+        except OSError as exc:  # a failing runs directory never breaks the run (the run dir says so)
+            run_dir.write_failed(stdout_path, exc)
 
         def handle(chunk: OutputChunk) -> None:
-            if chunk.stream == "stdout":
-                self._stdout_log.write(chunk.data)
-                self._stdout_log.flush()
+            if chunk.stream == "stdout" and self._stdout_log is not None:
+                try:
+                    self._stdout_log.write(chunk.data)
+                    self._stdout_log.flush()
+                except OSError as exc:
+                    run_dir.write_failed(stdout_path, exc)
             text = chunk.data.decode("utf-8", "replace")
             if chunk.stream == "stderr":
                 run_dir.append_text(STDERR_FILE, text)
@@ -301,7 +309,8 @@ class OpenCodeHarness:
         for event in self._stream.close():
             emit(event)
         if self._stdout_log is not None:
-            self._stdout_log.close()
+            with contextlib.suppress(OSError):
+                self._stdout_log.close()
             self._stdout_log = None
 
     @property
