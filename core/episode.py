@@ -831,8 +831,26 @@ class Episode(EpisodeControl):
         """One line on why there is no receipt, naming the agent's last command when it ran one."""
         if self._destroyed_in_hurry:
             return "the close was hurried: the sandbox was destroyed before the receipt arrived"
-        last = self._last_command
+        last = self._last_command or self._last_requested_command()
         return f"{exc} (while the agent ran `{last}`)" if last else str(exc)
+
+    def _last_requested_command(self) -> str | None:
+        """The last shell command the model asked for, as the proxy recorded it: when the agent kills
+        its own supervisor, the live event for that command may never have left the sandbox."""
+        import json
+
+        from core.model.records import assembled_tool_calls
+
+        records = self.endpoint.records if self.endpoint is not None else []
+        for record in reversed(records):
+            for name, args in reversed(assembled_tool_calls(record.response_body)):
+                try:
+                    command = json.loads(args).get("command") if name == "bash" else None
+                except (ValueError, AttributeError):
+                    command = None
+                if isinstance(command, str):
+                    return command[:200]
+        return None
 
     async def _oom_evidence(self) -> list[Evidence]:
         """The provider's structured evidence about this sandbox (bounded; best effort)."""

@@ -157,3 +157,37 @@ def read_model_calls(path: str | Path) -> Iterator[ModelCallRecord]:
         for line in f:
             if line.strip():
                 yield ModelCallRecord.model_validate(json.loads(line))
+
+
+def assembled_tool_calls(body: Any) -> list[tuple[str, str]]:
+    """The tool calls a chat-completions response asked for, as (name, raw arguments), in order.
+
+    Works on a plain JSON response and on a recorded server-sent stream, whose tool calls arrive in
+    fragments (name first, arguments in pieces) keyed by their index.
+    """
+    calls: dict[int, list[str]] = {}
+
+    def take(choice: Any) -> None:
+        message = choice.get("delta") or choice.get("message") or {}
+        for i, tc in enumerate(message.get("tool_calls") or []):
+            slot = calls.setdefault(int(tc.get("index", i)), ["", ""])
+            fn = tc.get("function") or {}
+            slot[0] += fn.get("name") or ""
+            slot[1] += fn.get("arguments") or ""
+
+    chunks: list[Any] = []
+    if isinstance(body, dict):
+        chunks = [body]
+    elif isinstance(body, str):
+        for line in body.splitlines():
+            data = line.removeprefix("data:").strip()
+            if line.startswith("data:") and data and data != "[DONE]":
+                try:
+                    chunks.append(json.loads(data))
+                except ValueError:
+                    continue
+    for chunk in chunks:
+        for choice in chunk.get("choices") or [] if isinstance(chunk, dict) else []:
+            if isinstance(choice, dict):
+                take(choice)
+    return [(name, args) for _, (name, args) in sorted(calls.items())]
