@@ -179,3 +179,91 @@ async def test_failed_run_never_shows_done_ok(constructed_run, replay_loaded, si
         shown = app.screen.query_one(RunHeader).render().plain
         assert shown.startswith("closing · count_as_zero (provider_oom_killed) · reward 0"), shown
         assert isinstance(app.screen.query_one(TerminalView), TerminalView)
+
+
+def _compaction_stream() -> list[dict]:
+    """A compaction as OpenCode's server stream sends it (session/compaction.ts): a step whose context
+    is large, a user message with a ``compaction`` part, the summary message (agent ``compaction``,
+    ``summary: true``) streamed as deltas, then ``session.compacted``. Fed to the engine's real
+    translator; the test checks what the TUI shows of the engine's rendering."""
+
+    def msg(mid, role, **info):
+        return {
+            "type": "message.updated",
+            "properties": {"info": {"id": mid, "role": role, "sessionID": "s", **info}},
+        }
+
+    def part(**p):
+        return {
+            "type": "message.part.updated",
+            "properties": {"sessionID": "s", "part": {"sessionID": "s", **p}},
+        }
+
+    summary = "## Objective\nSort the numbers in data.txt.\n\n## Files\n- notes.txt read\n"
+    read = {
+        "status": "completed",
+        "input": {"filePath": "/app/notes.txt"},
+        "output": "notes",
+        "title": "notes",
+    }
+    info = {"agent": "compaction", "mode": "compaction", "summary": True}
+    return [
+        {"type": "runner.session", "properties": {"sessionID": "s"}},
+        msg("m1", "assistant", agent="build", tokens={"input": 50_000, "output": 500, "cache": {"read": 0}}),
+        part(id="t1", messageID="m1", type="tool", tool="read", callID="c1", state=read),
+        msg("m2", "user"),
+        part(id="p2", messageID="m2", type="compaction", auto=True, overflow=True),
+        msg("m3", "assistant", **info),
+        part(id="p3", messageID="m3", type="text", text=""),
+        {
+            "type": "message.part.delta",
+            "properties": {
+                "sessionID": "s",
+                "messageID": "m3",
+                "partID": "p3",
+                "field": "text",
+                "delta": summary,
+            },
+        },
+        part(id="p3", messageID="m3", type="text", text=summary, time={"start": 1, "end": 2}),
+        msg("m3", "assistant", tokens={"input": 50_500, "output": 321, "cache": {"read": 0}}, **info),
+        {"type": "session.compacted", "properties": {"sessionID": "s"}},
+    ]
+
+
+async def test_compaction_is_marked_and_its_summary_folded_in_the_terminal(tmp_path, replay_loaded):
+    import json
+
+    from core.artifacts import RunDir
+    from core.events import EpisodeStarted
+    from core.runtime.stream import ServeStreamTranslator
+
+    rd = RunDir.create(tmp_path / "runs", "compaction-run")
+    rd.append_event(
+        EpisodeStarted(
+            run_id="compaction-run",
+            task_id="t",
+            provider="docker",
+            opencode_version="1.18.32",
+            run_budget_s=600,
+            close_budget_s=60,
+            model="scripted",
+        )
+    )
+    tr = ServeStreamTranslator("/app")
+    for line in _compaction_stream():
+        for ev in tr.feed((json.dumps(line) + "\n").encode()):
+            rd.append_event(ev)
+    rd.append_event(Compaction(count=1, trigger="overflow"))
+    rd.close()
+    app = OpenCodeTUI(run_dir=rd.path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await replay_loaded(pilot)
+        term = app.screen.query_one(TerminalView)
+        lines = [line.rstrip() for line in term._plain(0, term.line_count)]
+        start = lines.index("── compacting context (overflow) · 50,500 tokens in context ──")
+        assert lines[start - 1] == "• read notes.txt"
+        assert lines[start + 1].startswith("▸ summary: ## Objective … 5 lines")
+        assert lines[start + 2] == "── context compacted · 50,500 → 321 tokens ──"
+        assert not any("Sort the numbers" in line for line in lines)
+        assert app.screen.state.compaction_count == 1
