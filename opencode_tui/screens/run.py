@@ -198,6 +198,7 @@ class RunScreen(Screen[None]):
         self.compact = compact
         self.set_class(compact, "-compact")
         self.query_one(PanelTabs).display = compact
+        self.query_one(InstallProgressBar).show(self.view_state, compact=compact)
         for pid, _title in PANELS:
             self.query_one(f"#{pid}").display = not compact or pid == self.panel
         self.query_one("#main").display = not compact or self.panel in ("terminal", "stats", "cleanup")
@@ -382,7 +383,7 @@ class RunScreen(Screen[None]):
         state = self.view_state
         self._show_header()
         self.query_one(WarningsBar).show(state)
-        self.query_one(InstallProgressBar).show(state)
+        self.query_one(InstallProgressBar).show(state, compact=bool(self.compact))
         self.query_one(StatsPanel).show(state)
         self.query_one(CleanupPanel).show(state)
         self.query_one(ModelCallsTable).sync(state.model_calls, state.start_time)

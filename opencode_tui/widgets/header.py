@@ -46,7 +46,7 @@ def phase_words(state: RunState) -> tuple[str, str]:
 
 
 class RunHeader(Widget):
-    """One line: phase/outcome · elapsed · mode · keep · task · provider · sandbox · versions · model."""
+    """One line: phase/outcome · elapsed · mode · keep · task · provider · version · model · sandbox."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -63,8 +63,9 @@ class RunHeader(Widget):
         line = Content.from_markup(
             f"[b {style}]$words[/] · $elapsed / $budget"
             + (" · [b $error]human intervened[/]" if state.human_intervened else "")
-            + " · [b]$mode[/]$keep · [b $primary]$task[/] · $provider · sandbox [b]$sandbox[/]$ownership$user"
-            " · opencode $version · model $model",
+            # the sandbox last: a container id is 64 characters, and the ellipsis may take its tail
+            + " · [b]$mode[/]$keep · [b $primary]$task[/] · $provider · opencode $version · model $model"
+            " · sandbox [b]$sandbox[/]$ownership$user",
             words=words,
             elapsed=fmt.duration(elapsed),
             budget=fmt.duration(budget) if budget else "?",
