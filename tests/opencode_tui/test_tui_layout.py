@@ -267,3 +267,43 @@ async def test_compaction_is_marked_and_its_summary_folded_in_the_terminal(tmp_p
         assert lines[start + 2] == "── context compacted · 50,500 → 321 tokens ──"
         assert not any("Sort the numbers" in line for line in lines)
         assert app.screen.state.compaction_count == 1
+
+
+async def test_timeline_marks_shells_and_jumps_to_them(tmp_path, replay_loaded):
+    """The engine records a person's shell as shell_opened/shell_closed: both are marked `$`."""
+    from core.artifacts import RunDir
+    from core.events import EpisodeStarted, Phase, ShellClosed, ShellOpened, TerminalOutput
+
+    rd = RunDir.create(tmp_path / "runs", "shell-run")
+    emitted = [
+        EpisodeStarted(
+            run_id="shell-run",
+            task_id="t",
+            provider="docker",
+            opencode_version="1.18.32",
+            run_budget_s=600,
+            close_budget_s=60,
+            model="scripted",
+        ),
+        TerminalOutput(stream="display", data="working\n"),
+        ShellOpened(shell=1, phase=Phase.AGENT, marks_sample=True, cast="shells/1.cast"),
+        TerminalOutput(stream="display", data="still working\n"),
+        ShellClosed(shell=1, duration_s=3.0, bytes_in=10, bytes_out=200),
+        TerminalOutput(stream="display", data="done\n"),
+    ]
+    for ev in emitted:
+        rd.append_event(ev)
+    rd.close()
+    app = OpenCodeTUI(run_dir=rd.path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await replay_loaded(pilot)
+        timeline = app.screen.query_one(Timeline)
+        assert timeline.markers["shell"] == [2, 4]
+        timeline.focus()
+        await pilot.press("home", "h")
+        assert app.screen.cursor == 2
+        await pilot.press("h")
+        assert app.screen.cursor == 4
+        await pilot.press("H")
+        assert app.screen.cursor == 2
+        assert "human intervened" in app.screen.query_one(RunHeader).plain
