@@ -613,6 +613,9 @@ class RunScreen(Screen[None]):
                 self.seek(idx)
             else:
                 self.refresh_timeline()
+            status = self._playback_status()
+            if status != self.terminal.cast_status:
+                self.terminal.set_cast_status(status)
 
     # -- panel interactions --------------------------------------------------------------------
 

@@ -13,14 +13,14 @@ from textual.widget import Widget
 
 from opencode_tui import format as fmt
 
-# kind -> (glyph on the bar, style, next key, words). Drawn in this order: a later kind wins a shared cell,
+# kind -> (glyph on the bar, style, next key, words, footer label). Drawn in this order: a later kind wins a shared cell,
 # so a failure is never hidden under the model call next to it.
-MARKERS: dict[str, tuple[str, str, str, str]] = {
-    "model_call": ("m", "$secondary", "m", "model call"),
-    "tool_call": ("o", "$foreground-muted", "o", "tool call"),
-    "shell": ("$", "bold $warning", "h", "shell"),
-    "compaction": ("C", "bold $warning", "c", "compaction"),
-    "failure": ("✗", "bold $error", "x", "failure"),
+MARKERS: dict[str, tuple[str, str, str, str, str]] = {
+    "model_call": ("m", "$secondary", "m", "model call", "Call"),
+    "tool_call": ("o", "$foreground-muted", "o", "tool call", "Tool"),
+    "shell": ("$", "bold $warning", "h", "shell", "Shell"),
+    "compaction": ("C", "bold $warning", "c", "compaction", "Compaction"),
+    "failure": ("✗", "bold $error", "x", "failure", "Failure"),
 }
 
 
@@ -36,9 +36,15 @@ class Timeline(Widget, can_focus=True):
         Binding("end", "seek_end", "End", show=False),
         *(
             b
-            for kind, (_g, _s, key, words) in MARKERS.items()
+            for kind, (_g, _s, key, words, label) in MARKERS.items()
             for b in (
-                Binding(key, f"jump('{kind}', 1)", f"Next {words}", id=f"timeline-next-{kind}"),
+                Binding(
+                    key,
+                    f"jump('{kind}', 1)",
+                    f"{label}▶",
+                    tooltip=f"Jump to the next {words} ({key.upper()}: the previous)",
+                    id=f"timeline-next-{kind}",
+                ),
                 Binding(
                     key.upper(),
                     f"jump('{kind}', -1)",
@@ -108,7 +114,7 @@ class Timeline(Widget, can_focus=True):
         cells = ["─"] * width
         styles: list[str | None] = [None] * width
         if self.total > 0:
-            for kind, (glyph, style, _key, _words) in MARKERS.items():
+            for kind, (glyph, style, *_rest) in MARKERS.items():
                 for index in self.markers.get(kind, ()):
                     cell = min(index * width // self.total, width - 1)
                     cells[cell], styles[cell] = glyph, style

@@ -118,6 +118,7 @@ async def test_replay_plays_to_the_end_through_cleanup_and_outcome(fixture_runs,
             str(s): "ok" for s in CLEANUP_ORDER
         }
         assert "end of the run" in screen.query_one(Timeline).render().plain
+        assert "end of the run" in str(screen.terminal.border_subtitle)
         await pilot.press("f", "p")  # back to 1x, then play again: from the start of the recording
         assert screen.playing and screen.play_source == "cast"
         assert screen.cast is not None and screen.play_frame < len(screen.cast.frames) // 2
