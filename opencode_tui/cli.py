@@ -35,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model-url", help="OpenAI-compatible base URL (default: the task's scripted model)")
     run.add_argument("--model", help="model name at --model-url")
     run.add_argument("--api-key-env", help="environment variable holding the model API key")
-    run.add_argument("--attempts", type=int, help="maximum attempts per episode (retry policy bound)")
+    run.add_argument(
+        "--attempts",
+        type=int,
+        help="maximum attempts per episode (retry policy bound; --batch only: the TUI runs one attempt)",
+    )
     run.add_argument("--keep-sandbox", action="store_true", help="do not destroy the sandbox afterwards")
     run.add_argument("--runs-dir", help="where run directories go (default ./runs)")
     run.add_argument("--config", help="config file (YAML or TOML)")

@@ -51,6 +51,11 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
     tasks = [load_task(t) for t in args.tasks]
     if not args.batch and len(tasks) > 1:
         raise UsageError("the TUI runs one task at a time; pass --batch to run several")
+    if not args.batch and args.attempts is not None:
+        # The TUI shows one episode and never retries: accepting the bound would silently ignore it.
+        raise UsageError(
+            "--attempts applies to --batch only: the TUI runs one attempt (pass --batch to retry)"
+        )
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     if config.model.url is None:

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
+from core.runtime.transcript import compaction_trigger
 from core.sandbox.base import describe_exit
 
 DIFF_LINES = 12  # a "short diff": at most this many changed lines per edit
@@ -223,6 +224,7 @@ class _Part:
     shown: str = ""  # text or command output written so far
     started: bool = False  # a tool's prompt line / running event is out
     ended: bool = False
+    folded: bool = False  # a compaction summary's text: collected, shown as one line when it ends
 
 
 class ServeStreamTranslator(_Translator):
@@ -239,6 +241,16 @@ class ServeStreamTranslator(_Translator):
         self.session_id: str | None = None
         self._parts: dict[str, _Part] = {}
         self._roles: dict[str, str] = {}  # message id -> role
+        # Compaction: OpenCode adds a user message with a ``compaction`` part, then an assistant message
+        # (agent/mode ``compaction``, ``summary: true``) whose text is the summary, then
+        # ``session.compacted``. The summary is the conversation retold: shown as it streams it reads
+        # like the output of the tool call before it, so it is folded to one line between two markers.
+        self._summaries: set[str] = set()  # message ids of compaction summaries
+        self._compacting = False  # a compaction part was seen; its summary message is next
+        self._roles_seen_assistant: set[str] = set()
+        self._context_tokens: int | None = None  # the context of the last agent step (OpenCode's count)
+        self._before: int | None = None  # … when the compaction started
+        self._after: int | None = None  # the summary's size in tokens: the new context
 
     def _event(self, obj: dict[str, Any]) -> list[Event]:
         etype = str(obj.get("type", "unknown"))
@@ -265,12 +277,18 @@ class ServeStreamTranslator(_Translator):
             info = props.get("info") or {}
             if info.get("id"):
                 self._roles[str(info["id"])] = str(info.get("role"))
+                if self._main(info.get("sessionID")) and info.get("role") == "assistant":
+                    self._assistant(info)
         elif etype == "session.error" and self._main(props.get("sessionID")):
             err = props.get("error") or {}
             data = err.get("data") if isinstance(err, dict) and isinstance(err.get("data"), dict) else {}
             events += self._error(data.get("message") or (err.get("name") if isinstance(err, dict) else err))
         elif etype == "session.compacted" and self._main(props.get("sessionID")):
-            events.append(display(f"{DIM}── context compacted ──{RESET}\n"))
+            sizes = ""
+            if self._before is not None or self._after is not None:
+                sizes = f" · {_tokens(self._before)} → {_tokens(self._after)} tokens"
+            events.append(display(f"{DIM}── context compacted{sizes} ──{RESET}\n"))
+            self._compacting, self._before, self._after = False, None, None
         elif etype == "runner.permission_rejected":
             patterns = props.get("patterns")
             metadata = props.get("metadata")
@@ -296,6 +314,43 @@ class ServeStreamTranslator(_Translator):
             )
         return events
 
+    def _assistant(self, info: dict[str, Any]) -> None:
+        """Note an assistant message: a compaction summary (and its size), or an agent step's context."""
+        mid = str(info["id"])
+        summary = info.get("summary") is True or "compaction" in (info.get("mode"), info.get("agent"))
+        if summary or (self._compacting and mid not in self._roles_seen_assistant):
+            self._summaries.add(mid)
+        self._roles_seen_assistant.add(mid)
+        tokens = info.get("tokens") if isinstance(info.get("tokens"), dict) else None
+        if not tokens:
+            return
+        cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
+        if mid in self._summaries:
+            out = tokens.get("output")
+            if isinstance(out, int) and out > 0:
+                self._after = out
+            return
+        # OpenCode's own overflow count: input + cache read + output
+        used = sum(
+            v for v in (tokens.get("input"), cache.get("read"), tokens.get("output")) if isinstance(v, int)
+        )
+        if used > 0:
+            self._context_tokens = used
+
+    def _compaction(self, raw: dict[str, Any]) -> list[Event]:
+        self._compacting = True
+        self._before = self._context_tokens
+        tokens = f" · {_tokens(self._before)} tokens in context" if self._before is not None else ""
+        return [display(f"{YELLOW}── compacting context ({compaction_trigger(raw)}){tokens} ──{RESET}\n")]
+
+    def _folded(self, part: _Part) -> list[Event]:
+        lines = part.shown.strip().splitlines()
+        if not lines:
+            return []
+        first = fold_line(lines[0])
+        more = f" … {len(lines)} lines, {len(part.shown):,} chars folded" if len(lines) > 1 else ""
+        return [display(f"{DIM}▸ summary: {first}{more}{RESET}\n")]
+
     def _main(self, session_id: Any) -> bool:
         return self.session_id is None or session_id == self.session_id
 
@@ -309,7 +364,7 @@ class ServeStreamTranslator(_Translator):
         if part.kind not in ("text", "reasoning"):
             return []
         part.shown += delta
-        return [display(self._styled(part.kind, delta))]
+        return [] if part.folded else [display(self._styled(part.kind, delta))]
 
     @staticmethod
     def _styled(kind: str, text: str) -> str:
@@ -330,12 +385,22 @@ class ServeStreamTranslator(_Translator):
         if kind == "step-finish":
             self.finished_cleanly = raw.get("reason") == "stop"
             part.ended = True
+        elif kind == "compaction":
+            part.ended = True
+            events += self._compaction(raw)
         elif kind in ("text", "reasoning"):
             user = self._roles.get(str(raw.get("messageID"))) == "user"
             ended = bool((raw.get("time") or {}).get("end"))
             text = raw.get("text")
             if user or raw.get("synthetic") or not isinstance(text, str):
                 part.ended = ended
+                return events
+            if str(raw.get("messageID")) in self._summaries:
+                part.folded = True
+                part.shown = text if len(text) >= len(part.shown) else part.shown
+                if ended:
+                    part.ended = True
+                    events += self._folded(part)
                 return events
             new = text[len(part.shown) :] if text.startswith(part.shown) else ""
             if new:
@@ -417,6 +482,15 @@ class ServeStreamTranslator(_Translator):
                 new = ("" if part.shown.endswith("\n") else "\n") + f"{DIM}⋯ {gap}{RESET}\n" + new
         part.shown = body
         return [display(new)] if new else []
+
+
+def _tokens(n: int | None) -> str:
+    return "?" if n is None else f"{n:,}"
+
+
+def fold_line(text: str, width: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _overlap(shown: str, window: str) -> int:

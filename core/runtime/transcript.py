@@ -31,7 +31,8 @@ def snapshot(source_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def _trigger(part: dict[str, Any]) -> str:
+def compaction_trigger(part: dict[str, Any]) -> str:
+    """What started a compaction, from its part: ``overflow``, ``auto``, ``manual`` or ``unknown``."""
     if part.get("overflow"):
         return "overflow"
     if part.get("auto"):
@@ -78,7 +79,7 @@ def export(db: Path) -> tuple[dict[str, Any], TranscriptStats]:
             if part.get("type") == "tool":
                 tools[part.get("tool", "unknown")] = tools.get(part.get("tool", "unknown"), 0) + 1
             elif part.get("type") == "compaction":
-                triggers.append(_trigger(part))
+                triggers.append(compaction_trigger(part))
         tokens = info.get("tokens") if info.get("role") == "assistant" else None
         if isinstance(tokens, dict):
             seen_tokens = True

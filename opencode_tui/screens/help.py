@@ -11,9 +11,13 @@ from textual.widgets import Markdown
 PANELS = """\
 ## Panels
 
-- **Header**: task, provider, sandbox id (*owned*: created and destroyed by us; *borrowed*: attached by
-  id and never destroyed), OpenCode version, model, current phase and its state, elapsed time against the
-  run budget, LIVE or REPLAY, and whether the sandbox is kept after the run.
+- **Header** (one line, cut with … on a narrow terminal): first the phase and its state, or once decided
+  the outcome with its failure kind and reward (its colour says scored or not), then the elapsed time
+  against the run budget, LIVE or REPLAY, whether the sandbox is kept, task, provider, OpenCode version,
+  model and the sandbox id (*owned*: created and destroyed by us; *borrowed*: attached by id and never
+  destroyed).
+- **Small terminals** (under 100×30): one panel at a time, named on the tab line; `1`–`5` (or a click)
+  switch between Terminal, Stats, Cleanup, Model calls and Failures.
 - **Terminal**: what a person would have seen: the agent's terminal output with its colours, each bash
   tool call as `$ command` followed by its output, file edits as a short diff, the assistant's text.
   `l` follows new output or pauses (scrolling up pauses too); `r` shows the harness's raw stdout/stderr
@@ -30,8 +34,13 @@ PANELS = """\
 - **Failures**: each failure event with its stage, its class (*model*, *evaluation* or *unknown*) and
   the outcome policy's action. Enter shows the message, the cause chain and the evidence (source, scope,
   when it was observed, what it said).
-- **Timeline** (replay): the position in the event stream; failures are marked ✗. The panels show the
-  run as it was at that event.
+- **Stats › Verification**: *not run*, *inconclusive*, or *passed/failed · reward N*; when the outcome is
+  not *scored* the verifier's result is not the run's reward and the line says so.
+- **Timeline** (replay): the position in the event stream, with markers: `m` model call, `o` tool call,
+  `$` shell, `C` compaction, `✗` failure. With the timeline focused the same letters jump to the next
+  one (shift: the previous; `h` for shells, `x` for failures). The panels show the run as it was at that
+  event. `p` plays the terminal recording and then the rest of the run (cleanup, verification, outcome);
+  at the end `p` plays again from the start.
 
 ## Live and replay
 

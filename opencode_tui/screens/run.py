@@ -26,7 +26,19 @@ from textual.timer import Timer
 from textual.widgets import Footer
 
 from core.artifacts import RunInfo
-from core.events import Event, FailureRecorded, FailureRecovered, ModelCall, TerminalOutput
+from core.events import (
+    CleanupStep,
+    Compaction,
+    Event,
+    FailureRecorded,
+    FailureRecovered,
+    ModelCall,
+    ShellClosed,
+    ShellOpened,
+    StepState,
+    TerminalOutput,
+    ToolCall,
+)
 from opencode_tui import format as fmt
 from opencode_tui.feeds import Cast, EventIndex, LoadStats, find_model_call, iter_event_batches, read_cast
 from opencode_tui.messages import EventsReceived, ReplayLoaded
@@ -38,6 +50,7 @@ from opencode_tui.widgets.header import RunHeader
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.progress import InstallProgressBar, WarningsBar
 from opencode_tui.widgets.stats import StatsPanel
+from opencode_tui.widgets.tabs import PANELS, PanelTabs, is_compact
 from opencode_tui.widgets.terminal import TerminalView
 from opencode_tui.widgets.timeline import Timeline
 
@@ -89,6 +102,10 @@ class RunScreen(Screen[None]):
             "f", "fast", "Fast", tooltip=f"Replay: toggle 1{fmt.TIMES} / fast playback (idle gaps skipped)"
         ),
         Binding("escape", "back", "Back", show=False),
+        *(
+            Binding(str(i), f"panel('{pid}')", title, show=False, id=f"panel-{pid}")
+            for i, (pid, title) in enumerate(PANELS, 1)
+        ),
     ]
 
     def __init__(
@@ -113,6 +130,13 @@ class RunScreen(Screen[None]):
         self.key_idx = array("q")
         self.key_evs: list[Event] = []
         self.failure_idx: list[int] = []
+        self.markers: dict[str, list[int]] = {
+            "model_call": [],
+            "tool_call": [],
+            "compaction": [],
+            "shell": [],
+        }
+        self._marked_calls: set[tuple[str, str]] = set()  # a call is marked where it first appears
         self.cursor: int | None = None
         self.replay_loading = self.mode == "replay"
         self.load_stats = LoadStats()
@@ -121,6 +145,9 @@ class RunScreen(Screen[None]):
         if self.run_dir is not None and self.mode == "replay":
             self.index = EventIndex(self.run_dir / "events.jsonl")
         self.keep = False
+        self.compact: bool | None = None  # one panel at a time (a small terminal); None: not laid out yet
+        self.panel = PANELS[0][0]  # the panel shown when compact
+        self._action_key: tuple[bool, bool] | None = None
         self._redrawn_at = 0.0
         self._redraw_timer: Timer | None = None
         self._panels_dirty = False
@@ -147,6 +174,7 @@ class RunScreen(Screen[None]):
         yield RunHeader(id="header")
         yield WarningsBar(id="warnings")
         yield InstallProgressBar(id="install")
+        yield PanelTabs(id="tabs")
         with Horizontal(id="main"):
             yield TerminalView(id="terminal")
             with Vertical(id="side"):
@@ -159,6 +187,44 @@ class RunScreen(Screen[None]):
             yield Timeline(id="timeline")
         yield Footer()
 
+    def on_resize(self) -> None:
+        self._apply_layout()
+
+    def _apply_layout(self) -> None:
+        """Below ~100×30 the panels become tabs: each shown panel gets the whole height."""
+        compact = is_compact(self.size.width, self.size.height)
+        if compact == self.compact and not compact:
+            return
+        self.compact = compact
+        self.set_class(compact, "-compact")
+        self.query_one(PanelTabs).display = compact
+        self.query_one(InstallProgressBar).show(self.view_state, compact=compact)
+        for pid, _title in PANELS:
+            self.query_one(f"#{pid}").display = not compact or pid == self.panel
+        self.query_one("#main").display = not compact or self.panel in ("terminal", "stats", "cleanup")
+        self.query_one("#side").display = not compact or self.panel in ("stats", "cleanup")
+        self.query_one("#bottom").display = not compact or self.panel in ("calls", "failures")
+        self._show_tabs()
+        self.refresh_bindings()
+
+    def _show_tabs(self) -> None:
+        state = self.view_state
+        badges = {"calls": str(len(state.model_calls)) if state.model_calls else ""}
+        failed = sum(1 for f in state.failures if isinstance(f, FailureRecorded))
+        badges["failures"] = f"✗{failed}" if failed else ""
+        self.query_one(PanelTabs).show(self.panel, badges)
+
+    def action_panel(self, panel: str) -> None:
+        self.panel = panel
+        self._apply_layout()
+        widget = self.query_one(f"#{panel}")
+        if widget.focusable:
+            widget.focus()
+
+    @on(PanelTabs.Selected)
+    def on_panel_selected(self, message: PanelTabs.Selected) -> None:
+        self.action_panel(message.panel)
+
     @property
     def terminal(self) -> TerminalView:
         return self.query_one(TerminalView)
@@ -168,6 +234,7 @@ class RunScreen(Screen[None]):
         self.query_one("#stats").border_title = "Stats"
         self.query_one("#cleanup").border_title = "Cleanup"
         self.app.theme_changed_signal.subscribe(self, self._on_theme_changed)
+        self._apply_layout()
         self.refresh_panels()
         self.terminal.focus()
         if self.mode == "live":
@@ -250,8 +317,18 @@ class RunScreen(Screen[None]):
             ev = events[index - base]
             self.key_idx.append(index)
             self.key_evs.append(ev)
-            if type(ev) is FailureRecorded:
+            kind = type(ev)
+            if kind is FailureRecorded:
                 self.failure_idx.append(index)
+            elif kind is Compaction:
+                self.markers["compaction"].append(index)
+            elif kind is ShellOpened or kind is ShellClosed:
+                self.markers["shell"].append(index)
+            elif kind is ModelCall or kind is ToolCall:
+                marker = "model_call" if kind is ModelCall else "tool_call"
+                if (marker, ev.call_id) not in self._marked_calls:
+                    self._marked_calls.add((marker, ev.call_id))
+                    self.markers[marker].append(index)
         self._panels_dirty = self._panels_dirty or bool(keys)
         self._redraw_soon()
 
@@ -302,14 +379,17 @@ class RunScreen(Screen[None]):
 
     def refresh_panels(self) -> None:
         self._panels_dirty = False
+        self._refresh_action_states()
         state = self.view_state
         self._show_header()
         self.query_one(WarningsBar).show(state)
-        self.query_one(InstallProgressBar).show(state)
+        self.query_one(InstallProgressBar).show(state, compact=bool(self.compact))
         self.query_one(StatsPanel).show(state)
         self.query_one(CleanupPanel).show(state)
         self.query_one(ModelCallsTable).sync(state.model_calls, state.start_time)
         self.query_one(FailuresTable).sync(state.failures)
+        if self.compact:
+            self._show_tabs()
 
     def _show_header(self) -> None:
         state = self.view_state
@@ -342,6 +422,7 @@ class RunScreen(Screen[None]):
             when=when,
             failures=self.failure_idx,
             playback=self._playback_status(),
+            markers=self.markers,
         )
 
     # -- timeline ------------------------------------------------------------------------------
@@ -421,12 +502,19 @@ class RunScreen(Screen[None]):
         state = "▶" if self.playing else "⏸"
         if self.play_source == "cast" and self.cast is not None:
             return f"{state} terminal.cast {speed} {fmt.duration(self.play_clock)}/{fmt.duration(self.cast.duration)}"
+        if not self.playing and self.at_end():
+            return "■ end of the run (p plays again)"
         return f"{state} events {speed}"
 
     def action_play(self) -> None:
         if self.playing:
             self.playing = False
+        elif self.play_source == "events" and not self.at_end():
+            self.playing = True  # resume where it was paused (after the recording's end)
         else:
+            if self.play_source is not None and self.at_end():
+                self.notify("At the end of the run: playing again from the start.", timeout=3)
+                self.play_source = None
             if not self.cast_checked and self.run_dir is not None:
                 self.cast = read_cast(self.run_dir / "terminal.cast")
                 self.cast_checked = True
@@ -457,6 +545,19 @@ class RunScreen(Screen[None]):
         self.terminal.set_cast_status(self._playback_status())
         self.refresh_timeline()
 
+    def _continue_with_events(self) -> None:
+        """The recording ends when the agent's terminal does; the run goes on (cleanup, verification,
+        the outcome): playback continues through the events, from where the recording ended."""
+        pos = 0 if self.cursor is None else self.cursor
+        self.play_source = "events"
+        self.play_clock = (self.ts[pos] - self.ts[0]).total_seconds() if self.total else 0.0
+        # the terminal pane keeps showing the recording (it is complete); the panels follow the events
+        if self.total == 0 or pos >= self.total - 1:
+            self.playing = False
+
+    def at_end(self) -> bool:
+        return self.total > 0 and (self.cursor is None or self.cursor >= self.total - 1)
+
     def _stop_playback(self) -> None:
         if self.play_source is not None:
             self.playing = False
@@ -484,9 +585,7 @@ class RunScreen(Screen[None]):
                 i += 1
             self.play_frame = i
             term.refresh_content()
-            if i >= len(frames):
-                self.playing = False
-                self.play_clock = self.cast.duration
+            cast_ended = i >= len(frames)
             start = self.cast.origin(self.info.started_at if self.info else self.state.start_time)
             if start is not None and self.total:
                 t0 = self.ts[0]
@@ -494,6 +593,8 @@ class RunScreen(Screen[None]):
                 idx = bisect_right(self.ts, at) - 1
                 if idx >= 0 and idx != self.cursor:
                     self.seek(idx)
+            if cast_ended:
+                self._continue_with_events()
             term.set_cast_status(self._playback_status())
             self.refresh_timeline()
         elif self.play_source == "events" and self.total:
@@ -512,6 +613,9 @@ class RunScreen(Screen[None]):
                 self.seek(idx)
             else:
                 self.refresh_timeline()
+            status = self._playback_status()
+            if status != self.terminal.cast_status:
+                self.terminal.set_cast_status(status)
 
     # -- panel interactions --------------------------------------------------------------------
 
@@ -543,12 +647,37 @@ class RunScreen(Screen[None]):
             return False
         if action in REPLAY_ONLY and self.mode != "replay":
             return False
+        if action == "panel":
+            return bool(self.compact)
         if action == "back":
             return self.from_browser or self.play_source is not None
         if action == "toggle_keep":
             control = getattr(self.app, "control", None)
             return None if control is not None and not control.keep_changeable else True  # None: greyed
+        if action == "cancel_episode":
+            # None greys it: after the outcome there is nothing left to cancel
+            return None if self._episode_ended() else True
+        if action == "open_shell" and self.mode == "live":
+            return None if self._sandbox_released() else True
         return True
+
+    def _episode_ended(self) -> bool:
+        return self.state.finished or not getattr(self.app, "episode_running", True)
+
+    def _sandbox_released(self) -> bool:
+        """The sandbox is gone (released and not kept): no shell can be opened in it any more."""
+        seen = self.state.cleanup.get(CleanupStep.SANDBOX_RELEASED)
+        if seen is None or seen.state is not StepState.OK:  # a failed release may have left it
+            return False
+        control = getattr(self.app, "control", None)
+        return not (control is not None and control.kept)
+
+    def _refresh_action_states(self) -> None:
+        """Grey the actions that no longer apply as soon as the events say so (not on the next key)."""
+        key = (self._episode_ended(), self._sandbox_released())
+        if key != self._action_key:
+            self._action_key = key
+            self.refresh_bindings()
 
     def action_open_shell(self) -> None:
         self.app.open_shell(self)  # type: ignore[attr-defined]

@@ -1,14 +1,20 @@
-"""The run header: what runs where, which phase, how long against the budget."""
+"""The run header: one line, the phase and the outcome first, then what runs where.
+
+It never wraps: the line is cut with an ellipsis at the widget's width, and because the phase, the
+outcome and the elapsed time come first they stay visible on an 80-column terminal; the details (task,
+provider, sandbox, versions, model) are what an ellipsis eats.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from textual.content import Content
+from textual.widget import Widget
 
+from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
-from opencode_tui.widgets.base import Panel
 
 _PHASE_STYLE = {
     "running": "$state-running",
@@ -19,48 +25,67 @@ _PHASE_STYLE = {
 }
 
 
-class RunHeader(Panel):
-    """Two lines: task/provider/sandbox/versions, then phase/elapsed/mode/keep."""
+def phase_words(state: RunState) -> tuple[str, str]:
+    """What the header says about where the run is, and its style.
+
+    Once the outcome is decided it is the run's last word: a failed or cancelled run is never shown as
+    ``done ok`` (the phase ``done`` only says the engine finished); the outcome's own words and colour
+    replace the phase state, with the failure kind and the reward when there is one."""
+    o = state.outcome
+    phase = state.phase
+    name = str(phase.phase) if phase else "starting"
+    if o is not None:
+        words = f"{name} · {o.action}"
+        if o.failure_kind:
+            words += f" ({o.failure_kind})"
+        if o.reward is not None:
+            words += f" · reward {o.reward:g}"
+        return words, "$state-ok" if o.action is Outcome.SCORED else "$state-failed"
+    pstate = str(phase.state) if phase else "pending"
+    return f"{name} {pstate}", _PHASE_STYLE.get(pstate, "$foreground")
+
+
+class RunHeader(Widget):
+    """One line: phase/outcome · elapsed · mode · keep · task · provider · version · model · sandbox."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.line = Content("")
 
     def show(self, state: RunState, *, mode: str, keep: bool | None, now: datetime | None = None) -> None:
+        words, style = phase_words(state)
+        elapsed = state.elapsed_s(now)
+        budget = state.run_budget_s
         owned = state.sandbox_owned
-        sandbox = state.sandbox_id or "not yet"
         ownership = "" if owned is None else (" (owned)" if owned else " (borrowed)")
         user = f" · user {state.sandbox_user}" if state.sandbox_user else ""
         model = state.started.model if state.started else None
-        line1 = Content.from_markup(
-            "[b $primary]$task[/] · $provider · sandbox [b]$sandbox[/]$ownership$user · opencode $version"
-            " · model $model",
+        line = Content.from_markup(
+            f"[b {style}]$words[/] · $elapsed / $budget"
+            + (" · [b $error]human intervened[/]" if state.human_intervened else "")
+            # the sandbox last: a container id is 64 characters, and the ellipsis may take its tail
+            + " · [b]$mode[/]$keep · [b $primary]$task[/] · $provider · opencode $version · model $model"
+            " · sandbox [b]$sandbox[/]$ownership$user",
+            words=words,
+            elapsed=fmt.duration(elapsed),
+            budget=fmt.duration(budget) if budget else "?",
+            mode=mode,
+            keep="" if keep is None else f" · keep sandbox: {'on' if keep else 'off'}",
             task=state.task_id or "unknown task",
             provider=state.provider or "?",
-            sandbox=sandbox,
+            sandbox=state.sandbox_id or "not yet",
             ownership=ownership,
             user=user,
             version=state.opencode_version or "?",
             model=model or "?",
         )
-        phase = state.phase
-        phase_name = str(phase.phase) if phase else "starting"
-        phase_state = str(phase.state) if phase else "pending"
-        elapsed = state.elapsed_s(now)
-        budget = state.run_budget_s
-        if state.outcome is not None:
-            outcome = f" · outcome {state.outcome.action}"
-            if state.outcome.reward is not None:
-                outcome += f" reward {state.outcome.reward:g}"
-        else:
-            outcome = ""
-        keep_text = "" if keep is None else f" · keep sandbox: {'on' if keep else 'off'}"
-        human = " · [b $error]human intervened[/]" if state.human_intervened else ""
-        style = _PHASE_STYLE.get(phase_state, "$foreground")
-        line2 = Content.from_markup(
-            f"phase [b {style}]$phase[/] $pstate · elapsed $elapsed / $budget$outcome{human} · [b]$mode[/]$keep",
-            phase=phase_name,
-            pstate=phase_state,
-            elapsed=fmt.duration(elapsed),
-            budget=fmt.duration(budget) if budget else "?",
-            outcome=outcome,
-            mode=mode,
-            keep=keep_text,
-        )
-        self.show_content(Content("\n").join([line1, line2]), layout=False)
+        if line.plain != self.line.plain or line.spans != self.line.spans:
+            self.line = line
+            self.refresh()
+
+    @property
+    def plain(self) -> str:
+        return self.line.plain
+
+    def render(self) -> Content:
+        return self.line.truncate(max(self.content_size.width, 1), ellipsis=True)

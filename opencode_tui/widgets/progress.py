@@ -7,6 +7,7 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Label, ProgressBar
 
+from core.events import Phase
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import Panel
@@ -21,12 +22,19 @@ class InstallProgressBar(Horizontal):
         yield Label("install", id="install-label")
         yield ProgressBar(total=None, show_eta=False, id="install-bar")
 
-    def show(self, state: RunState) -> None:
-        if self.display != bool(state.install):
-            self.display = bool(state.install)
-        if not state.install:
-            return
+    def show(self, state: RunState, *, compact: bool = False) -> None:
+        # On a small terminal a finished install gives its line back once the agent has started.
+        past = state.phase is not None and state.phase.phase not in (
+            Phase.ADMISSION,
+            Phase.SEED,
+            Phase.INSTALL,
+        )
         done, total = state.install_totals
+        visible = bool(state.install) and not (compact and past and total is not None and done >= total)
+        if self.display != visible:
+            self.display = visible
+        if not visible:
+            return
         names = ", ".join(f"{p.package}{' (cached)' if p.cached else ''}" for p in state.install.values())
         label = Content.from_markup(
             "[b]install[/] $names $done/$total", names=names, done=fmt.nbytes(done), total=fmt.nbytes(total)

@@ -16,6 +16,27 @@ def _by_tool(counts: dict[str, int]) -> str:
     return " · ".join(f"{tool} {n}" for tool, n in counts.items()) or "none"
 
 
+def verification_words(state: RunState) -> tuple[str, str, str]:
+    """The Verification line: its verdict, style and a dim note (exit code, duration).
+
+    It never contradicts the outcome: the verifier's reward is the run's reward only when the outcome is
+    ``scored``; otherwise the line says the verifier's result is not the reward (e.g. a ``timeout`` whose
+    verifier passed is counted as zero)."""
+    v = state.verification
+    if v is None:
+        return ("not run" if state.finished else "not yet"), "$state-pending", ""
+    o = state.outcome
+    note = f" · exit {fmt.DASH if v.exit_code is None else v.exit_code} · {fmt.seconds(v.duration_s, 1)}"
+    if v.passed is None:
+        return "inconclusive", "$state-skipped", note
+    verdict = "passed" if v.passed else "failed"
+    style = "$state-ok" if v.passed else "$state-failed"
+    if o is not None and o.action is not Outcome.SCORED:
+        return f"{verdict} (not the reward: {o.action})", style, note
+    reward = fmt.DASH if v.reward is None else f"{v.reward:g}"
+    return f"{verdict} · reward {reward}", style, note
+
+
 class StatsPanel(Panel):
     """Live counts from events; the transcript's counts (the source of truth) once cleanup confirmed."""
 
@@ -69,18 +90,8 @@ class StatsPanel(Panel):
                 tin=fmt.count(t.tokens_in),
                 tout=fmt.count(t.tokens_out),
             )
-        v = state.verification
-        if v is not None:
-            verdict = "passed" if v.passed else ("failed" if v.passed is False else "inconclusive")
-            style = "$state-ok" if v.passed else "$state-failed"
-            row(
-                "Verification",
-                f"[{style}]$verdict[/] · reward $reward · exit $exit · $dur",
-                verdict=verdict,
-                reward=fmt.DASH if v.reward is None else f"{v.reward:g}",
-                exit=fmt.DASH if v.exit_code is None else str(v.exit_code),
-                dur=fmt.seconds(v.duration_s, 1),
-            )
+        verdict, style, note = verification_words(state)
+        row("Verification", f"[{style}]$verdict[/][dim]$note[/]", verdict=verdict, note=note)
         o = state.outcome
         if o is not None:
             style = "$state-ok" if o.action is Outcome.SCORED else "$state-failed"

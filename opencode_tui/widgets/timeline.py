@@ -1,4 +1,6 @@
-"""The replay timeline: where the cursor is in the event stream, with failures marked on the bar."""
+"""The replay timeline: where the cursor is in the event stream, with markers on the bar for model calls,
+tool calls, compactions, shells and failures, and keys (when focused) to jump to the next/previous of each.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +13,16 @@ from textual.widget import Widget
 
 from opencode_tui import format as fmt
 
+# kind -> (glyph on the bar, style, next key, words, footer label). Drawn in this order: a later kind wins a shared cell,
+# so a failure is never hidden under the model call next to it.
+MARKERS: dict[str, tuple[str, str, str, str, str]] = {
+    "model_call": ("m", "$secondary", "m", "model call", "Call"),
+    "tool_call": ("o", "$foreground-muted", "o", "tool call", "Tool"),
+    "shell": ("$", "bold $warning", "h", "shell", "Shell"),
+    "compaction": ("C", "bold $warning", "c", "compaction", "Compaction"),
+    "failure": ("✗", "bold $error", "x", "failure", "Failure"),
+}
+
 
 class Timeline(Widget, can_focus=True):
     """Displays the cursor the run screen owns; keys ask the screen to move it (``Timeline.Seek``)."""
@@ -22,6 +34,26 @@ class Timeline(Widget, can_focus=True):
         Binding("shift+right", "step(100)", "Forward 100", show=False),
         Binding("home", "seek_start", "Start", show=False),
         Binding("end", "seek_end", "End", show=False),
+        *(
+            b
+            for kind, (_g, _s, key, words, label) in MARKERS.items()
+            for b in (
+                Binding(
+                    key,
+                    f"jump('{kind}', 1)",
+                    f"{label}▶",
+                    tooltip=f"Jump to the next {words} ({key.upper()}: the previous)",
+                    id=f"timeline-next-{kind}",
+                ),
+                Binding(
+                    key.upper(),
+                    f"jump('{kind}', -1)",
+                    f"Prev {words}",
+                    show=False,
+                    id=f"timeline-prev-{kind}",
+                ),
+            )
+        ),
     ]
 
     class Seek(Message):
@@ -39,6 +71,7 @@ class Timeline(Widget, can_focus=True):
         self.summary = ""
         self.when = ""
         self.failures: list[int] = []
+        self.markers: dict[str, list[int]] = {}
         self.playback = ""
         self.border_title = "Timeline"
 
@@ -52,7 +85,10 @@ class Timeline(Widget, can_focus=True):
         when: str,
         failures: list[int],
         playback: str = "",
+        markers: dict[str, list[int]] | None = None,
     ) -> None:
+        self.markers = dict(markers or {})
+        self.markers["failure"] = failures
         self.cursor, self.total, self.replay_loading = cursor, total, loading
         self.summary, self.when, self.failures, self.playback = summary, when, failures, playback
         self.refresh()
@@ -76,16 +112,18 @@ class Timeline(Widget, can_focus=True):
             playback=f" · {self.playback}" if self.playback else "",
         )
         cells = ["─"] * width
+        styles: list[str | None] = [None] * width
         if self.total > 0:
-            for f in self.failures:
-                cells[min(f * width // self.total, width - 1)] = "✗"
-            cells[min(max(pos, 0) * width // self.total, width - 1)] = "●"
+            for kind, (glyph, style, *_rest) in MARKERS.items():
+                for index in self.markers.get(kind, ()):
+                    cell = min(index * width // self.total, width - 1)
+                    cells[cell], styles[cell] = glyph, style
+            cell = min(max(pos, 0) * width // self.total, width - 1)
+            cells[cell], styles[cell] = "●", "bold $accent"
         bar = Content("".join(cells))
-        for i, ch in enumerate(cells):
-            if ch == "✗":
-                bar = bar.stylize("bold $error", i, i + 1)
-            elif ch == "●":
-                bar = bar.stylize("bold $accent", i, i + 1)
+        for i, style in enumerate(styles):
+            if style is not None:
+                bar = bar.stylize(style, i, i + 1)
         return Content("\n").join([head.truncate(width, ellipsis=True), bar])
 
     def action_step(self, delta: int) -> None:
@@ -99,11 +137,23 @@ class Timeline(Widget, can_focus=True):
         self.post_message(self.Seek(None))
 
     def next_failure(self, forward: bool = True) -> int | None:
+        return self.next_marker("failure", forward)
+
+    def next_marker(self, kind: str, forward: bool = True) -> int | None:
+        """The next (previous) event of ``kind`` after (before) the cursor, wrapping around."""
         pos = self.position
-        if not self.failures:
+        found = self.markers.get(kind) or []
+        if not found:
             return None
         if forward:
-            i = bisect_left(self.failures, pos + 1)
-            return self.failures[i] if i < len(self.failures) else self.failures[0]
-        i = bisect_left(self.failures, pos) - 1
-        return self.failures[i] if i >= 0 else self.failures[-1]
+            i = bisect_left(found, pos + 1)
+            return found[i] if i < len(found) else found[0]
+        i = bisect_left(found, pos) - 1
+        return found[i] if i >= 0 else found[-1]
+
+    def action_jump(self, kind: str, direction: int) -> None:
+        target = self.next_marker(kind, direction > 0)
+        if target is None:
+            self.notify(f"No {MARKERS[kind][3]} in this run.", timeout=3)
+            return
+        self.post_message(self.Seek(target))

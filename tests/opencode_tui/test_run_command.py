@@ -111,6 +111,13 @@ def test_several_tasks_need_batch(tmp_path):
     _one_line_error(r, "--batch")
 
 
+def test_attempts_without_batch_refused(tmp_path):
+    """The TUI runs one attempt: ``--attempts`` there is refused, not silently ignored."""
+    r = run_cli("run", str(SAMPLES / "hello-file"), "--attempts", "2", "--runs-dir", str(tmp_path / "runs"))
+    _one_line_error(r, "--attempts", "--batch")
+    assert not (tmp_path / "runs").exists()
+
+
 # ---- SIGINT at each phase -----------------------------------------------------------------------
 
 

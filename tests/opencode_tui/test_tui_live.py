@@ -249,7 +249,7 @@ async def test_live_screen_updates_and_quit_cancels_then_waits_for_cleanup(engin
         await wait(pilot, lambda: len(screen.state.model_calls) == 1, what="the model call")
         await wait(pilot, lambda: screen.terminal.rendered.count > 10, what="terminal output")
         header = app.screen.query_one(RunHeader)
-        text = str(header.render())
+        text = header.plain
         assert "live-task" in text and "bwrap-live01 (owned)" in text and "LIVE" in text
         assert screen.query_one(ModelCallsTable).row_count == 1
         lines = screen.terminal.rendered.lines
@@ -292,7 +292,7 @@ async def test_live_cancel_and_keep(engine, wait, fixture_runs):
         await pilot.press("k")
         assert engine.keep_calls == [True]
         assert any(isinstance(m, KeepSandboxChanged) and m.keep for m in messages)
-        assert "keep sandbox: on" in str(screen.query_one(RunHeader).render())
+        assert "keep sandbox: on" in screen.query_one(RunHeader).plain
         await pilot.press("c")
         await wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the cancel confirmation")
         await pilot.press("n")
@@ -367,3 +367,34 @@ async def test_live_episode_crash_is_reported_and_quit_does_not_hang(wait):
         assert _screen(app).state.task_id == "crash-task"
         await pilot.press("q")  # the episode is over (crashed): no confirmation, no waiting
         await wait(pilot, lambda: app._exit, what="the app to exit")
+
+
+def _enabled(app, action: str) -> bool:
+    """Whether the footer offers ``action`` as usable (check_action None greys it: enabled False)."""
+    found = [b for b in app.active_bindings.values() if b.binding.action == action]
+    assert found, f"no binding for {action}"
+    return all(b.enabled for b in found)
+
+
+async def test_live_actions_that_no_longer_apply_are_greyed(engine, wait):
+    """Cancel is greyed once the outcome is decided; the shell once the sandbox has been released."""
+    engine.max_ticks = 5
+    app = OpenCodeTUI(control=engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        engine.start()
+        screen = _screen(app)
+        await wait(pilot, lambda: screen.state.sandbox is not None, what="sandbox ready")
+        await pilot.pause()
+        assert _enabled(app, "cancel_episode") and _enabled(app, "open_shell")
+        await engine.cancel()
+        await wait(pilot, lambda: screen.state.outcome is not None, what="the outcome")
+        await wait(pilot, lambda: not _enabled(app, "cancel_episode"), what="cancel greyed")
+        assert not _enabled(app, "open_shell")  # SandboxReleased ok, not kept
+        assert screen.check_action("cancel_episode", ()) is None
+        assert screen.check_action("open_shell", ()) is None
+        # the header states the outcome, never "done ok"
+        await wait(pilot, lambda: app.episode_done, what="the episode to finish")
+        await pilot.pause()
+        header = screen.query_one(RunHeader).plain
+        assert header.startswith("done · keep_unknown"), header
+        assert "done ok" not in header

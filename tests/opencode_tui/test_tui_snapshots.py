@@ -7,12 +7,16 @@ SVGs in ``__snapshots__``.
 
 from __future__ import annotations
 
+import asyncio
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+import opencode_tui.screens.run as run_screen_module
 from core.artifacts import RunDirReader
-from core.events import ModelCall, TerminalOutput, ToolCall
+from core.control import EpisodeControl
+from core.events import EventBus, FailureRecorded, ModelCall, TerminalOutput, ToolCall
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.themes import BUILTIN_ORDER
@@ -99,3 +103,102 @@ def test_theme(snap_compare, fixture_runs, replay_loaded, theme):
 
     app = OpenCodeTUI(run_dir=fixture_runs / "oom", theme=theme)
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+# ---- the run screen at three sizes, live and replay (issue 13: layouts that fit) ------------------
+
+SIZES = [(80, 24), (120, 40), (200, 60)]
+
+
+class _RecordedEpisode(EpisodeControl):
+    """A live episode whose events are a recorded run's, emitted on a real EventBus as the engine would
+    (the engine itself would need Docker and minutes per snapshot; what is compared is the screen)."""
+
+    def __init__(self, events: list) -> None:
+        self.bus = EventBus()
+        self.events = events
+        self._done = asyncio.Event()
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    async def cancel(self, by: str = "user") -> None:
+        self._done.set()
+
+    @property
+    def kept(self) -> bool:
+        return False
+
+    @property
+    def keep_changeable(self) -> bool:
+        return self.running
+
+    def keep_sandbox(self, keep: bool = True) -> None:
+        del keep
+
+    async def open_shell(self, cols: int = 80, rows: int = 24):
+        raise RuntimeError("no sandbox behind a recorded episode")
+
+    async def wait(self) -> object:
+        await self._done.wait()
+        return None
+
+    async def play(self) -> None:
+        for ev in self.events:
+            self.bus.emit(ev)
+
+
+def _frozen_clock(at: datetime) -> type[datetime]:
+    """The live header's clock, stopped at ``at``: a snapshot of a running episode must not show the
+    wall-clock elapsed time (a fake for the clock only)."""
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[override]
+            return at if tz is None else at.astimezone(tz)
+
+    return Frozen
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_replay_sizes(snap_compare, fixture_runs, replay_loaded, size):
+    """The finished oom run: the header leads with the outcome and its kind on one line."""
+
+    async def run_before(pilot) -> None:
+        await replay_loaded(pilot)
+
+    assert snap_compare(OpenCodeTUI(run_dir=fixture_runs / "oom"), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_live_sizes(snap_compare, fixture_runs, wait, monkeypatch, size):
+    """The oom run live, just after the failure was recorded (cleanup still to come)."""
+    events = list(RunDirReader(fixture_runs / "oom").events())
+    failed = next(i for i, e in enumerate(events) if isinstance(e, FailureRecorded))
+    shown = events[: failed + 1]
+    monkeypatch.setattr(run_screen_module, "datetime", _frozen_clock(shown[-1].ts))
+    episode = _RecordedEpisode(shown)
+
+    async def run_before(pilot) -> None:
+        screen = pilot.app.screen
+        await wait(pilot, lambda: screen.total == len(shown), what="the recorded events")
+        await pilot.pause(0.3)  # the held-back tool call is flushed (PENDING_MAX_AGE)
+        screen.redraw()
+        await pilot.pause()
+
+    app = OpenCodeTUI(control=episode, run_dir=fixture_runs / "oom", run_episode=episode.play)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_replay_80x24_failures_tab(snap_compare, fixture_runs, replay_loaded):
+    """At 80×24 each panel is a tab with the whole height: the Failures columns fit."""
+
+    async def run_before(pilot) -> None:
+        await replay_loaded(pilot)
+        await pilot.press("5")
+        await pilot.pause()
+
+    assert snap_compare(
+        OpenCodeTUI(run_dir=fixture_runs / "oom"), terminal_size=(80, 24), run_before=run_before
+    )

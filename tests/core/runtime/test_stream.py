@@ -85,3 +85,82 @@ def test_silent_command_shows_the_final_text():
     final = "(no output)\n\n<shell_metadata>\nterminated after exceeding timeout\n"
     text = _shown(tr, _bash("running", ""), _bash("completed", "", final))
     assert text.count("(no output)") == 1 and text.count("terminated after") == 1
+
+
+# ---- compaction: an opening marker, the summary folded, sizes when known ---------------------------
+# Shaped as OpenCode sends a compaction (session/compaction.ts): a user message with a ``compaction``
+# part, an assistant message with agent/mode ``compaction`` and ``summary: true`` whose text streams
+# as deltas, then ``session.compacted``.
+
+
+def _msg(mid: str, role: str, **info) -> dict:
+    return {
+        "type": "message.updated",
+        "properties": {"info": {"id": mid, "role": role, "sessionID": "s", **info}},
+    }
+
+
+def _text(pid: str, mid: str, text: str, ended: bool = False, kind: str = "text") -> dict:
+    part = {"id": pid, "messageID": mid, "sessionID": "s", "type": kind, "text": text}
+    if ended:
+        part["time"] = {"start": 1, "end": 2}
+    return {"type": "message.part.updated", "properties": {"sessionID": "s", "part": part}}
+
+
+def _delta(pid: str, mid: str, delta: str) -> dict:
+    props = {"sessionID": "s", "messageID": mid, "partID": pid, "field": "text", "delta": delta}
+    return {"type": "message.part.delta", "properties": props}
+
+
+SUMMARY = "## Objective\nSort the file.\n\n## Progress\n- read notes.txt\n- wrote sort.py\n"
+
+
+def _compaction_run(summary_info: dict) -> str:
+    import re
+
+    tr = ServeStreamTranslator("/app")
+    step_tokens = {"input": 90_000, "output": 1_000, "reasoning": 0, "cache": {"read": 9_000, "write": 0}}
+    shown = _shown(
+        tr,
+        _msg("m1", "assistant", agent="build", mode="build", tokens=step_tokens),
+        _msg("m2", "user"),
+        {
+            "type": "message.part.updated",
+            "properties": {
+                "sessionID": "s",
+                "part": {"id": "p2", "messageID": "m2", "sessionID": "s", "type": "compaction", "auto": True},
+            },
+        },
+        _msg("m3", "assistant", **summary_info),
+        _text("p3", "m3", ""),
+        _delta("p3", "m3", SUMMARY[:20]),
+        _delta("p3", "m3", SUMMARY[20:]),
+        _text("p3", "m3", SUMMARY, ended=True),
+        _msg(
+            "m3",
+            "assistant",
+            tokens={"input": 100_000, "output": 1_234, "cache": {"read": 0}},
+            **summary_info,
+        ),
+        {"type": "session.compacted", "properties": {"sessionID": "s"}},
+        _msg("m4", "assistant", agent="build", mode="build"),
+        _text("p4", "m4", "Continuing.", ended=True),
+    )
+    return re.sub(r"\x1b\[[0-9;]*m", "", shown)
+
+
+def test_compaction_has_an_opening_marker_and_a_folded_summary():
+    shown = _compaction_run({"agent": "compaction", "mode": "compaction", "summary": True})
+    lines = shown.splitlines()
+    assert lines[0] == "── compacting context (auto) · 100,000 tokens in context ──"
+    assert lines[1] == f"▸ summary: ## Objective … 6 lines, {len(SUMMARY)} chars folded"
+    assert lines[2] == "── context compacted · 100,000 → 1,234 tokens ──"
+    assert lines[3] == "Continuing."
+    assert "Sort the file." not in shown  # the summary's body is not streamed as if it were output
+
+
+def test_summary_found_without_its_flags_after_a_compaction_part():
+    """An older OpenCode may not flag the summary message: the first assistant message after the
+    compaction part is the summary."""
+    shown = _compaction_run({})
+    assert "▸ summary: ## Objective" in shown and "Sort the file." not in shown
