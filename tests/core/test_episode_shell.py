@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,18 +24,6 @@ from core.tasks import load_task
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
-PROVIDERS = [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)]
-
-
-@pytest.fixture(params=PROVIDERS)
-def provider(request) -> str:
-    if request.param == "docker":
-        r = subprocess.run(["docker", "image", "inspect", "opencode-tui/base:bookworm"], capture_output=True)
-        if r.returncode != 0:
-            pytest.skip(
-                "docker or the base image is unavailable (scripts/start-dockerd, scripts/build-images)"
-            )
-    return request.param
 
 
 def _episode(tmp_path: Path, provider: str, keep: bool = False) -> Episode:
@@ -68,8 +55,8 @@ async def _type_in_shell(episode: Episode, line: str) -> None:
         await shell.close()
 
 
-def test_shell_during_the_agent_marks_the_sample(tmp_path, provider):
-    episode = _episode(tmp_path, provider)
+def test_shell_during_the_agent_marks_the_sample(tmp_path, episode_provider):
+    episode = _episode(tmp_path, episode_provider)
 
     async def main():
         busy = asyncio.Event()
@@ -107,8 +94,8 @@ def test_shell_during_the_agent_marks_the_sample(tmp_path, provider):
     assert "touch done.txt" in typed
 
 
-def test_post_mortem_shell_marks_nothing(tmp_path, provider):
-    episode = _episode(tmp_path, provider, keep=True)
+def test_post_mortem_shell_marks_nothing(tmp_path, episode_provider):
+    episode = _episode(tmp_path, episode_provider, keep=True)
 
     async def main():
         result = await episode.run()

@@ -102,14 +102,10 @@ def _left_behind(provider: str, result) -> list[str]:
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
-def _provider(request_param: str) -> str:
-    if request_param == "docker":
-        r = subprocess.run(["docker", "image", "inspect", "opencode-tui/base:bookworm"], capture_output=True)
-        if r.returncode != 0:
-            pytest.skip(
-                "docker or the base image is unavailable (scripts/start-dockerd, scripts/build-images)"
-            )
-    return request_param
+def _provider(request, name: str) -> str:
+    if name == "docker":
+        request.getfixturevalue("docker_base_image")
+    return name
 
 
 CASES = [
@@ -126,8 +122,8 @@ CASES = [
 
 
 @pytest.mark.parametrize(("provider", "phase", "sig"), CASES)
-def test_signal_in_each_phase_closes_with_confirmed_cleanup(tmp_path, provider, phase, sig):
-    provider = _provider(provider)
+def test_signal_in_each_phase_closes_with_confirmed_cleanup(request, tmp_path, provider, phase, sig):
+    provider = _provider(request, provider)
     summary, result = run_with_signal(tmp_path, provider, phase, sig)
     assert exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by) == (
         ExitCode.for_cancel(sig.name)
@@ -163,8 +159,8 @@ def test_signal_in_each_phase_closes_with_confirmed_cleanup(tmp_path, provider, 
     "provider",
     [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)],
 )
-def test_second_signal_hurries_and_still_records(tmp_path, provider):
-    provider = _provider(provider)
+def test_second_signal_hurries_and_still_records(request, tmp_path, provider):
+    provider = _provider(request, provider)
     _, result = run_with_signal(tmp_path, provider, "agent", signal.SIGTERM, times=2)
     assert result.exit_code == ExitCode.TERMINATED
     assert (result.action, result.failure_kind) == (Outcome.STOP, "run_cancelled")

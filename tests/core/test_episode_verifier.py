@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,6 @@ from core.tasks import load_task
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
-
-PROVIDERS = [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)]
-
-
-@pytest.fixture(params=PROVIDERS)
-def provider(request) -> str:
-    if request.param == "docker":
-        r = subprocess.run(["docker", "image", "inspect", "opencode-tui/base:bookworm"], capture_output=True)
-        if r.returncode != 0:
-            pytest.skip(
-                "docker or the base image is unavailable (scripts/start-dockerd, scripts/build-images)"
-            )
-    return request.param
 
 
 def run_hello(tmp_path: Path, provider: str, verify: dict):
@@ -58,8 +44,8 @@ def failures(result) -> list:
         pytest.param('test -f hello.txt && kill -9 "$PPID"', id="kills-the-wrapper-too"),
     ],
 )
-def test_verifier_killed_by_a_signal_is_not_scored_and_not_a_timeout(tmp_path, provider, command):
-    result = run_hello(tmp_path, provider, {"command": command, "timeout": 30})
+def test_verifier_killed_by_a_signal_is_not_scored_and_not_a_timeout(tmp_path, episode_provider, command):
+    result = run_hello(tmp_path, episode_provider, {"command": command, "timeout": 30})
     assert (result.action, result.reward) == (Outcome.MARK_EVALUATION_ERROR, None)
     assert (result.failure_kind, result.failure_stage, result.failure_class) == (
         "verifier_error",
@@ -73,8 +59,8 @@ def test_verifier_killed_by_a_signal_is_not_scored_and_not_a_timeout(tmp_path, p
     assert verification[0].reward is None and verification[0].passed is None
 
 
-def test_verifier_past_its_own_deadline_is_a_verifier_timeout(tmp_path, provider):
-    result = run_hello(tmp_path, provider, {"command": "sleep 60", "timeout": 2})
+def test_verifier_past_its_own_deadline_is_a_verifier_timeout(tmp_path, episode_provider):
+    result = run_hello(tmp_path, episode_provider, {"command": "sleep 60", "timeout": 2})
     assert (result.action, result.reward, result.failure_kind) == (
         Outcome.MARK_EVALUATION_ERROR,
         None,
@@ -85,9 +71,9 @@ def test_verifier_past_its_own_deadline_is_a_verifier_timeout(tmp_path, provider
     assert result.durations_s["verification"] < 30
 
 
-def test_verifier_exit_code_is_still_the_grade(tmp_path, provider):
+def test_verifier_exit_code_is_still_the_grade(tmp_path, episode_provider):
     """An honest failing verifier is a real zero: the wrapper passes its exit code through."""
-    result = run_hello(tmp_path, provider, {"command": "test -f hello.txt && exit 3", "timeout": 30})
+    result = run_hello(tmp_path, episode_provider, {"command": "test -f hello.txt && exit 3", "timeout": 30})
     assert (result.action, result.reward, result.failure_kind) == (Outcome.SCORED, 0.0, None)
     tokens = [
         json.loads(line)["usage"]
