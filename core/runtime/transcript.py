@@ -81,9 +81,16 @@ def export(db: Path) -> tuple[dict[str, Any], TranscriptStats]:
             elif part.get("type") == "compaction":
                 triggers.append(compaction_trigger(part))
         tokens = info.get("tokens") if info.get("role") == "assistant" else None
-        if isinstance(tokens, dict):
+        cache = (tokens.get("cache") or {}) if isinstance(tokens, dict) else {}
+        # OpenCode creates each assistant message with every count at 0 and fills them in when the
+        # step finishes: all zeros is a message cut off before it reported (unknown), not zero tokens.
+        reported = isinstance(tokens, dict) and any(
+            int(v or 0)
+            for v in (tokens.get("input"), tokens.get("output"), tokens.get("reasoning"), *cache.values())
+        )
+        if reported:
+            assert isinstance(tokens, dict)
             seen_tokens = True
-            cache = tokens.get("cache") or {}
             tin += int(tokens.get("input") or 0) + int(cache.get("read") or 0) + int(cache.get("write") or 0)
             tout += int(tokens.get("output") or 0) + int(tokens.get("reasoning") or 0)
             tcache += int(cache.get("read") or 0)
