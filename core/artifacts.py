@@ -65,6 +65,9 @@ class RunInfo(BaseModel):
     counts: dict[str, Any] = Field(default_factory=dict)
     # A person used a shell in the sandbox before verification finished (see ShellOpened).
     human_intervened: bool = False
+    # The run ended without releasing its sandbox (``--keep-sandbox``/``k``): `opencode-tui attach`
+    # reconnects with provider + sandbox_id, `sweep` removes it.
+    sandbox_kept: bool = False
 
     @property
     def duration_s(self) -> float | None:
