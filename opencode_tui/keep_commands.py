@@ -293,9 +293,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
             if user is not None and "user" in inspect.signature(sandbox.pty).parameters:
                 kwargs["user"] = user
             handle = await sandbox.pty(_SHELL, **kwargs)
+            shown = sandbox_id[:_MIN_PREFIX] if provider_name == ProviderName.DOCKER.value else sandbox_id
             print(
-                f"attached to {provider_name} sandbox {sandbox_id[:12]} (kept; exit the shell to leave, "
-                f"`opencode-tui sweep {sandbox_id[:12]}` to remove it)\r",
+                f"attached to {provider_name} sandbox {shown} (kept; exit the shell to leave, "
+                f"`opencode-tui sweep {shown}` to remove it)\r",
                 file=sys.stderr,
             )
             saved = _raw(sys.stdin.fileno())
