@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import inspect
 import json
 import os
@@ -162,8 +161,8 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _target(ref: str) -> tuple[str, str, dict[str, Any]]:
-    """(provider, sandbox id, run.json or {}) of a kept sandbox named by run dir or sandbox id."""
+def _target(ref: str) -> tuple[str, str, dict[str, Any], Path | None]:
+    """(provider, sandbox id, run.json or {}, run dir) of a kept sandbox named by run dir or id."""
     from core.sandbox import kept
 
     path = Path(ref)
@@ -177,7 +176,7 @@ def _target(ref: str) -> tuple[str, str, dict[str, Any]]:
                 f"run {path.name} did not keep its sandbox {sid} (it was released at the end); "
                 "run the task with --keep-sandbox (or press k) to come back to it"
             )
-        return str(provider), str(sid), run
+        return str(provider), str(sid), run, path
     records = kept.find(ref)
     if not records:
         raise UsageError(
@@ -188,10 +187,41 @@ def _target(ref: str) -> tuple[str, str, dict[str, Any]]:
         raise UsageError(f"{ref!r} matches {len(records)} kept sandboxes; give more of the id")
     record = records[0]
     run: dict[str, Any] = {}
-    if record.run_dir:
-        with contextlib.suppress(UsageError):
-            run = _read_run(Path(record.run_dir))
-    return record.provider, record.sandbox_id, run
+    run_dir = Path(record.run_dir) if record.run_dir else None
+    if run_dir is not None:
+        try:
+            run = _read_run(run_dir)
+        except UsageError:
+            run_dir = None
+    return record.provider, record.sandbox_id, run, run_dir
+
+
+def _recorded(handle: Any, run_dir: Path | None, cols: int, rows: int, user: str | None) -> Any:
+    """The shell recorded in the run directory like any shell (its own cast, shell_opened/closed).
+
+    After the run it is post-mortem: it marks nothing (``marks_sample`` false, phase ``done``)."""
+    from core.artifacts import SHELLS_DIR, RunDir, RunDirReader
+    from core.events import Phase, ShellClosed, ShellOpened
+    from core.shells import RecordedShell
+
+    if run_dir is None or not os.access(run_dir, os.W_OK):
+        return handle
+    seq = max((e.seq for e in RunDirReader(run_dir).events()), default=0)
+    n = len(list((run_dir / SHELLS_DIR).glob("shell-*.cast"))) + 1
+    writer = RunDir(run_dir)
+    cast_name, cast = writer.shell_cast(n, cols, rows)
+    seq += 1
+    writer.append_event(
+        ShellOpened(seq=seq, shell=n, phase=Phase.DONE, marks_sample=False, cast=cast_name, user=user)
+    )
+
+    def closed(duration_s: float, bytes_in: int, bytes_out: int) -> None:
+        writer.append_event(
+            ShellClosed(seq=seq + 1, shell=n, duration_s=duration_s, bytes_in=bytes_in, bytes_out=bytes_out)
+        )
+        writer.close()
+
+    return RecordedShell(handle, cast, closed)
 
 
 def _sandbox_user(run: dict[str, Any]) -> str | None:
@@ -275,7 +305,7 @@ async def _interact(handle: Any) -> None:
 
 def cmd_attach(args: argparse.Namespace) -> int:
     try:
-        provider_name, sandbox_id, run = _target(args.target)
+        provider_name, sandbox_id, run, run_dir = _target(args.target)
     except UsageError as exc:
         print(f"opencode-tui attach: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -292,7 +322,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
             user = _sandbox_user(run)
             if user is not None and "user" in inspect.signature(sandbox.pty).parameters:
                 kwargs["user"] = user
-            handle = await sandbox.pty(_SHELL, **kwargs)
+            handle = _recorded(await sandbox.pty(_SHELL, **kwargs), run_dir, cols, rows, user)
             shown = sandbox_id[:_MIN_PREFIX] if provider_name == ProviderName.DOCKER.value else sandbox_id
             print(
                 f"attached to {provider_name} sandbox {shown} (kept; exit the shell to leave, "

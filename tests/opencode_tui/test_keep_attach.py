@@ -112,6 +112,16 @@ def test_attach_to_a_kept_local_sandbox_after_the_run_exited(env, tmp_path):
     assert f"\r{os.getuid()}\r\n" in seen and "Hello from OpenCode" in seen
     seen = shell_roundtrip(env, sid)  # by id as well
     assert "Hello from OpenCode" in seen
+    # Both shells are recorded in the run directory, post-mortem: they mark nothing.
+    events = [json.loads(x) for x in (Path(run_dir) / "events.jsonl").read_text().splitlines()]
+    opened = [e for e in events if e["type"] == "shell_opened"]
+    assert [(e["shell"], e["phase"], e["marks_sample"]) for e in opened] == [
+        (1, "done", False),
+        (2, "done", False),
+    ]
+    assert len([e for e in events if e["type"] == "shell_closed"]) == 2
+    assert "MARK" in (Path(run_dir) / opened[0]["cast"]).read_text()
+    assert json.loads((Path(run_dir) / "run.json").read_text())["human_intervened"] is False
 
     # A bare sweep leaves a kept sandbox alone; naming it removes exactly it.
     r = cli(env, "sweep", "--provider", "local")
