@@ -82,6 +82,9 @@ class RunInfo(BaseModel):
     counts: dict[str, Any] = Field(default_factory=dict)
     # A person used a shell in the sandbox before verification finished (see ShellOpened).
     human_intervened: bool = False
+    # The run ended without releasing its sandbox (``--keep-sandbox``/``k``): `opencode-tui attach`
+    # reconnects with provider + sandbox_id, `sweep` removes it.
+    sandbox_kept: bool = False
     # The process that ran the episode: a run without an outcome whose controller is gone was
     # interrupted (SIGKILL, power loss), not running.
     controller: Invocation | None = None

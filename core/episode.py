@@ -1010,6 +1010,15 @@ class Episode(EpisodeControl):
         if self.sandbox is None:
             return
         if self._keep:
+            # ---- keep (issue 18): outlive this process, recorded for `attach` and `sweep` ----
+            from core.sandbox.kept import keep_for_later
+
+            try:
+                await keep_for_later(self.sandbox, self.run_id, self.run_dir.path if self.run_dir else None)
+                if self.info is not None:
+                    self.info.sandbox_kept = True
+            except Exception as exc:
+                self.emit(Warning_(code="keep_failed", message=f"the sandbox could not be kept: {exc}"))
             self.emit(
                 CleanupObserved(
                     step=CleanupStep.SANDBOX_RELEASED,

@@ -1,4 +1,4 @@
-"""``opencode-tui doctor`` and ``opencode-tui sweep``: environment checks and leftover cleanup."""
+"""``opencode-tui doctor``: environment checks (``sweep`` lives in keep_commands)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ import argparse
 import asyncio
 import json
 import platform
-import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from core.config import AgentConfig, ProviderName
+from core.config import AgentConfig
 from core.exit_codes import ExitCode
 
 Status = Literal["ok", "warn", "fail"]
@@ -145,33 +144,3 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for c in checks:
             print(f"{marks[c.status]} {c.name:<20} {c.detail}")
     return ExitCode.INFRA if any(c.status == "fail" for c in checks) else ExitCode.OK
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from core.sandbox.base import default_owner
-    from core.sandbox.providers import get_provider
-
-    # Only our own leftovers unless asked: another user's (or CI job's) live sandboxes are not ours.
-    owner = None if args.all_owners else default_owner()
-
-    names = (
-        [ProviderName.DOCKER, ProviderName.LOCAL] if args.provider == "all" else [ProviderName(args.provider)]
-    )
-    failed = False
-
-    async def sweep() -> None:
-        nonlocal failed
-        for name in names:
-            try:
-                ids = await get_provider(name).sweep(dry_run=args.dry_run, owner=owner)
-            except Exception as exc:
-                failed = failed or args.provider != "all"
-                print(f"opencode-tui sweep: {name.value}: {exc}", file=sys.stderr)
-                continue
-            verb = "would remove" if args.dry_run else "removed"
-            for sid in ids:
-                print(json.dumps({"provider": name.value, "sandbox_id": sid, "action": verb}))
-            print(f"{name.value}: {verb} {len(ids)} leftover sandbox(es)", file=sys.stderr)
-
-    asyncio.run(sweep())
-    return ExitCode.INFRA if failed else ExitCode.OK

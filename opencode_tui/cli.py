@@ -6,7 +6,8 @@ Exit codes (stable, documented in README.md):
   2  usage or configuration error (bad task file, unknown field, missing image, ...)
   3  infrastructure failure (evaluation-side: sandbox, install, model endpoint, verifier)
   4  cleanup unconfirmed (a sandbox may still hold processes; see `opencode-tui sweep`)
-  130 interrupted (Ctrl-C) after cleanup
+  129/130/143 SIGHUP / interrupted (Ctrl-C) / SIGTERM, after cleanup
+`attach` and `sweep` exit 2 on bad input (an unknown, released or not-ours sandbox) with nothing touched.
 """
 
 from __future__ import annotations
@@ -49,7 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("runs", help="list run directories with their outcome")
     rs.add_argument("--runs-dir", default="runs")
     rs.add_argument("--json", action="store_true")
-    sw = sub.add_parser("sweep", help="remove leftover owned sandboxes (found by label)")
+    at = sub.add_parser("attach", help="open a shell in a kept sandbox (after its run has ended)")
+    at.add_argument("target", metavar="RUN_DIR|SANDBOX_ID", help="the run directory or the kept sandbox's id")
+    sw = sub.add_parser(
+        "sweep",
+        help="remove sandboxes of ours: the named ones, a run's, or leftovers whose process is gone",
+    )
+    sw.add_argument("ids", nargs="*", metavar="ID", help="remove exactly these sandboxes (kept or not)")
+    sw.add_argument("--run", metavar="RUN_ID", help="remove this run's sandbox(es)")
+    sw.add_argument("--kept", action="store_true", help="without ids: also remove kept sandboxes")
     sw.add_argument("--dry-run", action="store_true", help="list what would be removed")
     sw.add_argument(
         "--provider",

@@ -85,9 +85,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from opencode_tui.admin_commands import cmd_sweep as sweep
+    from opencode_tui.keep_commands import cmd_sweep as sweep
 
     return sweep(args)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from opencode_tui.keep_commands import cmd_attach as attach
+
+    return attach(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

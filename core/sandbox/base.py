@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import getpass
+import hashlib
 import math
 import os
 import socket
@@ -25,6 +26,9 @@ from core.failures import Evidence, FailureEvent
 
 LABEL_RUN = "opencode-tui.run"
 LABEL_OWNER = "opencode-tui.owner"
+# Which process created the sandbox (see ``invocation_id``): lets ``sweep`` tell a live job's
+# sandboxes from leftovers when several jobs share one owner (user@host).
+LABEL_INVOCATION = "opencode-tui.invocation"
 # Where the model proxy's Unix socket appears inside a model-only sandbox.
 SANDBOX_MODEL_SOCKET = "/run/opencode-tui/model.sock"
 
@@ -42,6 +46,65 @@ def default_owner() -> str:
     except Exception:
         user = str(os.getuid())
     return f"{user}@{socket.gethostname()}"
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot): with the pid, it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 and fields[0] not in (b"Z", b"X") else None
+
+
+def _machine_key() -> tuple[str, str]:
+    """(this host and PID namespace, this boot): where a pid and start time can be checked."""
+    try:
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pidns = "?"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:8]
+    except OSError:
+        boot = "00000000"
+    host = hashlib.sha256(f"{socket.gethostname()}|{pidns}".encode()).hexdigest()[:10]
+    return host, boot
+
+
+def invocation_id(pid: int | None = None) -> str:
+    """``<host key>.<boot>.<pid>.<start ticks>`` of this process: the ``opencode-tui.invocation`` label.
+
+    Short and made of ``[0-9a-f.]`` only, so every provider's label rules accept it as is.
+    """
+    pid = os.getpid() if pid is None else pid
+    host, boot = _machine_key()
+    return f"{host}.{boot}.{pid}.{_proc_start_ticks(pid) or 0}"
+
+
+class Liveness(StrEnum):
+    ALIVE = "alive"  # the process that created the sandbox still runs
+    GONE = "gone"  # it provably ended (same host and namespace: no such pid with that start time)
+    UNKNOWN = "unknown"  # made on another host or PID namespace: cannot be checked from here
+    UNLABELLED = "unlabelled"  # made by a version without the label
+
+
+def invocation_liveness(label: str | None) -> Liveness:
+    if not label:
+        return Liveness.UNLABELLED
+    parts = label.split(".")
+    if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
+        return Liveness.UNKNOWN
+    host, boot = _machine_key()
+    if parts[0] != host:
+        return Liveness.UNKNOWN
+    if parts[1] != boot:
+        return Liveness.GONE  # this host rebooted since: every process of that boot has ended
+    started = _proc_start_ticks(int(parts[2]))
+    return Liveness.ALIVE if started is not None and started == int(parts[3]) else Liveness.GONE
 
 
 class NetworkPolicy(StrEnum):
@@ -385,6 +448,13 @@ class Sandbox(abc.ABC):
         (the model proxy's socket); None when the provider shares no host file."""
         return None
 
+    async def keep(self) -> None:
+        """The run ends without releasing: the sandbox must outlive this process (for ``attach``).
+
+        Nothing to do where the sandbox lives outside the engine (a container, a remote server);
+        the local provider overrides it (its sandbox would otherwise die with the engine)."""
+        return None
+
     # Convenience built on the primitives above.
     async def upload_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         from core.sandbox.tarsafe import single_file_tar
@@ -396,6 +466,16 @@ class Sandbox(abc.ABC):
         from core.sandbox.tarsafe import read_single_file
 
         return read_single_file(await self.download_tar(path), PurePosixPath(path).name)
+
+
+class SandboxRecord(BaseModel):
+    """One sandbox of ours as a provider lists it (for ``sweep``): its id and labels."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: str
+    sandbox_id: str
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class SandboxProvider(abc.ABC):
@@ -413,3 +493,11 @@ class SandboxProvider(abc.ABC):
     @abc.abstractmethod
     async def sweep(self, *, dry_run: bool = False, owner: str | None = None) -> list[str]:
         """Remove (or just list) leftover owned sandboxes found by label; returns their ids."""
+
+    async def listed(self, *, owner: str | None = None) -> list[SandboxRecord]:
+        """Every sandbox carrying our owner label (``owner``'s only when given), with its labels."""
+        raise NotImplementedError(f"the {self.name} provider cannot list its sandboxes")
+
+    async def remove(self, sandbox_id: str) -> None:
+        """Destroy one sandbox found by ``listed`` (gone already is fine)."""
+        raise NotImplementedError(f"the {self.name} provider cannot remove a sandbox by id")

@@ -63,6 +63,7 @@ from core.failures import (
 from core.failures.model import FailureDetails
 from core.sandbox import tarsafe
 from core.sandbox.base import (
+    LABEL_INVOCATION,
     LABEL_OWNER,
     LABEL_RUN,
     SANDBOX_MODEL_SOCKET,
@@ -77,12 +78,14 @@ from core.sandbox.base import (
     SandboxError,
     SandboxFileNotFoundError,
     SandboxProvider,
+    SandboxRecord,
     SandboxSpec,
     SandboxState,
     SandboxStatus,
     SandboxUser,
     check_exec_args,
     default_owner,
+    invocation_id,
     new_execution_id,
 )
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
@@ -1306,7 +1309,12 @@ class DockerProvider(SandboxProvider):
             "image": image,
             "entrypoint": list(self.main_argv),
             "name": name,
-            "labels": {**spec.labels, LABEL_RUN: spec.run_id, LABEL_OWNER: self.owner},
+            "labels": {
+                **spec.labels,
+                LABEL_RUN: spec.run_id,
+                LABEL_OWNER: self.owner,
+                LABEL_INVOCATION: invocation_id(),
+            },
             "init": self.use_init,
             "network_mode": "host" if spec.network is NetworkPolicy.HOST else "none",
             "working_dir": spec.workdir,
@@ -1457,3 +1465,42 @@ class DockerProvider(SandboxProvider):
                 failure=_failure("sandbox_release_failed", stage=stage, operation=op, message=message),
             )
         return removed
+
+    async def listed(self, *, owner: str | None = None) -> list[SandboxRecord]:
+        stage, op = FailureStage.CLEANUP, "list"
+        client = await self._get_client(stage, op)
+        label = f"{LABEL_OWNER}={owner}" if owner else LABEL_OWNER
+        try:
+            found = await _blocking(
+                client.api.containers, all=True, filters={"label": label}, within=CALL_DEADLINE_S
+            )
+        except Exception as exc:
+            raise _engine_error(
+                exc,
+                stage=stage,
+                operation=op,
+                default_kind="sandbox_release_failed",
+                what="listing sandboxes",
+            ) from exc
+        return [
+            SandboxRecord(provider=self.name, sandbox_id=c["Id"], labels=dict(c.get("Labels") or {}))
+            for c in found
+        ]
+
+    async def remove(self, sandbox_id: str) -> None:
+        stage, op = FailureStage.CLEANUP, "remove"
+        client = await self._get_client(stage, op)
+        try:
+            await _blocking(
+                client.api.remove_container, sandbox_id, force=True, v=True, within=RELEASE_DEADLINE_S
+            )
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:
+            raise _engine_error(
+                exc,
+                stage=stage,
+                operation=op,
+                default_kind="sandbox_release_failed",
+                what=f"removing container {sandbox_id[:12]} failed",
+            ) from exc

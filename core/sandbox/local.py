@@ -26,8 +26,13 @@ One sandbox
       every background process as soon as the exec's command ends. pid 1 is the shell loop itself
       (``--as-pid-1``): it ignores signals sent from inside the sandbox (``kill -9 -1`` cannot end the
       sandbox) and reaps orphans. Killing the keeper makes the kernel kill every process in the sandbox.
-      The keeper is ``--die-with-parent``: the sandbox's processes die with the engine process (its
-      files stay until release or sweep; ``connect()`` then starts a new keeper over them).
+      The keeper is ``--die-with-parent`` under a small **holder** process (``_HOLDER_SCRIPT``) that
+      the engine owns through a pipe: when the pipe closes (the engine exits, even by SIGKILL) the
+      holder ends and the keeper with it, so the sandbox's processes die with the engine (its files
+      stay until release or sweep; ``connect()`` then starts a new keeper over them). ``keep()``
+      writes ``keep`` into the pipe first: the holder then ignores the pipe's end and lives until the
+      keeper is killed (``sweep``, or ``release()`` of a connection), so a kept sandbox survives the
+      engine and ``connect()`` from a new process joins its live keeper.
       Joining a PID namespace (bwrap does it before joining the user namespace) and nsenter need
       root: without root every exec gets its own PID/network/IPC/UTS namespace instead, so background
       processes end with their exec; ``status().notes`` says so.
@@ -114,6 +119,7 @@ import signal
 import stat
 import struct
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -132,6 +138,7 @@ from core.failures import (
 )
 from core.failures.evidence import utcnow
 from core.sandbox.base import (
+    LABEL_INVOCATION,
     LABEL_OWNER,
     LABEL_RUN,
     SANDBOX_MODEL_SOCKET,
@@ -144,6 +151,7 @@ from core.sandbox.base import (
     SandboxClosedError,
     SandboxError,
     SandboxProvider,
+    SandboxRecord,
     SandboxSpec,
     SandboxState,
     SandboxStatus,
@@ -151,6 +159,7 @@ from core.sandbox.base import (
     UnsafeArchiveError,
     check_exec_args,
     default_owner,
+    invocation_id,
     new_execution_id,
     parse_user_spec,
 )
@@ -231,6 +240,51 @@ _KEEPER_SCRIPT = (
     "while :; do sleep 3600 & wait; done"
 )
 _CGROUP_WRAPPER = 'echo $$ > "$0" && exec "$@"'
+# The keeper's parent (see the module docstring). argv: control fd, status fd, then the keeper's argv.
+# Stdlib only and run with -I -S: it starts in a few milliseconds and reads no site or environment.
+_HOLDER_SCRIPT = r"""
+import os, select, signal, sys
+ctl, status, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+pid = os.fork()
+if pid == 0:
+    os.close(ctl)
+    try:
+        os.execv(argv[0], argv)
+    except OSError as exc:
+        os.write(2, f"holder: cannot exec {argv[0]}: {exc}\n".encode())
+    os._exit(127)
+# Our copies of the status and ready pipes would hide the keeper's early death from the engine.
+os.close(status)
+null = os.open(os.devnull, os.O_WRONLY)
+os.dup2(null, 1)
+os.close(null)
+for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
+    signal.signal(sig, signal.SIG_IGN)
+pidfd = os.pidfd_open(pid)
+poll = select.poll()
+poll.register(ctl, select.POLLIN)
+poll.register(pidfd, select.POLLIN)
+kept = False
+while True:
+    for fd, _ in poll.poll():
+        if fd == pidfd:
+            os.waitpid(pid, 0)
+            sys.exit(0)
+        try:
+            data = os.read(ctl, 64)
+        except OSError:
+            data = b""
+        if data.startswith(b"keep"):
+            kept = True
+        if not data:
+            if not kept:
+                # The engine is gone and did not keep the sandbox: end it (as --die-with-parent would).
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                sys.exit(0)
+            poll.unregister(ctl)
+            os.close(ctl)
+"""
 _REQUIRED_OPTIONS = (
     "--json-status-fd",
     "--block-fd",
@@ -957,7 +1011,8 @@ class _Keeper:
     start_time: int
     pidns: int
     bwrap_pid: int | None = None
-    popen: subprocess.Popen[bytes] | None = None  # set when this process started it
+    popen: subprocess.Popen[bytes] | None = None  # the holder, when this process started it
+    ctl_w: int | None = None  # our end of the holder's control pipe (see the module docstring)
 
     def alive(self) -> bool:
         st = _proc_stat(self.pid)
@@ -1373,12 +1428,17 @@ class LocalSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         try:
-            # Started from the event-loop thread on purpose (not via to_thread): --die-with-parent
-            # follows the *thread* that forked bwrap, and a worker thread may end at any time.
-            popen = _spawn_keeper(argv, log_path, status_w, ready_w)
+            # Under the holder, which ends the keeper when ctl_w closes (with this process).
+            ctl_r, ctl_w = os.pipe()
+            try:
+                popen = _spawn_keeper(argv, log_path, status_w, ready_w, ctl_r)
+            finally:
+                os.close(ctl_r)
         except OSError as exc:
             for fd in (status_r, status_w, ready_r, ready_w):
                 os.close(fd)
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.close(ctl_w)
             raise _error(
                 "sandbox_allocation_failed", "start keeper", f"cannot start bwrap: {exc}", exc=exc
             ) from exc
@@ -1396,6 +1456,7 @@ class LocalSandbox(Sandbox):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(popen.pid, signal.SIGKILL)
             await asyncio.to_thread(popen.wait)
+            os.close(ctl_w)
             why = log_path.read_text(errors="replace").strip()[-2000:] or "no output"
             raise _error(
                 "sandbox_allocation_failed",
@@ -1405,10 +1466,20 @@ class LocalSandbox(Sandbox):
         st = _proc_stat(child)
         pidns = _ns_inode(child, "pid")
         if st is None or pidns is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            os.close(ctl_w)
             raise _error(
                 "sandbox_allocation_failed", "start keeper", "the sandbox's pid 1 exited right after start"
             )
-        keeper = _Keeper(pid=child, start_time=st.start_time, pidns=pidns, bwrap_pid=popen.pid, popen=popen)
+        keeper = _Keeper(
+            pid=child,
+            start_time=st.start_time,
+            pidns=pidns,
+            bwrap_pid=_proc_parent(child),
+            popen=popen,
+            ctl_w=ctl_w,
+        )
         _protect_from_oom_killer(child)
         await self._disable_nested_userns(keeper)
         self._meta["keeper"] = {
@@ -1416,6 +1487,7 @@ class LocalSandbox(Sandbox):
             "start_time": keeper.start_time,
             "pidns": keeper.pidns,
             "bwrap_pid": keeper.bwrap_pid,
+            "holder_pid": popen.pid,
             "started_by_pid": os.getpid(),
         }
         self._write_meta()
@@ -1780,6 +1852,21 @@ class LocalSandbox(Sandbox):
                 exc=exc,
             ) from exc
 
+    async def keep(self) -> None:
+        """Tell the holder to outlive us (see the module docstring); the label file says so too."""
+        async with self._lock:
+            self._ensure_open("keep")
+            k = self._keeper
+            if k is not None and k.ctl_w is not None:
+                try:
+                    os.write(k.ctl_w, b"keep\n")
+                except OSError as exc:
+                    raise _error(
+                        "sandbox_lost", "keep", f"the holder of {self.sandbox_id} is gone: {exc}", exc=exc
+                    ) from exc
+            self._meta["kept"] = True
+            self._write_meta()
+
     async def release(self) -> None:
         if self._released:
             return
@@ -1789,7 +1876,7 @@ class LocalSandbox(Sandbox):
                 await handle.close()
         if not self.owned:
             # Disconnect only. A keeper *this* connection started dies with this process anyway
-            # (--die-with-parent); stopping it now ends only processes our connection started.
+            # (its holder's pipe); stopping it now ends only processes our connection started.
             k = self._keeper
             if k is not None and k.popen is not None:
                 await _stop_keeper(k)
@@ -1825,17 +1912,30 @@ def _kill_exec_tree(sb: LocalSandbox, child: int, pidfd: int | None) -> None:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 
 
-def _spawn_keeper(argv: list[str], log_path: Path, status_w: int, ready_w: int) -> subprocess.Popen[bytes]:
+def _spawn_keeper(
+    argv: list[str], log_path: Path, status_w: int, ready_w: int, ctl_r: int
+) -> subprocess.Popen[bytes]:
+    """The holder (own session, so terminal signals never reach it) with the keeper as its child."""
+    holder = [sys.executable, "-I", "-S", "-c", _HOLDER_SCRIPT, str(ctl_r), str(status_w), *argv]
     with open(log_path, "ab") as logf:
         return subprocess.Popen(
-            argv,
+            holder,
             stdin=subprocess.DEVNULL,
             stdout=ready_w,
             stderr=logf,
-            pass_fds=(status_w,),
+            pass_fds=(status_w, ctl_r),
             start_new_session=True,
             env=_HOST_ENV,
         )
+
+
+def _proc_parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
 
 
 def _protect_from_oom_killer(pid: int) -> None:
@@ -1861,6 +1961,10 @@ async def _stop_keeper(k: _Keeper, budget: float = 5.0) -> None:
             os.killpg(k.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             await asyncio.to_thread(k.popen.wait, budget)
+    if k.ctl_w is not None:
+        with contextlib.suppress(OSError):
+            os.close(k.ctl_w)
+        k.ctl_w = None
     for _ in range(int(budget / 0.02)):
         if not k.alive():
             break
@@ -2305,7 +2409,12 @@ class LocalProvider(SandboxProvider):
         state_dir.mkdir(mode=0o700)
         user, home = _home_for(uid)
         owner = spec.labels.get(LABEL_OWNER) or self.owner or default_owner()
-        labels = {**spec.labels, LABEL_RUN: spec.run_id, LABEL_OWNER: owner}
+        labels = {
+            **spec.labels,
+            LABEL_RUN: spec.run_id,
+            LABEL_OWNER: owner,
+            LABEL_INVOCATION: invocation_id(),
+        }
         notes: list[str] = []
         if spec.image:
             notes.append(
@@ -2484,6 +2593,35 @@ class LocalProvider(SandboxProvider):
         for _sid, state_dir, meta in found:
             await _destroy(state_dir, meta)
         return ids
+
+    async def listed(self, *, owner: str | None = None) -> list[SandboxRecord]:
+        out: list[SandboxRecord] = []
+        if not self.base_dir.is_dir():
+            return out
+        for entry in sorted(self.base_dir.iterdir()):
+            if not _ID_RE.fullmatch(entry.name) or not entry.is_dir():
+                continue
+            try:
+                meta = json.loads((entry / LABEL_FILE).read_text())
+            except (OSError, ValueError):
+                continue  # no readable label: not provably ours (`sweep --all-owners` finds it)
+            labels = meta.get("labels") or {}
+            if meta.get("provider", PROVIDER_NAME) != PROVIDER_NAME or LABEL_OWNER not in labels:
+                continue
+            if owner is not None and labels.get(LABEL_OWNER) != owner:
+                continue
+            out.append(SandboxRecord(provider=PROVIDER_NAME, sandbox_id=entry.name, labels=labels))
+        return out
+
+    async def remove(self, sandbox_id: str) -> None:
+        state_dir = self._state_dir(sandbox_id)
+        try:
+            meta = json.loads((state_dir / LABEL_FILE).read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError):
+            meta = {}
+        await _destroy(state_dir, meta)
 
 
 def _validate_spec(spec: SandboxSpec) -> None:

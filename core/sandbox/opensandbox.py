@@ -62,6 +62,7 @@ from core.failures import (
 from core.failures.model import FailureDetails
 from core.sandbox import tarsafe
 from core.sandbox.base import (
+    LABEL_INVOCATION,
     LABEL_OWNER,
     LABEL_RUN,
     ExecResult,
@@ -77,11 +78,13 @@ from core.sandbox.base import (
     SandboxError,
     SandboxFileNotFoundError,
     SandboxProvider,
+    SandboxRecord,
     SandboxSpec,
     SandboxState,
     SandboxStatus,
     check_exec_args,
     default_owner,
+    invocation_id,
     new_execution_id,
     parse_user_spec,
 )
@@ -1567,7 +1570,12 @@ class OpenSandboxProvider(SandboxProvider):
     def _create_body(self, spec: SandboxSpec, nonce: str) -> dict[str, Any]:
         metadata = {k: label_value(v) for k, v in spec.labels.items()}
         metadata.update(
-            {LABEL_RUN: label_value(spec.run_id), LABEL_OWNER: label_value(self.owner), LABEL_CREATE: nonce}
+            {
+                LABEL_RUN: label_value(spec.run_id),
+                LABEL_OWNER: label_value(self.owner),
+                LABEL_INVOCATION: label_value(invocation_id()),
+                LABEL_CREATE: nonce,
+            }
         )
         body: dict[str, Any] = {
             "image": {"uri": spec.image or self.default_image},
@@ -1889,6 +1897,34 @@ class OpenSandboxProvider(SandboxProvider):
                 failure=_failure("sandbox_release_failed", stage=stage, operation=op, message=message),
             )
         return removed
+
+    async def listed(self, *, owner: str | None = None) -> list[SandboxRecord]:
+        try:
+            if owner is not None:
+                items = await self._find_by_label(LABEL_OWNER, label_value(owner))
+            else:
+                items = await self._list_all()
+        except RequestFailed as exc:
+            raise self._translate(
+                exc, stage=FailureStage.CLEANUP, operation="list", what="listing sandboxes failed"
+            ) from exc
+        return [
+            SandboxRecord(
+                provider=self.name,
+                sandbox_id=str(i["id"]),
+                labels={str(k): str(v) for k, v in (i.get("metadata") or {}).items()},
+            )
+            for i in items
+            if isinstance(i.get("id"), str) and LABEL_OWNER in (i.get("metadata") or {})
+        ]
+
+    async def remove(self, sandbox_id: str) -> None:
+        try:
+            await self._delete(sandbox_id)
+        except RequestFailed as exc:
+            raise self._translate(
+                exc, stage=FailureStage.CLEANUP, operation="remove", what=f"deleting sandbox {sandbox_id}"
+            ) from exc
 
     async def _list_all(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

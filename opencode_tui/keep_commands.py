@@ -1,0 +1,364 @@
+"""``opencode-tui attach`` and ``opencode-tui sweep``: come back to a kept sandbox, remove leftovers.
+
+Which sandboxes ``sweep`` removes (every one must carry our owner label, ``$OPENCODE_TUI_OWNER`` or
+user@host, unless ``--all-owners``):
+
+* ``sweep ID...``: exactly those (a Docker id may be given by a unique prefix of 12+ characters),
+  kept or not. An id that is not a sandbox of ours: one line, exit 2, nothing removed.
+* ``sweep --run RUN_ID``: that run's sandboxes (label ``opencode-tui.run``), kept or not.
+* ``sweep``: only leftovers, i.e. sandboxes whose creating process is provably gone (label
+  ``opencode-tui.invocation``: host, boot, pid and start time); never another live job's, never one
+  made in another host or PID namespace, and never a kept one unless ``--kept`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.config import AgentConfig, ProviderName
+from core.exit_codes import ExitCode
+
+_SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"]
+_MIN_PREFIX = 12  # a Docker short id
+
+
+class UsageError(Exception):
+    """Bad input, phrased for the user: printed as one line, exit 2, nothing touched."""
+
+
+# ---- sweep ------------------------------------------------------------------------------------
+
+
+def _provider_names(choice: str) -> list[ProviderName]:
+    return [ProviderName.DOCKER, ProviderName.LOCAL] if choice == "all" else [ProviderName(choice)]
+
+
+async def _listed(names: list[ProviderName], owner: str | None, strict: bool) -> list[Any]:
+    from core.sandbox.providers import get_provider
+
+    out: list[Any] = []
+    for name in names:
+        provider = get_provider(name)
+        try:
+            records = await provider.listed(owner=owner)
+        except Exception as exc:
+            if strict:
+                raise
+            print(f"opencode-tui sweep: {name.value}: skipped ({exc})", file=sys.stderr)
+            continue
+        out.extend((provider, r) for r in records)
+    return out
+
+
+def _match(ref: str, found: list[Any]) -> Any:
+    exact = [item for item in found if item[1].sandbox_id == ref]
+    if exact:
+        return exact[0]
+    prefixed = [item for item in found if len(ref) >= _MIN_PREFIX and item[1].sandbox_id.startswith(ref)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if len(prefixed) > 1:
+        raise UsageError(
+            f"{ref!r} matches {len(prefixed)} sandboxes; give more of the id; nothing was removed"
+        )
+    raise UsageError(
+        f"{ref!r} is not a sandbox of ours (owner label {{owner}}); list ours with "
+        "`opencode-tui sweep --dry-run --kept`; nothing was removed"
+    )
+
+
+def _select(args: argparse.Namespace, found: list[Any]) -> tuple[list[Any], dict[str, int]]:
+    from core.sandbox import kept
+    from core.sandbox.base import LABEL_INVOCATION, LABEL_RUN, Liveness, invocation_liveness
+
+    skipped = {"live": 0, "elsewhere": 0, "kept": 0}
+    if args.ids:
+        chosen = [_match(ref, found) for ref in args.ids]
+        return list({id(item): item for item in chosen}.values()), skipped
+    if args.run:
+        chosen = [item for item in found if item[1].labels.get(LABEL_RUN) == args.run]
+        if not chosen:
+            raise UsageError(f"no sandbox of ours carries run {args.run!r}; nothing was removed")
+        return chosen, skipped
+    chosen = []
+    for item in found:
+        record = item[1]
+        live = invocation_liveness(record.labels.get(LABEL_INVOCATION))
+        if live is Liveness.ALIVE:
+            skipped["live"] += 1
+        elif live is Liveness.UNKNOWN:
+            skipped["elsewhere"] += 1
+        elif kept.is_kept(record.provider, record.sandbox_id) and not args.kept:
+            skipped["kept"] += 1
+        else:
+            chosen.append(item)
+    return chosen, skipped
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from core.sandbox import kept
+    from core.sandbox.base import default_owner
+
+    owner = None if args.all_owners else default_owner()
+    names = _provider_names(args.provider)
+    explicit = bool(args.ids or args.run)
+
+    async def sweep() -> int:
+        try:
+            found = await _listed(names, owner, strict=args.provider != "all")
+        except Exception as exc:
+            print(f"opencode-tui sweep: {exc}", file=sys.stderr)
+            return ExitCode.INFRA
+        try:
+            chosen, skipped = _select(args, found)
+        except UsageError as exc:
+            print(f"opencode-tui sweep: {str(exc).replace('{owner}', owner or 'any')}", file=sys.stderr)
+            return ExitCode.USAGE
+        verb = "would remove" if args.dry_run else "removed"
+        failed = False
+        for provider, record in chosen:
+            if not args.dry_run:
+                try:
+                    await provider.remove(record.sandbox_id)
+                except Exception as exc:
+                    failed = True
+                    print(f"opencode-tui sweep: {record.sandbox_id}: {exc}", file=sys.stderr)
+                    continue
+                kept.forget(record.provider, record.sandbox_id)
+            print(json.dumps({"provider": record.provider, "sandbox_id": record.sandbox_id, "action": verb}))
+        notes = [f"{verb} {len(chosen)} sandbox(es)"]
+        if not explicit:
+            notes.append(
+                f"left {skipped['live']} of live jobs, {skipped['kept']} kept (--kept or name them), "
+                f"{skipped['elsewhere']} made on another host or PID namespace (name them)"
+            )
+        print("; ".join(notes), file=sys.stderr)
+        return ExitCode.INFRA if failed else ExitCode.OK
+
+    return asyncio.run(sweep())
+
+
+# ---- attach -----------------------------------------------------------------------------------
+
+
+def _read_run(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / "run.json").read_text())
+    except FileNotFoundError as exc:
+        raise UsageError(f"{run_dir} is not a run directory (no run.json)") from exc
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{run_dir}/run.json is unreadable: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"{run_dir}/run.json is not a run record")
+    return data
+
+
+def _target(ref: str) -> tuple[str, str, dict[str, Any], Path | None]:
+    """(provider, sandbox id, run.json or {}, run dir) of a kept sandbox named by run dir or id."""
+    from core.sandbox import kept
+
+    path = Path(ref)
+    if path.is_dir():
+        run = _read_run(path)
+        sid, provider = run.get("sandbox_id"), run.get("provider")
+        if not sid or not provider:
+            raise UsageError(f"run {path.name} never had a sandbox; nothing to attach to")
+        if not run.get("sandbox_kept"):
+            raise UsageError(
+                f"run {path.name} did not keep its sandbox {sid} (it was released at the end); "
+                "run the task with --keep-sandbox (or press k) to come back to it"
+            )
+        return str(provider), str(sid), run, path
+    records = kept.find(ref)
+    if not records:
+        raise UsageError(
+            f"{ref!r} is neither a run directory nor a kept sandbox id "
+            "(list kept sandboxes with `opencode-tui sweep --dry-run --kept`)"
+        )
+    if len(records) > 1:
+        raise UsageError(f"{ref!r} matches {len(records)} kept sandboxes; give more of the id")
+    record = records[0]
+    run: dict[str, Any] = {}
+    run_dir = Path(record.run_dir) if record.run_dir else None
+    if run_dir is not None:
+        try:
+            run = _read_run(run_dir)
+        except UsageError:
+            run_dir = None
+    return record.provider, record.sandbox_id, run, run_dir
+
+
+def _recorded(handle: Any, run_dir: Path | None, cols: int, rows: int, user: str | None) -> Any:
+    """The shell recorded in the run directory like any shell (its own cast, shell_opened/closed).
+
+    After the run it is post-mortem: it marks nothing (``marks_sample`` false, phase ``done``)."""
+    from core.artifacts import SHELLS_DIR, RunDir, RunDirReader
+    from core.events import Phase, ShellClosed, ShellOpened
+    from core.shells import RecordedShell
+
+    if run_dir is None or not os.access(run_dir, os.W_OK):
+        return handle
+    seq = max((e.seq for e in RunDirReader(run_dir).events()), default=0)
+    n = len(list((run_dir / SHELLS_DIR).glob("shell-*.cast"))) + 1
+    writer = RunDir(run_dir)
+    cast_name, cast = writer.shell_cast(n, cols, rows)
+    seq += 1
+    writer.append_event(
+        ShellOpened(seq=seq, shell=n, phase=Phase.DONE, marks_sample=False, cast=cast_name, user=user)
+    )
+
+    def closed(duration_s: float, bytes_in: int, bytes_out: int) -> None:
+        writer.append_event(
+            ShellClosed(seq=seq + 1, shell=n, duration_s=duration_s, bytes_in=bytes_in, bytes_out=bytes_out)
+        )
+        writer.close()
+
+    return RecordedShell(handle, cast, closed)
+
+
+def _sandbox_user(run: dict[str, Any]) -> str | None:
+    """The run's sandbox user when run.json records one (``sandbox_user``: a name, uid or dict)."""
+    user = run.get("sandbox_user")
+    if isinstance(user, dict):
+        user = user.get("name") or user.get("uid")
+    return str(user) if user not in (None, "") else None
+
+
+def _config(run: dict[str, Any]) -> AgentConfig:
+    try:
+        return AgentConfig.model_validate(run.get("config") or {})
+    except Exception:
+        return AgentConfig()
+
+
+async def _connect(provider_name: str, sandbox_id: str, run: dict[str, Any]) -> Any:
+    from core.sandbox.providers import get_provider
+
+    try:
+        provider = get_provider(provider_name, _config(run))
+    except ValueError as exc:
+        raise UsageError(f"unknown provider {provider_name!r} in the run record") from exc
+    try:
+        return await provider.connect(sandbox_id)
+    except Exception as exc:
+        raise UsageError(
+            f"sandbox {sandbox_id} ({provider_name}) no longer exists or cannot be reached: {exc}; "
+            "it may have been swept"
+        ) from exc
+
+
+def _terminal_size() -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(sys.stdout.fileno())
+        return size.columns, size.lines
+    except OSError:
+        return 80, 24
+
+
+async def _interact(handle: Any) -> None:
+    """Pump the caller's terminal to the sandbox's and back until the shell exits."""
+    loop = asyncio.get_running_loop()
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    writes: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def on_input() -> None:
+        try:
+            data = os.read(stdin, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(stdin)
+        writes.put_nowait(data)
+
+    async def forward() -> None:
+        while data := await writes.get():
+            await handle.write(data)
+        await handle.write(b"\x04")  # our input ended (a pipe): end the shell's input too
+
+    resizes: set[asyncio.Task[None]] = set()
+
+    def on_resize() -> None:
+        cols, rows = _terminal_size()
+        task = loop.create_task(handle.resize(cols, rows))
+        resizes.add(task)
+        task.add_done_callback(resizes.discard)
+
+    loop.add_reader(stdin, on_input)
+    loop.add_signal_handler(signal.SIGWINCH, on_resize)
+    writer = asyncio.ensure_future(forward())
+    try:
+        while data := await handle.read():
+            os.write(stdout, data)
+    finally:
+        writer.cancel()
+        loop.remove_reader(stdin)
+        loop.remove_signal_handler(signal.SIGWINCH)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    try:
+        provider_name, sandbox_id, run, run_dir = _target(args.target)
+    except UsageError as exc:
+        print(f"opencode-tui attach: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+
+    async def attach() -> int:
+        try:
+            sandbox = await _connect(provider_name, sandbox_id, run)
+        except UsageError as exc:
+            print(f"opencode-tui attach: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        try:
+            cols, rows = _terminal_size()
+            kwargs: dict[str, Any] = {"cols": cols, "rows": rows}
+            user = _sandbox_user(run)
+            if user is not None and "user" in inspect.signature(sandbox.pty).parameters:
+                kwargs["user"] = user
+            handle = _recorded(await sandbox.pty(_SHELL, **kwargs), run_dir, cols, rows, user)
+            shown = sandbox_id[:_MIN_PREFIX] if provider_name == ProviderName.DOCKER.value else sandbox_id
+            print(
+                f"attached to {provider_name} sandbox {shown} (kept; exit the shell to leave, "
+                f"`opencode-tui sweep {shown}` to remove it)\r",
+                file=sys.stderr,
+            )
+            saved = _raw(sys.stdin.fileno())
+            try:
+                await _interact(handle)
+            finally:
+                _restore(sys.stdin.fileno(), saved)
+                await handle.close()
+        except Exception as exc:
+            print(f"opencode-tui attach: the shell in {sandbox_id} failed: {exc}", file=sys.stderr)
+            return ExitCode.INFRA
+        finally:
+            await sandbox.release()  # borrowed: disconnects only, the sandbox stays kept
+        return ExitCode.OK
+
+    return asyncio.run(attach())
+
+
+def _raw(fd: int) -> Any:
+    """The terminal in raw mode (keys go to the sandbox's shell as typed); its old state to restore."""
+    import termios
+    import tty
+
+    if not os.isatty(fd):
+        return None
+    saved = termios.tcgetattr(fd)
+    tty.setraw(fd)
+    return saved
+
+
+def _restore(fd: int, saved: Any) -> None:
+    import termios
+
+    if saved is not None:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
