@@ -38,7 +38,7 @@ from core import __version__
 from core.events import Event, decode, encode
 from core.failures import Outcome
 from core.failures.evidence import utcnow
-from core.invocation import Invocation
+from core.invocation import Liveness, invocation_liveness
 from core.redaction import redact, redact_text
 
 DIAGNOSTICS_CAP = 16_000
@@ -87,12 +87,12 @@ class RunInfo(BaseModel):
     sandbox_kept: bool = False
     # The process that ran the episode: a run without an outcome whose controller is gone was
     # interrupted (SIGKILL, power loss), not running.
-    controller: Invocation | None = None
+    controller: str | None = None  # core.invocation.invocation_id() of the process that ran it
 
     @property
     def orphaned(self) -> bool:
         """No outcome, and the controller process is known to be gone."""
-        return self.outcome is None and self.controller is not None and self.controller.alive() is False
+        return self.outcome is None and invocation_liveness(self.controller) is Liveness.GONE
 
     @property
     def duration_s(self) -> float | None:

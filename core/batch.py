@@ -22,6 +22,7 @@ from core.episode import Episode, EpisodeResult
 from core.events import EventBus
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
+from core.invocation import pid_of
 from core.tasks import Task
 
 RESULTS_FILE = "results.jsonl"
@@ -83,13 +84,12 @@ def mark_orphans(runs_dir: Path) -> list[RunInfo]:
     for path, info in list_runs(runs_dir):
         if info is None or not info.orphaned:
             continue
-        assert info.controller is not None
         info.outcome = OutcomeSummary(
             action=Outcome.KEEP_UNKNOWN,
             failure_kind="run_interrupted",
             failure_stage=_stage_of_phase(info.phase),
             failure_class="unknown",
-            summary=f"interrupted during {info.phase}: its controller (pid {info.controller.pid}) died "
+            summary=f"interrupted during {info.phase}: its controller (pid {pid_of(info.controller)}) died "
             f"before the episode ended; cleanup unknown (opencode-tui sweep --run {info.run_id})",
         )
         info.counts["cleanup_confirmed"] = False

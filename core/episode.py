@@ -430,7 +430,7 @@ class Episode(EpisodeControl):
             provider=self.config.sandbox.provider.value,
             config=self.config.model_dump(mode="json"),
             versions=versions(self.config.runtime.opencode_version),
-            controller=invocation.current(),
+            controller=invocation.invocation_id(),
         )
         self.run_dir.write_run_info(self.info)
 

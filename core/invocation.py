@@ -1,54 +1,79 @@
-"""Which process on which machine runs an episode, and whether it is still alive.
+"""Which process on which machine created something (a sandbox, a run), and whether it still runs.
 
-A pid alone is reused; the pid with the kernel's start time of that process (``/proc/PID/stat``
-field 22) names one process for the machine's uptime. Run directories record it (``run.json``), so a
-later invocation can tell an episode whose controller died (SIGKILL, power loss) from one still running.
+A pid alone is reused; with the kernel's start time of that process (``/proc/PID/stat`` field 22), the
+boot it ran in, and the host and PID namespace, it names one process. Sandboxes carry this as their
+``opencode-tui.invocation`` label (``sweep`` spares live jobs) and run.json records its controller's
+(the next batch tells a run whose controller died from one still running).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
-from functools import cache
-
-from pydantic import BaseModel, ConfigDict
+from enum import StrEnum
 
 
-def _start_time(pid: int) -> int | None:
+def _proc_start_ticks(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot): with the pid, it names one process."""
     try:
-        stat = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
     except OSError:
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after its closing one.
-    fields = stat.rsplit(")", 1)[-1].split()
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 and fields[0] not in (b"Z", b"X") else None
+
+
+def _machine_key() -> tuple[str, str]:
+    """(this host and PID namespace, this boot): where a pid and start time can be checked."""
     try:
-        return int(fields[19])  # field 22 overall: starttime, in clock ticks since boot
-    except (IndexError, ValueError):
-        return None
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pidns = "?"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:8]
+    except OSError:
+        boot = "00000000"
+    host = hashlib.sha256(f"{socket.gethostname()}|{pidns}".encode()).hexdigest()[:10]
+    return host, boot
 
 
-class Invocation(BaseModel):
-    """One controller process: host, pid and the process's start time."""
+def invocation_id(pid: int | None = None) -> str:
+    """``<host key>.<boot>.<pid>.<start ticks>`` of this process: the ``opencode-tui.invocation`` label.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    host: str
-    pid: int
-    start_time: int | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.host}:{self.pid}:{self.start_time}"
-
-    def alive(self) -> bool | None:
-        """True or False on this host; None for another machine's process (not knowable here)."""
-        if self.host != socket.gethostname():
-            return None
-        now = _start_time(self.pid)
-        return now is not None and (self.start_time is None or now == self.start_time)
+    Short and made of ``[0-9a-f.]`` only, so every provider's label rules accept it as is.
+    """
+    pid = os.getpid() if pid is None else pid
+    host, boot = _machine_key()
+    return f"{host}.{boot}.{pid}.{_proc_start_ticks(pid) or 0}"
 
 
-@cache
-def current() -> Invocation:
-    pid = os.getpid()
-    return Invocation(host=socket.gethostname(), pid=pid, start_time=_start_time(pid))
+class Liveness(StrEnum):
+    ALIVE = "alive"  # the process that created the sandbox still runs
+    GONE = "gone"  # it provably ended (same host and namespace: no such pid with that start time)
+    UNKNOWN = "unknown"  # made on another host or PID namespace: cannot be checked from here
+    UNLABELLED = "unlabelled"  # made by a version without the label
+
+
+def invocation_liveness(label: str | None) -> Liveness:
+    if not label:
+        return Liveness.UNLABELLED
+    parts = label.split(".")
+    if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
+        return Liveness.UNKNOWN
+    host, boot = _machine_key()
+    if parts[0] != host:
+        return Liveness.UNKNOWN
+    if parts[1] != boot:
+        return Liveness.GONE  # this host rebooted since: every process of that boot has ended
+    started = _proc_start_ticks(int(parts[2]))
+    return Liveness.ALIVE if started is not None and started == int(parts[3]) else Liveness.GONE
+
+
+def pid_of(label: str | None) -> int | None:
+    """The pid named by an invocation label (for messages)."""
+    parts = (label or "").split(".")
+    return int(parts[2]) if len(parts) == 4 and parts[2].isdigit() else None

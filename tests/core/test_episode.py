@@ -199,8 +199,23 @@ def test_timeout_fires_and_descendants_are_drained(batch):
     receipt = [e for e in events if isinstance(e, CleanupObserved) and e.step == "receipt"][0]
     assert receipt.data["timed_out"] is True and receipt.data["cleanup_confirmed"] is True
     assert receipt.data["descendants_killed"] >= 1
-    left = subprocess.run(["pgrep", "-f", "sleep 1000"], capture_output=True, text=True).stdout.split()
+    # Only this run's processes count (their HOME is under its session dir): another run of the same
+    # sample on this machine (a person in tmux, a parallel job) must not fail the test.
+    left = [
+        pid
+        for pid in subprocess.run(
+            ["pgrep", "-f", "sleep 1000"], capture_output=True, text=True
+        ).stdout.split()
+        if results["timeout"].run_id in _environ(pid)
+    ]
     assert left == []
+
+
+def _environ(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def test_model_faults_recorded_classified_and_acted_on(batch):
