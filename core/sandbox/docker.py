@@ -1425,23 +1425,10 @@ class DockerProvider(SandboxProvider):
 
     async def sweep(self, *, dry_run: bool = False, owner: str | None = None) -> list[str]:
         stage, op = FailureStage.CLEANUP, "sweep"
-        client = await self._get_client(stage, op)
-        label = f"{LABEL_OWNER}={owner}" if owner else LABEL_OWNER
-        try:
-            found = await _blocking(
-                client.api.containers, all=True, filters={"label": label}, within=CALL_DEADLINE_S
-            )
-        except Exception as exc:
-            raise _engine_error(
-                exc,
-                stage=stage,
-                operation=op,
-                default_kind="sandbox_release_failed",
-                what="listing leftovers",
-            ) from exc
-        ids = [c["Id"] for c in found]
+        ids = [record.sandbox_id for record in await self.listed(owner=owner)]
         if dry_run:
             return ids
+        client = await self._get_client(stage, op)
         removed: list[str] = []
         failures: list[str] = []
         for cid in ids:

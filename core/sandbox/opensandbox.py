@@ -1863,20 +1863,7 @@ class OpenSandboxProvider(SandboxProvider):
 
     async def sweep(self, *, dry_run: bool = False, owner: str | None = None) -> list[str]:
         stage, op = FailureStage.CLEANUP, "sweep"
-        try:
-            if owner is not None:
-                items = await self._find_by_label(LABEL_OWNER, label_value(owner))
-            else:
-                items = await self._list_all()
-        except RequestFailed as exc:
-            raise self._translate(
-                exc, stage=stage, operation=op, what="listing leftover sandboxes failed"
-            ) from exc
-        ids = [
-            str(i["id"])
-            for i in items
-            if isinstance(i.get("id"), str) and LABEL_OWNER in (i.get("metadata") or {})
-        ]
+        ids = [record.sandbox_id for record in await self.listed(owner=owner)]
         if dry_run:
             return ids
         removed: list[str] = []
