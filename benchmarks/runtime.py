@@ -163,7 +163,7 @@ def _ts(dt: Any) -> float:
 
 async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict[str, Any]:
     from core.episode import Episode
-    from core.sandbox.docker import DockerProvider
+    from core.sandbox.docker.provider import DockerProvider
 
     provider = B.make_timed_provider(DockerProvider())
     bus = EventBus()
@@ -209,7 +209,7 @@ async def replica(task: Any, config: AgentConfig, variant: str, tag: str) -> dic
     from core.runtime.opencode import OpenCodeHarness
     from core.runtime.prepare import RUNTIME_CACHE_MOUNT
     from core.sandbox.base import LABEL_OWNER, LABEL_RUN, Mount, NetworkPolicy, SandboxSpec
-    from core.sandbox.docker import DockerProvider
+    from core.sandbox.docker.provider import DockerProvider
     from core.session import SandboxSession
 
     tmp = Path(tempfile.mkdtemp(prefix="octui-bench-replica-"))

@@ -26,7 +26,7 @@ class Check:
 
 async def _check_local() -> list[Check]:
     from core.sandbox.base import SandboxSpec
-    from core.sandbox.local import LocalProvider, resolve_bwrap
+    from core.sandbox.local.provider import LocalProvider, resolve_bwrap
 
     out: list[Check] = []
     try:

@@ -17,6 +17,7 @@ from core.artifacts import RunDir
 from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
+from core.inside import INSIDE_DIR
 from core.runtime import transcript
 from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
@@ -33,8 +34,8 @@ OUTPUT_LOG_FILE = "opencode/output.log"
 EXPORT_FILE = "opencode/export.json"
 DATABASE_FILE = "opencode.db"
 
-PLUGIN_SOURCE = Path(__file__).with_name("attribution_plugin.js")
-RUNNER_SOURCE = Path(__file__).with_name("serve_runner.py")
+PLUGIN_SOURCE = INSIDE_DIR / "attribution_plugin.js"
+RUNNER_SOURCE = INSIDE_DIR / "serve_runner.py"
 RELAY_PORT = 47331  # inside the sandbox's own network namespace, so any fixed port is free
 PROVIDER_ID = "opencode-tui"
 # The proxy injects the real upstream key; OpenCode only ever sees this placeholder.
@@ -231,7 +232,7 @@ class OpenCodeHarness:
         if self.mode == "serve":
             files[self.layout.runner_file[rel:]] = (RUNNER_SOURCE.read_bytes(), 0o644)
         if self.use_relay:
-            from core.sandbox.relay import RELAY_SCRIPT_PATH
+            from core.inside.relay import RELAY_SCRIPT_PATH
 
             files[self.layout.relay_file[rel:]] = (Path(RELAY_SCRIPT_PATH).read_bytes(), 0o644)
         return files

@@ -19,10 +19,11 @@ import posixpath
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from core.inside import INSIDE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ STOP_UNCONFIRMED_EXIT_CODE = 3
 
 _STOP_POLL_SECONDS = 0.2
 
-SUPERVISOR_SOURCE_PATH = Path(__file__).with_name(SUPERVISOR_FILE)
+SUPERVISOR_SOURCE_PATH = INSIDE_DIR / SUPERVISOR_FILE
 
 
 def supervisor_source() -> bytes:

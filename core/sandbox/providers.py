@@ -10,13 +10,13 @@ def get_provider(name: ProviderName | str, config: AgentConfig | None = None) ->
     config = config or AgentConfig()
     name = ProviderName(name)
     if name is ProviderName.DOCKER:
-        from core.sandbox.docker import DockerProvider
+        from core.sandbox.docker.provider import DockerProvider
 
         return DockerProvider()
     if name is ProviderName.LOCAL:
-        from core.sandbox.local import LocalProvider
+        from core.sandbox.local.provider import LocalProvider
 
         return LocalProvider()
-    from core.sandbox.opensandbox import OpenSandboxProvider  # type: ignore[import-not-found]
+    from core.sandbox.opensandbox.provider import OpenSandboxProvider  # type: ignore[import-not-found]
 
     return OpenSandboxProvider(config.sandbox.opensandbox)

@@ -155,13 +155,13 @@ def opensandbox_settings_factory(opensandbox_server: Any) -> Callable[..., Any]:
 async def provider(request: pytest.FixtureRequest) -> AsyncIterator[SandboxProvider]:
     if request.param == "docker":
         request.getfixturevalue("docker_client")
-        from core.sandbox.docker import DockerProvider
+        from core.sandbox.docker.provider import DockerProvider
 
         yield DockerProvider()
         return
     if request.param == "opensandbox":
         server = request.getfixturevalue("opensandbox_server")
-        from core.sandbox.opensandbox import OpenSandboxProvider
+        from core.sandbox.opensandbox.provider import OpenSandboxProvider
 
         os_provider = OpenSandboxProvider(opensandbox_settings(server), api_key=server.api_key)
         try:
@@ -170,7 +170,7 @@ async def provider(request: pytest.FixtureRequest) -> AsyncIterator[SandboxProvi
             await os_provider.aclose()
         return
     try:
-        from core.sandbox.local import LocalProvider
+        from core.sandbox.local.provider import LocalProvider
     except ImportError:
         pytest.skip("local provider not implemented yet")
     yield LocalProvider()

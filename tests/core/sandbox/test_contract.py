@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from core.inside.relay import RELAY_SCRIPT_PATH
 from core.sandbox.base import (
     SANDBOX_MODEL_SOCKET,
     OutputChunk,
@@ -29,7 +30,6 @@ from core.sandbox.base import (
     SandboxState,
     UnsafeArchiveError,
 )
-from core.sandbox.relay import RELAY_SCRIPT_PATH
 from core.sandbox.tarsafe import directory_tar, safe_extract
 
 pytestmark = pytest.mark.timeout(120)

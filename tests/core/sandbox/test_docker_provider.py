@@ -23,7 +23,7 @@ from core.sandbox.base import (
     SandboxSpec,
     SandboxState,
 )
-from core.sandbox.docker import DockerProvider, DockerSandbox, default_owner
+from core.sandbox.docker.provider import DockerProvider, DockerSandbox, default_owner
 from core.sandbox.oom import oom_confirmed
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]

@@ -28,7 +28,7 @@ from core.sandbox.base import (
     SandboxState,
     UnsafeArchiveError,
 )
-from core.sandbox.local import LocalProvider, LocalSandbox
+from core.sandbox.local.provider import LocalProvider, LocalSandbox
 from core.sandbox.oom import oom_confirmed
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.timeout(60)]

@@ -7,7 +7,7 @@
   the server's error code, a body excerpt, the original exception (as ``__cause__``), the failure
   kind and the **delivery** (whether the request can have taken effect). Kind and delivery follow
   the protocol and are never changed by policy.
-* ``request`` applies the policy (``core.sandbox.opensandbox_policy``) to decide whether a failed
+* ``request`` applies the policy (``core.sandbox.opensandbox.policy``) to decide whether a failed
   attempt is tried again, within the operation's attempt budget and the caller's deadline.
 """
 
@@ -32,7 +32,7 @@ from core.failures import (
     HttpDetails,
 )
 from core.failures.model import FailureDetails
-from core.sandbox.opensandbox_policy import RequestDecision, decide_request
+from core.sandbox.opensandbox.policy import RequestDecision, decide_request
 
 log = logging.getLogger(__name__)
 

@@ -88,14 +88,14 @@ from core.sandbox.base import (
     new_execution_id,
     parse_user_spec,
 )
-from core.sandbox.opensandbox_diagnostics import (
+from core.sandbox.opensandbox.diagnostics import (
     TERMINAL_STATES,
     Diagnoser,
     Diagnosis,
     lifecycle_evidence,
 )
-from core.sandbox.opensandbox_http import Http, RequestFailed, classify_exception, error_code
-from core.sandbox.opensandbox_policy import DEFAULT_OPENSANDBOX_POLICY, decide_request, merged_policy
+from core.sandbox.opensandbox.http import Http, RequestFailed, classify_exception, error_code
+from core.sandbox.opensandbox.policy import DEFAULT_OPENSANDBOX_POLICY, decide_request, merged_policy
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import httpx
 from core.config import OpenSandboxPolicyConfig
 from core.failures import Evidence
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
-from core.sandbox.opensandbox_http import Http, RequestFailed
+from core.sandbox.opensandbox.http import Http, RequestFailed
 
 LIFECYCLE_FORMAT = "opensandbox-lifecycle/v1"
 EVENTS_FORMAT = "opensandbox-1.1-docker-events-text"

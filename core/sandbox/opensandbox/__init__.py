@@ -1,0 +1,1 @@
+"""The opensandbox sandbox provider."""
