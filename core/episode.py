@@ -1130,9 +1130,20 @@ class Episode(EpisodeControl):
             "agent_tokens_out": result.agent_tokens_out,
         }
         self.run_dir.write_run_info(self.info)
+        self._write_trajectory()  # [interop] ATIF trajectory.json, from what is written above
         self._write_diagnostics()
         self.run_dir.close()
         return result
+
+    def _write_trajectory(self) -> None:
+        # [interop] A trajectory that cannot be built is a recorded warning: the outcome stands.
+        assert self.run_dir is not None
+        from core.export.atif import TRAJECTORY_FILE, build_trajectory
+
+        try:
+            self.run_dir.write_text(TRAJECTORY_FILE, build_trajectory(self.run_dir.path).to_json())
+        except Exception as exc:
+            self.emit(Warning_(code="trajectory_failed", message=f"{TRAJECTORY_FILE} not written: {exc}"))
 
     def _write_diagnostics(self) -> None:
         assert self.run_dir is not None

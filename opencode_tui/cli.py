@@ -72,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="also remove sandboxes owned by other users/jobs (default: only yours, "
         "i.e. $OPENCODE_TUI_OWNER or user@host)",
     )
+    ex = sub.add_parser("export", help="write run directories as ATIF trajectories or chat messages")
+    ex.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    ex.add_argument("--format", choices=["atif", "messages"], default="atif", help="default: atif (v1.8)")
+    ex.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file (one run), directory (several, atif) or - for stdout; "
+        "default: RUN_DIR/trajectory.json (atif), stdout (messages)",
+    )
     dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
     dr.add_argument("--json", action="store_true")
     return p

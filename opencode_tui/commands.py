@@ -18,6 +18,12 @@ def _not_yet(name: str) -> int:
     return ExitCode.USAGE
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from opencode_tui.export_command import cmd_export as export
+
+    return export(args)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from opencode_tui.run_command import cmd_run as run
 
