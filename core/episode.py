@@ -558,6 +558,7 @@ class Episode(EpisodeControl):
         return FailureStage.RELEASE if phase is Phase.DONE else FailureStage(phase.value)
 
     async def _work(self, stack: contextlib.AsyncExitStack) -> None:
+        from core.image_build import ensure_task_image  # [interop]
         from core.model.endpoint import ModelEndpoint
         from core.runtime import access
         from core.runtime.opencode import OpenCodeHarness
@@ -576,6 +577,8 @@ class Episode(EpisodeControl):
         sb = self.config.sandbox
         # ---- sandbox user (issue 17): asked for by the config or the task, else the image's ----
         requested, user_source = access.requested_user(sb.user, self.task.user)
+        if sb.mode == "owned":  # [interop] a task's image built from its Dockerfile (Harbor tasks)
+            await ensure_task_image(self.task, self.run_dir, self.emit)
         # The cache is bind-mounted read-only into owned sandboxes; it must exist before the mount.
         Path(installer.config.cache_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
         try:
@@ -931,8 +934,8 @@ class Episode(EpisodeControl):
             self.run_dir.write_run_info(self.info)
         try:
             if self.task.verify_files_dir is not None:
-                await self.sandbox.upload_tar(
-                    self.task.workdir, directory_tar(self.task.verify_files_dir, owner=owner)
+                await self.sandbox.upload_tar(  # [interop] Harbor tests go to /tests
+                    self.task.verify_files_target, directory_tar(self.task.verify_files_dir, owner=owner)
                 )
             result = await self.sandbox.exec(
                 [python, "-c", VERIFY_WRAPPER_SOURCE, v.command, status_path],
@@ -954,11 +957,9 @@ class Episode(EpisodeControl):
             exit_code, signal = await read_verify_status(self.sandbox, status_path, result)
         reward_text = reward_error = None
         if v.reward_file and result.observed and signal is None and exit_code is not None:
-            path = v.reward_file if v.reward_file.startswith("/") else f"{self.task.workdir}/{v.reward_file}"
-            try:
-                reward_text = (await self.sandbox.download_file(path)).decode("utf-8", "replace")
-            except Exception as exc:
-                reward_error = f"{type(exc).__name__}: {exc}"
+            from core.harbor import read_reward  # [interop] reward_file, then reward_json
+
+            reward_text, reward_error = await read_reward(self.sandbox, self.task)
         run = VerifierRun(
             exit_code=exit_code,
             signal=signal,

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--keep-sandbox", action="store_true", help="do not destroy the sandbox afterwards")
     run.add_argument("--runs-dir", help="where run directories go (default ./runs)")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="--batch: run every task again, even one already scored with the same task content and config",
+    )
     run.add_argument("--config", help="config file (YAML or TOML)")
 
     op = sub.add_parser("open", help="open a run directory in the TUI (replay)")

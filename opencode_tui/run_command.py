@@ -49,6 +49,18 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
     """Everything that can be checked before any sandbox exists; raises UsageError/ConfigError."""
     config = load_config(args.config, _overrides(args))
     tasks = [load_task(t) for t in args.tasks]
+    for t in tasks:
+        for warning in t.load_warnings:  # Harbor's format evolves: a field we do not know is no error
+            print(f"opencode-tui run: warning: {t.root}: {warning}", file=sys.stderr)
+    if config.sandbox.provider.value != "docker":
+        built = [t for t in tasks if t.build is not None]
+        if built:
+            t = built[0]
+            assert t.build_context is not None
+            raise UsageError(
+                f"task {t.id} needs its image built from {t.build_context / t.build.dockerfile}; "
+                f"the {config.sandbox.provider.value} provider builds no images: use --provider docker"
+            )
     if not args.batch and len(tasks) > 1:
         raise UsageError("the TUI runs one task at a time; pass --batch to run several")
     if not args.batch and args.attempts is not None:
@@ -105,7 +117,8 @@ def _check_images(config: AgentConfig, tasks: list[Task]) -> None:
             f"the Docker engine is not reachable ({exc}); start it (scripts/start-dockerd) "
             "or use --provider local"
         ) from exc
-    for image in sorted({config.sandbox.image or t.image for t in tasks}):
+    # A task built from its Dockerfile gets its image at seed (cached by the context's hash).
+    for image in sorted({config.sandbox.image or t.image for t in tasks if t.build is None}):
         try:
             client.images.get(image)
         except Exception as exc:
@@ -123,16 +136,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     runs_dir = Path(config.runs_dir)
     if args.batch:
-        return _batch(config, tasks, runs_dir, args.jobs, args.attempts)
+        return _batch(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
     return _tui(config, tasks[0], runs_dir)
 
 
-def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, attempts: int | None) -> int:
+def _batch(
+    config: AgentConfig,
+    tasks: list[Task],
+    runs_dir: Path,
+    jobs: int,
+    attempts: int | None,
+    *,
+    force: bool = False,
+) -> int:
     from opencode_tui.batch_progress import BatchProgress
 
     progress = BatchProgress(len(tasks), sys.stderr)
 
     def on_result(result: EpisodeResult) -> None:
+        if result.resumed:  # same task content and configuration, already scored: not run again
+            print(f"skipped: already scored in {result.run_dir}", file=sys.stderr, flush=True)
         print(json.dumps(result.model_dump(mode="json")), flush=True)
         progress.finished(result)
         if result.artifacts_error is not None:
@@ -157,6 +180,7 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
                 on_episode=progress.attach,
                 control=control,
                 on_orphan=_report_orphan,
+                force=force,
             )
 
     try:
