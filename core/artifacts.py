@@ -14,6 +14,8 @@ except OpenCode's raw stdout and database, which hold only what the sandbox saw)
     opencode.db            one consolidated copy of its database           }
     opencode/export.json   the transcript exported from it                 }
     verify/stdout.log, verify/stderr.log    the verifier's output (when it ran)
+    build/image.log        the task image's build output (tasks built from a Dockerfile)
+    trajectory.json        the run as an ATIF v1.8 trajectory (core/export/atif.py), written last
     diagnostics.txt        failures and logs, redacted, then capped at DIAGNOSTICS_CAP characters
 
 The names of OpenCode's files are in ``core.runtime.opencode`` (STDOUT_FILE, ...).
