@@ -65,7 +65,9 @@ async def ensure_task_image(task: Any, run_dir: Any, emit: Callable[[Event], Any
         with lock:
             log_parts.append(text)
         run_dir.append_text(BUILD_LOG, text)
-        loop.call_soon_threadsafe(emit, TerminalOutput(stream="display", data=text.replace("\n", "\r\n")))
+        # A build past its deadline may still print from its thread after the episode moved on.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(emit, TerminalOutput(stream="display", data=text))
 
     try:
         client = docker.from_env(timeout=max(60, int(task.build.timeout)))

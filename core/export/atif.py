@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from core.artifacts import RunInfo
 from core.model.records import MODEL_CALLS_FILE
 from core.runtime.opencode import EXPORT_FILE
+from core.runtime.transcript import compaction_trigger
 
 ATIF_VERSION = "ATIF-v1.8"
 TRAJECTORY_FILE = "trajectory.json"
@@ -304,8 +305,6 @@ def _transcript_steps(
             for p in parts:
                 if p.get("type") == "compaction":
                     compactions += 1
-                    from core.runtime.transcript import compaction_trigger
-
                     trigger = compaction_trigger(p)
                     out.add(
                         source="system",

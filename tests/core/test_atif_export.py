@@ -88,9 +88,9 @@ def round_trip(run_dir: Path) -> None:
         tools = [p["callID"] for m in assistants for p in m["parts"] if p["type"] == "tool"]
         assert [c.tool_call_id for s in agent_steps for c in s.tool_calls or []] == tools
         # Tokens: each agent step's metrics are the sum of the model calls attributed to its message.
-        calls = [
-            json.loads(line) for line in (run_dir / "model_calls.jsonl").read_text().splitlines() if line
-        ]
+        recorded = run_dir / "model_calls.jsonl"  # absent when OpenCode never called the model
+        lines = recorded.read_text().splitlines() if recorded.exists() else []
+        calls = [json.loads(line) for line in lines if line]
         for s in agent_steps:
             mine = [c for c in calls if c.get("message_id") == s.extra["opencode_message_id"]]
             if mine:
@@ -161,9 +161,13 @@ def sample_runs(tmp_path_factory):
 
         episode.bus.subscribe(on_event)
 
+    # The timeout sample's agent runs a long command; with a budget well above its own 20 s it is the
+    # cancel (not the deadline, nor a slow start on a loaded machine) that ends it.
+    slow = shutil.copytree(SAMPLES / "timeout", runs / "cancel-task")
+    (slow / "task.yaml").write_text((slow / "task.yaml").read_text().replace("run_s: 20", "run_s: 600"))
     cancelled = asyncio.run(
         run_batch(
-            [load_task(SAMPLES / "timeout")],
+            [load_task(slow)],
             config,
             runs_dir=runs / "cancelled",
             on_episode=watch,

@@ -111,6 +111,10 @@ def harbor_runs(tmp_path_factory):
             dockerfile="FROM opencode-tui/base:bookworm\nRUN echo building && echo no-such-thing >&2 && exit 3\n",
         ),
     ]
+    slow = _variant(tmp, "slow-build", dockerfile="FROM opencode-tui/base:bookworm\nRUN sleep 120\n")
+    toml = slow / "task.toml"
+    toml.write_text(toml.read_text().replace("build_timeout_sec = 300.0", "build_timeout_sec = 5.0"))
+    dirs.append(slow)
     config = AgentConfig.model_validate({"sandbox": {"provider": "docker"}, "policy": {"max_attempts": 2}})
     summary = asyncio.run(run_batch([load_task(d) for d in dirs], config, runs_dir=tmp / "runs", jobs=2))
     return {r.task_id: r for r in summary.results}
@@ -156,11 +160,27 @@ def test_a_failed_build_is_an_infrastructure_failure_at_seed(harbor_runs):
         for line in (run_dir / "events.jsonl").read_text().splitlines()
         if '"type":"failure"' in line
     ]
+    # The build's output also streamed as terminal output (the TUI's terminal panel, terminal.cast).
+    shown = "".join(
+        json.loads(line)["data"]
+        for line in (run_dir / "events.jsonl").read_text().splitlines()
+        if '"type":"terminal"' in line
+    )
+    assert "no-such-thing" in shown and "no-such-thing" in (run_dir / "terminal.cast").read_text()
     [ev] = [f["failure"] for f in failures if f["failure"]["kind"] == "image_build_failed"]
     [evidence] = ev["evidence"]
     assert evidence["source"] == "docker.build" and "no-such-thing" in evidence["data"]["log_tail"]
     assert "returned a non-zero code: 3" in ev["message"]
     # Nothing was created for it: no container of this run.
+    slow = harbor_runs["slow-build"]
+    assert (slow.failure_kind, slow.failure_stage) == ("image_build_failed", "seed")
+    [message] = [
+        json.loads(line)["failure"]["message"]
+        for line in Path(slow.run_dir, "events.jsonl").read_text().splitlines()
+        if '"type":"failure"' in line
+    ]
+    assert "did not finish within 5s" in message
+    assert slow.durations_s["seed"] < 60  # the deadline held: the 120 s build was not waited out
     left = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label=opencode-tui.run={r.run_id}"],
         capture_output=True,
