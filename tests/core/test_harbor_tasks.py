@@ -131,6 +131,11 @@ def test_harbor_samples_score_one(harbor_runs, task_id):
     assert "opencode-tui/task-" in log  # built now or found from an earlier build of the same context
     info = json.loads((run_dir / "run.json").read_text())
     assert info["verifier_user"] == "root"
+    if task_id == "hello-world":
+        # The agent looked for /tests (its trajectory, as exported): they arrive only after cleanup.
+        traj = json.loads((run_dir / "trajectory.json").read_text())
+        seen = [r["content"] for s in traj["steps"] for r in (s.get("observation") or {}).get("results", [])]
+        assert seen[0].strip() == "tests: absent", seen
 
 
 @pytest.mark.slow
