@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -81,12 +82,16 @@ async def ensure_task_image(task: Any, run_dir: Any, emit: Callable[[Event], Any
         ctx = task.build_context
         out(f"building {task.image} from {ctx / task.build.dockerfile} (no network, no pull)\n")
         error: list[str] = []
+        # The engine finishes a build whose client went away (a deadline): it builds under a name of
+        # its own, and only a build that ended in time is tagged as the cached image.
+        repo, _, final_tag = task.image.rpartition(":")
+        scratch = f"{repo}:building-{uuid.uuid4().hex[:12]}"
 
         def build() -> None:
             for chunk in client.api.build(
                 path=str(ctx),
                 dockerfile=task.build.dockerfile,
-                tag=task.image,
+                tag=scratch,
                 rm=True,
                 forcerm=True,
                 pull=False,
@@ -126,6 +131,13 @@ async def ensure_task_image(task: Any, run_dir: Any, emit: Callable[[Event], Any
                 "".join(log_parts),
                 error=error[-1][:2000],
             )
+        try:
+            client.api.tag(scratch, repo, final_tag)
+            client.api.remove_image(scratch)  # only the scratch name: the image keeps its real tag
+        except (APIError, DockerException) as exc:
+            raise _failure(
+                task, f"tagging the built image as {task.image} failed: {exc}", "".join(log_parts)
+            ) from exc
         return task.image
     finally:
         client.close()

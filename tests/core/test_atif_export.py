@@ -193,6 +193,10 @@ def test_every_sample_run_directory_has_a_valid_trajectory(sample_runs):
         round_trip(run_dir)
         actions.add(r.action.value)
     assert any(r.cancelled_by == "test" for r in sample_runs), "the cancelled episode was not cancelled"
+    # The rate-limited call and its retry belong to the same assistant message: one step, two calls.
+    [flaky] = [r for r in sample_runs if r.task_id == "model-flaky-429"]
+    traj = AtifTrajectory.model_validate_json((Path(flaky.run_dir) / TRAJECTORY_FILE).read_text())
+    assert [s.llm_call_count for s in traj.steps if s.source == "agent"][0] == 2
     assert {"scored", "count_as_zero"} <= actions and len(actions) >= 3, actions
 
 
