@@ -20,9 +20,9 @@ from core.failures import (
 )
 from core.failures.model import FailureDetails
 from core.sandbox.base import (
-    SandboxError,
     SandboxState,
 )
+from core.sandbox.errors import SandboxError
 
 T = TypeVar("T")
 

@@ -22,8 +22,6 @@ from core.failures import (
 from core.sandbox.base import (
     PtyHandle,
     QueuedOutput,
-    SandboxClosedError,
-    SandboxError,
 )
 from core.sandbox.docker.common import (
     CALL_DEADLINE_S,
@@ -34,6 +32,7 @@ from core.sandbox.docker.common import (
     _blocking,
     _engine_error,
 )
+from core.sandbox.errors import SandboxClosedError, SandboxError
 
 if TYPE_CHECKING:
     from core.sandbox.docker.sandbox import DockerSandbox

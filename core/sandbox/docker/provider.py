@@ -53,7 +53,6 @@ from core.sandbox.base import (
     LABEL_RUN,
     SANDBOX_MODEL_SOCKET,
     NetworkPolicy,
-    SandboxError,
     SandboxProvider,
     SandboxRecord,
     SandboxSpec,
@@ -73,6 +72,7 @@ from core.sandbox.docker.common import (
     _slug,
 )
 from core.sandbox.docker.sandbox import DockerSandbox
+from core.sandbox.errors import SandboxError
 
 log = logging.getLogger(__name__)
 

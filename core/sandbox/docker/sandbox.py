@@ -29,9 +29,6 @@ from core.sandbox.base import (
     OutputChunk,
     PtyHandle,
     Sandbox,
-    SandboxClosedError,
-    SandboxError,
-    SandboxFileNotFoundError,
     SandboxState,
     SandboxStatus,
     SandboxUser,
@@ -56,6 +53,7 @@ from core.sandbox.docker.common import (
     _ts,
 )
 from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _Tail
+from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
 
 log = logging.getLogger(__name__)

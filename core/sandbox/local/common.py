@@ -15,9 +15,9 @@ from core.failures import (
 )
 from core.sandbox.base import (
     SANDBOX_MODEL_SOCKET,
-    SandboxError,
     parse_user_spec,
 )
+from core.sandbox.errors import SandboxError
 
 PROVIDER_NAME = "local"
 LABEL_FILE = "sandbox.json"
@@ -65,10 +65,6 @@ def _failure(
 
 def _error(kind: str, operation: str, message: str, **kw: Any) -> SandboxError:
     return SandboxError(message, failure=_failure(kind, operation, message, **kw))
-
-
-class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
-    """The requested sandbox path does not exist."""
 
 
 def _resolve_user(value: str) -> tuple[int, int]:

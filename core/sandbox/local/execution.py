@@ -25,8 +25,8 @@ from core.sandbox.base import (
     OutputCallback,
     OutputChunk,
     PtyHandle,
-    SandboxClosedError,
 )
+from core.sandbox.errors import SandboxClosedError
 from core.sandbox.local.common import _error
 from core.sandbox.local.keeper import _Launch, _StatusReader
 from core.sandbox.local.procs import _kill_tree, _pidfd_wait_status

@@ -19,10 +19,7 @@ from typing import Any
 from core.failures import (
     FailureStage,
 )
-from core.sandbox.base import (
-    SandboxError,
-    UnsafeArchiveError,
-)
+from core.sandbox.errors import SandboxError, UnsafeArchiveError
 from core.sandbox.local.common import _error
 
 # ---------------------------------------------------------------------------------------------

@@ -121,13 +121,13 @@ from core.sandbox.base import (
     LABEL_RUN,
     SANDBOX_MODEL_SOCKET,
     NetworkPolicy,
-    SandboxError,
     SandboxProvider,
     SandboxRecord,
     SandboxSpec,
     default_owner,
     invocation_id,
 )
+from core.sandbox.errors import SandboxError
 from core.sandbox.local.bwrap import ETC_ALLOW, BwrapBinary, probe_bwrap, resolve_bwrap
 from core.sandbox.local.cgroup import _Cgroup, _memory_cgroup_mount
 from core.sandbox.local.common import (

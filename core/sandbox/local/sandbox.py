@@ -34,8 +34,6 @@ from core.sandbox.base import (
     OutputCallback,
     PtyHandle,
     Sandbox,
-    SandboxClosedError,
-    SandboxError,
     SandboxSpec,
     SandboxState,
     SandboxStatus,
@@ -43,6 +41,7 @@ from core.sandbox.base import (
     check_exec_args,
     new_execution_id,
 )
+from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
 from core.sandbox.local.bwrap import _system_fs_args
 from core.sandbox.local.cgroup import _Cgroup
 from core.sandbox.local.common import (
@@ -52,7 +51,6 @@ from core.sandbox.local.common import (
     PROVIDER_NAME,
     RUN_DIR,
     SANDBOX_PATH,
-    SandboxFileNotFoundError,
     _error,
     _failure,
     _resolve_user,

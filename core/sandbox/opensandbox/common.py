@@ -23,9 +23,9 @@ from core.sandbox.base import (
     ExecResult,
     OutputCallback,
     OutputChunk,
-    SandboxError,
     SandboxState,
 )
+from core.sandbox.errors import SandboxError
 from core.sandbox.opensandbox.diagnostics import (
     Diagnosis,
 )

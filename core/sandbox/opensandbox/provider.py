@@ -52,13 +52,13 @@ from core.sandbox.base import (
     LABEL_OWNER,
     LABEL_RUN,
     NetworkPolicy,
-    SandboxError,
     SandboxProvider,
     SandboxRecord,
     SandboxSpec,
     default_owner,
     invocation_id,
 )
+from core.sandbox.errors import SandboxError
 from core.sandbox.opensandbox.common import (
     CLEANUP_DEADLINE_S,
     CONNECT_DEADLINE_S,

@@ -16,8 +16,8 @@ from core.failures import (
 from core.sandbox.base import (
     PtyHandle,
     QueuedOutput,
-    SandboxClosedError,
 )
+from core.sandbox.errors import SandboxClosedError
 from core.sandbox.opensandbox.common import _error, _failure
 
 if TYPE_CHECKING:

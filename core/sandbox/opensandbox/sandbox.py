@@ -32,20 +32,17 @@ from core.failures.model import FailureDetails
 from core.sandbox import tarsafe
 from core.sandbox.base import (
     ExecResult,
-    ExpectedRefusal,
     OutputCallback,
     PtyHandle,
     Recovery,
     Sandbox,
-    SandboxClosedError,
-    SandboxError,
-    SandboxFileNotFoundError,
     SandboxState,
     SandboxStatus,
     check_exec_args,
     new_execution_id,
     parse_user_spec,
 )
+from core.sandbox.errors import ExpectedRefusal, SandboxClosedError, SandboxError, SandboxFileNotFoundError
 from core.sandbox.opensandbox.common import (
     _DROP_TO_USER_SH,
     _STATE_MAP,
