@@ -40,7 +40,6 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from core.config import OpenSandboxSettings
 from core.failures import (
     Delivery,
     Evidence,
@@ -79,6 +78,7 @@ from core.sandbox.opensandbox.diagnostics import (
 from core.sandbox.opensandbox.http import Http, RequestFailed
 from core.sandbox.opensandbox.policy import DEFAULT_OPENSANDBOX_POLICY, merged_policy
 from core.sandbox.opensandbox.sandbox import OpenSandboxSandbox
+from core.sandbox.opensandbox.settings import OpenSandboxSettings
 
 log = logging.getLogger(__name__)
 

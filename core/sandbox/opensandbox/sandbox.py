@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from core.config import OpenSandboxAction
 from core.failures import (
     Delivery,
     Evidence,
@@ -66,6 +65,7 @@ from core.sandbox.opensandbox.diagnostics import (
 from core.sandbox.opensandbox.http import RequestFailed, classify_exception, error_code
 from core.sandbox.opensandbox.policy import decide_request
 from core.sandbox.opensandbox.pty import OpenSandboxPty
+from core.sandbox.opensandbox.settings import OpenSandboxAction
 
 if TYPE_CHECKING:
     from core.sandbox.opensandbox.provider import OpenSandboxProvider
