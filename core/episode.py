@@ -427,7 +427,7 @@ class Episode(EpisodeControl):
             task_id=self.task.id,
             task_dir=str(self.task.root),
             attempt=self.attempt,
-            provider=self.config.sandbox.provider.value,
+            provider=self.config.sandbox.provider,
             config=self.config.model_dump(mode="json"),
             versions=versions(self.config.runtime.opencode_version),
             controller=invocation.invocation_id(),
@@ -466,7 +466,7 @@ class Episode(EpisodeControl):
             run_id=self.run_id,
             task_id=self.task.id,
             attempt=self.attempt,
-            provider=self.config.sandbox.provider.value,
+            provider=self.config.sandbox.provider,
             action=verdict.outcome,
             failure_kind=failure.kind,
             failure_stage=failure.stage.value,
@@ -486,7 +486,7 @@ class Episode(EpisodeControl):
             EpisodeStarted(
                 run_id=self.run_id,
                 task_id=self.task.id,
-                provider=self.config.sandbox.provider.value,
+                provider=self.config.sandbox.provider,
                 opencode_version=self.config.runtime.opencode_version,
                 run_budget_s=self.run_budget_s,
                 close_budget_s=self.config.budgets.close_s,
@@ -578,7 +578,7 @@ class Episode(EpisodeControl):
         # ---- sandbox user (issue 17): asked for by the config or the task, else the image's ----
         requested, user_source = access.requested_user(sb.user, self.task.user)
         if sb.mode == "owned":  # [interop] a task's image built from its Dockerfile (Harbor tasks)
-            await ensure_task_image(self.task, self.run_dir, self.emit)
+            await ensure_task_image(self.task, self.config, self.run_dir, self.emit)
         # The cache is bind-mounted read-only into owned sandboxes; it must exist before the mount.
         Path(installer.config.cache_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
         try:
@@ -1083,7 +1083,7 @@ class Episode(EpisodeControl):
             run_id=self.run_id,
             task_id=self.task.id,
             attempt=self.attempt,
-            provider=self.config.sandbox.provider.value,
+            provider=self.config.sandbox.provider,
             sandbox_id=self.sandbox.sandbox_id if self.sandbox else None,
             reward=verdict.reward,
             action=verdict.outcome,

@@ -50,12 +50,36 @@ def _failure(task: Any, message: str, log: str, **data: Any) -> ImageBuildFailed
     )
 
 
-async def ensure_task_image(task: Any, run_dir: Any, emit: Callable[[Event], Any]) -> str | None:
+def build_refusal(task: Any, config: Any) -> str | None:
+    """Why ``task`` cannot run on the configured provider (one line), or None when it can."""
+    from core.sandbox import registry
+
+    if task.build is None or registry.get(config.sandbox.provider).capabilities.image_build:
+        return None
+    where = task.build_context / task.build.dockerfile
+    return (
+        f"task {task.id} needs its image built from {where}; "
+        f"the {config.sandbox.provider} provider builds no images: use --provider docker"
+    )
+
+
+def _docker_client(config: Any, timeout: int) -> Any:
+    import docker
+
+    base_url = getattr(config.sandbox.settings_for("docker"), "base_url", None)
+    if base_url:
+        return docker.DockerClient(base_url=base_url, timeout=timeout)
+    return docker.from_env(timeout=timeout)
+
+
+async def ensure_task_image(task: Any, config: Any, run_dir: Any, emit: Callable[[Event], Any]) -> str | None:
     """Build ``task.image`` from ``task.build`` unless the engine has it already; the tag, or None
-    for a task without a build. Raises ImageBuildFailed."""
+    for a task without a build. Raises ImageBuildFailed (also when the provider builds no images)."""
     if task.build is None:
         return None
-    import docker
+    refusal = build_refusal(task, config)
+    if refusal:
+        raise _failure(task, refusal, "")
     from docker.errors import APIError, DockerException, ImageNotFound
 
     loop = asyncio.get_running_loop()
@@ -71,7 +95,7 @@ async def ensure_task_image(task: Any, run_dir: Any, emit: Callable[[Event], Any
             loop.call_soon_threadsafe(emit, TerminalOutput(stream="display", data=text))
 
     try:
-        client = docker.from_env(timeout=max(60, int(task.build.timeout)))
+        client = _docker_client(config, max(60, int(task.build.timeout)))
     except DockerException as exc:
         raise _failure(task, f"the Docker engine is not reachable to build {task.image}: {exc}", "") from exc
     try:

@@ -52,15 +52,13 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
     for t in tasks:
         for warning in t.load_warnings:  # Harbor's format evolves: a field we do not know is no error
             print(f"opencode-tui run: warning: {t.root}: {warning}", file=sys.stderr)
-    if config.sandbox.provider.value != "docker":
-        built = [t for t in tasks if t.build is not None]
-        if built:
-            t = built[0]
-            assert t.build_context is not None
-            raise UsageError(
-                f"task {t.id} needs its image built from {t.build_context / t.build.dockerfile}; "
-                f"the {config.sandbox.provider.value} provider builds no images: use --provider docker"
-            )
+    built = [t for t in tasks if t.build is not None]
+    if built:
+        from core.image_build import build_refusal
+
+        refusal = build_refusal(built[0], config)
+        if refusal:
+            raise UsageError(refusal)
     if not args.batch and len(tasks) > 1:
         raise UsageError("the TUI runs one task at a time; pass --batch to run several")
     if not args.batch and args.attempts is not None:
@@ -88,8 +86,8 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
         raise UsageError(
             f"--api-key-env names {config.model.api_key_env}, which is not set in the environment"
         )
-    if config.sandbox.provider.value == "docker" and config.sandbox.mode == "owned":
-        _check_images(config, tasks)
+    if config.sandbox.mode == "owned":
+        _admit_provider(config, tasks)
     return config, tasks
 
 
@@ -106,26 +104,16 @@ def _check_model_url(config: AgentConfig) -> None:
         ) from exc
 
 
-def _check_images(config: AgentConfig, tasks: list[Task]) -> None:
-    try:
-        import docker
+def _admit_provider(config: AgentConfig, tasks: list[Task]) -> None:
+    """The provider's own quick checks for this run (e.g. its engine is up, the images exist)."""
+    from core.sandbox import registry
 
-        client = docker.from_env(timeout=10)
-        client.ping()
-    except Exception as exc:
-        raise UsageError(
-            f"the Docker engine is not reachable ({exc}); start it (scripts/start-dockerd) "
-            "or use --provider local"
-        ) from exc
     # A task built from its Dockerfile gets its image at seed (cached by the context's hash).
-    for image in sorted({config.sandbox.image or t.image for t in tasks if t.build is None}):
-        try:
-            client.images.get(image)
-        except Exception as exc:
-            raise UsageError(
-                f"image {image!r} does not exist on the Docker engine; build it with "
-                "scripts/build-images (no registry is used)"
-            ) from exc
+    images = sorted({config.sandbox.image or t.image for t in tasks if t.build is None})
+    checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        raise UsageError(failed[0].detail)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
