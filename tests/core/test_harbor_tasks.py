@@ -12,6 +12,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -111,9 +112,22 @@ def harbor_runs(tmp_path_factory):
             dockerfile="FROM opencode-tui/base:bookworm\nRUN echo building && echo no-such-thing >&2 && exit 3\n",
         ),
     ]
-    slow = _variant(tmp, "slow-build", dockerfile="FROM opencode-tui/base:bookworm\nRUN sleep 120\n")
+    # A build past its deadline. The engine finishes it anyway (under a scratch name) and keeps its
+    # layers: a fresh RUN line per test run keeps the layer cache from making it instant; the
+    # scratch images of earlier runs are removed first.
+    stale = subprocess.run(
+        ["docker", "images", "-q", "--filter", "reference=opencode-tui/task-slow-build"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    if stale:
+        subprocess.run(["docker", "rmi", "-f", *set(stale)], capture_output=True)
+    fresh = uuid.uuid4().hex
+    slow = _variant(
+        tmp, "slow-build", dockerfile=f"FROM opencode-tui/base:bookworm\nRUN echo {fresh} && sleep 30\n"
+    )
     toml = slow / "task.toml"
-    toml.write_text(toml.read_text().replace("build_timeout_sec = 300.0", "build_timeout_sec = 5.0"))
+    toml.write_text(toml.read_text().replace("build_timeout_sec = 300.0", "build_timeout_sec = 3.0"))
     dirs.append(slow)
     config = AgentConfig.model_validate({"sandbox": {"provider": "docker"}, "policy": {"max_attempts": 2}})
     summary = asyncio.run(run_batch([load_task(d) for d in dirs], config, runs_dir=tmp / "runs", jobs=2))
@@ -184,8 +198,8 @@ def test_a_failed_build_is_an_infrastructure_failure_at_seed(harbor_runs):
         for line in Path(slow.run_dir, "events.jsonl").read_text().splitlines()
         if '"type":"failure"' in line
     ]
-    assert "did not finish within 5s" in message
-    assert slow.durations_s["seed"] < 60  # the deadline held: the 120 s build was not waited out
+    assert "did not finish within 3s" in message
+    assert slow.durations_s["seed"] < 25  # the deadline held: the 30 s build was not waited out
     left = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label=opencode-tui.run={r.run_id}"],
         capture_output=True,
