@@ -179,6 +179,7 @@ def sample_runs(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.docker
+@pytest.mark.timeout(2400)  # the module's batch (every sample task, two at a time) runs in its setup
 def test_every_sample_run_directory_has_a_valid_trajectory(sample_runs):
     assert {r.task_id for r in sample_runs} >= {load_task(p).id for p in SAMPLE_TASKS}
     actions = set()
@@ -202,6 +203,7 @@ def test_every_sample_run_directory_has_a_valid_trajectory(sample_runs):
 
 @pytest.mark.slow
 @pytest.mark.docker
+@pytest.mark.timeout(2400)
 def test_compaction_follows_the_context_management_convention(sample_runs):
     [r] = [r for r in sample_runs if r.task_id == "long-context"]
     assert r.compactions >= 1

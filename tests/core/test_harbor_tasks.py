@@ -136,6 +136,7 @@ def harbor_runs(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.docker
+@pytest.mark.timeout(1800)  # the module's batch runs in the first one's setup
 @pytest.mark.parametrize("task_id", ["hello-world", "fix-calc"])
 def test_harbor_samples_score_one(harbor_runs, task_id):
     r = harbor_runs[task_id]
@@ -154,6 +155,7 @@ def test_harbor_samples_score_one(harbor_runs, task_id):
 
 @pytest.mark.slow
 @pytest.mark.docker
+@pytest.mark.timeout(1800)  # the module's batch runs in the first one's setup
 def test_reward_file_values_are_the_reward(harbor_runs):
     assert (harbor_runs["half-reward"].action.value, harbor_runs["half-reward"].reward) == ("scored", 0.5)
     assert (harbor_runs["json-reward"].action.value, harbor_runs["json-reward"].reward) == ("scored", 0.25)
@@ -161,6 +163,7 @@ def test_reward_file_values_are_the_reward(harbor_runs):
 
 @pytest.mark.slow
 @pytest.mark.docker
+@pytest.mark.timeout(1800)  # the module's batch runs in the first one's setup
 def test_a_failed_build_is_an_infrastructure_failure_at_seed(harbor_runs):
     r = harbor_runs["broken-build"]
     assert (r.action.value, r.failure_kind, r.failure_stage, r.failure_class) == (
