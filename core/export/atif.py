@@ -140,9 +140,7 @@ class AtifTrajectory(_Model):
         return self
 
     def to_json(self) -> str:
-        return (
-            json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2, ensure_ascii=False) + "\n"
-        )
+        return self.model_dump_json(exclude_none=True, indent=2) + "\n"
 
 
 # ---- reading the run directory ------------------------------------------------------------------
@@ -201,6 +199,25 @@ class _CallTotals:
         )
 
 
+# The proxy writes each record with pydantic in field order (core/model/records.py): everything the
+# export needs comes before the request and response bodies, which hold nearly all of the bytes.
+_BODIES = b',"request_headers":'
+
+
+def _call_fields(line: bytes) -> dict[str, Any] | None:
+    cut = line.find(_BODIES)
+    if cut > 0:
+        try:
+            return json.loads(line[:cut] + b"}")
+        except ValueError:
+            pass  # not the layout expected: parse the whole record
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None  # a torn last line (the run was killed mid-write): the others still count
+    return rec if isinstance(rec, dict) else None
+
+
 def _read_calls(run_dir: Path) -> tuple[dict[str, _CallTotals], _CallTotals, dict[str, int]]:
     """Per-message usage of the attributed calls, the total over every call, and calls by kind."""
     by_message: dict[str, _CallTotals] = {}
@@ -209,41 +226,42 @@ def _read_calls(run_dir: Path) -> tuple[dict[str, _CallTotals], _CallTotals, dic
     path = run_dir / MODEL_CALLS_FILE
     if not path.exists():
         return by_message, everything, kinds
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a torn last line (the run was killed mid-write): the others still count
-            usage = rec.get("usage") or {}
-            everything.add(usage)
-            kind = str(rec.get("kind") or "other")
-            kinds[kind] = kinds.get(kind, 0) + 1
-            mid = rec.get("message_id")
-            if isinstance(mid, str) and mid:
-                by_message.setdefault(mid, _CallTotals()).add(usage)
+    for line in path.read_bytes().splitlines():
+        rec = _call_fields(line) if line.strip() else None
+        if rec is None:
+            continue
+        usage = rec.get("usage") or {}
+        everything.add(usage)
+        kind = str(rec.get("kind") or "other")
+        kinds[kind] = kinds.get(kind, 0) + 1
+        mid = rec.get("message_id")
+        if isinstance(mid, str) and mid:
+            by_message.setdefault(mid, _CallTotals()).add(usage)
     return by_message, everything, kinds
 
 
 def _read_failures(run_dir: Path) -> list[dict[str, Any]]:
     """The recorded failures (``FailureRecorded`` events), failure and decision, in order."""
     path = run_dir / "events.jsonl"
-    out: list[dict[str, Any]] = []
     if not path.exists():
-        return out
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            # A cheap filter first: a long run has 100k events and only a handful of failures.
-            if '"type":"failure"' not in line and '"type": "failure"' not in line:
-                continue
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("type") == "failure":
-                out.append({"failure": ev.get("failure") or {}, "decision": ev.get("decision") or {}})
+        return []
+    data = path.read_bytes()
+    # A long run has 100k events and a handful of failures: find their lines, parse only those.
+    starts: set[int] = set()
+    for marker in (b'"type":"failure"', b'"type": "failure"'):
+        at = data.find(marker)
+        while at >= 0:
+            starts.add(data.rfind(b"\n", 0, at) + 1)
+            at = data.find(marker, at + 1)
+    out: list[dict[str, Any]] = []
+    for start in sorted(starts):
+        end = data.find(b"\n", start)
+        try:
+            ev = json.loads(data[start : end if end >= 0 else len(data)])
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and ev.get("type") == "failure":
+            out.append({"failure": ev.get("failure") or {}, "decision": ev.get("decision") or {}})
     return out
 
 
