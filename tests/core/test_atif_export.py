@@ -218,3 +218,15 @@ def test_compaction_follows_the_context_management_convention(sample_runs):
     assert summaries and all(s.source == "agent" and s.metrics is not None for s in summaries)
     assert traj.final_metrics and traj.final_metrics.extra["compactions"] == r.compactions
     assert not any(m.get("content") == copied[0].message and m["role"] == "user" for m in to_messages(traj))
+
+
+def test_model_call_fields_read_before_the_bodies_match_the_whole_record():
+    from core.export.atif import _call_fields
+
+    for name in ("hello-file", "oom"):
+        for line in (FIXTURE_RUNS / name / "model_calls.jsonl").read_bytes().splitlines():
+            whole, part = json.loads(line), _call_fields(line)
+            assert part is not None and "request_body" not in part
+            for key in ("kind", "message_id", "usage", "status"):
+                assert part[key] == whole[key]
+    assert _call_fields(b'{"kind": "agent", "usage": {}') is None  # a torn last line
