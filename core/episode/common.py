@@ -92,7 +92,3 @@ class PhaseIO:
         self.emit(CleanupObserved(step=step, state=StepState.FAILED, reason=str(exc)))
         if not self.disk_full(exc):
             self.fail(failure_from(exc, kind, stage, operation))
-
-    def fresh(self) -> PhaseIO:
-        """The same voice for the next phase, with its own list of what it recorded."""
-        return PhaseIO(self.emit, self.record, self.run_dir)

@@ -88,6 +88,7 @@ class Episode(EpisodeControl):
         self.sandbox_user: Any = None  # SandboxUser, decided once in the seed phase (core.runtime.access)
         self.installed: install.Installed | None = None
         self.session: SandboxSession | None = None
+        self.agent_run: agent.AgentRun | None = None
         self.closed: close.Closed | None = None
         self.reward: float | None = None
         self.refusal: str | None = None  # set when the provider refused before launch (no failure)
