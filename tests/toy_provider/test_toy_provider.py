@@ -106,3 +106,31 @@ def test_without_its_distribution_the_toy_is_unknown(toy_env: dict[str, str]) ->
         cfg.returncode != 0
         and "unknown sandbox provider 'toy'; registered: docker, local, opensandbox" in cfg.stderr
     )
+
+
+def test_a_broken_plugin_is_reported_and_breaks_nothing_else(toy_env: dict[str, str], tmp_path: Path) -> None:
+    """An entry point whose object is missing: doctor and a config naming it say why; other commands work."""
+    site = tmp_path / "site"
+    dist = site / "broken_provider-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-provider\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[opencode_tui.providers]\nbroken = toy_provider:NOT_THERE\n")
+    env = {**toy_env, "PYTHONPATH": os.pathsep.join([toy_env["PYTHONPATH"], str(site)])}
+
+    helped = _run(env, "-m", "opencode_tui.cli", "sweep", "--help")
+    assert helped.returncode == 0 and "broken" in helped.stdout, helped.stderr
+
+    doctor = _run(env, "-m", "opencode_tui.cli", "doctor", "--json")
+    checks = {c["name"]: c for c in map(json.loads, filter(None, doctor.stdout.splitlines()))}
+    assert checks["broken"]["status"] == "fail" and "cannot be loaded" in checks["broken"]["detail"]
+    assert checks["toy bwrap"]["status"] == "ok"
+    assert doctor.returncode != 0  # a failed check is a failed doctor
+
+    cfg = _run(
+        env,
+        "-c",
+        "from core.config import load_config; load_config(None, {'sandbox': {'provider': 'broken'}})",
+    )
+    assert (
+        "sandbox.provider: sandbox provider 'broken' (toy_provider:NOT_THERE) cannot be loaded" in cfg.stderr
+    )
