@@ -135,7 +135,7 @@ class SandboxConfig(_Model):
     def _registered(cls, value: str) -> str:
         from core import provider_registry as registry
 
-        return registry.check_name(value)
+        return registry.get(value).name  # loaded now: a broken plug-in is a config error too
 
     @model_validator(mode="before")
     @classmethod
@@ -155,6 +155,10 @@ class SandboxConfig(_Model):
                 continue
             try:
                 data[key] = registry.get(key).settings(data[key])
+            except registry.PluginLoadError as exc:
+                errors.append(
+                    {"type": "value_error", "loc": (key,), "input": data[key], "ctx": {"error": exc}}
+                )
             except ValidationError as exc:
                 for err in exc.errors():
                     detail = {"type": err["type"], "loc": (key, *err["loc"]), "input": err["input"]}

@@ -106,8 +106,9 @@ class UnknownProviderError(ValueError):
     """A provider name no plug-in registers; the message lists the registered ones."""
 
 
-class PluginLoadError(RuntimeError):
-    """A registered plug-in could not be loaded or is not a ProviderPlugin."""
+class PluginLoadError(ValueError):
+    """A registered plug-in could not be loaded or is not a ProviderPlugin (a ValueError so that a
+    config naming it fails validation with this message)."""
 
 
 @functools.cache
@@ -154,5 +155,15 @@ def plugins() -> list[ProviderPlugin]:
 
 
 def swept_by_default() -> list[str]:
-    """The providers a bare ``sweep`` (``--provider all``) covers: those listing without configuration."""
-    return [p.name for p in plugins() if p.capabilities.listing and p.capabilities.sweep_by_default]
+    """The providers a bare ``sweep`` (``--provider all``) covers: those listing without configuration.
+
+    A plug-in that cannot be loaded is left out here (the command that names it reports why)."""
+    out = []
+    for name in names():
+        try:
+            caps = get(name).capabilities
+        except PluginLoadError:
+            continue
+        if caps.listing and caps.sweep_by_default:
+            out.append(name)
+    return out

@@ -306,6 +306,7 @@ CONNECT = (
 FETCH = "import sys, urllib.request\nprint(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
 
 
+@pytest.mark.requires("model_socket")
 async def test_model_only_network_reaches_the_model_socket_only(
     make_sandbox: MakeSandbox, model_socket: str, host_listener: int
 ) -> None:
@@ -356,6 +357,7 @@ async def _read_until(pty: object, needle: bytes, timeout: float = 10.0) -> byte
     return buf
 
 
+@pytest.mark.requires("pty")
 async def test_pty_interactive_shell(sandbox: Sandbox) -> None:
     pty = await sandbox.pty(["bash", "--norc", "--noprofile", "-i"], cols=100, rows=30)
     try:
@@ -419,6 +421,7 @@ def test_relay_rejects_bad_arguments() -> None:
 # ------------------------------------------------------------------------------------ sandbox user
 
 
+@pytest.mark.requires("users")
 async def test_the_spec_user_runs_everything_and_owned_uploads_are_its(make_sandbox: MakeSandbox) -> None:
     """``SandboxSpec.user`` is who every exec and terminal runs as, and an archive's owners and modes
     (its ``.`` entry: the target directory itself) apply whoever extracts it. The archive is made under
