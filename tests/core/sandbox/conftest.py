@@ -146,7 +146,7 @@ def opensandbox_settings_factory(opensandbox_server: Any) -> Callable[..., Any]:
     return lambda **overrides: opensandbox_settings(opensandbox_server, **overrides)
 
 
-# The contract suite runs against every registered provider (core/sandbox/registry.py), the built-in
+# The contract suite runs against every registered provider (core/provider_registry.py), the built-in
 # ones and any plug-in on the path; OPENCODE_TUI_CONTRACT_PROVIDERS (comma-separated names) narrows it.
 # The built-ins need a test environment (a Docker engine, bwrap, the OpenSandbox server fixture); a
 # plug-in is made from its default settings.
@@ -158,7 +158,7 @@ _BUILTIN_MARKS: dict[str, list[Any]] = {
 
 
 def _contract_providers() -> list[str]:
-    from core.sandbox import registry
+    from core import provider_registry as registry
 
     chosen = os.environ.get("OPENCODE_TUI_CONTRACT_PROVIDERS")
     names = registry.names()
@@ -193,7 +193,7 @@ async def provider(request: pytest.FixtureRequest) -> AsyncIterator[SandboxProvi
 
         yield LocalProvider()
         return
-    from core.sandbox import registry
+    from core import provider_registry as registry
 
     plugin = registry.get(request.param)
     made = plugin.provider(plugin.settings())
@@ -209,13 +209,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "requires(*capabilities): a contract test that needs these provider capabilities "
-        "(core.sandbox.registry.Capabilities); skipped for a provider that does not declare them",
+        "(core.provider_registry.Capabilities); skipped for a provider that does not declare them",
     )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip, by capability and never by name, the contract tests a provider does not claim to meet."""
-    from core.sandbox import registry
+    from core import provider_registry as registry
 
     for item in items:
         callspec = getattr(item, "callspec", None)

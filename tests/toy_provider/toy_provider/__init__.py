@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from core.provider_registry import Capabilities, Check, ProviderPlugin
 from core.sandbox.base import (
     LABEL_OWNER,
     LABEL_RUN,
@@ -45,7 +46,6 @@ from core.sandbox.base import (
     new_execution_id,
 )
 from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
-from core.sandbox.registry import Capabilities, Check, ProviderPlugin
 from core.sandbox.tarsafe import safe_extract
 
 NAME = "toy"
