@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import invocation
-from core.artifacts import OutcomeSummary, RunDir, RunInfo, versions
+from core.artifacts import OutcomeSummary, RunDir, RunFiles, RunInfo, versions
 from core.config import AgentConfig
 from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
 from core.events import (
@@ -697,6 +697,7 @@ class Episode(EpisodeControl):
         )
         self.harness = harness
         argv, env = harness.command(runtime)
+        harness.record_inputs(self.run_dir)  # the prompt and instructions as sent (run directory)
         self.agent_result = await self.session.execute(
             argv,
             stage=harness.stage,
@@ -947,8 +948,8 @@ class Episode(EpisodeControl):
             return
         out = result.stdout.decode("utf-8", "replace")
         err = result.stderr.decode("utf-8", "replace")
-        self.run_dir.write_text("verify/stdout.log", out)
-        self.run_dir.write_text("verify/stderr.log", err)
+        self.run_dir.write_text(RunFiles.VERIFY_STDOUT, out)
+        self.run_dir.write_text(RunFiles.VERIFY_STDERR, err)
         exit_code, signal = result.exit_code, result.signal
         if result.observed:
             exit_code, signal = await read_verify_status(self.sandbox, status_path, result)
@@ -1146,9 +1147,13 @@ class Episode(EpisodeControl):
                     f"class={decision.failure_class.value} action={decision.action.value}\n",
                 )
             )
-        from core.runtime.opencode import OUTPUT_LOG_FILE, STDERR_FILE  # [streamed output]
-
-        for name in (OUTPUT_LOG_FILE, STDERR_FILE, "verify/stdout.log", "verify/stderr.log"):
+        logs = (
+            RunFiles.OPENCODE_OUTPUT_LOG,
+            RunFiles.OPENCODE_STDERR,
+            RunFiles.VERIFY_STDOUT,
+            RunFiles.VERIFY_STDERR,
+        )
+        for name in logs:
             text = self.run_dir.path / name
             if text.exists():
                 parts.append((name, text.read_text(errors="replace")))

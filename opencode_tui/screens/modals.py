@@ -14,9 +14,10 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, LoadingIndicator, Static, TabbedContent, TabPane, TextArea
 
+from core.artifacts import RunDirReader
 from core.events import FailureRecorded, FailureRecovered, ModelCall
+from core.model.records import ModelCallRecord
 from opencode_tui import format as fmt
-from opencode_tui.feeds import find_model_call
 from opencode_tui.messages import Copied
 
 NOT_RECORDED = "not recorded"
@@ -53,23 +54,20 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(answer)
 
 
-BODY_KEYS = {"request": ("request", "request_body"), "response": ("response", "response_body")}
+BODIES = frozenset({"request_body", "response_body"})
 
 
-def _body(record: dict[str, Any] | None, which: str) -> str:
-    """The request or response body of a model_calls.jsonl record (``request``/``request_body``...)."""
+def _body(record: ModelCallRecord | None, which: str) -> str:
+    """The request or response body of a model call's record."""
     if record is None:
         return NOT_RECORDED
-    for key in BODY_KEYS[which]:
-        if record.get(key) is not None:
-            return fmt.pretty_json(record[key])
-    return NOT_RECORDED
+    body = record.request_body if which == "request" else record.response_body
+    return NOT_RECORDED if body is None else fmt.pretty_json(body)
 
 
-def _record_meta(record: dict[str, Any]) -> dict[str, Any]:
+def _record_meta(record: ModelCallRecord) -> dict[str, Any]:
     """The record without its bodies: headers (redacted by the recorder), usage, finish reason..."""
-    bodies = {k for keys in BODY_KEYS.values() for k in keys}
-    return {k: v for k, v in record.items() if k not in bodies}
+    return record.model_dump(mode="json", exclude=set(BODIES))
 
 
 class ModelCallScreen(ModalScreen[None]):
@@ -84,7 +82,7 @@ class ModelCallScreen(ModalScreen[None]):
         super().__init__(classes="modal")
         self.call = call
         self.run_dir = run_dir
-        self.record: dict[str, Any] | None = None
+        self.record: ModelCallRecord | None = None
         self.loaded = False
 
     def compose(self) -> ComposeResult:
@@ -133,10 +131,12 @@ class ModelCallScreen(ModalScreen[None]):
 
     @work(thread=True, exclusive=True)
     def _load(self) -> None:
-        record = find_model_call(self.run_dir, self.call.call_id)
+        record = None
+        if self.run_dir is not None:
+            record = RunDirReader(self.run_dir, check=False).model_call(self.call.call_id)
         self.app.call_from_thread(self._loaded, record)
 
-    def _loaded(self, record: dict[str, Any] | None) -> None:
+    def _loaded(self, record: ModelCallRecord | None) -> None:
         self.record = record
         self.loaded = True
         self.query_one("#request", TextArea).load_text(_body(record, "request"))
@@ -151,7 +151,7 @@ class ModelCallScreen(ModalScreen[None]):
             return _body(self.record, "response")
         data = json.loads(self.call.model_dump_json())
         if self.record is not None:
-            data["record"] = self.record
+            data["record"] = self.record.model_dump(mode="json")
         return json.dumps(data, indent=2)
 
     def action_copy(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Callable
 from typing import Literal
 
 from rich.style import Style
@@ -28,10 +29,68 @@ from textual.selection import Selection
 from textual.strip import Strip
 
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
+from core.runtime.stream import EventRenderer
 from opencode_tui.linebuffer import LineBuffer, ansi_line, raw_line
-from opencode_tui.transcript import RENDERED_STREAMS, TranscriptWriter
 
 View = Literal["rendered", "raw", "cast"]
+
+# What a person would have seen: the engine's rendering (``display``), a shell's pty and stderr. The
+# harness's machine-readable stdout (OpenCode's JSON lines) is for the raw view only.
+RENDERED_STREAMS = frozenset({"pty", "display", "stderr"})
+
+
+class TranscriptFeed:
+    """Fills the rendered view: terminal output as it is, and the engine's rendering of the transcript.
+
+    The engine renders every tool call and text on the ``display`` stream (``core.runtime.stream``),
+    starting with a header, and that is what is shown. Events recorded without such a rendering (an
+    older engine, a scripted event stream) are rendered by the engine's own :class:`EventRenderer`; since
+    an older engine rendered right after the event without a header, a renderable event is held back
+    until the next event says whether a ``display`` rendering of it follows.
+    """
+
+    def __init__(self, buffer: LineBuffer) -> None:
+        self.buffer = buffer
+        self.renderer = EventRenderer()
+        self.engine_renders = False  # set by the first display chunk: from then on only it is shown
+        self.pending: Event | None = None  # a renderable event waiting to see what follows it
+        self.pending_since = 0.0
+        self.on_flush: Callable[[], None] | None = None  # told right after a held-back event is rendered
+        self.owner: str | None = None  # who wrote the open line last ("term" or "events")
+
+    def feed(self, event: Event) -> None:
+        if isinstance(event, TerminalOutput):
+            if event.stream == "display":
+                self.engine_renders = True  # the engine renders (a held-back event included)
+                self.pending = None
+            elif self.pending is not None and event.stream in RENDERED_STREAMS:
+                self.flush_pending()
+            if event.stream in RENDERED_STREAMS:
+                self.owner = "term"
+                self.buffer.append(event.data)
+            return
+        if self.engine_renders or not isinstance(event, ToolCall | OpenCodeEvent):
+            return
+        if self.pending is not None:
+            self.flush_pending()
+        if EventRenderer.renders(event):
+            self.pending = event
+            self.pending_since = time.monotonic()
+
+    def flush_pending(self) -> None:
+        """Render the held-back event (no engine rendering of it followed)."""
+        event, self.pending = self.pending, None
+        if event is None:
+            return
+        text = self.renderer.render(event)
+        if text:
+            if self.owner == "term":
+                self.buffer.ensure_line_start()
+            self.owner = "events"
+            self.buffer.append(text)
+        if self.on_flush is not None:
+            self.on_flush()
+
 
 RAW_CATCH_UP_CHARS = 4_000_000  # raw view is built lazily, at most this much per refresh
 MAX_SELECTION_LINES = 200_000
@@ -60,7 +119,7 @@ class TerminalView(ScrollView, can_focus=True):
         self.cast = LineBuffer()
         self.raw_chunks: list[str] = []
         self._raw_pos = 0
-        self.writer = TranscriptWriter(self.rendered)
+        self.writer = TranscriptFeed(self.rendered)
         self.writer.on_flush = self._pending_rendered
         self._pending_at = 0  # index (in marks) of the event the writer holds back
         self.marks = array("q")  # rendered line count after each event (timeline)
