@@ -22,6 +22,8 @@ PANELS = """\
   tool call as `$ command` followed by its output, file edits as a short diff, the assistant's text.
   `l` follows new output or pauses (scrolling up pauses too); `r` shows the harness's raw stdout/stderr
   byte for byte, escape sequences visible. Select text with the mouse and press `y` to copy it.
+  `/` (or `ctrl+f` anywhere) searches the shown view, case-insensitive: every match highlighted, `n` / `N`
+  go to the next / previous one, `escape` clears the search.
 - **Stats**: compactions (and what triggered the last one), tool calls by tool, model calls by kind,
   tokens (a dash means *unknown*, never zero). The transcript line appears once cleanup is confirmed:
   its counts come from OpenCode's own database and are the source of truth.
@@ -29,8 +31,10 @@ PANELS = """\
   supervisor's cleanup receipt, descendants drained, transcript snapshot, sandbox released. Each is
   pending ○, running ◐, ok ✓, failed ✗ or skipped -, with the engine's reason.
 - **Model calls**: every call seen by the recording proxy: time since start, kind (title, agent,
-  compaction), the assistant message it belongs to, HTTP status, tokens, latency and time to first token.
-  Enter shows the redacted request and response.
+  compaction), HTTP status, latency and time to first token, tokens, the assistant message it belongs
+  to. Enter shows the redacted request and response. `/` filters: `status:error` (no response or HTTP
+  ≥ 400), `status:ok`, `status:4xx`, `status:429|5xx`, `kind:agent`, `kind:title|compaction`, or words
+  (call id, message id, session id, error text); `escape` in the filter shows all calls again.
 - **Failures**: each failure event with its stage, its class (*model*, *evaluation* or *unknown*) and
   the outcome policy's action. Enter shows the message, the cause chain and the evidence (source, scope,
   when it was observed, what it said).

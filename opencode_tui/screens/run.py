@@ -47,6 +47,7 @@ from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.state import RunState
 from opencode_tui.widgets.cleanup import CleanupPanel
 from opencode_tui.widgets.failures import FailuresTable
+from opencode_tui.widgets.findbar import FindBar
 from opencode_tui.widgets.header import RunHeader
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.progress import InstallProgressBar, WarningsBar
@@ -152,6 +153,7 @@ class RunScreen(Screen[None]):
             id="run.fast",
         ),
         Binding("escape", "back", "Back", show=False, id="run.back"),
+        Binding("ctrl+f", "find", "Search", show=False, tooltip="Search the terminal pane", id="run.find"),
         *(
             Binding(str(i), f"panel('{pid}')", title, show=False, id=f"panel-{pid}")
             for i, (pid, title) in enumerate(PANELS, 1)
@@ -225,12 +227,21 @@ class RunScreen(Screen[None]):
         yield InstallProgressBar(id="install")
         yield PanelTabs(id="tabs")
         with Horizontal(id="main"):
-            yield TerminalView(id="terminal")
+            with Vertical(id="terminal-pane"):
+                yield TerminalView(id="terminal")
+                yield FindBar(
+                    placeholder="search the terminal · Enter: find · Esc: close", id="terminal-find"
+                )
             with Vertical(id="side"):
                 yield StatsPanel(id="stats")
                 yield CleanupPanel(id="cleanup")
         with Horizontal(id="bottom"):
-            yield ModelCallsTable(id="calls")
+            with Vertical(id="calls-pane"):
+                yield ModelCallsTable(id="calls")
+                yield FindBar(
+                    placeholder="filter calls: status:error|ok|4xx|5xx|429 kind:agent|title|compaction, or words",
+                    id="calls-filter",
+                )
             yield FailuresTable(id="failures")
         if self.mode == "replay":
             yield Timeline(id="timeline")
@@ -250,6 +261,8 @@ class RunScreen(Screen[None]):
         self.query_one(InstallProgressBar).show(self.view_state, compact=compact)
         for pid, _title in PANELS:
             self.query_one(f"#{pid}").display = not compact or pid == self.panel
+        self.query_one("#terminal-pane").display = not compact or self.panel == "terminal"
+        self.query_one("#calls-pane").display = not compact or self.panel == "calls"
         self.query_one("#main").display = not compact or self.panel in ("terminal", "stats", "cleanup")
         self.query_one("#side").display = not compact or self.panel in ("stats", "cleanup")
         self.query_one("#bottom").display = not compact or self.panel in ("calls", "failures")
@@ -269,6 +282,47 @@ class RunScreen(Screen[None]):
         widget = self.query_one(f"#{panel}")
         if widget.focusable:
             widget.focus()
+
+    # -- search and filter -----------------------------------------------------------------------
+
+    def action_find(self) -> None:
+        """ctrl+f (and ``/`` in the terminal pane): the terminal's search bar."""
+        if self.compact and self.panel != "terminal":
+            self.action_panel("terminal")
+        self.query_one("#terminal-find", FindBar).open(self.terminal.query)
+
+    @on(TerminalView.FindWanted)
+    def on_terminal_find_wanted(self) -> None:
+        self.action_find()
+
+    @on(FindBar.Applied, "#terminal-find")
+    def on_terminal_find_applied(self, message: FindBar.Applied) -> None:
+        found = self.terminal.search(message.query)
+        self.terminal.focus()
+        if message.query and not found:
+            self.notify(f"Not found in the {self.terminal.border_title}: {message.query}", timeout=3)
+
+    @on(FindBar.Closed, "#terminal-find")
+    def on_terminal_find_closed(self) -> None:
+        self.terminal.clear_search()
+        self.terminal.focus()
+
+    @on(ModelCallsTable.FilterWanted)
+    def on_calls_filter_wanted(self) -> None:
+        table = self.query_one(ModelCallsTable)
+        self.query_one("#calls-filter", FindBar).open(table.filter_text)
+
+    @on(FindBar.Applied, "#calls-filter")
+    def on_calls_filter_applied(self, message: FindBar.Applied) -> None:
+        table = self.query_one(ModelCallsTable)
+        table.set_filter(message.query)
+        table.focus()
+
+    @on(FindBar.Closed, "#calls-filter")
+    def on_calls_filter_closed(self) -> None:
+        table = self.query_one(ModelCallsTable)
+        table.set_filter("")
+        table.focus()
 
     @on(PanelTabs.Selected)
     def on_panel_selected(self, message: PanelTabs.Selected) -> None:

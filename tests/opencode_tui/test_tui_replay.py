@@ -34,7 +34,7 @@ from opencode_tui.state import CLEANUP_ORDER
 from opencode_tui.widgets.cleanup import CleanupPanel
 from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.header import RunHeader
-from opencode_tui.widgets.model_calls import ModelCallsTable
+from opencode_tui.widgets.model_calls import COLUMNS, ModelCallsTable
 from opencode_tui.widgets.progress import WarningsBar
 from opencode_tui.widgets.stats import StatsPanel
 from opencode_tui.widgets.terminal import RENDERED_STREAMS, TerminalView
@@ -297,7 +297,7 @@ async def test_model_call_without_recorded_response_shows_not_recorded(construct
         table = app.screen.query_one(ModelCallsTable)
         missing = [i for i, c in enumerate(table.calls) if records[c.call_id]["response_body"] is None]
         assert len(missing) == 1
-        assert str(table.get_row_at(missing[0])[3]) == "error"
+        assert str(table.get_row_at(missing[0])[COLUMNS.index("status")]) == "error"
         table.focus()
         table.move_cursor(row=missing[0])
         await pilot.press("enter")
