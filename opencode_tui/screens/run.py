@@ -755,7 +755,18 @@ class RunScreen(Screen[None]):
 
     @on(FailuresTable.Open)
     def open_failure(self, message: FailuresTable.Open) -> None:
-        self.app.push_screen(FailureScreen(message.record))
+        self.app.push_screen(FailureScreen(message.record), self.open_call_id)
+
+    def open_call_id(self, call_id: str | None) -> None:
+        """Open the model call ``call_id`` (a failure named it): the latest event for it."""
+        if not call_id:
+            return
+        call = next((c for c in reversed(self.state.model_calls) if c.call_id == call_id), None)
+        if call is None:
+            self.notify(f"Model call {call_id} is not among this run's calls.", severity="warning", timeout=4)
+            return
+        self.query_one(ModelCallsTable).select_call(call_id)
+        self.app.push_screen(ModelCallScreen(call, self.bodies_dir))
 
     def copy_target(self) -> tuple[str, str] | None:
         """What ``y`` copies here: the selected call's bodies, the selected failure, or the terminal."""

@@ -7,10 +7,19 @@ constructed run of conftest.py where a recorded run lacks the case.
 
 from __future__ import annotations
 
-from core.artifacts import RunDirReader
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from textual.widgets import Collapsible, Static, TextArea
+
+from core.artifacts import RunDirReader, RunFiles
 from core.events import ModelCall
+from core.model.records import assembled_tool_calls
 from opencode_tui.app import OpenCodeTUI
+from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.screens.run import RunScreen
+from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.findbar import FindBar
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.terminal import TerminalView
@@ -134,3 +143,130 @@ async def test_model_calls_filter_by_status_and_kind(constructed_run, fixture_ru
         assert [c.call_id for c in table.calls] == ["c-ok"]
         table.set_filter("connection")  # a word: matches the error text
         assert [c.call_id for c in table.calls] == ["c-lost"]
+
+
+def write_failed_call_run(runs_dir: Path) -> Path:
+    """A CONSTRUCTED run (real writer, typed events): a model call answered 500 and the failure the
+    engine derives from its record (core.model.endpoint.failure_from_record). The recorded runs have
+    no failed model call; the sample task model-flaky-500 produces one, in minutes of real episode."""
+    from core.artifacts import RunDir
+    from core.events import EpisodeStarted, EventBus, FailureRecorded
+    from core.failures import FailureStage, decide
+    from core.model.endpoint import failure_from_record
+    from core.model.records import ModelCallRecord
+
+    rd = RunDir.create(runs_dir, "constructed-500")
+    bus = EventBus()
+    bus.subscribe(rd.append_event)
+    t0 = datetime(2025, 5, 14, 9, 30, tzinfo=UTC)
+    bus.emit(
+        EpisodeStarted(
+            ts=t0,
+            run_id="constructed-500",
+            task_id="t",
+            provider="docker",
+            opencode_version="1.18.32",
+            run_budget_s=60,
+            close_budget_s=30,
+            model="scripted",
+        )
+    )
+    records = [
+        ModelCallRecord(
+            call_id=f"c-{n}",
+            method="POST",
+            path="/v1/chat/completions",
+            status=status,
+            started_at=t0 + timedelta(seconds=n),
+            latency_s=0.2,
+            kind="agent",
+            request_body={"model": "m", "messages": [{"role": "user", "content": f"try {n}"}]},
+            response_body={"error": {"message": "upstream boom"}} if status == 500 else None,
+        )
+        for n, status in ((1, 200), (2, 500))
+    ]
+    with (rd.path / RunFiles.MODEL_CALLS).open("w") as f:
+        for rec in records:
+            f.write(rec.model_dump_json() + "\n")
+            bus.emit(rec.to_event().model_copy(update={"ts": rec.started_at}))
+    failure = failure_from_record(records[1], FailureStage.AGENT)
+    bus.emit(FailureRecorded(ts=t0 + timedelta(seconds=3), failure=failure, decision=decide(failure)))
+    rd.close()
+    return rd.path
+
+
+async def test_enter_on_a_failures_call_id_opens_that_call(tmp_path, replay_loaded, wait):
+    app = OpenCodeTUI(run_dir=write_failed_call_run(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await replay_loaded(pilot)
+        app.screen.query_one(FailuresTable).focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        detail = app.screen
+        assert isinstance(detail, FailureScreen) and detail.call_ids == ["c-2"]
+        assert detail.focused is not None and "c-2" in str(detail.focused.label)
+        await pilot.press("enter")
+        await pilot.pause()
+        call = app.screen
+        assert isinstance(call, ModelCallScreen) and call.call.call_id == "c-2" and call.call.status == 500
+        await wait(pilot, lambda: call.loaded, what="the call's record")
+        assert "upstream boom" in call.query_one("#response-view").query_one(Static).render().plain
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, RunScreen)
+        assert app.screen.query_one(ModelCallsTable).selected.call_id == "c-2"
+
+
+async def test_model_call_reads_as_a_conversation_and_an_assembled_response(
+    fixture_runs, replay_loaded, wait
+):
+    run = fixture_runs / "oom"
+    records = list(RunDirReader(run).model_calls())
+    last = next(r for r in reversed(records) if r.kind == "agent" and len(r.request_body["messages"]) > 3)
+    app = OpenCodeTUI(run_dir=run)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await replay_loaded(pilot)
+        table = app.screen.query_one(ModelCallsTable)
+        table.focus()
+        table.select_call(last.call_id)
+        await pilot.press("enter")
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ModelCallScreen)
+        await wait(pilot, lambda: modal.loaded, what="the call's record")
+        summary = modal.query_one("#call-summary").render().plain
+        # latency and TTFT near the top; the session id from OpenCode's header (x-opencode-session)
+        assert summary.splitlines()[3].startswith("latency") and summary.splitlines()[4].startswith("TTFT")
+        session = last.request_headers["x-opencode-session"]
+        assert f"session id              {session}" in summary
+        await pilot.press("right")  # the Request tab: a conversation
+        await pilot.pause()
+        view = modal.query_one("#request-view")
+        folded = list(view.query(Collapsible))
+        system = last.request_body["messages"][0]["content"]
+        assert [c.collapsed for c in folded] == [True, True]
+        assert folded[0].title == f"System prompt · {len(system):,} characters"
+        assert folded[1].title.startswith(f"Tools · {len(last.request_body['tools'])}: bash")
+        messages = [s.render().plain for s in view.query(".message")]
+        roles = [m["role"] for m in last.request_body["messages"][1:]]
+        assert [m.split("\n", 1)[0].split()[0] for m in messages] == roles
+        assert any("→ bash" in m and '"command":' in m for m in messages)  # arguments parsed, pretty
+        assert system not in "".join(messages)  # the 10k system prompt stays folded
+        # End reaches the end; r shows the raw body, End reaches its end too
+        await pilot.press("end")
+        await pilot.pause()
+        assert view.max_scroll_y > 0 and view.scroll_offset.y == view.max_scroll_y
+        await pilot.press("r")
+        await pilot.pause()
+        raw = modal.query_one("#request", TextArea)
+        assert raw.display and not view.display and json.loads(raw.text) == last.request_body
+        await pilot.press("end")
+        await pilot.pause()
+        assert raw.cursor_location == raw.document.end and raw.scroll_offset.y == raw.max_scroll_y > 0
+        await pilot.press("r", "right")  # readable again, the Response tab: assembled from the stream
+        await pilot.pause()
+        shown = modal.query_one("#response-assembled").render().plain
+        assert "assembled from" in shown and f"finish reason {last.finish_reason}" in shown
+        for name, args in assembled_tool_calls(last.response_body):
+            assert f"→ {name}" in shown and json.dumps(json.loads(args), indent=2) in shown
+        assert "data:" not in shown
