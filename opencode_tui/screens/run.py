@@ -28,6 +28,7 @@ from textual.widgets import Footer
 
 from core.artifacts import Cast, RunDirReader, RunInfo
 from core.events import (
+    CleanupObserved,
     CleanupStep,
     Compaction,
     Event,
@@ -43,6 +44,7 @@ from core.events import (
 from opencode_tui import format as fmt
 from opencode_tui.feeds import EventIndex, LoadStats, iter_event_batches
 from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted, ReplayLoaded, ShellWanted
+from opencode_tui.screens.inspect import InspectScreen
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.state import RunState
 from opencode_tui.widgets.cleanup import CleanupPanel
@@ -154,6 +156,13 @@ class RunScreen(Screen[None]):
         ),
         Binding("escape", "back", "Back", show=False, id="run.back"),
         Binding("ctrl+f", "find", "Search", show=False, tooltip="Search the terminal pane", id="run.find"),
+        Binding(
+            "v",
+            "inspect",
+            "Inspect",
+            tooltip="Cleanup detail with the receipt, verifier output, prompt and instructions as sent, task.yaml",
+            id="run.inspect",
+        ),
         *(
             Binding(str(i), f"panel('{pid}')", title, show=False, id=f"panel-{pid}")
             for i, (pid, title) in enumerate(PANELS, 1)
@@ -752,6 +761,25 @@ class RunScreen(Screen[None]):
     @on(ModelCallsTable.Open)
     def open_call(self, message: ModelCallsTable.Open) -> None:
         self.app.push_screen(ModelCallScreen(message.call, self.bodies_dir))
+
+    def action_inspect(self, tab: str = "cleanup") -> None:
+        """The inspect screen, as of the timeline's cursor (live: now)."""
+        view = self.view_state
+        pos = self.total if self.cursor is None else self.cursor + 1
+        cleanup = [
+            e
+            for i, e in zip(self.key_idx, self.key_evs, strict=True)
+            if i < pos and isinstance(e, CleanupObserved)
+        ]
+        self.app.push_screen(
+            InspectScreen(
+                self.bodies_dir, cleanup=cleanup, verification=view.verification, info=self.info, tab=tab
+            )
+        )
+
+    @on(CleanupPanel.Open)
+    def on_cleanup_open(self) -> None:
+        self.action_inspect("cleanup")
 
     @on(FailuresTable.Open)
     def open_failure(self, message: FailuresTable.Open) -> None:

@@ -8,10 +8,15 @@ constructed run of conftest.py where a recorded run lacks the case.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from textual.widgets import Collapsible, Static, TextArea
+import pytest
+import yaml
+from textual.widgets import Collapsible, Static, TabbedContent, TextArea
 
 from core.artifacts import RunDirReader, RunFiles
 from core.events import ModelCall
@@ -25,6 +30,7 @@ from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.terminal import TerminalView
 
 SIZE = (160, 45)
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 
 
 def _styles_at(term: TerminalView, line: int) -> list[tuple[str, object]]:
@@ -270,3 +276,83 @@ async def test_model_call_reads_as_a_conversation_and_an_assembled_response(
         for name, args in assembled_tool_calls(last.response_body):
             assert f"→ {name}" in shown and json.dumps(json.loads(args), indent=2) in shown
         assert "data:" not in shown
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> Path:
+    """A real episode (bubblewrap, the pinned OpenCode, the scripted model) of hello-file with an
+    instructions file added, run the way a user runs it: ``opencode-tui run --batch``."""
+    tmp = tmp_path_factory.mktemp("inspect")
+    task = tmp / "hello-file"
+    shutil.copytree(SAMPLES / "hello-file", task)
+    data = yaml.safe_load((task / "task.yaml").read_text())
+    data["instructions"] = "Keep every answer to one sentence.\n"
+    (task / "task.yaml").write_text(yaml.safe_dump(data))
+    runs = tmp / "runs"
+    cmd = [sys.executable, "-m", "opencode_tui.cli", "run", str(task), "--batch", "--provider", "local"]
+    done = subprocess.run([*cmd, "--runs-dir", str(runs)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(json.loads(done.stdout.splitlines()[-1])["run_dir"])
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_inspect_cleanup_verifier_and_inputs_of_a_real_run(real_run, replay_loaded, wait):
+    from core.tasks import load_task, render_prompt
+    from opencode_tui.screens.inspect import InspectScreen
+
+    reader = RunDirReader(real_run)
+    task_file = Path(reader.info().task_dir) / "task.yaml"
+    app = OpenCodeTUI(run_dir=real_run)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await replay_loaded(pilot)
+        app.screen.query_one("#cleanup").focus()  # Enter on the cleanup panel: its detail
+        await pilot.press("enter")
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, InspectScreen)
+        await wait(pilot, lambda: modal.loaded, what="the run's files")
+        detail = modal.query_one("#cleanup-detail").render().plain
+        receipt = next(e for e in reader.events() if e.type == "cleanup" and e.step == "receipt")
+        assert "✓ Cleanup receipt ok" in detail
+        assert "cleanup confirmed       true" in detail
+        assert f"descendants killed      {receipt.data['descendants_killed']}" in detail
+        assert 'action                  "destroyed"' in detail  # what became of the sandbox
+        await pilot.press("escape", "v")  # v: the same screen from anywhere on the run screen
+        await pilot.pause()
+        modal = app.screen
+        await wait(pilot, lambda: modal.loaded, what="the run's files")
+        stdout, stderr = reader.verifier_output()
+        assert modal.query_one("#verify-stdout", TextArea).text == (stdout or "(empty)")
+        assert modal.query_one("#verify-stderr", TextArea).text == (stderr or "(empty)")
+        assert (
+            "Verification passed · exit 0 · reward 1" in modal.query_one("#verifier-summary").render().plain
+        )
+        # what OpenCode was given, exactly as sent
+        task = load_task(task_file.parent)
+        assert modal.query_one("#prompt", TextArea).text == render_prompt(task)
+        assert modal.query_one("#instructions", TextArea).text == "Keep every answer to one sentence.\n"
+        assert modal.query_one("#task", TextArea).text == task_file.read_text()
+        modal.query_one(TabbedContent).active = "tab-task"
+        await pilot.pause()
+        await pilot.press("end")
+        area = modal.query_one("#task", TextArea)
+        assert area.cursor_location == area.document.end
+
+
+async def test_inspect_says_what_an_older_run_did_not_record(fixture_runs, replay_loaded, wait):
+    """The recorded fixture runs predate input/ and kept no verifier output: said, never blank."""
+    from opencode_tui.screens.inspect import InspectScreen
+
+    app = OpenCodeTUI(run_dir=fixture_runs / "oom")
+    async with app.run_test(size=SIZE) as pilot:
+        await replay_loaded(pilot)
+        await pilot.press("v")
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, InspectScreen)
+        await wait(pilot, lambda: modal.loaded, what="the run's files")
+        assert modal.query_one("#prompt", TextArea).text.startswith("not recorded")
+        assert modal.query_one("#instructions", TextArea).text.startswith("not recorded")
+        assert modal.query_one("#verify-stdout", TextArea).text.startswith("not recorded")
+        assert "✓ Sandbox released ok" in modal.query_one("#cleanup-detail").render().plain
