@@ -32,7 +32,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 
 from core.control import CANCELLED_BY_USER
-from core.events import Event
+from core.events import CleanupStep, Event, StepState
 from core.signals import closing_signals
 from opencode_tui import format as fmt
 from opencode_tui.messages import (
@@ -385,6 +385,11 @@ class OpenCodeTUI(App[None]):
         if not self.episode_running:
             self.exit()
             return
+        if self.closing_done:
+            # the sandbox is released (or the outcome decided): nothing left to cancel, so nothing to
+            # ask; the engine is only finishing its record, which the app waits for before it exits
+            self._quit_after_cleanup(cancel=False)
+            return
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -413,20 +418,33 @@ class OpenCodeTUI(App[None]):
     async def action_quit(self) -> None:
         await self.action_request_quit()
 
+    @property
+    def closing_done(self) -> bool:
+        """The live episode's sandbox is released (cleanup confirmed), or its outcome is decided."""
+        for screen in self.screen_stack:
+            if isinstance(screen, RunScreen):
+                released = screen.state.cleanup.get(CleanupStep.SANDBOX_RELEASED)
+                if screen.state.outcome is not None or (
+                    released is not None and released.state is StepState.OK
+                ):
+                    return True
+        return False
+
     @work(exclusive=True, group="quit")
-    async def _quit_after_cleanup(self, by: str = CANCELLED_BY_USER) -> None:
+    async def _quit_after_cleanup(self, by: str = CANCELLED_BY_USER, cancel: bool = True) -> None:
         assert self.control is not None
         self.quitting = True
-        budget = None
-        for screen in self.screen_stack:
-            if isinstance(screen, RunScreen) and screen.state.started is not None:
-                budget = screen.state.started.close_budget_s
-        self.push_screen(CleanupWaitScreen(budget))
-        self.post_message(CancelRequested("quit"))
-        try:
-            await self.control.cancel(by)
-        except Exception as exc:
-            self.notify(f"Cancel failed: {exc}", severity="error", timeout=8)
+        if cancel:
+            budget = None
+            for screen in self.screen_stack:
+                if isinstance(screen, RunScreen) and screen.state.started is not None:
+                    budget = screen.state.started.close_budget_s
+            self.push_screen(CleanupWaitScreen(budget))
+            self.post_message(CancelRequested("quit"))
+            try:
+                await self.control.cancel(by)
+            except Exception as exc:
+                self.notify(f"Cancel failed: {exc}", severity="error", timeout=8)
         waiter = asyncio.ensure_future(self.control.wait())
         ended = asyncio.ensure_future(self._run_ended.wait())
         # The episode has ended when wait() returns, or (if this app started it) when its run crashed.
