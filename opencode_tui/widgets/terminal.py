@@ -34,6 +34,7 @@ from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
 
+from core.artifacts import RunFiles
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
 from core.runtime.stream import EventRenderer
 from opencode_tui.linebuffer import LineBuffer, ansi_line, raw_line
@@ -317,7 +318,7 @@ class TerminalView(ScrollView, can_focus=True):
             self.refresh_content()
 
     def _update_title(self) -> None:
-        names = {"rendered": "Terminal", "raw": "Raw stdout/stderr", "cast": "terminal.cast"}
+        names = {"rendered": "Terminal", "raw": "Raw stdout/stderr", "cast": RunFiles.CAST}
         self.border_title = names[self.view]
         status = "following" if self.follow else "paused (l: follow)"
         if self.view == "cast" and self.cast_status:
