@@ -88,7 +88,7 @@ def bindings_markdown(screen: Screen) -> str:
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,f1,question_mark", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,f1,question_mark", "dismiss", "Close", id="help.close")]
 
     def __init__(self, for_screen: Screen) -> None:
         super().__init__(classes="modal")

@@ -41,8 +41,8 @@ class ConfirmScreen(ModalScreen[bool]):
     """A yes/no question; dismisses with True only on an explicit yes."""
 
     BINDINGS = [
-        Binding("y", "answer(True)", "Yes"),
-        Binding("n,escape", "answer(False)", "No"),
+        Binding("y", "answer(True)", "Yes", id="confirm.yes"),
+        Binding("n,escape", "answer(False)", "No", id="confirm.no"),
     ]
 
     def __init__(self, question: str, detail: str = "", yes: str = "Yes", no: str = "No") -> None:
@@ -484,7 +484,7 @@ class FailureScreen(ModalScreen[str | None]):
 class CleanupWaitScreen(ModalScreen[None]):
     """Shown after a confirmed quit/cancel while the engine closes the episode; cannot be dismissed."""
 
-    BINDINGS = [Binding("q,escape,ctrl+q", "still_waiting", "Waiting…", show=False)]
+    BINDINGS = [Binding("q,escape,ctrl+q", "still_waiting", "Waiting…", show=False, id="wait.still-waiting")]
 
     def __init__(self, budget_s: float | None) -> None:
         super().__init__(classes="modal")
