@@ -105,6 +105,20 @@ def test_model_call_response_assembled_120x40(snap_compare, fixture_runs, replay
     assert snap_compare(OpenCodeTUI(run_dir=run), terminal_size=(120, 40), run_before=run_before)
 
 
+def test_terminal_search_120x40(snap_compare, fixture_runs, replay_loaded):
+    """/ in the terminal pane: every match highlighted, the current one in its own colour, the count
+    in the pane's subtitle."""
+
+    async def run_before(pilot) -> None:
+        await replay_loaded(pilot)
+        pilot.app.screen.terminal.focus()
+        await pilot.press("slash", *"hello", "enter", "n")
+        await pilot.pause()
+
+    run = fixture_runs / "hello-file"
+    assert snap_compare(OpenCodeTUI(run_dir=run), terminal_size=(120, 40), run_before=run_before)
+
+
 def test_inspect_cleanup_80x24(snap_compare, fixture_runs, replay_loaded, wait):
     """v on a small terminal: each cleanup step's detail with the receipt's fields."""
 
