@@ -264,6 +264,9 @@ class TerminalView(ScrollView, can_focus=True):
         """Update the scroll extent after new lines (or a new limit/view) and follow the end."""
         if self.view == "raw":
             self._catch_up_raw()
+        if self.query:  # new output is searched as it arrives (only the new lines)
+            self._search_new_lines()
+            self._update_title()
         self._set_virtual_size(Size(self.buffer.width, self.line_count))
         if self.follow:
             self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
@@ -336,7 +339,8 @@ class TerminalView(ScrollView, can_focus=True):
         if not self.matches:
             return f"/{self.query}: no match"
         more = "+" if len(self.matches) >= MAX_MATCHES else ""
-        return f"/{self.query}: {self.current + 1}/{len(self.matches)}{more} (n/N)"
+        at = "–" if self.current < 0 else str(self.current + 1)  # none chosen yet: n picks one
+        return f"/{self.query}: {at}/{len(self.matches)}{more} (n/N)"
 
     def search(self, query: str) -> int:
         """Find ``query`` (case-insensitive) in the shown view; go to the first match from the top of the
@@ -402,9 +406,11 @@ class TerminalView(ScrollView, can_focus=True):
             self._run_search(keep_position=True)
             return
         count = self.line_count
-        if count == done and done == len(self.buffer.lines):
-            return
-        start = max(done - 1, 0)
+        if count == done and (
+            count == 0 or not self.buffer.lines[count - 1] or count < len(self.buffer.lines)
+        ):
+            return  # nothing new, and the last searched line is complete
+        start = max(min(done, count) - 1, 0)  # fewer lines: the timeline moved back
         cut = bisect_left(self._match_lines, start)
         for i in range(cut, len(self.matches)):
             self._by_line.pop(self.matches[i][0], None)

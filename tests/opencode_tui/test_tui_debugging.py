@@ -356,3 +356,21 @@ async def test_inspect_says_what_an_older_run_did_not_record(fixture_runs, repla
         assert modal.query_one("#instructions", TextArea).text.startswith("not recorded")
         assert modal.query_one("#verify-stdout", TextArea).text.startswith("not recorded")
         assert "✓ Sandbox released ok" in modal.query_one("#cleanup-detail").render().plain
+
+
+async def test_search_follows_the_timeline_both_ways(constructed_run, replay_loaded):
+    """The matches follow what the pane shows: the timeline moved back hides later matches, moved
+    forward finds them again (no key press needed: output is searched as it arrives)."""
+    app = OpenCodeTUI(run_dir=constructed_run)
+    async with app.run_test(size=SIZE) as pilot:
+        await replay_loaded(pilot)
+        screen = app.screen
+        term = screen.terminal
+        assert term.search("memory") == 1  # the progress line (collapsed to its last overwrite)
+        assert term.search("killed") == 1
+        screen.seek(0)
+        await pilot.pause()
+        assert term.matches == [] and "no match" in term.border_subtitle
+        screen.seek(screen.total - 1)
+        await pilot.pause()
+        assert len(term.matches) == 1 and "/killed: " in term.border_subtitle
