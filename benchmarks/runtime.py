@@ -48,6 +48,7 @@ import _bench as B
 
 OWNER = B.setup()
 
+from core.artifacts import RunFiles  # noqa: E402
 from core.config import AgentConfig, ModelSettings, SandboxConfig  # noqa: E402
 from core.events import EventBus, ModelCall, Phase, PhaseChanged  # noqa: E402
 from core.failures import Outcome  # noqa: E402
@@ -187,7 +188,7 @@ async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict
     return {
         "t_agent": t_agent,
         "t_launch": launch.start,
-        "t_log": B.opencode_log_start(Path(result.run_dir) / "opencode" / "data"),
+        "t_log": B.opencode_log_start(Path(result.run_dir) / RunFiles.OPENCODE_DATA),
         "t_first_call": _ts(calls[0].started_at),
         "t_last_call": _ts(calls[-1].started_at),
         "t_exit": phase[Phase.CLOSING],

@@ -117,6 +117,14 @@ class StreamingEngine(EpisodeControl):
     async def cancel(self) -> None:
         self._done.set()
 
+    @property
+    def kept(self) -> bool:
+        return False
+
+    @property
+    def keep_changeable(self) -> bool:
+        return True
+
     def keep_sandbox(self, keep: bool = True) -> None:
         pass
 

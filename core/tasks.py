@@ -144,10 +144,13 @@ class Task(_Model):
         return None if self.model.trajectory is None else (self.root / self.model.trajectory)
 
 
+TASK_FILE = "task.yaml"  # in a task directory
+
+
 def load_task(path: str | Path) -> Task:
     """Load a task from its directory or its ``task.yaml``; errors name the file and the field."""
     p = Path(path)
-    file = p / "task.yaml" if p.is_dir() else p
+    file = p / TASK_FILE if p.is_dir() else p
     if not file.exists():
         hint = " (a task directory must contain task.yaml)" if p.is_dir() else ""
         raise ConfigError(f"task file {file} does not exist{hint}")

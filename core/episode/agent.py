@@ -63,6 +63,7 @@ async def run_agent(
         await harness.collect(sandbox, run_dir)
 
     argv, env = harness.command(installed.runtime)
+    harness.record_inputs(run_dir)  # the prompt and instructions as sent (run directory)
     result = await session.execute(
         argv,
         stage=harness.stage,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from core import invocation
-from core.artifacts import RunDir, RunInfo, versions
+from core.artifacts import RunDir, RunFiles, RunInfo, versions
 from core.config import AgentConfig
 from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
 from core.episode import agent, close, install, release, seed, transcript, verify
@@ -622,8 +622,11 @@ class Episode(EpisodeControl):
             artifacts_error=self.run_dir.write_error,
             run_dir=str(self.run_dir.path),
         )
-        from core.runtime.opencode import OUTPUT_LOG_FILE, STDERR_FILE  # [streamed output]
-
-        diagnostic_files = (OUTPUT_LOG_FILE, STDERR_FILE, verify.STDOUT_FILE, verify.STDERR_FILE)
+        diagnostic_files = (
+            RunFiles.OPENCODE_OUTPUT_LOG,
+            RunFiles.OPENCODE_STDERR,
+            RunFiles.VERIFY_STDOUT,
+            RunFiles.VERIFY_STDERR,
+        )
         write_record(self.run_dir, self.info, result, self.tally, self.failures, diagnostic_files)
         return result

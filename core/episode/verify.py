@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from core.artifacts import RunFiles
 from core.episode.close import oom_evidence
 from core.episode.common import PhaseIO, evidence_key, failure_from
 from core.events import VerificationFinished
@@ -19,10 +20,6 @@ from core.runtime.verify_wrapper import VERIFY_WRAPPER_SOURCE, read_verify_statu
 from core.sandbox.base import Sandbox, SandboxUser
 from core.session import CloseDeadline
 from core.tasks import Task
-
-# Where the verifier's output goes in the run directory.
-STDOUT_FILE = "verify/stdout.log"
-STDERR_FILE = "verify/stderr.log"
 
 
 @dataclass(frozen=True)
@@ -80,8 +77,8 @@ async def verify(
         return Verified(run=None, reward=None, failures=tuple(io.recorded))
     out = result.stdout.decode("utf-8", "replace")
     err = result.stderr.decode("utf-8", "replace")
-    io.run_dir.write_text(STDOUT_FILE, out)
-    io.run_dir.write_text(STDERR_FILE, err)
+    io.run_dir.write_text(RunFiles.VERIFY_STDOUT, out)
+    io.run_dir.write_text(RunFiles.VERIFY_STDERR, err)
     exit_code, signal = result.exit_code, result.signal
     if result.observed:
         exit_code, signal = await read_verify_status(sandbox, status, result)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from core import provider_registry as registry
-from core.artifacts import RunDir
+from core.artifacts import RunDir, RunFiles
 from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
@@ -24,16 +24,14 @@ from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
 from core.sandbox.tarsafe import safe_extract, tree_tar
-from core.tasks import Task, render_prompt
+from core.tasks import TASK_FILE, Task, render_prompt
 
-# OpenCode's output in the run directory. stdout and stderr are written as they stream in, so they are
-# there whatever happens to the sandbox; the output log is the sandbox's own copy (the supervisor's
-# messages, OpenCode's and the model relay's stderr), collected after confirmed cleanup only.
-STDOUT_FILE = "opencode/stdout.jsonl"
-STDERR_FILE = "opencode/stderr.log"
-OUTPUT_LOG_FILE = "opencode/output.log"
-EXPORT_FILE = "opencode/export.json"
-DATABASE_FILE = "opencode.db"
+# OpenCode's output in the run directory (the names are spelled in core.artifacts.RunFiles).
+STDOUT_FILE = RunFiles.OPENCODE_STDOUT
+STDERR_FILE = RunFiles.OPENCODE_STDERR
+OUTPUT_LOG_FILE = RunFiles.OPENCODE_OUTPUT_LOG
+EXPORT_FILE = RunFiles.OPENCODE_EXPORT
+DATABASE_FILE = RunFiles.OPENCODE_DB
 
 PLUGIN_SOURCE = INSIDE_DIR / "attribution_plugin.js"
 RUNNER_SOURCE = INSIDE_DIR / "serve_runner.py"
@@ -194,6 +192,20 @@ class OpenCodeHarness:
     # ---- staging ----
     def prompt_bytes(self) -> bytes:
         return render_prompt(self.task).encode()
+
+    def record_inputs(self, run_dir: RunDir) -> None:
+        """What OpenCode is given, exactly as it is sent into the sandbox: the prompt on its stdin,
+        the instructions file its config names, and the task file it came from (redacted, like every
+        file in the run directory)."""
+        run_dir.write_text(RunFiles.PROMPT, self.prompt_bytes().decode())
+        if self.task.instructions:
+            run_dir.write_text(RunFiles.INSTRUCTIONS, self.task.instructions)
+        task_file = self.task.root / TASK_FILE
+        try:
+            run_dir.write_text(RunFiles.TASK_YAML, task_file.read_text(encoding="utf-8"))
+        except OSError as exc:  # a task built in code has no file; the run goes on either way
+            if task_file.exists():
+                run_dir.write_failed(task_file, exc)
 
     def config_dict(self) -> dict:
         instructions = self.layout.instructions_file if self.task.instructions else None
@@ -364,7 +376,7 @@ class OpenCodeHarness:
     # ---- after confirmed cleanup ----
     async def collect(self, sandbox: Sandbox, run_dir: RunDir) -> None:
         """Bring OpenCode's database files and the supervisor log into the run directory."""
-        dest = run_dir.sub("opencode")
+        run_dir.sub(RunFiles.OPENCODE_DIR)
         try:
             log = (await sandbox.download_file(self.layout.output_log)).decode("utf-8", "replace")
             run_dir.write_text(OUTPUT_LOG_FILE, log)
@@ -372,11 +384,11 @@ class OpenCodeHarness:
         except (SandboxError, FileNotFoundError):
             pass
         archive = await sandbox.download_tar(self.layout.data_dir)
-        raw = dest / "data"
+        raw = run_dir.path / RunFiles.OPENCODE_DATA
         safe_extract(archive, raw)
 
     def export_transcript(self, run_dir: RunDir) -> TranscriptStats:
-        raw = run_dir.path / "opencode" / "data" / "opencode"
+        raw = run_dir.path / RunFiles.OPENCODE_DATA / "opencode"
         db = transcript.snapshot(raw, run_dir.path / DATABASE_FILE)
         doc, stats = transcript.export(db)
         run_dir.write_json(EXPORT_FILE, doc)

@@ -22,18 +22,28 @@ PANELS = """\
   tool call as `$ command` followed by its output, file edits as a short diff, the assistant's text.
   `l` follows new output or pauses (scrolling up pauses too); `r` shows the harness's raw stdout/stderr
   byte for byte, escape sequences visible. Select text with the mouse and press `y` to copy it.
+  `/` (or `ctrl+f` anywhere) searches the shown view, case-insensitive: every match highlighted, `n` / `N`
+  go to the next / previous one, `escape` clears the search.
 - **Stats**: compactions (and what triggered the last one), tool calls by tool, model calls by kind,
   tokens (a dash means *unknown*, never zero). The transcript line appears once cleanup is confirmed:
   its counts come from OpenCode's own database and are the source of truth.
 - **Cleanup**: the four steps the engine must confirm before exporting or verifying anything: the
   supervisor's cleanup receipt, descendants drained, transcript snapshot, sandbox released. Each is
-  pending ○, running ◐, ok ✓, failed ✗ or skipped -, with the engine's reason.
+  pending ○, running ◐, ok ✓, failed ✗ or skipped -, with the engine's reason. Enter on the panel (or
+  `v`) shows each step's detail: the receipt's fields (cleanup confirmed, descendants killed, the agent's
+  exit code or signal, the run deadline), what became of the sandbox (destroyed, disconnected, kept).
+- **Inspect** (`v`): the cleanup detail, the verifier's stdout and stderr, and what OpenCode was given
+  exactly as sent: the rendered prompt, the instructions file, the task's task.yaml.
 - **Model calls**: every call seen by the recording proxy: time since start, kind (title, agent,
-  compaction), the assistant message it belongs to, HTTP status, tokens, latency and time to first token.
-  Enter shows the redacted request and response.
+  compaction), HTTP status, latency and time to first token, tokens, the assistant message it belongs
+  to. Enter shows the call: the request as a conversation (system prompt and tools folded, each message
+  with its role), the response assembled from the stream (text, reasoning, tool calls with their
+  arguments parsed); `r` switches to the raw recorded bodies, `end` / `home` go to the end / start. `/` filters: `status:error` (no response or HTTP
+  ≥ 400), `status:ok`, `status:4xx`, `status:429|5xx`, `kind:agent`, `kind:title|compaction`, or words
+  (call id, message id, session id, error text); `escape` in the filter shows all calls again.
 - **Failures**: each failure event with its stage, its class (*model*, *evaluation* or *unknown*) and
   the outcome policy's action. Enter shows the message, the cause chain and the evidence (source, scope,
-  when it was observed, what it said).
+  when it was observed, what it said); a failure of a model call names it, and Enter there opens it.
 - **Stats › Verification**: *not run*, *inconclusive*, or *passed/failed · reward N*; when the outcome is
   not *scored* the verifier's result is not the run's reward and the line says so.
 - **Timeline** (replay): the position in the event stream, with markers: `m` model call, `o` tool call,
@@ -78,7 +88,7 @@ def bindings_markdown(screen: Screen) -> str:
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,f1,question_mark", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,f1,question_mark", "dismiss", "Close", id="help.close")]
 
     def __init__(self, for_screen: Screen) -> None:
         super().__init__(classes="modal")

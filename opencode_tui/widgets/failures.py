@@ -15,7 +15,15 @@ COLUMNS = ("kind", "stage", "class", "action", "evidence")
 
 
 class FailuresTable(DataTable):
-    BINDINGS = [Binding("enter", "select_cursor", "Failure detail", tooltip="Message, cause chain, evidence")]
+    BINDINGS = [
+        Binding(
+            "enter",
+            "select_cursor",
+            "Failure detail",
+            tooltip="Message, cause chain, evidence",
+            id="failures.open",
+        )
+    ]
 
     class Open(Message):
         def __init__(self, record: FailureRecorded | FailureRecovered) -> None:
