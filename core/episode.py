@@ -58,6 +58,7 @@ from core.failures import (
     merged,
     merged_classification,
 )
+from core.health import HealthMonitor
 from core.outcome import (
     AgentFacts,
     EpisodeFacts,
@@ -124,6 +125,7 @@ class EpisodeResult(BaseModel):
     human_intervened: bool = False  # a person used a shell in the sandbox before verification finished
     artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
     sandbox_kept: bool = False
+    health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
 
     @property
     def scored(self) -> bool:
@@ -201,6 +203,8 @@ class Episode(EpisodeControl):
         self.info: RunInfo | None = None
         self.sandbox_user: Any = None  # SandboxUser, decided once in the seed phase (core.runtime.access)
         self._phase: Phase = Phase.ADMISSION
+        self.health: HealthMonitor | None = None  # [health] once the run directory exists
+        self._health_watch: asyncio.Future[None] | None = None
 
     # ---- control API ---------------------------------------------------------------------------
 
@@ -401,6 +405,8 @@ class Episode(EpisodeControl):
             self._result = await self._run()
             return self._result
         finally:
+            if self._health_watch is not None:  # [health]
+                self._health_watch.cancel()
             self._done.set()
 
     def _secrets(self) -> tuple[str, ...]:
@@ -415,6 +421,9 @@ class Episode(EpisodeControl):
         self.run_dir.on_write_error = self._artifacts_failed
         self.bus.subscribe(self.run_dir.append_event)
         self.bus.subscribe(self._count)
+        # [health] warnings derived from the same stream (core/health.py); the clock part runs in _run
+        self.health = HealthMonitor(self.config.health, self.config.model.context_window)
+        self.health.attach(self.bus)
         cast = self.run_dir.cast()
 
         def to_cast(event: Event) -> None:
@@ -494,6 +503,11 @@ class Episode(EpisodeControl):
                 model_url=self.config.model.url,
             )
         )
+        # [health] silent commands are noticed on a clock; it ends with the episode or its run budget
+        watch = asyncio.ensure_future(
+            self.health.watch(self.bus, self.run_budget_s + self.config.budgets.close_s)
+        )
+        self._health_watch = watch
         stack = contextlib.AsyncExitStack()
         self._agent_task = asyncio.ensure_future(self._work(stack))
         try:
@@ -1106,6 +1120,7 @@ class Episode(EpisodeControl):
             artifacts_error=self.run_dir.write_error,
             run_dir=str(self.run_dir.path),
             summary=verdict.summary,
+            health=self.health.summary() if self.health else {},
         )
         self.info.ended_at = datetime.now(UTC)
         self.info.phase_durations_s = dict(self.durations)
@@ -1128,6 +1143,7 @@ class Episode(EpisodeControl):
             "tokens_out": result.tokens_out,
             "agent_tokens_in": result.agent_tokens_in,
             "agent_tokens_out": result.agent_tokens_out,
+            "health": result.health,
         }
         self.run_dir.write_run_info(self.info)
         self._write_diagnostics()
