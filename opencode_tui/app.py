@@ -49,6 +49,7 @@ from opencode_tui.themes import APP_VARIABLES, DEFAULT_THEME, load_themes, next_
 
 if TYPE_CHECKING:
     from core.control import EpisodeControl
+    from core.diff import RunDiff
 
 
 INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
@@ -80,13 +81,20 @@ class OpenCodeTUI(App[None]):
         theme: str = DEFAULT_THEME,
         theme_dirs: Iterable[Path] = (),
         run_episode: Callable[[], Awaitable[object]] | None = None,
+        diff: tuple[Path, Path] | None = None,
+        diff_result: RunDiff | None = None,
     ) -> None:
-        if control is None and run_dir is None and runs_dir is None:
-            raise ValueError("OpenCodeTUI needs a control (live), a run_dir (replay) or a runs_dir (browser)")
+        if control is None and run_dir is None and runs_dir is None and diff is None:
+            raise ValueError(
+                "OpenCodeTUI needs a control (live), a run_dir (replay), a runs_dir (browser) or diff (two runs)"
+            )
         super().__init__()
         self.control = control
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
+        self.diff = diff
+        self.rerun_request: Path | None = None  # the runs browser's `r`: the run to run again on exit
+        self._diff_result = diff_result
         self.themes = load_themes(theme_dirs)
         for t in self.themes.values():
             self.register_theme(t)
@@ -115,6 +123,10 @@ class OpenCodeTUI(App[None]):
             return RunScreen(control=self.control, run_dir=self.run_dir)
         if self.run_dir is not None:
             return RunScreen(run_dir=self.run_dir)
+        if self.diff is not None:
+            from opencode_tui.screens.diff import DiffScreen
+
+            return DiffScreen(*self.diff, diff=self._diff_result)
         assert self.runs_dir is not None
         return RunsScreen(self.runs_dir)
 

@@ -185,6 +185,38 @@ def _announce(name: str, first: bool) -> None:
         print(f"opencode-tui run: {name} again: hurrying the close", file=sys.stderr, flush=True)
 
 
+class RerunError(Exception):
+    """A run that cannot be run again as recorded (its task directory or configuration is gone)."""
+
+
+def rerun_inputs(info: RunInfo | None, path: Path) -> tuple[AgentConfig, Task]:
+    """The task and configuration a run directory recorded (run.json), checked like `run` checks them."""
+    if info is None:
+        raise RerunError(f"{path.name}: run.json is missing or unreadable; nothing to re-run")
+    if not info.task_dir:
+        raise RerunError(f"{path.name}: run.json does not name its task directory")
+    try:
+        config = AgentConfig.model_validate(info.config)
+        task = load_task(info.task_dir)
+    except (ConfigError, ValueError, OSError) as exc:
+        raise RerunError(f"{path.name} cannot be re-run as recorded: {exc}") from exc
+    return config, task
+
+
+def rerun(path: Path) -> int:
+    """`r` in the runs browser: the run's task again with its recorded configuration, in the live TUI
+    (same runs directory), admitted like `run`."""
+    from core.artifacts import RunDirReader
+
+    try:
+        config, task = rerun_inputs(RunDirReader(path).info(), path)
+    except (RerunError, FileNotFoundError, ValueError) as exc:
+        print(f"opencode-tui runs: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    print(f"opencode-tui: re-running {task.id} as recorded in {path}", file=sys.stderr)
+    return _tui(config, task, path.parent)
+
+
 def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:
     from opencode_tui.app import OpenCodeTUI
 
