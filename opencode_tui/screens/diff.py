@@ -38,10 +38,12 @@ def delta_words(d: Delta) -> str:
     return f"{_value(d.a)} → {_value(d.b)}{change}"
 
 
-def step_cell(step: Step | None) -> Text:
+def step_cell(step: Step | None, width: int) -> Text:
     if step is None:
         return Text("—", style="dim")
-    return Text(step.label())
+    text = Text(step.label(), no_wrap=True)
+    text.truncate(width, overflow="ellipsis")
+    return text
 
 
 def step_time(step: Step | None) -> Text:
@@ -78,13 +80,20 @@ class DiffScreen(Screen[None]):
             yield Static(id="diff-deltas")
         yield Footer()
 
+    @property
+    def compact(self) -> bool:
+        return self.app.size.width < 100 or self.app.size.height < 30
+
     def on_mount(self) -> None:
         d = self.diff
+        # A and B share the width: each step cell gets half of what the number and time columns leave.
+        self.cell_width = max((self.app.size.width - 4 - 2 * 8 - 8) // 2, 12)
+        self.set_class(self.compact, "-compact")
         self.query_one("#diff-title", Static).update(
             Content.from_markup(
                 "[b]Diff[/]  A [b]$a[/] ($na steps)  ·  B [b]$b[/] ($nb steps)",
-                a=d.a.run_id,
-                b=d.b.run_id,
+                a=fmt.short(d.a.run_id, max((self.app.size.width - 36) // 2, 12)),
+                b=fmt.short(d.b.run_id, max((self.app.size.width - 36) // 2, 12)),
                 na=str(d.a.steps),
                 nb=str(d.b.steps),
             )
@@ -108,7 +117,8 @@ class DiffScreen(Screen[None]):
     def _row(self, i: int, row: AlignedStep, colors: dict[str, str]) -> list[Text]:
         first = i == self.diff.first_divergence
         mark = Text(f"{'▶' if first else ''}{i + 1}", justify="right")
-        cells = [mark, step_cell(row.a), step_time(row.a), step_cell(row.b), step_time(row.b)]
+        w = self.cell_width
+        cells = [mark, step_cell(row.a, w), step_time(row.a), step_cell(row.b, w), step_time(row.b)]
         if not row.same:
             style = f"bold {colors.get('error', '')}" if first else colors.get("warning", "")
             for c in (cells[0], cells[1], cells[3]):
@@ -118,15 +128,21 @@ class DiffScreen(Screen[None]):
     def drift_text(self) -> Content:
         if not self.diff.drift:
             return Content.from_markup("[b]Drift[/] none: same task, config and versions")
+        shown = 3 if self.compact else 8
+        half = max((self.app.size.width - 30) // 2, 12)
         lines = [f"Drift ({len(self.diff.drift)})"]
-        for d in self.diff.drift[:8]:
-            lines.append(f"  {d.area} {d.key}: {fmt.short(_value(d.a), 50)} → {fmt.short(_value(d.b), 50)}")
-        if len(self.diff.drift) > 8:
-            lines.append(f"  … {len(self.diff.drift) - 8} more (opencode-tui diff --json)")
+        for d in self.diff.drift[:shown]:
+            lines.append(
+                f"  {d.area} {d.key}: {fmt.short(_value(d.a), half)} → {fmt.short(_value(d.b), half)}"
+            )
+        if len(self.diff.drift) > shown:
+            lines.append(f"  … {len(self.diff.drift) - shown} more (opencode-tui diff --json)")
         return Content("\n".join(lines))
 
     def deltas_text(self) -> Content:
         changed = [d for d in self.diff.deltas if d.changed]
+        if self.compact:  # per-phase durations only where there is room
+            changed = [d for d in changed if not d.key.startswith("phase.")]
         if not changed:
             return Content.from_markup("[b]Deltas[/] none")
         return Content("Deltas  " + "  ·  ".join(f"{d.key} {delta_words(d)}" for d in changed))

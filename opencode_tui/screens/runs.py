@@ -33,19 +33,29 @@ from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.runs_index import SORTS, RunEntry, RunsIndex
 
-# (title, width); cells in this order (tests read them by position).
+# (title, width); cells in this order (tests read them by position). The run column (0) takes what the
+# others leave, between RUN_MIN and RUN_MAX; below that the list scrolls sideways.
 COLUMNS: tuple[tuple[str, int], ...] = (
-    ("run", 36),
-    ("task", 18),
+    ("run", 0),
+    ("task", 14),
     ("outcome", 21),
     ("reward", 6),
-    ("failure kind", 24),
+    ("failure kind", 20),
     ("duration", 8),
     ("started (UTC)", 19),
-    ("cleanup", 16),
+    ("cleanup", 11),
     ("human", 5),
-    ("provider", 11),
+    ("provider", 8),
 )
+RUN_MIN, RUN_MAX = 12, 44
+_FIXED = sum(w for _, w in COLUMNS) + len(COLUMNS) + 2  # the cells, a space after each, the mark
+
+
+def column_widths(width: int) -> list[int]:
+    run = min(max(width - _FIXED, RUN_MIN), RUN_MAX)
+    return [run, *(w for _, w in COLUMNS[1:])]
+
+
 MARK = "●"
 
 
@@ -75,7 +85,7 @@ def row_cells(entry: RunEntry, colors: dict[str, str]) -> list[Text]:
 
 
 class RunsList(ScrollView, can_focus=True):
-    """A virtual table: one line per run, drawn only when on screen."""
+    """A virtual table: a header line that stays, then one line per run, drawn only when on screen."""
 
     BINDINGS = [
         Binding("up", "cursor(-1)", "Up", show=False),
@@ -98,15 +108,23 @@ class RunsList(ScrollView, can_focus=True):
         self.index = index
         self.cursor_row = 0
         self.marked: list[Path] = []  # in marking order (A, then B)
-        self._width = sum(w for _, w in COLUMNS) + len(COLUMNS) + 2
+        self.widths = column_widths(0)
 
     def reset(self) -> None:
         self.cursor_row = min(self.cursor_row, max(len(self.index) - 1, 0))
-        self.virtual_size = Size(self._width, len(self.index))
+        self.widths = column_widths(self.size.width)
+        self.virtual_size = Size(sum(self.widths) + len(COLUMNS) + 2, len(self.index) + 1)
         self.refresh()
 
     def on_mount(self) -> None:
         self.reset()
+
+    def on_resize(self) -> None:
+        self.reset()
+
+    @property
+    def _rows_shown(self) -> int:
+        return max(self.scrollable_content_region.height - 1, 1)  # the header line is not a row
 
     @property
     def row_count(self) -> int:
@@ -128,7 +146,7 @@ class RunsList(ScrollView, can_focus=True):
 
     def scroll_to_region_row(self, row: int, animate: bool) -> None:
         top = round(self.scroll_y)
-        height = self.scrollable_content_region.height or 1
+        height = self._rows_shown
         if row < top:
             self.scroll_to(y=row, animate=animate)
         elif row >= top + height:
@@ -138,7 +156,7 @@ class RunsList(ScrollView, can_focus=True):
         self.move_cursor(self.cursor_row + delta)
 
     def action_page(self, direction: int) -> None:
-        self.move_cursor(self.cursor_row + direction * max(self.scrollable_content_region.height - 1, 1))
+        self.move_cursor(self.cursor_row + direction * max(self._rows_shown - 1, 1))
 
     def action_cursor_to(self, row: int) -> None:
         self.move_cursor(row if row >= 0 else len(self.index) - 1)
@@ -160,7 +178,7 @@ class RunsList(ScrollView, can_focus=True):
         self.screen.refresh_title()  # type: ignore[attr-defined]
 
     def on_click(self, event) -> None:
-        row = round(self.scroll_y) + event.y
+        row = round(self.scroll_y) + event.y - 1
         if 0 <= row < len(self.index):
             self.focus()
             if row == self.cursor_row and event.chain == 2:
@@ -169,27 +187,32 @@ class RunsList(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
-        row = round(self.scroll_y) + y
+        if y == 0:
+            return self._strip(self._header(), self.rich_style + Style(bold=True, dim=True), width)
+        row = round(self.scroll_y) + y - 1
         entry = self.index.entry(row)
         if entry is None:
             return Strip.blank(width, self.rich_style)
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(MARK if entry.path in self.marked else " ", style="bold")
         line.append(" ")
-        for cell, (_, w) in zip(row_cells(entry, self.app.theme_variables), COLUMNS, strict=True):
+        for cell, w in zip(row_cells(entry, self.app.theme_variables), self.widths, strict=True):
             cell.truncate(w, overflow="ellipsis", pad=True)
             line.append_text(cell)
             line.append(" ")
         base = self.rich_style
         if row == self.cursor_row:
             base = base + Style(reverse=True) if self.has_focus else base + Style(bold=True, underline=True)
-        segments = list(line.render(self.app.console))
-        strip = Strip(segments).apply_style(base)
+        return self._strip(line, base, width)
+
+    def _header(self) -> Text:
+        return Text(
+            "  " + " ".join(title.ljust(w)[:w] for (title, _), w in zip(COLUMNS, self.widths, strict=True))
+        )
+
+    def _strip(self, line: Text, base: Style, width: int) -> Strip:
+        strip = Strip(list(line.render(self.app.console))).apply_style(base)
         return strip.crop_extend(round(self.scroll_x), round(self.scroll_x) + width, base)
-
-
-def header_line() -> str:
-    return "  " + " ".join(title.ljust(w)[:w] for title, w in COLUMNS)
 
 
 class RunsScreen(Screen[None]):
@@ -220,7 +243,6 @@ class RunsScreen(Screen[None]):
         yield Input(
             placeholder="filter: outcome:X kind:X task:X provider:X date:X or words", id="runs-filter"
         )
-        yield Static(header_line(), id="runs-header")
         yield RunsList(self.index, id="runs")
         yield Footer()
 
