@@ -258,3 +258,31 @@ def test_browser_lists_many_runs_lazily(tmp_path):
             assert sum(e.loaded for e in screen.index.entries) <= 2 * 30
 
     asyncio.run(go())
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_health_warning_shows_live_while_the_agent_runs(tmp_path, wait):
+    """A real compaction-storm episode (local provider, the real OpenCode, the scripted model) in the live
+    TUI: the warnings line names the storm while the episode is still in its agent phase."""
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
+    episode = Episode(load_task(SAMPLES / "compaction-storm"), config, runs_dir=tmp_path / "runs")
+    app = OpenCodeTUI(control=episode, run_episode=episode.run)
+    seen_in: list[str] = []
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        bar = screen.query_one(WarningsBar)
+        for _ in range(6000):  # 60 s at most
+            state = screen.state
+            if "health compaction_storm" in str(bar.render()) and not seen_in:
+                seen_in.append(str(state.phase.phase) if state.phase else "?")
+            if state.finished:
+                break
+            await pilot.pause(0.01)
+        await wait(pilot, lambda: app.episode_done, timeout=60, what="the episode to end")
+        assert screen.state.outcome is not None and screen.state.outcome.action == "scored"
+        assert len(screen.state.health) == 4
+        table = screen.query_one(FailuresTable)
+        assert table.row_count == 4
+    assert seen_in == ["agent"]
