@@ -196,3 +196,19 @@ def test_batch_summary_and_results_file_count_them(batch):
     assert {line["task_id"]: line["health"] for line in lines} == {t: r.health for t, r in results.items()}
     assert summary.health_by_kind["compaction_storm"] == 4
     assert "health warnings:" in summary.line()
+
+
+def test_batch_progress_line_counts_them(batch):
+    """The plain progress (stderr when it is not a terminal) names the warnings of each episode."""
+    import io
+
+    from opencode_tui.batch_progress import BatchProgress
+
+    _, _, results = batch
+    out = io.StringIO()
+    progress = BatchProgress(2, out)
+    progress.finished(results["compaction-storm"])
+    progress.finished(results["health-clean"])
+    first, second = out.getvalue().splitlines()
+    assert first.endswith("scored: reward 1 (health: compaction_storm x4)")
+    assert second.endswith("scored: reward 1")
