@@ -6,6 +6,7 @@ The comparison itself is core/diff.py (pure); this screen only shows a ``RunDiff
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.text import Text
@@ -77,6 +78,7 @@ class DiffScreen(Screen[None]):
         with Vertical(id="diff-body"):
             yield Static(id="diff-drift")
             yield StepsTable(id="diff-steps", cursor_type="row", zebra_stripes=True)
+            yield Static(id="diff-step")
             yield Static(id="diff-deltas")
         yield Footer()
 
@@ -113,6 +115,27 @@ class DiffScreen(Screen[None]):
             table.move_cursor(row=d.first_divergence, animate=False)
         self.query_one("#diff-deltas", Static).update(self.deltas_text())
         table.focus()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """The highlighted step in full below the table: each side's tool and arguments (or call)."""
+        if not 0 <= event.cursor_row < len(self.diff.steps):
+            return
+        row = self.diff.steps[event.cursor_row]
+        width = max(self.app.size.width - 8, 20)
+
+        def side(name: str, step: Step | None) -> str:
+            if step is None:
+                return f"{name}: (no step here)"
+            if step.kind == "model_call":
+                what = f"model call {step.call_id} {step.name} status {step.status}"
+            else:
+                what = f"{step.name} {json.dumps(step.args, sort_keys=True, default=str)}"
+            return f"{name}: {fmt.short(what, width)}"
+
+        verdict = "same" if row.same else "differs"
+        self.query_one("#diff-step", Static).update(
+            Content(f"step {event.cursor_row + 1} ({verdict})\n{side('A', row.a)}\n{side('B', row.b)}")
+        )
 
     def _row(self, i: int, row: AlignedStep, colors: dict[str, str]) -> list[Text]:
         first = i == self.diff.first_divergence

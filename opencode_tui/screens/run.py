@@ -213,7 +213,10 @@ class RunScreen(Screen[None]):
         state = self.view_state
         badges = {"calls": str(len(state.model_calls)) if state.model_calls else ""}
         failed = sum(1 for f in state.failures if isinstance(f, FailureRecorded))
-        badges["failures"] = f"✗{failed}" if failed else ""
+        warned = len(state.health)  # [health] warnings live in the same tab
+        badges["failures"] = " ".join(
+            b for b in (f"✗{failed}" if failed else "", f"⚠{warned}" if warned else "") if b
+        )
         self.query_one(PanelTabs).show(self.panel, badges)
 
     def action_panel(self, panel: str) -> None:
