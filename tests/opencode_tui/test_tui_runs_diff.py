@@ -286,3 +286,11 @@ async def test_health_warning_shows_live_while_the_agent_runs(tmp_path, wait):
         table = screen.query_one(FailuresTable)
         assert table.row_count == 4
     assert seen_in == ["agent"]
+
+
+def test_runs_json_has_health_and_cleanup(capsys):
+    assert main(["runs", "--runs-dir", str(FIXTURES / "more-runs"), "--json"]) == 0
+    rows = {r["task_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["compaction-storm"]["health"] == {"compaction_storm": 4}
+    assert rows["exit-137"]["health"] == {}
+    assert rows["exit-137"]["cleanup_confirmed"] is True and rows["exit-137"]["human_intervened"] is False
