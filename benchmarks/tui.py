@@ -335,10 +335,15 @@ async def run_startup(n_events: int) -> dict[str, float]:
                 if k >= 20_000:
                     break
         decode_all_s = (time.perf_counter() - t) * n_events / min(n_events, 20_001)
+        small = write_run(Path(tmp) / "small", 100)  # the floor: Textual's start-up on a tiny run
         start = time.perf_counter()
+        async with OpenCodeTUI(run_dir=small).run_test(size=(160, 45)):
+            small_s = time.perf_counter() - start
+        start, cpu = time.perf_counter(), time.process_time()
         app = OpenCodeTUI(run_dir=path)
         async with app.run_test(size=(160, 45)) as pilot:
             first = time.perf_counter() - start
+            first_cpu = time.process_time() - cpu
             screen = app.screen
             while screen.replay_loading:
                 await pilot.pause(0.01)
@@ -349,7 +354,9 @@ async def run_startup(n_events: int) -> dict[str, float]:
         "mb": size / 1e6,
         "read_s": read_s,
         "decode_all_s": decode_all_s,
+        "small_s": small_s,
         "first_screen_s": first,
+        "first_screen_cpu_s": first_cpu,
         "all_events_s": loaded,
     }
 
@@ -396,11 +403,20 @@ async def run_browser(n_runs: int) -> dict[str, float]:
         listed = list_runs(runs)
         eager_s = time.perf_counter() - t
         assert len(listed) == n_runs
+        # The floor: the same app on an empty runs directory (Textual's own start-up and first paint).
+        empty = Path(tmp) / "empty"
+        empty.mkdir()
         start = time.perf_counter()
+        async with OpenCodeTUI(runs_dir=empty).run_test(size=(160, 45)) as pilot:
+            await pilot.pause()
+            empty_s = time.perf_counter() - start
+        empty.rmdir()
+        start, cpu = time.perf_counter(), time.process_time()
         app = OpenCodeTUI(runs_dir=runs)
         async with app.run_test(size=(160, 45)) as pilot:
             await pilot.pause()
             first = time.perf_counter() - start
+            first_cpu = time.process_time() - cpu
             screen = app.screen
             assert isinstance(screen, RunsScreen)
             lst = screen.query_one(RunsList)
@@ -422,7 +438,9 @@ async def run_browser(n_runs: int) -> dict[str, float]:
     return {
         "runs": float(n_runs),
         "eager_s": eager_s,
+        "empty_s": empty_s,
         "first_screen_s": first,
+        "first_screen_cpu_s": first_cpu,
         "read_for_first_screen": float(read),
         "sort_by_outcome_s": sorted_s,
         "end_key_s": end_s,
@@ -480,24 +498,31 @@ def main(argv: list[str] | None = None) -> int:
         f"start-up on a {s['events']:,.0f}-event run directory ({s['mb']:.0f} MB events.jsonl), headless app"
     )
     print(
-        f"  baseline: read the file's bytes once {s['read_s']:.3f}s; decode every event {s['decode_all_s']:.2f}s"
+        f"  baselines: read the file's bytes once {s['read_s']:.3f}s; decode every event "
+        f"{s['decode_all_s']:.2f}s; first screen of a 100-event run {s['small_s']:.3f}s"
     )
     print(
-        f"  first screen {s['first_screen_s']:.3f}s   = {s['first_screen_s'] / s['decode_all_s']:.3f}x decoding all, "
-        f"{s['first_screen_s'] / s['read_s']:.1f}x one read   target < {TARGET_FIRST_SCREEN_S:g} s"
+        f"  first screen {s['first_screen_s']:.3f}s (process CPU {s['first_screen_cpu_s']:.3f}s)   "
+        f"= {s['first_screen_s'] / s['decode_all_s']:.3f}x decoding all, "
+        f"{s['first_screen_s'] / s['small_s']:.2f}x the 100-event run   target < {TARGET_FIRST_SCREEN_S:g} s"
     )
     print(f"  all events loaded (in the background) {s['all_events_s']:.2f}s")
     ok = ok and s["first_screen_s"] < TARGET_FIRST_SCREEN_S
 
     b = asyncio.run(run_browser(args.runs))
     print(f"runs browser on {b['runs']:,.0f} run directories, headless app")
-    print(f"  baseline: core.artifacts.list_runs (every run.json read) {b['eager_s']:.3f}s")
     print(
-        f"  first screen {b['first_screen_s']:.3f}s   = {b['first_screen_s'] / b['eager_s']:.2f}x list_runs, "
-        f"{b['read_for_first_screen']:.0f} run.json read   target < {TARGET_FIRST_SCREEN_S:g} s"
+        f"  baselines: core.artifacts.list_runs (every run.json read) {b['eager_s']:.3f}s; "
+        f"first screen on an empty runs directory {b['empty_s']:.3f}s"
     )
     print(
-        f"  sort by outcome (reads them all, in a thread) {b['sort_by_outcome_s']:.2f}s; End key {b['end_key_s'] * 1000:.0f} ms"
+        f"  first screen {b['first_screen_s']:.3f}s (process CPU {b['first_screen_cpu_s']:.3f}s)   "
+        f"= {b['first_screen_s'] / b['eager_s']:.2f}x list_runs, {b['first_screen_s'] / b['empty_s']:.2f}x "
+        f"the empty browser; {b['read_for_first_screen']:.0f} run.json read   target < {TARGET_FIRST_SCREEN_S:g} s"
+    )
+    print(
+        f"  sort by outcome (reads them all, in a thread) {b['sort_by_outcome_s']:.2f}s; "
+        f"End key {b['end_key_s'] * 1000:.0f} ms"
     )
     ok = ok and b["first_screen_s"] < TARGET_FIRST_SCREEN_S
     if args.check and not ok:
