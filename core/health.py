@@ -11,7 +11,8 @@ What each kind means (thresholds in ``core.config.HealthThresholds``):
   still near the context limit (compaction freed nothing: OpenCode will compact again at once; a real
   failed run compacted 31 times).
 - ``reads_without_edits``: many file reads and not one file edit (the same run: 144 reads, 0 edits).
-- ``command_silent``: a running bash command printed nothing for longer than the threshold.
+- ``command_silent``: a running bash command printed nothing for longer than the threshold (with the
+  ``serve`` harness; ``run`` reports a tool call only once it has finished, so there it cannot fire).
 - ``repeated_tool_call``: the same tool with the same arguments, again and again.
 - ``retry_storm``: many model calls answered 429 or 5xx within a window.
 """
