@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from textual import events  # noqa: E402
+
 from core.control import EpisodeControl  # noqa: E402
 from core.events import EpisodeStarted, EventBus, Phase, PhaseChanged, TerminalOutput  # noqa: E402
 from opencode_tui.app import OpenCodeTUI  # noqa: E402
@@ -206,14 +208,13 @@ async def run_stream(total_mb: float, rate_mb_s: float = 0.0) -> dict[str, float
                     lateness.append(time.perf_counter() - t - TICK_S)
 
             async def press_all_through() -> None:
-                # A person pressing keys while output floods in: every KEY_EVERY_S, one key; each press
-                # waits for the previous one to be handled (keys are handled in order anyway).
+                # A person pressing keys while output floods in: every KEY_EVERY_S a key arrives the way
+                # the terminal driver delivers it (a Key event posted to the app), whether or not the
+                # previous one was handled yet; keys are handled in order, so the n-th handling belongs
+                # to the n-th press.
                 while streaming and term.rendered.chars < total_chars:
                     pressed.append(time.perf_counter())
-                    n = len(handled)
-                    await pilot.press("l")
-                    while len(handled) == n and streaming:  # noqa: ASYNC110 (no event to wait on)
-                        await asyncio.sleep(0.0005)
+                    app.post_message(events.Key("l", "l"))
                     await asyncio.sleep(KEY_EVERY_S)
 
             await pilot.pause(0.5)  # let start-up finish (first paint, heap freeze): start-up is timed apart
@@ -229,8 +230,8 @@ async def run_stream(total_mb: float, rate_mb_s: float = 0.0) -> dict[str, float
             await pilot.pause()
             drawn = time.perf_counter()
             streaming = False
-            if len(pressed) % 2:  # leave follow on as it was (each press toggles it)
-                await pilot.press("l")
+            while len(handled) < len(pressed):  # noqa: ASYNC110 (every press is handled before the figures)
+                await asyncio.sleep(0.001)
             await tick_task
             await key_task
             assert term.rendered.count > 0

@@ -139,8 +139,14 @@ class OpenCodeTUI(App[None]):
             # SIGTERM/SIGHUP (and a SIGINT sent from outside) close the episode like `q` does.
             self._signals = closing_signals(self._on_signal)
             self._signals.__enter__()
+        # (This had slid into _on_signal, so the heap was never frozen and a full collection stalled the
+        # screen ~0.1 s while output streamed; benchmarks/tui.py shows it in the worst key latency.)
+        if self.FREEZE_HEAP:
+            self.call_after_refresh(self._freeze_heap)
 
     def on_unmount(self) -> None:
+        if self.FREEZE_HEAP:  # hand the frozen objects back: an app that ends must not pin its garbage
+            gc.unfreeze()
         if self._signals is not None:
             self._signals.__exit__(None, None, None)
             self._signals = None
@@ -152,8 +158,6 @@ class OpenCodeTUI(App[None]):
             self._quit_after_cleanup(name)
         else:
             self.exit()
-        if self.FREEZE_HEAP:
-            self.call_after_refresh(self._freeze_heap)
 
     @staticmethod
     def _freeze_heap() -> None:
