@@ -47,11 +47,12 @@ TRAJECTORIES: dict[str, tuple[dict[str, str], list[dict]]] = {
         [{"tool_calls": [_read(f"f{i}.txt")]} for i in range(6)]
         + [{"tool_calls": [_write_done()]}, {"text": "Read everything, then wrote done.txt."}],
     ),
-    # One command silent for 6 s (a threshold of 2 s), then it prints.
+    # One command silent for 20 s (a threshold of 8 s: well above how long a quick command takes on a
+    # loaded machine, which would be silence too), then it prints.
     "health-silent": (
         {},
         [
-            {"tool_calls": [_bash("sleep 6; echo awake")]},
+            {"tool_calls": [_bash("sleep 20; echo awake")]},
             {"tool_calls": [_write_done()]},
             {"text": "done.txt is written."},
         ],
@@ -84,7 +85,7 @@ TRAJECTORIES: dict[str, tuple[dict[str, str], list[dict]]] = {
 
 THRESHOLDS = {
     "reads_without_edits": 5,
-    "command_silent_s": 2.0,
+    "command_silent_s": 8.0,
     "repeated_tool_call": 3,
     "retry_storm_count": 3,
     "retry_storm_window_s": 120.0,
@@ -169,8 +170,8 @@ def test_warning_details(batch):
     (reads,) = _warnings(results["health-reads"])
     assert reads.data["reads"] == 5
     (silent,) = _warnings(results["health-silent"])
-    assert silent.data["command"] == "sleep 6; echo awake"
-    assert 2.0 <= silent.data["silent_s"] < 6.0
+    assert silent.data["command"] == "sleep 20; echo awake"
+    assert 8.0 <= silent.data["silent_s"] < 20.0
     (repeat,) = _warnings(results["health-repeat"])
     assert repeat.data == {"tool": "bash", "input": {"command": "ls -1", "description": "ls -1"}, "times": 3}
     (retry,) = _warnings(results["health-retry"])
