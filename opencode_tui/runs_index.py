@@ -34,8 +34,20 @@ class RunEntry:
     root: Path  # the runs directory (shared: a Path per entry costs more than the whole scan)
     name: str
     task_hint: str | None = None
-    started_hint: datetime | None = None
+    stamp: str | None = None  # YYYYmmdd-HHMMSS from the name: sorts like the time it names
     _info: object = field(default=_UNSET, repr=False)
+
+    @property
+    def started_hint(self) -> datetime | None:
+        return _stamp(self.stamp) if self.stamp else None
+
+    @property
+    def sort_stamp(self) -> str:
+        """The start as ``YYYYmmdd-HHMMSS.ffffff`` (from the name, else run.json; "" when unknown)."""
+        if self.stamp is not None:
+            return self.stamp
+        info = self.info()
+        return info.started_at.astimezone(UTC).strftime("%Y%m%d-%H%M%S.%f") if info else ""
 
     @property
     def path(self) -> Path:
@@ -120,7 +132,7 @@ def scan_runs(runs_dir: Path) -> list[RunEntry]:
                     root,
                     d.name,
                     task_hint=m["task"],
-                    started_hint=_stamp(m["stamp"]),
+                    stamp=m["stamp"],
                 )
                 out.append(entry)
             elif (root / d.name / "run.json").exists() or (root / d.name / "events.jsonl").exists():
@@ -180,10 +192,9 @@ class RunsIndex:
         def sort_value(i: int) -> tuple:
             e = self.entries[i]
             if key == "date":
-                started = e.started
-                # unreadable runs last (newest first), ties by name
-                return (started is not None, started.timestamp() if started else 0.0, e.name)
-            return (e.value(key), e.started.timestamp() if e.started else 0.0, e.name)
+                # unreadable runs ("" stamp) last when newest first; ties by name
+                return (e.sort_stamp, e.name)
+            return (e.value(key), e.sort_stamp, e.name)
 
         self.view = sorted(idx, key=sort_value, reverse=self.reverse)
 
