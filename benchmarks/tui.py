@@ -337,9 +337,11 @@ async def run_startup(n_events: int) -> dict[str, float]:
                     break
         decode_all_s = (time.perf_counter() - t) * n_events / min(n_events, 20_001)
         small = write_run(Path(tmp) / "small", 100)  # the floor: Textual's start-up on a tiny run
-        start = time.perf_counter()
-        async with OpenCodeTUI(run_dir=small).run_test(size=(160, 45)):
-            small_s = time.perf_counter() - start
+        small_s = float("inf")
+        for _ in range(2):  # the better of two: the first may pay a warm-up the measured run does not
+            start = time.perf_counter()
+            async with OpenCodeTUI(run_dir=small).run_test(size=(160, 45)):
+                small_s = min(small_s, time.perf_counter() - start)
         start, cpu = time.perf_counter(), time.process_time()
         app = OpenCodeTUI(run_dir=path)
         async with app.run_test(size=(160, 45)) as pilot:
@@ -407,10 +409,12 @@ async def run_browser(n_runs: int) -> dict[str, float]:
         # The floor: the same app on an empty runs directory (Textual's own start-up and first paint).
         empty = Path(tmp) / "empty"
         empty.mkdir()
-        start = time.perf_counter()
-        async with OpenCodeTUI(runs_dir=empty).run_test(size=(160, 45)) as pilot:
-            await pilot.pause()
-            empty_s = time.perf_counter() - start
+        empty_s = float("inf")
+        for _ in range(2):  # the better of two, as for the start-up floor
+            start = time.perf_counter()
+            async with OpenCodeTUI(runs_dir=empty).run_test(size=(160, 45)) as pilot:
+                await pilot.pause()
+                empty_s = min(empty_s, time.perf_counter() - start)
         empty.rmdir()
         start, cpu = time.perf_counter(), time.process_time()
         app = OpenCodeTUI(runs_dir=runs)
