@@ -139,7 +139,9 @@ class DiffScreen(Screen[None]):
 
     def _row(self, i: int, row: AlignedStep, colors: dict[str, str]) -> list[Text]:
         first = i == self.diff.first_divergence
-        mark = Text(f"{'▶' if first else ''}{i + 1}", justify="right")
+        # ▶ the first divergence, ≠ any other step that differs (readable without colours too)
+        sign = "▶" if first else ("" if row.same else "≠")
+        mark = Text(f"{sign}{i + 1}", justify="right")
         w = self.cell_width
         cells = [mark, step_cell(row.a, w), step_time(row.a), step_cell(row.b, w), step_time(row.b)]
         if not row.same:
