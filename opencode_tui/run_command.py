@@ -58,6 +58,13 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
         )
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    check_inputs(config, tasks)
+    return config, tasks
+
+
+def check_inputs(config: AgentConfig, tasks: list[Task]) -> None:
+    """The model, the key and the provider's own checks for these tasks (``admit``, and a re-run from
+    the runs browser); raises UsageError/ConfigError."""
     if config.model.url is None:
         missing = [t.id for t in tasks if t.trajectory_path is None]
         if missing:
@@ -78,7 +85,6 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
         )
     if config.sandbox.mode == "owned":
         _admit_provider(config, tasks)
-    return config, tasks
 
 
 def _check_model_url(config: AgentConfig) -> None:
@@ -200,7 +206,8 @@ def rerun(path: Path) -> int:
 
     try:
         config, task = rerun_inputs(RunDirReader(path).info(), path)
-    except (RerunError, FileNotFoundError, ValueError) as exc:
+        check_inputs(config, [task])
+    except (RerunError, UsageError, ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"opencode-tui runs: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     print(f"opencode-tui: re-running {task.id} as recorded in {path}", file=sys.stderr)

@@ -294,3 +294,21 @@ def test_runs_json_has_health_and_cleanup(capsys):
     assert rows["compaction-storm"]["health"] == {"compaction_storm": 4}
     assert rows["exit-137"]["health"] == {}
     assert rows["exit-137"]["cleanup_confirmed"] is True and rows["exit-137"]["human_intervened"] is False
+
+
+@pytest.mark.docker
+def test_rerun_is_admitted_like_run(tmp_path, capsys):
+    """`r` hands the run to `rerun`, which checks it like `run` does before anything starts: a recorded
+    image that no longer exists on the Docker engine is refused (exit 2), no run directory is made."""
+    from opencode_tui.run_command import rerun
+
+    runs = tmp_path / "runs"
+    run = runs / "exit-137-20261201-030547-3b7285-a1"
+    shutil.copytree(RECORDED["exit-137"], run)
+    info = RunDirReader(run).info()
+    info.config["sandbox"]["image"] = "opencode-tui/not-built:never"
+    info.task_dir = str(SAMPLES / "exit-137")
+    (run / "run.json").write_text(info.model_dump_json())
+    assert rerun(run) == 2
+    assert "opencode-tui/not-built:never" in capsys.readouterr().err
+    assert [p.name for p in runs.iterdir()] == [run.name]
