@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from core.events import (
     OutcomeDecided,
     ToolCall,
     TranscriptStats,
+    decode,
 )
 from core.tokens import token_totals
 
@@ -287,6 +289,25 @@ def _deltas(a: _Run, b: _Run) -> list[Delta]:
     return out
 
 
+# Terminal output and OpenCode's raw events are most of a long run and nothing the diff compares: their
+# lines are skipped before decoding. (A JSON string inside another event escapes its quotes, so these
+# exact bytes only occur as an event's own type.)
+_SKIPPED_TYPES = (b'"type":"terminal"', b'"type":"opencode"')
+
+
+def _step_events(path: Path) -> Iterator[Event]:
+    if not path.exists():
+        return
+    with path.open("rb") as f:
+        for line in f:
+            if not line.strip() or any(t in line for t in _SKIPPED_TYPES):
+                continue
+            try:
+                yield decode(line)
+            except ValueError:
+                continue  # a torn last line of a live run, or an event from a newer engine
+
+
 class _Run:
     """What the diff needs from one run directory, read once."""
 
@@ -294,7 +315,7 @@ class _Run:
         self.path = Path(path)
         self.reader = RunDirReader(self.path)
         self.info: RunInfo | None = self.reader.info()
-        self.events: list[Event] = list(self.reader.events())
+        self.events: list[Event] = list(_step_events(self.path / "events.jsonl"))
         self.started = next((e for e in self.events if isinstance(e, EpisodeStarted)), None)
         self.outcome = next((e for e in reversed(self.events) if isinstance(e, OutcomeDecided)), None)
         self.transcript = next((e for e in reversed(self.events) if isinstance(e, TranscriptStats)), None)
