@@ -371,16 +371,21 @@ class RunsScreen(Screen[None]):
         if len(marked) != 2:
             self.notify("Mark two runs with space first (A, then B), then press d.", timeout=4)
             return
+        self.notify("Comparing the two marked runs…", timeout=2)
+        self._diff(*marked)
+
+    @work(thread=True, exclusive=True, group="runs-diff")
+    def _diff(self, a: Path, b: Path) -> None:
+        """Read both runs off the UI thread (a long run's events take a moment), then show the diff."""
         from core.diff import diff_runs
         from opencode_tui.screens.diff import DiffScreen
 
-        a, b = marked
         try:
             diff = diff_runs(a, b)
         except (OSError, ValueError) as exc:
-            self.notify(f"Cannot compare: {exc}", severity="error")
+            self.app.call_from_thread(self.notify, f"Cannot compare: {exc}", severity="error")
             return
-        self.app.push_screen(DiffScreen(a, b, diff=diff))
+        self.app.call_from_thread(self.app.push_screen, DiffScreen(a, b, diff=diff))
 
     def action_rerun(self) -> None:
         entry = self.index.entry(self.query_one(RunsList).cursor_row)

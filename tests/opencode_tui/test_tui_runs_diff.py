@@ -103,7 +103,7 @@ async def test_sort_and_filter(runs):
         assert row[7] == "✓ receipt" and row[8] == "" and row[9] == "docker"
 
 
-async def test_mark_two_runs_and_diff(runs):
+async def test_mark_two_runs_and_diff(runs, wait):
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -118,6 +118,7 @@ async def test_mark_two_runs_and_diff(runs):
         await pilot.press("space")
         assert "marked 2/2" in str(screen.query_one("#runs-title").render())
         await pilot.press("d")
+        await wait(pilot, lambda: isinstance(app.screen, DiffScreen), what="the diff screen")
         await pilot.pause()
         diff = app.screen
         assert isinstance(diff, DiffScreen)
