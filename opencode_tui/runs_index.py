@@ -144,12 +144,35 @@ def scan_runs(runs_dir: Path) -> list[RunEntry]:
 class Term:
     field: str | None  # None: any field
     text: str
+    op: str = ":"  # ":" contains; for dates also >=, <=, >, < (compared as "YYYY-mm-dd HH:MM:SS" text)
+
+    def matches(self, value: str) -> bool:
+        if self.op == ":":
+            return self.text in value.lower()
+        if not value:
+            return False
+        # A date prefix compares with the same prefix of the run's start: date<2026-12 is before December.
+        head = value[: len(self.text)]
+        return {
+            ">=": head >= self.text,
+            "<=": head <= self.text,
+            ">": head > self.text,
+            "<": head < self.text,
+        }[self.op]
+
+
+_DATE_OP = re.compile(r"^date(>=|<=|>|<)(.+)$")
 
 
 def parse_query(query: str) -> list[Term]:
-    """``outcome:count task:oom local`` → terms (``field:text`` or bare text matching any field)."""
+    """``outcome:count task:oom local date>=2026-12-01`` → terms (``field:text``, a date comparison, or
+    bare text matching any field)."""
     terms = []
     for word in query.split():
+        m = _DATE_OP.match(word)
+        if m is not None:
+            terms.append(Term("date", m[2], m[1]))
+            continue
         name, sep, text = word.partition(":")
         if sep and name in FIELDS:
             terms.append(Term(name, text.lower()))
@@ -202,7 +225,7 @@ class RunsIndex:
     def _matches(e: RunEntry, terms: list[Term]) -> bool:
         for t in terms:
             names = FIELDS if t.field is None else (t.field,)
-            if not any(t.text in e.value(n).lower() for n in names):
+            if not any(t.matches(e.value(n)) for n in names):
                 return False
         return True
 

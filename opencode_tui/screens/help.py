@@ -48,7 +48,7 @@ PANELS = """\
 ## Runs browser and diff
 
 `opencode-tui runs`: `s` sorts by date, task, outcome, failure kind, provider (`S` reverses), `/` filters
-(`outcome:X kind:X task:X provider:X date:X` or words), `space` marks, `d` compares the two marked runs,
+(`outcome:X kind:X task:X provider:X date:X`, `date>=X`/`date<X` or words), `space` marks, `d` compares the two marked runs,
 `r` runs the selected run's task again with its recorded configuration. `opencode-tui diff A B`: drift
 (version, task, config) first, then both runs' steps side by side (`▶` the first divergence, `≠` other
 differences, `f` jumps back to it), the highlighted step in full, and the deltas.

@@ -241,7 +241,7 @@ class RunsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="runs-title")
         yield Input(
-            placeholder="filter: outcome:X kind:X task:X provider:X date:X or words", id="runs-filter"
+            placeholder="filter: outcome:X kind:X task:X provider:X date:X date>=X or words", id="runs-filter"
         )
         yield RunsList(self.index, id="runs")
         yield Footer()

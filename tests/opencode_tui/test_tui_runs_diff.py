@@ -95,6 +95,14 @@ async def test_sort_and_filter(runs):
         assert sorted(r[1] for r in _rows(screen)) == sorted(
             i.task_id for i in infos.values() if i.started_at.strftime("%Y-%m-%d") == "2026-12-01"
         )
+        screen.set_filter("date<2026-12")  # a range: the runs started before December
+        await _settle(pilot, screen)
+        assert sorted(r[1] for r in _rows(screen)) == sorted(
+            i.task_id for i in infos.values() if i.started_at.strftime("%Y-%m") < "2026-12"
+        )
+        screen.set_filter("date>=2026-11-29 date<=2026-11-29")
+        await _settle(pilot, screen)
+        assert {r[1] for r in _rows(screen)} == {"hello-file", "oom"}
         await pilot.press("escape")  # clears the filter
         await _settle(pilot, screen)
         assert len(_rows(screen)) == 4
