@@ -41,11 +41,11 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import __version__
+from core.calls.records import ModelCallRecord
 from core.events import Event, FailureRecorded, FailureRecovered, ShellOpened, decode, encode
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
-from core.model.records import ModelCallRecord
 from core.redaction import redact, redact_text
 
 DIAGNOSTICS_CAP = 16_000

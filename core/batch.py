@@ -65,12 +65,18 @@ class BatchSummary(BaseModel):
     scored: int
     results: list[EpisodeResult] = Field(default_factory=list)
     failures_by_kind: dict[str, int] = Field(default_factory=dict)
+    health_by_kind: dict[str, int] = Field(default_factory=dict)  # episode-health warnings, all episodes
     cancelled: bool = False
     cancelled_by: str | None = None
 
     def line(self) -> str:
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.failures_by_kind.items()))
-        return f"{self.scored} of {self.total} scored" + (f"; failures: {kinds}" if kinds else "")
+        health = ", ".join(f"{k} x{n}" for k, n in sorted(self.health_by_kind.items()))
+        return (
+            f"{self.scored} of {self.total} scored"
+            + (f"; failures: {kinds}" if kinds else "")
+            + (f"; health warnings: {health}" if health else "")
+        )
 
 
 def _key(task: Task) -> str:
@@ -266,11 +272,15 @@ async def run_batch(
         with contextlib.suppress(OSError):
             results_file.close()
     failures = Counter(r.failure_kind for r in results if r.failure_kind)
+    health: Counter[str] = Counter()
+    for r in results:
+        health.update(r.health)
     return BatchSummary(
         total=len(tasks),
         scored=sum(1 for r in results if r.action.is_sample),
         results=results,
         failures_by_kind=dict(failures),
+        health_by_kind=dict(health),
         cancelled=cancelled or control.cancelled_by is not None,
         cancelled_by=control.cancelled_by,
     )

@@ -212,6 +212,33 @@ class RuntimeSettings(_Model):
     cache_dir: str | None = None
 
 
+class HealthThresholds(_Model):
+    """When core/health.py warns that an episode is going badly (warnings only: never the outcome).
+
+    Each warning fires once per occurrence (a storm, a silent command, a repeated call), not per event.
+    """
+
+    enabled: bool = True
+    # ``compaction_storm``: this many compactions within the window, or the first agent call after a
+    # compaction still using at least this share of the context window (the loop where compaction
+    # frees nothing and OpenCode compacts again at once).
+    compaction_storm_count: int = Field(default=3, ge=2)
+    compaction_storm_window_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    compaction_near_limit_ratio: float = Field(default=0.8, gt=0, le=1)
+    # ``reads_without_edits``: this many file reads (read, grep, glob, list) without one file edit
+    # (edit, write, patch, multiedit); a bash command counts as neither (what it did is unknown).
+    reads_without_edits: int = Field(default=40, ge=1)
+    # ``command_silent``: a running bash command printed nothing for this long.
+    command_silent_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    # ``repeated_tool_call``: the same tool with the same arguments this many times among the last
+    # ``repeated_tool_call_window`` tool calls.
+    repeated_tool_call: int = Field(default=3, ge=2)
+    repeated_tool_call_window: int = Field(default=10, ge=2)
+    # ``retry_storm``: this many model calls answered 429 or 5xx within the window.
+    retry_storm_count: int = Field(default=4, ge=2)
+    retry_storm_window_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+
+
 class AgentConfig(_Model):
     """Everything that configures a run; the defaults are the embedded defaults (local, scripted)."""
 
@@ -221,6 +248,7 @@ class AgentConfig(_Model):
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     policy: OutcomePolicyOverrides = Field(default_factory=OutcomePolicyOverrides)
     classification: ClassificationConfig | None = None
+    health: HealthThresholds = Field(default_factory=HealthThresholds)
     runs_dir: str = "runs"
     theme: str = "opencode-dark"
 

@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("runs", help="list run directories with their outcome")
     rs.add_argument("--runs-dir", default="runs")
     rs.add_argument("--json", action="store_true")
+    df = sub.add_parser("diff", help="compare two run directories (drift, steps aligned, deltas)")
+    df.add_argument("run_a", metavar="RUN_A")
+    df.add_argument("run_b", metavar="RUN_B")
+    df.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     at = sub.add_parser("attach", help="open a shell in a kept sandbox (after its run has ended)")
     at.add_argument("target", metavar="RUN_DIR|SANDBOX_ID", help="the run directory or the kept sandbox's id")
     sw = sub.add_parser(

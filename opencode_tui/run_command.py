@@ -58,6 +58,13 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
         )
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    check_inputs(config, tasks)
+    return config, tasks
+
+
+def check_inputs(config: AgentConfig, tasks: list[Task]) -> None:
+    """The model, the key and the provider's own checks for these tasks (``admit``, and a re-run from
+    the runs browser); raises UsageError/ConfigError."""
     if config.model.url is None:
         missing = [t.id for t in tasks if t.trajectory_path is None]
         if missing:
@@ -78,7 +85,6 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
         )
     if config.sandbox.mode == "owned":
         _admit_provider(config, tasks)
-    return config, tasks
 
 
 def _check_model_url(config: AgentConfig) -> None:
@@ -173,6 +179,39 @@ def _announce(name: str, first: bool) -> None:
         )
     else:
         print(f"opencode-tui run: {name} again: hurrying the close", file=sys.stderr, flush=True)
+
+
+class RerunError(Exception):
+    """A run that cannot be run again as recorded (its task directory or configuration is gone)."""
+
+
+def rerun_inputs(info: RunInfo | None, path: Path) -> tuple[AgentConfig, Task]:
+    """The task and configuration a run directory recorded (run.json), checked like `run` checks them."""
+    if info is None:
+        raise RerunError(f"{path.name}: run.json is missing or unreadable; nothing to re-run")
+    if not info.task_dir:
+        raise RerunError(f"{path.name}: run.json does not name its task directory")
+    try:
+        config = AgentConfig.model_validate(info.config)
+        task = load_task(info.task_dir)
+    except (ConfigError, ValueError, OSError) as exc:
+        raise RerunError(f"{path.name} cannot be re-run as recorded: {exc}") from exc
+    return config, task
+
+
+def rerun(path: Path) -> int:
+    """`r` in the runs browser: the run's task again with its recorded configuration, in the live TUI
+    (same runs directory), admitted like `run`."""
+    from core.artifacts import RunDirReader
+
+    try:
+        config, task = rerun_inputs(RunDirReader(path).info(), path)
+        check_inputs(config, [task])
+    except (RerunError, UsageError, ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"opencode-tui runs: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    print(f"opencode-tui: re-running {task.id} as recorded in {path}", file=sys.stderr)
+    return _tui(config, task, path.parent)
 
 
 def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:

@@ -54,6 +54,7 @@ class EpisodeResult(BaseModel):
     human_intervened: bool = False  # a person used a shell in the sandbox before verification finished
     artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
     sandbox_kept: bool = False
+    health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
 
     @property
     def scored(self) -> bool:
@@ -161,6 +162,7 @@ def write_record(
         "tokens_out": result.tokens_out,
         "agent_tokens_in": result.agent_tokens_in,
         "agent_tokens_out": result.agent_tokens_out,
+        "health": result.health,
     }
     run_dir.write_run_info(info)
     parts = []

@@ -26,11 +26,11 @@ from textual.widgets import (
 )
 
 from core.artifacts import RunDirReader
+from core.calls.records import ModelCallRecord
 from core.events import FailureRecorded, FailureRecovered, ModelCall
 from core.failures import FailureEvent
 from core.failures.model import ModelCallDetails
 from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
-from core.model.records import ModelCallRecord
 from opencode_tui import format as fmt
 from opencode_tui.messages import Copied
 

@@ -163,7 +163,7 @@ def test_reader_reads_every_file_through_runfiles(tmp_path):
     the verifier's output, the inputs as sent, the cast."""
     from datetime import UTC, datetime
 
-    from core.model.records import ModelCallRecord
+    from core.calls.records import ModelCallRecord
 
     rd = RunDir.create(tmp_path, "r2")
     rd.append_event(TerminalOutput(stream="stdout", data="x\n"))

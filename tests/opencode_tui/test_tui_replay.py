@@ -585,7 +585,7 @@ async def test_command_palette_runs_app_actions(fixture_runs, replay_loaded, wai
 def test_call_bodies_from_the_typed_record():
     from datetime import UTC, datetime
 
-    from core.model.records import ModelCallRecord
+    from core.calls.records import ModelCallRecord
 
     when = datetime.now(UTC)
     recorded = ModelCallRecord(

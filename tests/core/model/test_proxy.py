@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from core.artifacts import RunDirReader, RunFiles
+from core.calls.records import ModelCallRecord, parse_usage
 from core.events import ModelCall
 from core.model.proxy import MESSAGE_ID_HEADER, ModelProxy, ProxyConfigError
-from core.model.records import ModelCallRecord, parse_usage
 from core.model.scripted import ScriptedModel
 from core.model.trajectory import Trajectory
 

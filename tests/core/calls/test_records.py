@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from core.artifacts import RunDirReader
-from core.model.records import assembled_tool_calls
+from core.calls.records import assembled_tool_calls
 
 RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 

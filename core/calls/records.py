@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.calls.classify import CallKind
 from core.events import ModelCall
-from core.model.classify import CallKind
 
 
 class TokenUsage(BaseModel):
