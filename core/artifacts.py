@@ -18,6 +18,8 @@ except OpenCode's raw stdout and database, which hold only what the sandbox saw)
     input/instructions.md  the instructions file its config names (when the task has one)
     input/task.yaml        the task file the run came from
     shells/shell-N.cast    each shell a person opened in the sandbox
+    build/image.log        the task image's build output (tasks built from a Dockerfile)
+    trajectory.json        the run as an ATIF v1.8 trajectory (core/export/atif.py), written last
     diagnostics.txt        failures and logs, redacted, then capped at DIAGNOSTICS_CAP characters
 
 Every name above is spelled once, in :class:`RunFiles`; :class:`RunDir` writes and
@@ -77,6 +79,8 @@ class RunFiles:
     PROMPT = "input/prompt.txt"
     INSTRUCTIONS = "input/instructions.md"
     TASK_YAML = "input/task.yaml"
+    BUILD_LOG = "build/image.log"  # the task image's build output (tasks built from a Dockerfile)
+    TRAJECTORY = "trajectory.json"  # the run as an ATIF trajectory (core/export/atif.py), written last
 
     @staticmethod
     def shell_cast(n: int) -> str:

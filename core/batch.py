@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from core.events import EventBus
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
 from core.invocation import pid_of
-from core.tasks import Task
+from core.tasks import Task, task_content_hash
 
 RESULTS_FILE = "results.jsonl"
 
@@ -79,8 +80,20 @@ class BatchSummary(BaseModel):
         )
 
 
-def _key(task: Task) -> str:
-    return f"{task.id}@{task.root}"
+def config_hash(config: AgentConfig) -> str:
+    """The effective configuration, hashed: everything that can change an episode's result (where
+    run directories go and the TUI's theme cannot)."""
+    data = config.model_dump(mode="json", exclude={"runs_dir", "theme"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def resume_key(task: Task, config: AgentConfig) -> str:
+    """What a recorded result is the result of: the task's content and the effective configuration.
+
+    Not the task id: a task edited in place (its verify command, a file) or run with another model
+    is another experiment and runs again.
+    """
+    return f"{task.id}:task={task_content_hash(task)[:20]}:config={config_hash(config)[:20]}"
 
 
 def mark_orphans(runs_dir: Path) -> list[RunInfo]:
@@ -207,7 +220,10 @@ async def run_batch(
     on_episode: Callable[[Episode], None] | None = None,
     control: BatchControl | None = None,
     on_orphan: Callable[[RunInfo], None] | None = None,
+    force: bool = False,
 ) -> BatchSummary:
+    """Runs the tasks; a task already scored with the same content and configuration in ``runs_dir``
+    is not run again (its result comes back with ``resumed=True``) unless ``force``."""
     control = control or BatchControl()
     try:
         runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240 (once, before any episode)
@@ -217,7 +233,8 @@ async def run_batch(
     for info in mark_orphans(runs_dir):
         if on_orphan is not None:
             on_orphan(info)
-    previous = load_previous(runs_dir)
+    previous = {} if force else load_previous(runs_dir)
+    keys = {id(t): resume_key(t, config) for t in tasks}
     attempts = max_attempts or config.policy.max_attempts or 3
     sem = asyncio.Semaphore(max(1, jobs))
     results: list[EpisodeResult] = []
@@ -229,7 +246,7 @@ async def run_batch(
         if not result.resumed:
             try:
                 results_file.write(
-                    json.dumps({"task_key": _key(task), **result.model_dump(mode="json")}) + "\n"
+                    json.dumps({"task_key": keys[id(task)], **result.model_dump(mode="json")}) + "\n"
                 )
                 results_file.flush()
             except OSError as exc:
@@ -238,7 +255,7 @@ async def run_batch(
             on_result(result)
 
     async def one(task: Task) -> None:
-        prior = previous.get(_key(task))
+        prior = previous.get(keys[id(task)])
         if prior is not None and prior.action.is_sample:
             record(task, prior.model_copy(update={"resumed": True}))
             return

@@ -13,7 +13,7 @@ import abc
 import functools
 import importlib.metadata
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -52,6 +52,8 @@ class Capabilities(BaseModel):
     oom_evidence: frozenset[str] = frozenset()
     borrowed: bool = False  # connect() to a sandbox it did not create (sandbox.mode: borrowed)
     images: bool = False  # spec.image is what runs (False: the host's own system)
+    # A task's image can be built from its Dockerfile on the provider's engine (core/image_build.py).
+    image_build: bool = False
     users: bool = False  # spec.user and exec(user=...) run as another uid than the provider's own
     host_mounts: bool = False  # spec.mounts: host paths appear inside (else files are uploaded)
     listing: bool = False  # listed()/remove(): sweep and attach can find its sandboxes
@@ -96,6 +98,12 @@ class ProviderPlugin(abc.ABC):
     async def admit(self, config: AgentConfig, images: Sequence[str]) -> list[Check]:
         """Quick checks before a run of owned sandboxes from ``images`` (a ``fail`` refuses the run)."""
         return []
+
+    async def build_image(self, task: Any, config: AgentConfig, log: Callable[[str], None]) -> str:
+        """Build ``task.image`` from ``task.build`` (only for ``capabilities.image_build``): the tag.
+        ``log`` takes the build's output as it comes (from any thread). Raises
+        ``core.sandbox.errors.ImageBuildFailed`` (``image_build_failure``) with the log's end as evidence."""
+        raise NotImplementedError(f"the {self.name} provider builds no images")
 
     def short_id(self, sandbox_id: str) -> str:
         """How a sandbox id is shown to a person (``sweep`` accepts any unique prefix)."""

@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--keep-sandbox", action="store_true", help="do not destroy the sandbox afterwards")
     run.add_argument("--runs-dir", help="where run directories go (default ./runs)")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="--batch: run every task again, even one already scored with the same task content and config",
+    )
     run.add_argument("--config", help="config file (YAML or TOML)")
 
     op = sub.add_parser("open", help="open a run directory in the TUI (replay)")
@@ -79,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also remove sandboxes owned by other users/jobs (default: only yours, "
         "i.e. $OPENCODE_TUI_OWNER or user@host)",
+    )
+    ex = sub.add_parser("export", help="write run directories as ATIF trajectories or chat messages")
+    ex.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    ex.add_argument("--format", choices=["atif", "messages"], default="atif", help="default: atif (v1.8)")
+    ex.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file (one run), directory (several, atif) or - for stdout; "
+        "default: RUN_DIR/trajectory.json (atif), stdout (messages)",
     )
     dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
     dr.add_argument("--json", action="store_true")

@@ -13,6 +13,12 @@ from core.exit_codes import ExitCode
 THEME_ENV = "OPENCODE_TUI_THEME"
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from opencode_tui.export_command import cmd_export as export
+
+    return export(args)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from opencode_tui.run_command import cmd_run as run
 

@@ -49,6 +49,16 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
     """Everything that can be checked before any sandbox exists; raises UsageError/ConfigError."""
     config = load_config(args.config, _overrides(args))
     tasks = [load_task(t) for t in args.tasks]
+    for t in tasks:
+        for warning in t.load_warnings:  # Harbor's format evolves: a field we do not know is no error
+            print(f"opencode-tui run: warning: {t.root}: {warning}", file=sys.stderr)
+    built = [t for t in tasks if t.build is not None]
+    if built:
+        from core.image_build import build_refusal
+
+        refusal = build_refusal(built[0], config)
+        if refusal:
+            raise UsageError(refusal)
     if not args.batch and len(tasks) > 1:
         raise UsageError("the TUI runs one task at a time; pass --batch to run several")
     if not args.batch and args.attempts is not None:
@@ -104,7 +114,8 @@ def _admit_provider(config: AgentConfig, tasks: list[Task]) -> None:
     """The provider's own quick checks for this run (e.g. its engine is up, the images exist)."""
     from core import provider_registry as registry
 
-    images = sorted({config.sandbox.image or t.image for t in tasks})
+    # A task built from its Dockerfile gets its image at seed (cached by the context's hash).
+    images = sorted({config.sandbox.image or t.image for t in tasks if t.build is None})
     checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
     failed = [c for c in checks if c.status == "fail"]
     if failed:
@@ -119,16 +130,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     runs_dir = Path(config.runs_dir)
     if args.batch:
-        return _batch(config, tasks, runs_dir, args.jobs, args.attempts)
+        return _batch(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
     return _tui(config, tasks[0], runs_dir)
 
 
-def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, attempts: int | None) -> int:
+def _batch(
+    config: AgentConfig,
+    tasks: list[Task],
+    runs_dir: Path,
+    jobs: int,
+    attempts: int | None,
+    *,
+    force: bool = False,
+) -> int:
     from opencode_tui.batch_progress import BatchProgress
 
     progress = BatchProgress(len(tasks), sys.stderr)
 
     def on_result(result: EpisodeResult) -> None:
+        if result.resumed:  # same task content and configuration, already scored: not run again
+            print(f"skipped: already scored in {result.run_dir}", file=sys.stderr, flush=True)
         print(json.dumps(result.model_dump(mode="json")), flush=True)
         progress.finished(result)
         if result.artifacts_error is not None:
@@ -153,6 +174,7 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
                 on_episode=progress.attach,
                 control=control,
                 on_orphan=_report_orphan,
+                force=force,
             )
 
     try:

@@ -48,6 +48,7 @@ from core.failures import (
     merged_classification,
 )
 from core.health import HealthMonitor
+from core.image_build import ensure_task_image
 from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
 from core.runtime import access
 from core.sandbox.base import ExpectedRefusal, PtyHandle, Sandbox, SandboxClosedError, SandboxProvider
@@ -460,6 +461,8 @@ class Episode(EpisodeControl):
         installer = self._installer = self._installer or seed.default_installer(self.config)
         # sandbox user (issue 17): asked for by the config or the task, else the image's.
         requested, user_source = access.requested_user(sb.user, self.task.user)
+        if sb.mode == "owned":  # a task's image built from its Dockerfile (Harbor tasks)
+            await ensure_task_image(self.task, self.config, self.run_dir, self.emit)
         self.sandbox = await seed.allocate(
             provider,
             self.config,
@@ -641,5 +644,5 @@ class Episode(EpisodeControl):
             RunFiles.VERIFY_STDOUT,
             RunFiles.VERIFY_STDERR,
         )
-        write_record(self.run_dir, self.info, result, self.tally, self.failures, diagnostic_files)
+        write_record(self.run_dir, self.info, result, self.tally, self.failures, diagnostic_files, self.emit)
         return result

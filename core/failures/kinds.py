@@ -35,6 +35,7 @@ _REGISTRY: dict[str, str] = {
     "sandbox_pty_failed": "an interactive terminal failed",
     "sandbox_release_failed": "releasing or destroying the sandbox failed",
     "sandbox_permission_denied": "the sandbox user cannot read its staged input or write its workdir",
+    "image_build_failed": "building the task's image from its Dockerfile failed or timed out",
     # command: delivery and results of commands inside the sandbox
     "command_delivery_uncertain": "a command may have reached the sandbox but its result is unknown",
     "command_status_lost": "the command's status could not be recovered by its execution id",

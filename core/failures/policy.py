@@ -176,6 +176,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "verifier_unknown_exit": FailureClass.EVALUATION,
         # Staged inputs the sandbox user cannot use: our set-up (or the task's), never the model's.
         "sandbox_permission_denied": FailureClass.EVALUATION,
+        # The task's Dockerfile did not build: the set-up, never the model.
+        "image_build_failed": FailureClass.EVALUATION,
         "artifacts_write_failed": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
@@ -203,6 +205,8 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "run_interrupted": Action.KEEP_UNKNOWN,
         "run_cancelled": Action.STOP,
         "task_invalid": Action.STOP,
+        # The same context builds the same way: another attempt would fail again.
+        "image_build_failed": Action.MARK_EVALUATION_ERROR,
         "config_invalid": Action.STOP,
     },
     failure_class={

@@ -6,7 +6,7 @@ Cheap to import (the CLI loads every plug-in for its choices): the SDK is import
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -42,6 +42,7 @@ class DockerPlugin(ProviderPlugin):
         oom_evidence=frozenset({SOURCE_STATE, SOURCE_EVENTS, SOURCE_CGROUP}),
         borrowed=True,
         images=True,
+        image_build=True,
         users=True,
         host_mounts=True,
         listing=True,
@@ -54,6 +55,13 @@ class DockerPlugin(ProviderPlugin):
         s = self.settings(settings)
         assert isinstance(s, DockerSettings)
         return DockerProvider(base_url=s.base_url, api_timeout=s.api_timeout_s)
+
+    async def build_image(self, task: Any, config: AgentConfig, log: Callable[[str], None]) -> str:
+        from core.sandbox.docker.image_build import build_task_image
+
+        settings = config.sandbox.settings_for(self.name)
+        assert isinstance(settings, DockerSettings)
+        return await build_task_image(task, settings, log)
 
     async def preflight(self, config: AgentConfig) -> list[Check]:
         return await asyncio.to_thread(self._preflight, config)
