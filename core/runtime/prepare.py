@@ -5,6 +5,10 @@ binary inside the sandbox, check its version, and make sure the prerequisites ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import json
+import os
 import shlex
 import time
 from collections.abc import Callable
@@ -34,6 +38,9 @@ _NOT_FOUND_EXITS = (126, 127)
 # Where providers that can bind-mount expose the controller's OpenCode cache (read-only).
 RUNTIME_CACHE_MOUNT = "/opt/opencode-tui/cache"
 MIN_PYTHON = (3, 8)
+# In a cache entry: the sandbox fingerprints on which this exact binary file already answered
+# ``--version`` with the pin (see ``_verified_key``).
+VERIFIED_NAME = "verified-targets.json"
 
 
 class RuntimeNotReady(Exception):
@@ -219,17 +226,21 @@ async def prepare_runtime(
         except SandboxError as exc:
             raise _kept(exc, "upload the OpenCode binary into the sandbox") from exc
 
-    r = await sandbox.exec([binary, "--version"], timeout=60, env={"HOME": "/tmp"})
-    if not r.observed:
-        raise _unobserved(r, "check the OpenCode version", 60)
-    out = r.stdout.decode("utf-8", "replace").strip()
-    if not r.ok or not check_version_output(out, version):
-        raise _fail(
-            "install_failed",
-            f"OpenCode in the sandbox reports {out or 'nothing'} ({describe_exit(r.exit_code, r.signal)}), expected {version}: "
-            f"{r.stderr.decode(errors='replace')[:300]}",
-            binary=binary,
-        )
+    key = _verified_key(installed.path, installed.sha256, target, facts) if mounted else None
+    if key is None or not await asyncio.to_thread(_is_verified, installed.path, key):
+        r = await sandbox.exec([binary, "--version"], timeout=60, env={"HOME": "/tmp"})
+        if not r.observed:
+            raise _unobserved(r, "check the OpenCode version", 60)
+        out = r.stdout.decode("utf-8", "replace").strip()
+        if not r.ok or not check_version_output(out, version):
+            raise _fail(
+                "install_failed",
+                f"OpenCode in the sandbox reports {out or 'nothing'} ({describe_exit(r.exit_code, r.signal)}), expected {version}: "
+                f"{r.stderr.decode(errors='replace')[:300]}",
+                binary=binary,
+            )
+        if key is not None:
+            await asyncio.to_thread(_record_verified, installed.path, key)
 
     rg = facts.rg
     if rg is None:
@@ -237,6 +248,59 @@ async def prepare_runtime(
     return PreparedRuntime(
         binary=binary, version=version, target=target, python=python, rg=rg, facts=facts, mounted=mounted
     )
+
+
+def _verified_key(path: Path, sha256: str, target: Target, facts: SandboxFacts) -> str | None:
+    """What makes ``--version`` in one sandbox stand for another: the same binary *file* (its digest
+    from the integrity-checked install plus inode, size and mtime, so a rewritten or replaced file is
+    new) bind-mounted read-only, and a sandbox whose loader, C library and CPU facts are identical. A
+    memory limit too small to start OpenCode is not covered: the agent phase reports that itself."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ident = {
+        "sha256": sha256,
+        "file": [st.st_ino, st.st_size, st.st_mtime_ns],
+        "target": target.package_name,
+        "facts": facts.model_dump(
+            include={
+                "os",
+                "machine",
+                "musl_loader",
+                "glibc_loader",
+                "ldd_version",
+                "gnu_libc_version",
+                "avx2",
+            }
+        ),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _read_verified(binary: Path) -> list[str]:
+    try:
+        data = json.loads((Path(binary).parent / VERIFIED_NAME).read_text())
+    except (OSError, ValueError):
+        return []
+    return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
+
+
+def _is_verified(binary: Path, key: str) -> bool:
+    return key in _read_verified(binary)
+
+
+def _record_verified(binary: Path, key: str) -> None:
+    """Best effort, atomic (write + rename): two episodes recording at once lose at most one key,
+    which only costs a later ``--version``."""
+    keys = [*[k for k in _read_verified(binary) if k != key][-63:], key]
+    path = Path(binary).parent / VERIFIED_NAME
+    tmp = path.with_name(f".{VERIFIED_NAME}.{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(keys))
+        os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        tmp.unlink()
 
 
 async def _provision_ripgrep(
