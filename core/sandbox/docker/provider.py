@@ -926,6 +926,7 @@ class DockerSandbox(Sandbox):
         if not PurePosixPath(dest_dir).is_absolute():
             raise ValueError(f"dest_dir must be an absolute path inside the sandbox, got {dest_dir!r}")
         members = tarsafe.check_archive(archive)  # raises UnsafeArchiveError before anything is written
+        archive = tarsafe.without_special_bits(archive)  # put_archive keeps setuid/setgid as given
         target = PurePosixPath(dest_dir)
         if target.name and any(m.isdir() and PurePosixPath(m.name) == PurePosixPath(".") for m in members):
             # The engine skips a "." entry when the target exists; extracted from the parent, the

@@ -1213,7 +1213,7 @@ class OpenSandboxSandbox(Sandbox):
     async def _upload_bytes(
         self, path: str, data: bytes, mode: int, *, operation: str = "upload", deadline: float | None = None
     ) -> None:
-        metadata = json.dumps({"path": path, "mode": int(f"{mode & 0o7777:o}")})
+        metadata = json.dumps({"path": path, "mode": int(f"{mode & 0o7777 & ~tarsafe.SPECIAL_BITS:o}")})
         try:
             await self._execd_request(
                 "upload",
@@ -1286,6 +1286,7 @@ class OpenSandboxSandbox(Sandbox):
         if not PurePosixPath(dest_dir).is_absolute():
             raise ValueError(f"dest_dir must be an absolute path inside the sandbox, got {dest_dir!r}")
         tarsafe.check_archive(archive)  # raises UnsafeArchiveError before anything is written
+        archive = tarsafe.without_special_bits(archive)  # tar as root keeps setuid/setgid as given
         tmp = f"/tmp/.opencode-tui-upload-{uuid.uuid4().hex[:16]}.tar"
         await self._upload_bytes(tmp, archive, 0o600)
         script = 'mkdir -p -- "$1" && tar -xf "$2" -C "$1"; rc=$?; rm -f -- "$2"; exit $rc'
