@@ -89,6 +89,7 @@ from core.sandbox.base import (
     new_execution_id,
 )
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
+from core.sandbox.pids import pids_evidence, read_pids_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +329,47 @@ def read_memory_cgroup(path: Path, version: int) -> dict[str, Any]:
         "usage_in_bytes": _read_int(path / "memory.current"),
         "limit_in_bytes": _read_int(path / "memory.max"),
     }
+
+
+def find_pids_cgroup(container_id: str, pid: int | None) -> Path | None:
+    """The pids cgroup directory of a container (v1 ``pids`` hierarchy or v2), or ``None``; found as
+    ``find_memory_cgroup`` finds the memory one, and it must contain the full container id too."""
+    candidates: list[Path] = []
+    if pid:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
+                if "pids" in controllers.split(","):
+                    candidates.append(CGROUP_ROOT / "pids" / path.lstrip("/"))
+                elif hierarchy == "0" and controllers == "":
+                    candidates.append(CGROUP_ROOT / path.lstrip("/"))
+    candidates += [
+        CGROUP_ROOT / "pids" / "docker" / container_id,
+        CGROUP_ROOT / "pids" / "system.slice" / f"docker-{container_id}.scope",
+        CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope",
+        CGROUP_ROOT / "docker" / container_id,
+    ]
+    for cand in candidates:
+        if container_id in str(cand) and (cand / "pids.max").is_file():
+            return cand
+    return None
+
+
+# Storage drivers whose ``--storage-opt size=`` limits a container's writable layer (overlay2 only on
+# xfs mounted with pquota, which the engine checks itself at create).
+_SIZED_DRIVERS = {"btrfs", "zfs", "devicemapper", "windowsfilter"}
+
+
+def disk_limit_support(info: dict[str, Any]) -> tuple[bool, str]:
+    """Can this engine limit a container's writable space (``docker info`` → (yes, why/why not))?"""
+    driver = info.get("Driver") or "?"
+    backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "?")
+    if driver in _SIZED_DRIVERS or (driver == "overlay2" and backing == "xfs"):
+        return True, f"storage driver {driver} (backing {backing}) takes --storage-opt size"
+    return False, (
+        f"storage driver {driver} on {backing} cannot limit a container's size "
+        "(--storage-opt size needs overlay2 on xfs with pquota, btrfs, zfs or devicemapper)"
+    )
 
 
 def _cgroup_present(found: tuple[Path, int]) -> bool:
@@ -683,6 +725,9 @@ class DockerSandbox(Sandbox):
         self._cgroup: tuple[Path, int] | None = None
         self._oom_baseline: int | None = None
         self._oom_killed_at_connect: bool | None = None
+        self._pids_cgroup: Path | None = None
+        self._pids_baseline: int | None = None
+        self._disk_note: str | None = None  # why a requested disk limit is not enforced
         self._release_lock = asyncio.Lock()
 
     @property
@@ -708,6 +753,11 @@ class DockerSandbox(Sandbox):
         state = attrs.get("State") or {}
         found = await _blocking(find_memory_cgroup, self.sandbox_id, state.get("Pid"), within=5.0)
         self._cgroup = found
+        # The process limit's refused-fork counter as found now (0 for a container we created).
+        pids_cg = await _blocking(find_pids_cgroup, self.sandbox_id, state.get("Pid"), within=5.0)
+        self._pids_cgroup = pids_cg
+        if pids_cg is not None:
+            self._pids_baseline = (await _blocking(read_pids_cgroup, pids_cg, within=5.0)).get("max_events")
         if self.owned:
             # We created it: its cgroup is fresh, so every OOM kill it ever counts is ours.
             self._oom_baseline = 0
@@ -1043,6 +1093,12 @@ class DockerSandbox(Sandbox):
             evidence.append(Evidence(source=SOURCE_STATE, scope=cid, data=data))
         evidence.extend(await self._events_evidence(min(EVENTS_DEADLINE_S, max(deadline - loop.time(), 0.5))))
         evidence.append(await self._cgroup_evidence(attrs, max(deadline - loop.time(), 0.5)))
+        if self._pids_cgroup is not None:
+            with contextlib.suppress(OSError, TimeoutError):
+                cg, base = self._pids_cgroup, self._pids_baseline
+                evidence.append(
+                    await _blocking(pids_evidence, cg, base, within=max(deadline - loop.time(), 0.5))
+                )
         return attrs, evidence
 
     async def _events_evidence(self, budget_s: float) -> list[Evidence]:
@@ -1157,17 +1213,24 @@ class DockerSandbox(Sandbox):
                 notes.append(f"docker status {raw!r}")
             host = attrs.get("HostConfig") or {}
             limit = host.get("Memory") or None
+            pids_limited = bool(host.get("PidsLimit")) or None
+            disk_limited = True if (host.get("StorageOpt") or {}).get("size") else None
             notes.append(f"network_mode={host.get('NetworkMode')}")
             if host.get("Init"):
                 notes.append("init=docker-init")
         if not limit:
             notes.append("no memory limit set")
+        if self._disk_note:
+            disk_limited = False
+            notes.append(self._disk_note)
         return SandboxStatus(
             sandbox_id=self.sandbox_id,
             provider=self.provider,
             owned=self.owned,
             state=state,
             memory_limit_enforced=True if limit else None,
+            pids_limit_enforced=pids_limited if attrs is not None else None,
+            disk_limit_enforced=disk_limited if attrs is not None else None,
             notes=notes,
             evidence=evidence,
         )
@@ -1235,6 +1298,7 @@ class DockerProvider(SandboxProvider):
         api_timeout: float = API_TIMEOUT_S,
     ):
         self._client = client
+        self._disk_support_cache: tuple[bool, str] | None = None
         self._base_url = base_url
         self.owner = owner or default_owner()
         self.default_image = default_image
@@ -1330,6 +1394,15 @@ class DockerProvider(SandboxProvider):
             kwargs["memswap_limit"] = spec.memory_bytes  # no swap: the limit is real and OOM is real
         if spec.cpus:
             kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+        if spec.pids_limit:
+            kwargs["pids_limit"] = spec.pids_limit
+        disk_note = None
+        if spec.disk_bytes:
+            can, why = await self._disk_support(client)
+            if can:
+                kwargs["storage_opt"] = {"size": str(spec.disk_bytes)}
+            else:
+                disk_note = f"disk limit not enforced: {why}"
 
         since = time.time() - 1.0
         try:
@@ -1360,6 +1433,7 @@ class DockerProvider(SandboxProvider):
         sandbox = DockerSandbox(
             client, container.id, owned=True, since=since, name=name, memory_bytes=spec.memory_bytes
         )
+        sandbox._disk_note = disk_note
         try:
             await sandbox._record_baseline(attrs=attrs)
             reason = await sandbox._wait_ready(spec.ready_timeout_s)
@@ -1382,6 +1456,16 @@ class DockerProvider(SandboxProvider):
                 ),
             )
         return sandbox
+
+    async def _disk_support(self, client: docker.DockerClient) -> tuple[bool, str]:
+        """``disk_limit_support`` of this engine, asked once per provider."""
+        if self._disk_support_cache is None:
+            try:
+                info = await _blocking(client.info, within=CALL_DEADLINE_S)
+                self._disk_support_cache = disk_limit_support(info)
+            except Exception as exc:
+                return False, f"docker info failed: {exc}"
+        return self._disk_support_cache
 
     async def _remove_quietly(self, client: docker.DockerClient, ref: str) -> None:
         try:

@@ -164,6 +164,7 @@ from core.sandbox.base import (
     parse_user_spec,
 )
 from core.sandbox.oom import SOURCE_CGROUP, oom_confirmed
+from core.sandbox.pids import pids_evidence, read_pids_cgroup
 from core.sandbox.tarsafe import check_archive
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,8 @@ _KEEPER_SCRIPT = (
     "while :; do sleep 3600 & wait; done"
 )
 _CGROUP_WRAPPER = 'echo $$ > "$0" && exec "$@"'
+# The same into two cgroups (memory, pids): $0 and $1 are their cgroup.procs files.
+_CGROUPS_WRAPPER = 'echo $$ > "$0" && echo $$ > "$1" && shift && exec "$@"'
 # The keeper's parent (see the module docstring). argv: control fd, status fd, then the keeper's argv.
 # Stdlib only and run with -I -S: it starts in a few milliseconds and reads no site or environment.
 _HOLDER_SCRIPT = r"""
@@ -624,13 +627,17 @@ def _pidfd_wait_status(pidfd: int) -> int | None:
 
 
 def _memory_cgroup_mount() -> Path | None:
+    return _cgroup_v1_mount("memory")
+
+
+def _cgroup_v1_mount(controller: str) -> Path | None:
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
         parts = line.split()
-        if len(parts) >= 4 and parts[2] == "cgroup" and "memory" in parts[3].split(","):
+        if len(parts) >= 4 and parts[2] == "cgroup" and controller in parts[3].split(","):
             return Path(parts[1])
     return None
 
@@ -1192,6 +1199,10 @@ class LocalSandbox(Sandbox):
         cg = meta.get("cgroup")
         self._cgroup = _Cgroup(Path(cg)) if cg else None
         self._oom_baseline: int | None = meta.get("oom_kill_baseline")
+        # The pids cgroup (``limits.pids``) and its refused-fork counter at create/connect.
+        pcg = meta.get("pids_cgroup")
+        self._pids_cgroup = _Cgroup(Path(pcg)) if pcg else None
+        self._pids_baseline: int | None = meta.get("pids_max_events_baseline")
         self._keeper: _Keeper | None = None
         k = meta.get("keeper")
         if k:
@@ -1525,9 +1536,10 @@ class LocalSandbox(Sandbox):
         self._meta["nested_userns_disabled"] = ok
 
     def _wrap_cgroup(self, argv: list[str]) -> list[str]:
-        if self._cgroup is None:
+        files = [str(c.procs_file) for c in (self._cgroup, self._pids_cgroup) if c is not None]
+        if not files:
             return argv
-        return ["/bin/sh", "-c", _CGROUP_WRAPPER, str(self._cgroup.procs_file), *argv]
+        return ["/bin/sh", "-c", _CGROUP_WRAPPER if len(files) == 1 else _CGROUPS_WRAPPER, *files, *argv]
 
     async def _live_keeper(self, operation: str) -> _Keeper:
         async with self._lock:
@@ -1642,6 +1654,7 @@ class LocalSandbox(Sandbox):
         enforced: bool | None = None
         if self.spec.memory_bytes is not None:
             enforced = self._cgroup is not None
+        pids_enforced = None if self.spec.pids_limit is None else self._pids_cgroup is not None
         evidence = [] if state in (SandboxState.RELEASED, SandboxState.GONE) else await self.inspect()
         return SandboxStatus(
             sandbox_id=self.sandbox_id,
@@ -1649,6 +1662,7 @@ class LocalSandbox(Sandbox):
             owned=self.owned,
             state=state,
             memory_limit_enforced=enforced,
+            pids_limit_enforced=pids_enforced,
             notes=notes,
             evidence=evidence,
         )
@@ -1659,6 +1673,8 @@ class LocalSandbox(Sandbox):
         out: list[Evidence] = []
         if self._cgroup is not None and self._cgroup.exists():
             out.append(self._cgroup.evidence(self._oom_baseline))
+        if self._pids_cgroup is not None and self._pids_cgroup.exists():
+            out.append(pids_evidence(self._pids_cgroup.path, self._pids_baseline))
         k = self._keeper
         out.append(
             Evidence(
@@ -1888,11 +1904,13 @@ class LocalSandbox(Sandbox):
             if proc.returncode is None:  # not reaped: its pid (and group) cannot have been reused
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
-        if self._cgroup is not None:
-            if not await self._cgroup.kill_all():
-                problems.append(f"processes still in cgroup {self._cgroup.path}: {self._cgroup.pids()}")
-            elif not await self._cgroup.remove():
-                problems.append(f"cannot remove cgroup {self._cgroup.path}")
+        for cgroup in (self._cgroup, self._pids_cgroup):
+            if cgroup is None:
+                continue
+            if not await cgroup.kill_all():
+                problems.append(f"processes still in cgroup {cgroup.path}: {cgroup.pids()}")
+            elif not await cgroup.remove():
+                problems.append(f"cannot remove cgroup {cgroup.path}")
         try:
             await asyncio.to_thread(_rmtree, self.state_dir)
         except OSError as exc:
@@ -2441,6 +2459,8 @@ class LocalProvider(SandboxProvider):
             "bwrap": {"path": self.bwrap.path, "source": self.bwrap.source, "version": self.bwrap.version},
             "cgroup": None,
             "oom_kill_baseline": None,
+            "pids_cgroup": None,
+            "pids_max_events_baseline": None,
             "notes": notes,
         }
         sandbox: LocalSandbox | None = None
@@ -2466,6 +2486,13 @@ class LocalProvider(SandboxProvider):
                     )
             elif spec.memory_bytes is not None:
                 notes.append(f"memory limit not enforced: {why_not}")
+            if spec.pids_limit is not None:
+                pids_cg, why_not_pids = self._make_pids_cgroup(sandbox_id, spec.pids_limit)
+                if pids_cg is not None:
+                    meta["pids_cgroup"] = str(pids_cg.path)
+                    meta["pids_max_events_baseline"] = read_pids_cgroup(pids_cg.path).get("max_events")
+                else:
+                    notes.append(f"process limit not enforced: {why_not_pids}")
             else:
                 notes.append(
                     f"no cgroup ({why_not}): release kills the sandbox's PID namespace and our bwrap processes"
@@ -2538,6 +2565,37 @@ class LocalProvider(SandboxProvider):
             return None, f"cannot set the memory limit in {path}: {exc.strerror or exc}"
         return cg, None
 
+    def _pids_parent(self) -> tuple[Path | None, str | None]:
+        """(parent dir for this base dir's pids cgroups, or None and why not)."""
+        if self._cgroup_arg is False:
+            return None, "cgroups disabled by configuration"
+        mount = _cgroup_v1_mount("pids")
+        if mount is None:
+            return None, "no cgroup v1 pids controller is mounted on this host"
+        return mount / "opencode-tui" / self._base_key(), None
+
+    def _make_pids_cgroup(self, sandbox_id: str, limit: int) -> tuple[_Cgroup | None, str | None]:
+        parent, why = self._pids_parent()
+        if parent is None:
+            return None, why
+        path = parent / sandbox_id
+        for attempt in range(3):
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileNotFoundError:
+                if attempt == 2:  # the (empty) parent removed by a concurrent release, thrice
+                    return None, f"cannot create the cgroup {path}: its parent keeps disappearing"
+            except OSError as exc:
+                return None, f"cannot create the cgroup {path} ({exc.strerror or exc}; cgroups need root)"
+        try:
+            (path / "pids.max").write_text(str(limit))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return None, f"cannot set pids.max in {path}: {exc.strerror or exc}"
+        return _Cgroup(path), None
+
     async def connect(self, sandbox_id: str) -> LocalSandbox:
         await self.check()
         try:
@@ -2562,6 +2620,11 @@ class LocalProvider(SandboxProvider):
                 sandbox._oom_baseline = sandbox._cgroup.oom_control().get("oom_kill")
             else:
                 sandbox._cgroup = None
+        if sandbox._pids_cgroup is not None:
+            if sandbox._pids_cgroup.exists():
+                sandbox._pids_baseline = read_pids_cgroup(sandbox._pids_cgroup.path).get("max_events")
+            else:
+                sandbox._pids_cgroup = None
         return sandbox
 
     async def sweep(self, *, dry_run: bool = False, owner: str | None = None) -> list[str]:
@@ -2587,6 +2650,15 @@ class LocalProvider(SandboxProvider):
             for entry in sorted(parent.iterdir()):
                 if entry.is_dir() and _ID_RE.fullmatch(entry.name) and entry.name not in known:
                     found.append((entry.name, self.base_dir / entry.name, {"cgroup": str(entry)}))
+        pids_parent, _ = self._pids_parent()
+        if owner is None and pids_parent is not None and pids_parent.is_dir():
+            known = {sid: meta for sid, _, meta in found}
+            for entry in sorted(pids_parent.iterdir()):
+                if entry.is_dir() and _ID_RE.fullmatch(entry.name):
+                    if entry.name not in known:
+                        found.append((entry.name, self.base_dir / entry.name, {"pids_cgroup": str(entry)}))
+                    elif not known[entry.name].get("pids_cgroup"):
+                        known[entry.name]["pids_cgroup"] = str(entry)
         ids = [sid for sid, _, _ in found]
         if dry_run:
             return ids
@@ -2654,10 +2726,11 @@ async def _destroy(state_dir: Path, meta: Mapping[str, Any]) -> None:
             pid=k["pid"], start_time=k["start_time"], pidns=k["pidns"], bwrap_pid=k.get("bwrap_pid")
         )
         await _stop_keeper(keeper)
-    cg = meta.get("cgroup")
-    if cg:
-        cgroup = _Cgroup(Path(cg))
-        if cgroup.exists():
-            await cgroup.kill_all()
-            await cgroup.remove()
+    for key in ("cgroup", "pids_cgroup"):
+        cg = meta.get(key)
+        if cg:
+            cgroup = _Cgroup(Path(cg))
+            if cgroup.exists():
+                await cgroup.kill_all()
+                await cgroup.remove()
     await asyncio.to_thread(_rmtree, state_dir)

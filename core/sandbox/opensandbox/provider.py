@@ -464,6 +464,8 @@ class OpenSandboxSandbox(Sandbox):
         self.owned = owned
         self.workdir = workdir
         self.memory_bytes = memory_bytes
+        self.pids_limit: int | None = None  # as asked for at create (not enforceable per sandbox)
+        self.disk_bytes: int | None = None
         # The spec's user as execd's uid/gid (None: ``command_uid``/``command_gid``, else execd's own).
         self.user_ids: tuple[int, int | None] | None = None
         self.failures: list[FailureEvent] = []  # every failure seen here, recovered ones included
@@ -1454,6 +1456,8 @@ class OpenSandboxSandbox(Sandbox):
             "provider": self.provider,
             "owned": self.owned,
             "memory_limit_enforced": bool(self.memory_bytes) or None,
+            "pids_limit_enforced": False if self.pids_limit else None,
+            "disk_limit_enforced": False if self.disk_bytes else None,
         }
         if self._closed:
             return SandboxStatus(state=SandboxState.RELEASED, **base)
@@ -1467,6 +1471,15 @@ class OpenSandboxSandbox(Sandbox):
         ]
         if self.memory_bytes:
             notes.append(f"memory limit requested from the server: {self.memory_bytes} bytes")
+        if self.pids_limit:
+            # OpenSandbox 1.1's lifecycle API takes cpu and memory only; its Docker runtime applies
+            # the server's own ``pids_limit`` setting to every sandbox.
+            notes.append(
+                f"process limit {self.pids_limit} not set per sandbox: the OpenSandbox API has no such field; "
+                "the server's own docker pids_limit setting applies"
+            )
+        if self.disk_bytes:
+            notes.append("disk limit not enforced: the OpenSandbox API has no per-sandbox disk size")
         if gone:
             sandbox_state = SandboxState.GONE
         else:
@@ -1717,6 +1730,7 @@ class OpenSandboxProvider(SandboxProvider):
             memory_bytes=spec.memory_bytes,
             oom_at_connect=False,
         )
+        sandbox.pids_limit, sandbox.disk_bytes = spec.pids_limit, spec.disk_bytes
         try:
             reason, evidence = await sandbox._become_ready(spec.ready_timeout_s)
             if reason is None and spec.user:
