@@ -11,7 +11,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from core.config import AgentConfig
+from core.config import DEFAULT_PIDS_LIMIT, AgentConfig
 from core.exit_codes import ExitCode
 
 Status = Literal["ok", "warn", "fail"]
@@ -38,7 +38,12 @@ async def _check_local() -> list[Check]:
     started = time.monotonic()
     try:
         sb = await provider.create(
-            SandboxSpec(run_id=f"doctor-{uuid.uuid4().hex[:6]}", memory_bytes=64 << 20)
+            SandboxSpec(
+                run_id=f"doctor-{uuid.uuid4().hex[:6]}",
+                memory_bytes=64 << 20,
+                pids_limit=DEFAULT_PIDS_LIMIT,
+                disk_bytes=16 << 20,
+            )
         )
         try:
             r = await sb.exec(["/bin/sh", "-c", "echo ok"], timeout=30)
@@ -55,6 +60,17 @@ async def _check_local() -> list[Check]:
                 "enforced through a cgroup" if enforced else "; ".join(status.notes) or "not enforced",
             )
         )
+        for what, ok, how, word in (
+            ("process", status.pids_limit_enforced, "enforced through a pids cgroup", "process limit"),
+            (
+                "disk",
+                status.disk_limit_enforced,
+                "enforced by a loop-mounted ext4 of that size",
+                "disk limit",
+            ),
+        ):
+            why = "; ".join(n for n in status.notes if word in n) or "not enforced"
+            out.append(Check(f"local {what} limit", "ok" if ok else "warn", how if ok else why))
     except Exception as exc:
         out.append(Check("local sandbox", "fail", str(exc)))
     return out
@@ -71,6 +87,24 @@ def _check_docker(config: AgentConfig) -> list[Check]:
     except Exception as exc:
         return [Check("docker engine", "warn", f"not reachable ({exc}); start it with scripts/start-dockerd")]
     out = [Check("docker engine", "ok", f"version {version}")]
+    from core.sandbox.docker.provider import disk_limit_support
+
+    try:
+        info = client.info()
+        can, why = disk_limit_support(info)
+        out.append(
+            Check("docker disk limit", "ok" if can else "warn", why if can else f"not enforced: {why}")
+        )
+        pids = info.get("PidsLimit")
+        out.append(
+            Check(
+                "docker process limit",
+                "ok" if pids else "warn",
+                "pids_limit supported" if pids else "not enforced: the engine reports no pids cgroup support",
+            )
+        )
+    except Exception as exc:
+        out.append(Check("docker limits", "warn", f"docker info failed: {exc}"))
     image = config.sandbox.image or DEFAULT_IMAGE
     try:
         client.images.get(image)

@@ -172,6 +172,10 @@ log = logging.getLogger(__name__)
 PROVIDER_NAME = "local"
 LABEL_FILE = "sandbox.json"
 OVERLAYS_DIR = "root-overlays"
+# ``limits.disk``: a sparse image of that size in the state dir, formatted ext4 and loop-mounted on
+# OVERLAYS_DIR, so the workdir, HOME, /tmp and /dev/shm together cannot outgrow it (ENOSPC inside).
+DISK_IMAGE = "disk.img"
+DISK_STEP_TIMEOUT_S = 30.0
 RUN_DIR = str(PurePosixPath(SANDBOX_MODEL_SOCKET).parent)  # /run/opencode-tui
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ID_RE = re.compile(r"local-[0-9a-f]{12}")
@@ -1655,6 +1659,7 @@ class LocalSandbox(Sandbox):
         if self.spec.memory_bytes is not None:
             enforced = self._cgroup is not None
         pids_enforced = None if self.spec.pids_limit is None else self._pids_cgroup is not None
+        disk_enforced = None if self.spec.disk_bytes is None else bool(self._meta.get("disk_mount"))
         evidence = [] if state in (SandboxState.RELEASED, SandboxState.GONE) else await self.inspect()
         return SandboxStatus(
             sandbox_id=self.sandbox_id,
@@ -1663,6 +1668,7 @@ class LocalSandbox(Sandbox):
             state=state,
             memory_limit_enforced=enforced,
             pids_limit_enforced=pids_enforced,
+            disk_limit_enforced=disk_enforced,
             notes=notes,
             evidence=evidence,
         )
@@ -1989,7 +1995,65 @@ async def _stop_keeper(k: _Keeper, budget: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def _unmount_disk(state_dir: Path) -> None:
+    """Unmount a sandbox's size-limited filesystem (``limits.disk``) if it is mounted; the loop
+    device goes with it (mounted with autoclear). Lazily when busy: the processes are gone by now,
+    only an open file of ours could hold it. Raises OSError when it stays mounted."""
+    import ctypes
+
+    target = state_dir / OVERLAYS_DIR
+    if not os.path.ismount(target):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for flags in (0, 2):  # 2 = MNT_DETACH
+        if libc.umount2(os.fsencode(target), flags) == 0:
+            return
+    err = ctypes.get_errno()
+    raise OSError(err, f"cannot unmount the disk-limited filesystem at {target}: {os.strerror(err)}")
+
+
+def _sparse_file(path: Path, size: int) -> None:
+    """A file of ``size`` bytes that takes no space until written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+async def _mount_disk(state_dir: Path, size: int) -> str | None:
+    """Put a ``size``-byte ext4 on the sandbox's overlays dir; None when done, else why not."""
+    if os.geteuid() != 0:
+        return "a size-limited filesystem needs root (a loop mount)"
+    mkfs, mount = shutil.which("mkfs.ext4"), shutil.which("mount")
+    if not mkfs or not mount:
+        return "mkfs.ext4 or mount is not installed (e2fsprogs, util-linux)"
+    image, target = state_dir / DISK_IMAGE, state_dir / OVERLAYS_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(_sparse_file, image, size)
+    # No journal and no reserved blocks: the sandbox gets (nearly) all of ``size``.
+    steps = [
+        [mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0", "-E", "nodiscard", str(image)],
+        [mount, "-o", "loop,nosuid,nodev,noatime", str(image), str(target)],
+    ]
+    for argv in steps:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), DISK_STEP_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return f"{Path(argv[0]).name} did not finish within {DISK_STEP_TIMEOUT_S:g}s"
+        if proc.returncode != 0:
+            return f"{Path(argv[0]).name} failed: {err.decode(errors='replace').strip()[:200]}"
+    return None
+
+
 def _rmtree(path: Path) -> None:
+    _unmount_disk(path)
+
     def onerror(func: Any, p: str, exc_info: Any) -> None:
         # A directory made read-only inside the sandbox: make it writable and retry once.
         parent = os.path.dirname(p)
@@ -2466,6 +2530,12 @@ class LocalProvider(SandboxProvider):
         sandbox: LocalSandbox | None = None
         try:
             overlays = state_dir / OVERLAYS_DIR
+            if spec.disk_bytes is not None:
+                why_not_disk = await _mount_disk(state_dir, spec.disk_bytes)
+                if why_not_disk is None:
+                    meta["disk_mount"] = str(overlays)
+                else:
+                    notes.append(f"disk limit not enforced: {why_not_disk}")
             for target, mode in (
                 (spec.workdir, 0o755),
                 (home, 0o700),
