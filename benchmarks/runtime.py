@@ -245,8 +245,17 @@ async def replica(task: Any, config: AgentConfig, variant: str, tag: str) -> dic
                 if variant == "relay":
                     runtime = SimpleNamespace(python="/usr/bin/python3", binary=STAMP)
                     argv, env = harness.command(runtime)
+                    import inspect
+
+                    # One upload with the session's files where the engine does that (else the
+                    # harness's own stage step, as older engines did).
+                    staging: dict[str, Any] = (
+                        {"files": harness.staged_files()}
+                        if "files" in inspect.signature(SandboxSession.execute).parameters
+                        else {"stage": harness.stage}
+                    )
                     kw: dict[str, Any] = {
-                        "stage": harness.stage,
+                        **staging,
                         "stdin": harness.prompt_bytes(),
                         "env": env,
                         "cwd": task.workdir,

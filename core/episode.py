@@ -703,7 +703,7 @@ class Episode(EpisodeControl):
         argv, env = harness.command(runtime)
         self.agent_result = await self.session.execute(
             argv,
-            stage=harness.stage,
+            files=harness.staged_files(),  # one upload with the session's own files
             collect=self._collect,
             stdin=harness.prompt_bytes(),
             env=env,

@@ -118,10 +118,26 @@ def _throttled(emit: Callable[[Event], Any], package: str) -> Callable[[int, int
 PROBE_TIMEOUT_S = 60.0
 
 
+# After the probe's end marker: the mounted cache's executable binaries, one per line (saves the
+# separate ``test -x`` exec when the cache entry was already there).
+_EXECUTABLE = "opencode_tui_executable="
+
+
 async def probe(sandbox: Sandbox) -> SandboxFacts:
+    return (await _probe(sandbox, None))[0]
+
+
+async def _probe(sandbox: Sandbox, list_dir: str | None) -> tuple[SandboxFacts, set[str]]:
+    """The probe; with ``list_dir``, also which ``<list_dir>/*/opencode`` the sandbox can execute."""
     operation = "probe the sandbox"
+    script = probe_script()
+    if list_dir is not None:
+        script += (
+            f"for f in {shlex.quote(list_dir)}/*/opencode; do "
+            f'[ -f "$f" ] && [ -x "$f" ] && printf "{_EXECUTABLE}%s\\n" "$f"; done; true\n'
+        )
     try:
-        r = await sandbox.exec(["/bin/sh", "-c", probe_script()], timeout=PROBE_TIMEOUT_S)
+        r = await sandbox.exec(["/bin/sh", "-c", script], timeout=PROBE_TIMEOUT_S)
     except SandboxError as exc:
         raise _kept(exc, operation) from exc
     if not r.observed:
@@ -144,10 +160,13 @@ async def probe(sandbox: Sandbox) -> SandboxFacts:
                 details=CommandDetails(execution_id=r.execution_id, exit_code=r.exit_code),
             )
         )
+    text = r.stdout.decode("utf-8", "replace")
     try:
-        return parse_probe(r.stdout.decode("utf-8", "replace"))
+        facts = parse_probe(text)
     except ProbeError as exc:
         raise _fail("install_failed", f"could not read the sandbox probe: {exc}") from exc
+    found = {line[len(_EXECUTABLE) :] for line in text.splitlines() if line.startswith(_EXECUTABLE)}
+    return facts, found
 
 
 async def _ensure_python(sandbox: Sandbox, facts: SandboxFacts, emit: Callable[[Event], Any]) -> str:
@@ -184,7 +203,8 @@ async def prepare_runtime(
     version: str,
 ) -> PreparedRuntime:
     """Probe → python3 check → install on the controller → binary in the sandbox → version check → rg."""
-    facts = await probe(sandbox)
+    version_dir = f"{RUNTIME_CACHE_MOUNT}/{installer.config.version}"
+    facts, executable = await _probe(sandbox, version_dir)
     if not facts.has_shell:
         raise _fail("install_prerequisite_missing", "the sandbox has no POSIX shell; preinstall sh (or bash)")
     python = await _ensure_python(sandbox, facts, emit)
@@ -214,8 +234,11 @@ async def prepare_runtime(
     await asyncio.to_thread(installer.share_for_mount, target)
     rel = Path(installed.path).relative_to(installer.config.cache_dir)
     mounted_path = f"{RUNTIME_CACHE_MOUNT}/{rel.as_posix()}"
-    check = await sandbox.exec(["/bin/sh", "-c", f"test -x {shlex.quote(mounted_path)}"], timeout=30)
-    if check.ok:
+    # Seen executable by the probe (a cache hit), or checked now (the entry is new).
+    if (
+        mounted_path in executable
+        or (await sandbox.exec(["/bin/sh", "-c", f"test -x {shlex.quote(mounted_path)}"], timeout=30)).ok
+    ):
         binary, mounted = mounted_path, True
     else:
         binary, mounted = f"{layout.bin_dir}/opencode", False
