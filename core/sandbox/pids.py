@@ -42,10 +42,10 @@ def read_pids_cgroup(path: Path) -> dict[str, Any]:
     }
 
 
-def pids_evidence(path: Path, baseline: int | None) -> Evidence:
-    return Evidence(
-        source=SOURCE_PIDS, scope=str(path), data={**read_pids_cgroup(path), "max_events_baseline": baseline}
-    )
+def pids_evidence(path: Path, baseline: int | None, scope: str | None = None) -> Evidence:
+    """The cgroup's counters; scoped to ``scope`` (a container id) or else to the cgroup's path."""
+    data = {**read_pids_cgroup(path), "max_events_baseline": baseline, "path": str(path)}
+    return Evidence(source=SOURCE_PIDS, scope=scope or str(path), data=data)
 
 
 def pids_limit_hit(evidence: Iterable[Evidence]) -> list[Evidence]:

@@ -983,21 +983,22 @@ class DockerSandbox(Sandbox):
             # target's own owner and mode come from the archive (and "." is the target by name).
             archive = tarsafe.reroot(archive, target.name)
             dest_dir = str(target.parent)
-        # As root, whatever the image's user: the engine extracts as root with the archive's owners.
-        made = await self.exec(["mkdir", "-p", "--", dest_dir], timeout=CALL_DEADLINE_S, user="0")
-        if not made.ok:
-            detail = made.stderr.decode("utf-8", "replace").strip() or made.error or f"exit {made.exit_code}"
-            message = f"upload: cannot create {dest_dir!r} in the sandbox: {detail}"
-            raise SandboxError(
-                message,
-                failure=_failure(
-                    "sandbox_file_failed", stage=FailureStage.SEED, operation="upload", message=message
-                ),
-            )
         try:
-            ok = await _blocking(
-                self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
-            )
+            try:
+                ok = await _blocking(
+                    self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
+                )
+            except docker.errors.NotFound:
+                # The destination does not exist yet (the engine refused before writing anything):
+                # create it, as root whatever the image's user (the engine extracts as root with the
+                # archive's owners), and put the archive once more. Usually it exists (the workdir,
+                # /tmp): then no exec is spent on it.
+                await self._mkdir_as_root(dest_dir)
+                ok = await _blocking(
+                    self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
+                )
+        except SandboxError:
+            raise
         except Exception as exc:
             raise _engine_error(
                 exc,
@@ -1008,6 +1009,18 @@ class DockerSandbox(Sandbox):
             ) from exc
         if not ok:
             message = f"upload into {dest_dir!r}: the engine refused the archive"
+            raise SandboxError(
+                message,
+                failure=_failure(
+                    "sandbox_file_failed", stage=FailureStage.SEED, operation="upload", message=message
+                ),
+            )
+
+    async def _mkdir_as_root(self, dest_dir: str) -> None:
+        made = await self.exec(["mkdir", "-p", "--", dest_dir], timeout=CALL_DEADLINE_S, user="0")
+        if not made.ok:
+            detail = made.stderr.decode("utf-8", "replace").strip() or made.error or f"exit {made.exit_code}"
+            message = f"upload: cannot create {dest_dir!r} in the sandbox: {detail}"
             raise SandboxError(
                 message,
                 failure=_failure(
@@ -1097,7 +1110,7 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(OSError, TimeoutError):
                 cg, base = self._pids_cgroup, self._pids_baseline
                 evidence.append(
-                    await _blocking(pids_evidence, cg, base, within=max(deadline - loop.time(), 0.5))
+                    await _blocking(pids_evidence, cg, base, cid, within=max(deadline - loop.time(), 0.5))
                 )
         return attrs, evidence
 
