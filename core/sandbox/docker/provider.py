@@ -15,6 +15,9 @@ Design notes
   stays up; evidence comes from the ``oom`` event and the cgroup counter); if the main process
   itself is OOM-killed, tini exits with its status and the engine records ``State.OOMKilled``.
   ``memswap_limit`` equals ``mem_limit`` so the limit cannot be dodged by swapping: OOM is real.
+  ``pids_limit`` caps processes and threads (evidence: the container's pids cgroup counters);
+  ``storage_opt size`` caps the writable layer only on storage drivers that can (``disk_limit_support``;
+  otherwise ``status()`` says why it is not enforced).
 * **Exec streaming** uses the exec's attach socket (``exec_start(socket=True)``) and parses
   Docker's multiplexed frames ourselves: the SDK's ``stream=True`` generator keeps the client's read
   timeout, so a command quiet for longer than that would break, and the socket lets us write stdin

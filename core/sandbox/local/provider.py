@@ -96,8 +96,16 @@ Files
     path component is opened relative to a pinned directory fd with ``O_NOFOLLOW``; a symlink in the
     way is refused. Member symlinks are created as links, never followed.
 
+Limits beyond memory
+    ``spec.pids_limit``: a second cgroup in the v1 pids hierarchy (same layout), ``pids.max`` set;
+    every bwrap enters both cgroups before exec'ing; ``inspect()`` reports ``cgroup.pids`` evidence
+    (``pids.events``' refused-fork counter against its value at create/connect, core.sandbox.pids).
+    ``spec.disk_bytes``: a loop-mounted ext4 of that size under the writable overlays
+    (core/sandbox/local/disk.py), unmounted before the state dir is removed.
+
 Not enforced here (``status().notes`` says so): ``spec.image`` (the host's own system is used),
-``spec.cpus``, a memory limit without a cgroup, and (non-root) a loopback shared between execs.
+``spec.cpus``, a memory, process or disk limit without root/cgroups, and (non-root) a loopback shared
+between execs.
 """
 
 from __future__ import annotations
