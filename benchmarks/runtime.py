@@ -4,6 +4,10 @@
     python benchmarks/runtime.py --quick      # 1 of each
     python benchmarks/runtime.py --skip-install --json out.json
 
+0. Process start → first model call: ``opencode-tui run hello-file --batch`` spawned as a new process
+   per provider (``--providers``), from just before the spawn to the earliest ``started_at`` in the
+   run's ``model_calls.jsonl`` (and to the process's exit). Warm: cached binary, images present.
+
 1. Install (controller side). Cold: ``Installer.ensure`` with an empty temporary cache, downloading
    ``opencode-linux-x64`` at the pin from the npm registry (metadata, tarball, sha512 check, extraction
    of the binary with sha256 and fsync, atomic commit). Warm: the same call on the filled cache (a cache
@@ -26,8 +30,8 @@
    real harness command (relay start, relay wait loop, exec) with the real staging. This splits the
    engine's "launch → OpenCode" time into supervisor bootstrap and relay start.
 
-The install phase of the episodes (cache hit; probe, mounted-binary check, ``opencode --version``) is
-broken down from the same timing proxy.
+The install phase of the episodes (cache hit: the probe; ``opencode --version`` only the first time a
+binary meets a sandbox fingerprint) is broken down from the same timing proxy.
 """
 
 from __future__ import annotations
