@@ -239,12 +239,34 @@ class HealthThresholds(_Model):
     retry_storm_window_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
 
 
+# The process limit of an owned sandbox unless the task or the config says otherwise: room for a build
+# with parallel jobs, not for a fork bomb.
+DEFAULT_PIDS_LIMIT = 1024
+
+
+class SandboxLimits(_Model):
+    """Limits every owned sandbox gets; a task's own ``limits:`` (pids, disk) take precedence."""
+
+    pids: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=1)  # None: no process limit
+    disk: str | int | None = None  # the writable space (e.g. "2g"); None: not limited
+
+    @field_validator("disk")
+    @classmethod
+    def _disk(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            from core.tasks import parse_memory
+
+            parse_memory(value)
+        return value
+
+
 class AgentConfig(_Model):
     """Everything that configures a run; the defaults are the embedded defaults (local, scripted)."""
 
     budgets: Budgets = Field(default_factory=Budgets)
     model: ModelSettings = Field(default_factory=ModelSettings)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     policy: OutcomePolicyOverrides = Field(default_factory=OutcomePolicyOverrides)
     classification: ClassificationConfig | None = None

@@ -156,6 +156,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         # The agent's own container ran out of memory while the agent worked: the model's doing.
         "provider_oom_killed@agent": FailureClass.MODEL,
         "provider_oom_killed": FailureClass.EVALUATION,
+        # The agent started more processes than the sandbox allows (a fork bomb, an unbounded -j).
+        "provider_pids_limit_reached@agent": FailureClass.MODEL,
         "agent_timeout@agent": FailureClass.MODEL,
         "agent_context_limit": FailureClass.MODEL,
         "agent_did_not_finish": FailureClass.MODEL,
@@ -197,6 +199,7 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         # A seed-phase OOM (copying the task in) says nothing about the model: try once more.
         "provider_oom_killed@seed": Action.RETRY,
         "provider_oom_killed@agent": Action.COUNT_AS_ZERO,
+        "provider_pids_limit_reached@agent": Action.COUNT_AS_ZERO,
         "agent_timeout@agent": Action.COUNT_AS_ZERO,
         "agent_context_limit": Action.COUNT_AS_ZERO,
         "cleanup_unconfirmed": Action.KEEP_UNKNOWN,
