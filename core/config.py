@@ -359,6 +359,23 @@ class RuntimeSettings(_Model):
     cache_dir: str | None = None
 
 
+class RaySettings(_Model):
+    """Where a Ray batch runs (``executor.name: ray``); see docs/scaling.md."""
+
+    # The cluster (``HOST:PORT`` of its head, or ``ray://…`` for Ray Client); None: Ray's own choice
+    # (``$RAY_ADDRESS``, else a cluster already running on this machine, else a new local one).
+    address: str | None = None
+    # Ray's CPU resource per episode attempt: how many attempts share a node (its CPUs / this).
+    num_cpus_per_episode: float = Field(default=1.0, gt=0, le=1024)
+
+
+class ExecutorSettings(_Model):
+    """Where a batch's episodes run: this process (``local``, the default) or a Ray cluster."""
+
+    name: Literal["local", "ray"] = "local"
+    ray: RaySettings = Field(default_factory=RaySettings)
+
+
 class AgentConfig(_Model):
     """Everything that configures a run; the defaults are the embedded defaults (local, scripted)."""
 
@@ -370,6 +387,7 @@ class AgentConfig(_Model):
     classification: ClassificationConfig | None = None
     runs_dir: str = "runs"
     theme: str = "opencode-dark"
+    executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
 
 
 def yaml_error_text(exc: Exception) -> str:

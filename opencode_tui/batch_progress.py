@@ -56,6 +56,12 @@ class BatchProgress:
 
         episode.bus.subscribe(on_event)
 
+    def started(self, task_id: str, attempt: int, run_id: str) -> None:
+        """An attempt submitted to another process (a Ray worker): one row until it finishes."""
+        if self._progress is None:
+            return
+        self._rows[run_id] = self._progress.add_task(f"{task_id} a{attempt}: on Ray", total=None)
+
     def finished(self, result: EpisodeResult) -> None:
         self.done += 1
         if self._progress is not None:

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from core.artifacts import RunInfo
-from core.batch import BatchControl, BatchSummary, RunsDirError, run_batch
+from core.batch import (
+    BatchControl,
+    BatchSummary,
+    Executor,
+    ExecutorError,
+    LocalExecutor,
+    RunsDirError,
+    run_batch,
+)
 from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
 from core.exit_codes import ExitCode
@@ -42,6 +50,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         o["policy"] = {"max_attempts": args.attempts}
     if args.runs_dir:
         o["runs_dir"] = args.runs_dir
+    if args.executor:
+        o.setdefault("executor", {})["name"] = args.executor
+    if args.ray_address:
+        o.setdefault("executor", {}).setdefault("ray", {})["address"] = args.ray_address
+    if args.ray_num_cpus_per_episode is not None:
+        o.setdefault("executor", {}).setdefault("ray", {})["num_cpus_per_episode"] = (
+            args.ray_num_cpus_per_episode
+        )
     return o
 
 
@@ -56,8 +72,10 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
         raise UsageError(
             "--attempts applies to --batch only: the TUI runs one attempt (pass --batch to retry)"
         )
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    if config.executor.name == "ray" and not args.batch:
+        raise UsageError("--executor ray runs --batch only: the TUI runs its one episode here")
     if config.model.url is None:
         missing = [t.id for t in tasks if t.trajectory_path is None]
         if missing:
@@ -77,7 +95,8 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
             f"--api-key-env names {config.model.api_key_env}, which is not set in the environment"
         )
     if config.sandbox.provider.value == "docker" and config.sandbox.mode == "owned":
-        _check_images(config, tasks)
+        if config.executor.name == "local":  # on Ray the images live on the nodes' engines
+            _check_images(config, tasks)
     return config, tasks
 
 
@@ -127,10 +146,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _tui(config, tasks[0], runs_dir)
 
 
-def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, attempts: int | None) -> int:
+def _executor(config: AgentConfig, progress: Any) -> Executor:
+    """The local executor, or a Ray executor already joined to its cluster (before the signal
+    handlers: ``ray.init`` replaces SIGTERM's)."""
+    if config.executor.name == "local":
+        return LocalExecutor(progress.attach)
+    from core.ray_executor import RayExecutor
+
+    executor = RayExecutor(config.executor.ray, on_started=progress.started)
+    executor.connect()
+    return executor
+
+
+def _batch(
+    config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int | None, attempts: int | None
+) -> int:
     from opencode_tui.batch_progress import BatchProgress
 
     progress = BatchProgress(len(tasks), sys.stderr)
+    if config.executor.name == "ray":
+        # Every node must see the same path; Ray's queue bounds concurrency unless --jobs does.
+        runs_dir = runs_dir.resolve()
+        jobs = jobs or len(tasks)
+    try:
+        executor = _executor(config, progress)
+    except ExecutorError as exc:
+        print(f"opencode-tui run: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
 
     def on_result(result: EpisodeResult) -> None:
         print(json.dumps(result.model_dump(mode="json")), flush=True)
@@ -146,24 +188,32 @@ def _batch(config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int, at
     control = BatchControl()
 
     async def main() -> BatchSummary:
-        with progress, closing_signals(control.cancel, announce=_announce):
-            return await run_batch(
-                tasks,
-                config,
-                runs_dir=runs_dir,
-                jobs=jobs,
-                max_attempts=attempts,
-                on_result=on_result,
-                on_episode=progress.attach,
-                control=control,
-                on_orphan=_report_orphan,
-            )
+        try:
+            with progress, closing_signals(control.cancel, announce=_announce):
+                return await run_batch(
+                    tasks,
+                    config,
+                    runs_dir=runs_dir,
+                    jobs=jobs or 1,
+                    max_attempts=attempts,
+                    on_result=on_result,
+                    control=control,
+                    on_orphan=_report_orphan,
+                    executor=executor,
+                )
+        finally:
+            await executor.close()
+            for note in getattr(executor, "notes", ()):
+                print(f"opencode-tui run: {note}", file=sys.stderr, flush=True)
 
     try:
         summary = asyncio.run(main())
     except RunsDirError as exc:
         print(f"opencode-tui run: {exc.strerror}; free space or choose another --runs-dir", file=sys.stderr)
         return ExitCode.INFRA
+    except ExecutorError as exc:
+        print(f"opencode-tui run: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
 

@@ -177,6 +177,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         # Staged inputs the sandbox user cannot use: our set-up (or the task's), never the model's.
         "sandbox_permission_denied": FailureClass.EVALUATION,
         "artifacts_write_failed": FailureClass.EVALUATION,
+        # Infrastructure whatever the phase: the agent did not make the Ray worker die.
+        "executor_worker_lost": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
         "*@admission": FailureClass.EVALUATION,
@@ -201,6 +203,8 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "supervisor_lost": Action.KEEP_UNKNOWN,
         "human_intervened": Action.KEEP_UNKNOWN,
         "run_interrupted": Action.KEEP_UNKNOWN,
+        # A lost worker says nothing about the task: a fresh attempt elsewhere (bounded by max_attempts).
+        "executor_worker_lost": Action.RETRY,
         "run_cancelled": Action.STOP,
         "task_invalid": Action.STOP,
         "config_invalid": Action.STOP,
