@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -296,6 +297,8 @@ class RayExecutor(Executor):
         self.batch_id = uuid.uuid4().hex[:10]
         self.on_started = on_started
         self._ray: Any = None
+        self.probe_s: float | None = None  # how long the first worker took to answer the probe
+        self._joined = False  # this executor called ray.init (and so leaves with ray.shutdown)
         self._coordinator: Any = None
         self._episode_fn: Any = None
         self._sweep_fn: Any = None
@@ -311,19 +314,22 @@ class RayExecutor(Executor):
 
     def connect(self) -> None:
         """Join the cluster (blocking; before the driver installs its signal handlers, which
-        ``ray.init`` would otherwise replace)."""
+        ``ray.init`` would otherwise replace). A process already connected to Ray (a training loop
+        that runs its rollouts through ``run_batch``) keeps its connection."""
         ray = self._ray = _ray()
-        env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
-        try:
-            ray.init(
-                address=self.settings.address,
-                runtime_env={"env_vars": env} if env else None,
-                log_to_driver=False,  # workers' diagnostics go to their run directories
-                logging_level=logging.WARNING,
-            )
-        except Exception as exc:
-            where = self.settings.address or os.environ.get("RAY_ADDRESS") or "(Ray's default)"
-            raise ExecutorError(f"cannot join the Ray cluster at {where}: {exc}") from exc
+        if not ray.is_initialized():
+            env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
+            try:
+                ray.init(
+                    address=self.settings.address,
+                    runtime_env={"env_vars": env} if env else None,
+                    log_to_driver=False,  # workers' diagnostics go to their run directories
+                    logging_level=logging.WARNING,
+                )
+            except Exception as exc:
+                where = self.settings.address or os.environ.get("RAY_ADDRESS") or "(Ray's default)"
+                raise ExecutorError(f"cannot join the Ray cluster at {where}: {exc}") from exc
+            self._joined = True
         remote = ray.remote
         self._coordinator = remote(num_cpus=0, max_concurrency=100_000)(Coordinator).remote()
         # One Ray task per attempt, never retried by Ray: the outcome policy decides every retry.
@@ -343,6 +349,7 @@ class RayExecutor(Executor):
                 f"cannot write the probe file {self._probe_path}: {exc.strerror or exc}"
             ) from exc
         roots = sorted({str(t.root) for t in tasks})
+        started = time.monotonic()
         ref = self._probe_fn.options(num_cpus=self.settings.num_cpus_per_episode).remote(
             str(runs_dir), name, token, roots, __version__
         )
@@ -354,6 +361,7 @@ class RayExecutor(Executor):
                 f"no Ray worker with {self.settings.num_cpus_per_episode:g} free CPU(s) ran the "
                 f"shared-storage probe within {PROBE_DEADLINE_S:.0f} s; check the cluster's resources"
             ) from exc
+        self.probe_s = time.monotonic() - started
         if report.problems:
             raise ExecutorError(
                 f"the runs directory {runs_dir} must be shared storage mounted at the same path on every "
@@ -367,7 +375,7 @@ class RayExecutor(Executor):
         if self._probe_path is not None:
             with contextlib.suppress(OSError):
                 self._probe_path.unlink()
-        if self._ray is not None and self._ray.is_initialized():
+        if self._joined and self._ray.is_initialized():
             await asyncio.to_thread(self._ray.shutdown)
 
     # -- one attempt --

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from core.artifacts import RunInfo
 from core.batch import (
@@ -161,13 +162,28 @@ def _executor(config: AgentConfig, progress: Any) -> Executor:
 def _batch(
     config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int | None, attempts: int | None
 ) -> int:
-    from opencode_tui.batch_progress import BatchProgress
-
-    progress = BatchProgress(len(tasks), sys.stderr)
+    data = sys.stdout  # the JSON lines, and nothing else
     if config.executor.name == "ray":
         # Every node must see the same path; Ray's queue bounds concurrency unless --jobs does.
         runs_dir = runs_dir.resolve()
         jobs = jobs or len(tasks)
+        # Ray's driver prints its cluster messages (a worker died, ...) to sys.stdout: diagnostics.
+        with contextlib.redirect_stdout(sys.stderr):
+            return _run_batch(config, tasks, runs_dir, jobs, attempts, data)
+    return _run_batch(config, tasks, runs_dir, jobs, attempts, data)
+
+
+def _run_batch(
+    config: AgentConfig,
+    tasks: list[Task],
+    runs_dir: Path,
+    jobs: int | None,
+    attempts: int | None,
+    data: TextIO,
+) -> int:
+    from opencode_tui.batch_progress import BatchProgress
+
+    progress = BatchProgress(len(tasks), sys.stderr)
     try:
         executor = _executor(config, progress)
     except ExecutorError as exc:
@@ -175,7 +191,7 @@ def _batch(
         return ExitCode.USAGE
 
     def on_result(result: EpisodeResult) -> None:
-        print(json.dumps(result.model_dump(mode="json")), flush=True)
+        print(json.dumps(result.model_dump(mode="json")), file=data, flush=True)
         progress.finished(result)
         if result.artifacts_error is not None:
             print(
