@@ -104,6 +104,17 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
     }
 
 
+def process_cpu_s() -> tuple[float, float]:
+    """(this process, its reaped descendants) user+system CPU-seconds. With the local provider every
+    process of an episode (bwrap, OpenCode, the verifier) is a reaped descendant of the process that
+    ran the episode; Docker's containers are not (they are containerd's)."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
 def machine_busy_s() -> float:
     """CPU-seconds every core of the machine has been busy since boot (``/proc/stat``)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -148,22 +159,30 @@ async def executor_batch(task: Any, config: AgentConfig, n: int, jobs: int, exec
         ex = LocalExecutor()
     try:
         busy0 = machine_busy_s()
+        self0, kids0 = process_cpu_s()
         t0 = time.perf_counter()
         if executor == "ray":
             await asyncio.to_thread(ex.connect)
         summary = await run_batch([task] * n, config, runs_dir=runs, jobs=jobs, max_attempts=1, executor=ex)
         wall = time.perf_counter() - t0
         busy = machine_busy_s() - busy0
+        self1, kids1 = process_cpu_s()
         await ex.close()
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     left = B.leftovers(OWNER)["ours"]
+    if str(config.sandbox.provider) == "local":
+        from core.sandbox.providers import get_provider
+
+        left += [r.sandbox_id for r in await get_provider(config.sandbox.provider).listed(owner=OWNER)]
     return {
         "executor": executor,
         "episodes": n,
         "wall": wall,
         "episodes_per_min": n / wall * 60,
         "machine_cpu_s_per_episode": busy / n,
+        # The local executor: the engine's CPU (and, local provider, the whole episode's); Ray: the driver's.
+        "process_cpu_s_per_episode": (self1 - self0 + kids1 - kids0) / n,
         "probe_s": getattr(ex, "probe_s", None),
         "loadavg_after": B.loadavg(),
         "scored": summary.scored,
@@ -191,6 +210,8 @@ async def ray_comparison(task: Any, config: AgentConfig, n: int, cpus: int, reps
 
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+    provider = config.sandbox.provider
+    rep.data["ray_comparison"] = {"cpus": cpus, "provider": provider, "pairs": pairs}
     rows = [
         [
             f"{b['executor']} #{i + 1}",
@@ -200,6 +221,7 @@ async def ray_comparison(task: Any, config: AgentConfig, n: int, cpus: int, reps
             f"{b['scored']}/{b['episodes']}",
             f"{b['cleanup_confirmed']}/{b['episodes']}",
             B.fmt_s(b["machine_cpu_s_per_episode"]),
+            B.fmt_s(b["process_cpu_s_per_episode"]),
             B.fmt_s(b["probe_s"]) if b["probe_s"] is not None else "",
             " ".join(f"{x:.1f}" for x in b["loadavg_after"]),
             str(len(b["leftover_containers"])),
@@ -208,9 +230,13 @@ async def ray_comparison(task: Any, config: AgentConfig, n: int, cpus: int, reps
         for b in (pair["local"], pair["ray"])
     ]
     headers = ["executor", "episodes", "wall", "episodes/min", "scored", "cleanup ok", "machine CPU/ep"]
-    headers += ["probe", "loadavg after", "leftovers"]
+    headers += ["process CPU/ep", "probe", "loadavg after", "leftovers"]
+    title = f"Batch throughput: Ray ({cpus} CPUs) vs local (--jobs {cpus}), {provider} provider"
+    rep.say(B.table(headers, rows, title=title))
     rep.say(
-        B.table(headers, rows, title=f"Batch throughput: Ray ({cpus} CPUs) vs local (--jobs {cpus}), docker")
+        "process CPU/ep: local = this process and its reaped descendants (with the local provider, the "
+        "whole episode: engine, proxy, bwrap, OpenCode, verifier; with docker, the engine only); "
+        "ray = the driver alone"
     )
     overheads = [p["overhead"] for p in pairs]
     rep.say(
@@ -218,7 +244,7 @@ async def ray_comparison(task: Any, config: AgentConfig, n: int, cpus: int, reps
         f"median {B.med(overheads):.3f}x (target <= 1.15x); load average at start "
         f"{rep.data['meta']['loadavg_start']}, now {B.loadavg()}"
     )
-    rep.data["ray_comparison"] = {"cpus": cpus, "pairs": pairs, "overhead_median": B.med(overheads)}
+    rep.data["ray_comparison"]["overhead_median"] = B.med(overheads)
     if any(p["local"]["scored"] < n or p["ray"]["scored"] < n for p in pairs):
         status = 1
     return status
@@ -402,7 +428,8 @@ async def main_ray(args: argparse.Namespace) -> int:
     n = args.batch or 8
     cpus = (args.jobs or [2])[0]
     reps = args.reps or 1
-    meta = {"executor": "ray", "reps": reps, "batch": n, "cpus": cpus, "loadavg_start": B.loadavg()}
+    meta = {"executor": "ray", "provider": args.provider, "reps": reps, "batch": n, "cpus": cpus}
+    meta["loadavg_start"] = B.loadavg()
     rep = B.Report("episode", args.json, meta)
     rep.say(
         f"episode benchmark, executors: {n} hello-file episodes on Ray at {cpus} CPUs vs local --jobs {cpus}"
@@ -415,7 +442,7 @@ async def main_ray(args: argparse.Namespace) -> int:
     import core.sandbox.docker  # noqa: F401
 
     task = load_task(TASK_DIR)
-    config = AgentConfig(sandbox=SandboxConfig(provider="docker"))
+    config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))
     status = 1
     try:
         status = await ray_comparison(task, config, n, cpus, reps, rep)
@@ -434,6 +461,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["local", "ray"],
         default="local",
         help="ray: only the batch, on Ray at --jobs CPUs (default 2) vs the local executor (needs Ray)",
+    )
+    p.add_argument(
+        "--provider",
+        choices=["docker", "local"],
+        default="docker",
+        help="the sandbox provider of --executor ray's comparison (default docker)",
     )
     B.add_common_args(p)
     args = p.parse_args(argv)

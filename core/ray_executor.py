@@ -98,7 +98,10 @@ class Coordinator:
     def __init__(self) -> None:
         self.cancels: list[str] = []  # every cancel request in order (a second one hurries)
         self._changed = asyncio.Event()
-        self.started: dict[str, dict[str, Any]] = {}  # run id → where its worker runs
+        # run id → where its worker runs; kept after the attempt ends (a cancel must never
+        # interrupt a finished task's return, see ``RayExecutor.cancel``).
+        self.started: dict[str, dict[str, Any]] = {}
+        self._ended: dict[str, asyncio.Event] = {}
 
     async def begin(self, run_id: str, where: dict[str, Any]) -> str | None:
         """A worker asks before it starts an episode: the cancel's name when the batch is cancelled."""
@@ -106,6 +109,10 @@ class Coordinator:
             return self.cancels[0]
         self.started[run_id] = where
         return None
+
+    async def end(self, run_id: str) -> None:
+        """The attempt's episode is over: its long poll returns."""
+        self._ended.setdefault(run_id, asyncio.Event()).set()
 
     async def where(self, run_id: str) -> dict[str, Any] | None:
         return self.started.get(run_id)
@@ -117,10 +124,18 @@ class Coordinator:
         self._changed = asyncio.Event()
         return list(self.started)
 
-    async def wait_cancel(self, seen: int) -> list[str]:
-        """Long poll: the cancel requests after the first ``seen``."""
-        while len(self.cancels) <= seen:
-            await self._changed.wait()
+    async def wait_cancel(self, run_id: str, seen: int) -> list[str]:
+        """Long poll: the cancel requests after the first ``seen`` (none once the attempt ended)."""
+        ended = self._ended.setdefault(run_id, asyncio.Event())
+        while len(self.cancels) <= seen and not ended.is_set():
+            waits = [asyncio.ensure_future(self._changed.wait()), asyncio.ensure_future(ended.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        if ended.is_set():
+            self._ended.pop(run_id, None)
         return self.cancels[seen:]
 
 
@@ -221,13 +236,15 @@ async def _episode_in_worker(
     )
     run = asyncio.ensure_future(episode.run())
     await asyncio.sleep(0)  # the episode's own task exists now: a cancel from here on reaches it
-    watcher = asyncio.ensure_future(_forward_cancels(coordinator, episode))
+    watcher = asyncio.ensure_future(_forward_cancels(coordinator, run_id, episode))
     try:
         result = await run
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await watcher
+        with contextlib.suppress(Exception):  # ends the coordinator's long poll for this attempt
+            await _get(coordinator.end.remote(run_id), CONTROL_DEADLINE_S)
     blocked = None
     if may_retry and result.action is Outcome.RETRY and result.cancelled_by is None:
         if not await borrowed_sandbox_is_clean(episode, result, config):
@@ -235,12 +252,12 @@ async def _episode_in_worker(
     return WorkerReport(result=result, blocked=blocked)
 
 
-async def _forward_cancels(coordinator: Any, episode: Episode) -> None:
+async def _forward_cancels(coordinator: Any, run_id: str, episode: Episode) -> None:
     """Each cancel of the batch cancels the episode once more (the second hurries its close)."""
     seen = 0
     while episode.running:
         try:
-            names = await _get(coordinator.wait_cancel.remote(seen))
+            names = await _get(coordinator.wait_cancel.remote(run_id, seen))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the coordinator is gone (its driver died): nothing more will come

@@ -64,7 +64,7 @@ def _free_port() -> int:
 class RayHead:
     """A real Ray head on 127.0.0.1 in its own process group (stopped by signalling that group)."""
 
-    def __init__(self, cpus: int = 2) -> None:
+    def __init__(self, cpus: int = 2, wrap: list[str] | None = None) -> None:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         # Short: Ray's Unix sockets live under it (108-byte limit).
@@ -75,7 +75,15 @@ class RayHead:
             "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
             "RAY_USAGE_STATS_ENABLED": "0",
         }
-        cmd = ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={self.port}"]
+        cmd = [
+            *(wrap or []),
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={self.port}",
+        ]
         cmd += [f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats"]
         cmd += [f"--temp-dir={self.temp}", f"--dashboard-port={_free_port()}"]
         cmd += [f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}"]
@@ -149,9 +157,11 @@ def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
 
 def _ray_cli(head: RayHead, runs: Path) -> list[str]:
     """``opencode-tui run --batch`` on ``head`` with the local provider (tasks go after it)."""
+    return [*CLI, "run", *_ray_args(head, runs)]
+
+
+def _ray_args(head: RayHead, runs: Path) -> list[str]:
     return [
-        *CLI,
-        "run",
         "--batch",
         "--provider",
         "local",
@@ -348,4 +358,28 @@ def test_sigterm_on_the_driver_closes_every_episode(ray_head, tmp_path, test_own
     assert len(queued) == 1 and queued[0]["cancelled_by"] == "SIGTERM" and queued[0]["exit_code"] == 143
     assert len(list(runs.glob("*/run.json"))) == 2  # the queued one created nothing
     assert "SIGTERM: closing every running episode" in err
+    assert _our_sandboxes(test_owner) == []
+
+
+# ---- the runs directory is not shared ----------------------------------------------------------
+
+
+def test_a_runs_dir_the_workers_cannot_see_is_one_error_and_exit_2(tmp_path, test_owner):
+    """A real node without the shared mount: the head and its workers run in a mount namespace where
+    the runs directory's parent is an empty tmpfs (bubblewrap), the driver outside it."""
+    shared = tmp_path / "shared"
+    (shared / "runs").mkdir(parents=True)
+    task = _task(tmp_path, "hello-file")
+    head = RayHead(cpus=1, wrap=["bwrap", "--dev-bind", "/", "/", "--tmpfs", str(shared), "--"])
+    try:
+        r = _run(*_ray_args(head, shared / "runs"), str(task), timeout=300)
+    finally:
+        head.stop()
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    errors = [line for line in r.stderr.splitlines() if line.startswith("opencode-tui")]
+    assert len(errors) == 1, r.stderr
+    assert "must be shared storage mounted at the same path on every Ray node" in errors[0]
+    assert "cannot read the probe file" in errors[0] and "No such file or directory" in errors[0]
+    assert list((shared / "runs").iterdir()) == []  # no run, no results.jsonl, the probe removed
     assert _our_sandboxes(test_owner) == []
