@@ -148,7 +148,7 @@ class Executor(abc.ABC):
 
     name: str
 
-    async def start(self, runs_dir: Path, tasks: list[Task]) -> None:
+    async def start(self, runs_dir: Path, tasks: list[Task], config: AgentConfig) -> None:
         """Checks before any episode starts (the runs directory exists); raises ExecutorError."""
         return
 
@@ -303,7 +303,7 @@ async def run_batch(
         runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240 (once, before any episode)
     except OSError as exc:
         raise RunsDirError(runs_dir, exc) from exc
-    await executor.start(runs_dir, tasks)  # ExecutorError: nothing started, nothing recorded
+    await executor.start(runs_dir, tasks, config)  # ExecutorError: nothing started, nothing recorded
     if executor.cancel not in control.cancellers:
         control.cancellers.append(executor.cancel)
     try:
@@ -398,7 +398,7 @@ def not_started(
         run_id="",
         task_id=task.id,
         attempt=attempt,
-        provider=config.sandbox.provider.value,
+        provider=config.sandbox.provider,
         action=action,
         failure_kind=kind,
         failure_stage=FailureStage.ADMISSION.value,

@@ -45,7 +45,7 @@ from core.batch import (
     not_started,
     stage_of_phase,
 )
-from core.config import AgentConfig, ProviderName, RaySettings
+from core.config import AgentConfig, RaySettings
 from core.control import CANCELLED_BY_CALLER
 from core.episode import Episode, EpisodeResult, new_run_id
 from core.events import CleanupProof, EventBus
@@ -178,13 +178,26 @@ def probe_problems(runs_dir: str, probe: str, token: str, task_roots: list[str],
     return problems
 
 
-def _probe_task(runs_dir: str, probe: str, token: str, task_roots: list[str], version: str) -> ProbeReport:
+def _probe_task(
+    runs_dir: str,
+    probe: str,
+    token: str,
+    task_roots: list[str],
+    version: str,
+    config: AgentConfig,
+    images: list[str],
+) -> ProbeReport:
     import ray
 
-    return ProbeReport(
-        node_ip=ray.util.get_node_ip_address(),
-        problems=probe_problems(runs_dir, probe, token, task_roots, version),
-    )
+    problems = probe_problems(runs_dir, probe, token, task_roots, version)
+    if not problems and config.sandbox.mode == "owned":
+        # The provider's own admission checks (its engine is up, the images exist), here on a node:
+        # the driver's machine may have no Docker at all.
+        from core.sandbox import registry
+
+        checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
+        problems += [c.detail for c in checks if c.status == "fail"]
+    return ProbeReport(node_ip=ray.util.get_node_ip_address(), problems=problems)
 
 
 def _episode_task(
@@ -354,7 +367,7 @@ class RayExecutor(Executor):
         self._sweep_fn = remote(num_cpus=0, max_retries=0)(_sweep_task)
         self._probe_fn = remote(max_retries=0)(_probe_task)
 
-    async def start(self, runs_dir: Path, tasks: list[Task]) -> None:
+    async def start(self, runs_dir: Path, tasks: list[Task], config: AgentConfig) -> None:
         if self._coordinator is None:
             await asyncio.to_thread(self.connect)
         name, token = f"{PROBE_PREFIX}{self.batch_id}", secrets.token_hex(16)
@@ -366,9 +379,10 @@ class RayExecutor(Executor):
                 f"cannot write the probe file {self._probe_path}: {exc.strerror or exc}"
             ) from exc
         roots = sorted({str(t.root) for t in tasks})
+        images = sorted({config.sandbox.image or t.image for t in tasks})
         started = time.monotonic()
         ref = self._probe_fn.options(num_cpus=self.settings.num_cpus_per_episode).remote(
-            str(runs_dir), name, token, roots, __version__
+            str(runs_dir), name, token, roots, __version__, config, images
         )
         try:
             report: ProbeReport = await _get(ref, PROBE_DEADLINE_S)
@@ -498,7 +512,7 @@ class RayExecutor(Executor):
             run_id=run_id,
             task_id=task.id,
             attempt=attempt,
-            provider=config.sandbox.provider.value,
+            provider=config.sandbox.provider,
             sandbox_id=info.sandbox_id if info is not None else None,
             action=verdict.outcome,
             failure_kind=failure.kind,
@@ -536,8 +550,11 @@ class RayExecutor(Executor):
             return None, None, f"its sandbox is kept (remove it with `opencode-tui sweep --run {run_id}`)"
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        # OpenSandbox sandboxes live on its server, reachable from any node: any node may sweep them.
-        soft = config.sandbox.provider is ProviderName.OPENSANDBOX
+        from core.sandbox import registry
+
+        # A provider whose listing needs a configured server (OpenSandbox) keeps its sandboxes there,
+        # reachable from any node: any node may sweep them. The others' live on the lost node.
+        soft = not registry.get(config.sandbox.provider).capabilities.sweep_by_default
         strategy = NodeAffinitySchedulingStrategy(where["node_id"], soft=soft)
         try:
             removed = await _get(

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.config import ProviderName
 from core.failures import FailureEvent, FailureStage, decide, is_registered
 from core.sandbox.providers import get_provider
 
@@ -179,7 +178,7 @@ def _lines(stdout: str) -> list[dict]:
 
 
 def _our_sandboxes(owner: str) -> list[str]:
-    records = asyncio.run(get_provider(ProviderName.LOCAL).listed(owner=owner))
+    records = asyncio.run(get_provider("local").listed(owner=owner))
     return [r.sandbox_id for r in records]
 
 
