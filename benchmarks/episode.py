@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -127,6 +128,10 @@ def start_local_ray(cpus: int) -> Path:
     workers import this tree (PYTHONPATH) and inherit our owner label."""
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(B.ROOT), os.environ.get("PYTHONPATH")]))
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Token authentication with a token of this run's own: Ray 2.60 would otherwise write one into
+    # ~/.ray/auth_token, which every later `ray start` on the machine then follows.
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     import logging
 
     import ray

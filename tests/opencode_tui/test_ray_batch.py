@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -69,10 +70,17 @@ class RayHead:
         # Short: Ray's Unix sockets live under it (108-byte limit).
         self.temp = Path(tempfile.mkdtemp(prefix="rayt-", dir="/tmp"))
         self.log = self.temp / "head.log"
-        env = {
+        # Token authentication with a token of this head's own, passed to its drivers: nothing is read
+        # from or written to ~/.ray (Ray 2.60 would otherwise follow whatever token file is there).
+        self.env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": uuid.uuid4().hex + uuid.uuid4().hex,
             "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        env = {
+            **self.env,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         }
         cmd = [
             *(wrap or []),
@@ -150,8 +158,8 @@ def _busy_task(tmp_path: Path, new_id: str, seconds: int) -> Path:
     return dest
 
 
-def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "run", *args], capture_output=True, text=True, timeout=timeout)
+def _run(*args: str, timeout: float = 400, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "run", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _ray_cli(head: RayHead, runs: Path) -> list[str]:
@@ -232,7 +240,9 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
     # Through the config file, as a user would keep it; the flag overrides nothing here.
     config = tmp_path / "ray.yaml"
     config.write_text(yaml.safe_dump({"executor": {"name": "ray", "ray": {"address": ray_head.address}}}))
-    on_ray = _run(*tasks, *common, "--config", str(config), "--runs-dir", str(tmp_path / "ray"))
+    on_ray = _run(
+        *tasks, *common, "--config", str(config), "--runs-dir", str(tmp_path / "ray"), env=ray_head.env
+    )
 
     assert local.returncode == on_ray.returncode == 3, (local.stderr, on_ray.stderr)
     a, b = _lines(local.stdout), _lines(on_ray.stdout)
@@ -271,7 +281,10 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
 
     # Resume is the local executor's: scored episodes are skipped, the others run again on Ray.
     again = _run(
-        *tasks, *common, "--config", str(config), "--runs-dir", str(tmp_path / "ray"), "--attempts", "1"
+        *tasks,
+        *common,
+        *("--config", str(config), "--runs-dir", str(tmp_path / "ray"), "--attempts", "1"),
+        env=ray_head.env,
     )
     lines = _lines(again.stdout)
     assert sorted(x["task_id"] for x in lines if x["resumed"]) == sorted(
@@ -293,6 +306,7 @@ def test_a_killed_worker_is_worker_lost_swept_and_retried(ray_head, tmp_path, te
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=ray_head.env,
     )
     try:
         (info,) = _wait_agent_phase(runs, proc, 1)
@@ -332,6 +346,7 @@ def test_sigterm_on_the_driver_closes_every_episode(ray_head, tmp_path, test_own
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=ray_head.env,
     )
     try:
         running = _wait_agent_phase(runs, proc, 2)  # two CPUs: the third is queued in Ray
@@ -371,7 +386,7 @@ def test_a_runs_dir_the_workers_cannot_see_is_one_error_and_exit_2(tmp_path, tes
     task = _task(tmp_path, "hello-file")
     head = RayHead(cpus=1, wrap=["bwrap", "--dev-bind", "/", "/", "--tmpfs", str(shared), "--"])
     try:
-        r = _run(*_ray_args(head, shared / "runs"), str(task), timeout=300)
+        r = _run(*_ray_args(head, shared / "runs"), str(task), timeout=300, env=head.env)
     finally:
         head.stop()
     assert r.returncode == 2, r.stderr
