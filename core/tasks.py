@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -35,27 +34,10 @@ from core.config import (
     ConfigError,
     SandboxLimits,
     format_validation_error,
+    parse_memory,
     parse_user_spec,
     yaml_error_text,
 )
-
-_MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_memory(value: str | int) -> int:
-    """``"256m"``, ``"1GiB"``, ``268435456`` → bytes."""
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError("memory must be > 0 bytes")
-        return value
-    m = _MEMORY.match(value)
-    if not m:
-        raise ValueError(f"memory {value!r} is not a size like 256m, 1g or a number of bytes")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise ValueError("memory must be > 0 bytes")
-    return n
 
 
 def _check_user(value: str | None) -> str | None:

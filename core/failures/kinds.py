@@ -74,6 +74,9 @@ _REGISTRY: dict[str, str] = {
     "verifier_timeout": "the verifier's own deadline fired before it finished",
     "verifier_unknown_exit": "the verifier's exit was not observed, and its deadline did not fire",
     "verification_inconclusive": "the verifier ran but its result could not be read",
+    # executor: where the episode ran (a Ray worker on some node)
+    "executor_worker_lost": "the worker process or node running the episode died mid-episode (killed, "
+    "OOM-killed by its node, node lost); that node's sandboxes of the run are swept",
     # lifecycle
     "run_cancelled": "the run was cancelled by the user",
     "run_interrupted": "the controller died mid-episode (SIGKILL, power loss): no outcome, cleanup unknown",

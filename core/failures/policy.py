@@ -181,6 +181,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         # The task's Dockerfile did not build: the set-up, never the model.
         "image_build_failed": FailureClass.EVALUATION,
         "artifacts_write_failed": FailureClass.EVALUATION,
+        # Infrastructure whatever the phase: the agent did not make the Ray worker die.
+        "executor_worker_lost": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
         "*@admission": FailureClass.EVALUATION,
@@ -206,6 +208,8 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "supervisor_lost": Action.KEEP_UNKNOWN,
         "human_intervened": Action.KEEP_UNKNOWN,
         "run_interrupted": Action.KEEP_UNKNOWN,
+        # A lost worker says nothing about the task: a fresh attempt elsewhere (bounded by max_attempts).
+        "executor_worker_lost": Action.RETRY,
         "run_cancelled": Action.STOP,
         "task_invalid": Action.STOP,
         # The same context builds the same way: another attempt would fail again.
