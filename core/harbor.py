@@ -26,9 +26,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pydantic import ValidationError
-
-from core.config import ConfigError, format_validation_error
+from core.config import ConfigError
 
 TASK_TOML = "task.toml"
 INSTRUCTION = "instruction.md"
@@ -201,20 +199,6 @@ def harbor_task_data(root: Path) -> tuple[dict[str, Any], list[str]]:
     if meta.get("trajectory"):
         fields["model"] = {"trajectory": str(meta["trajectory"])}
     return fields, _field_warnings(data)
-
-
-def load_harbor_task(root: Path) -> Any:
-    """A Harbor task directory as a ``core.tasks.Task`` (``load_warnings`` holds the field warnings)."""
-    from core.tasks import Task, check_task_refs
-
-    root = root.resolve()
-    fields, warnings = harbor_task_data(root)
-    try:
-        task = Task.model_validate({**fields, "root": root, "format": "harbor", "load_warnings": warnings})
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(root / TASK_TOML))) from exc
-    check_task_refs(task, root / TASK_TOML)
-    return task
 
 
 def reward_from_json(text: str) -> float:

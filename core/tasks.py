@@ -15,7 +15,7 @@ Format (see docs/task-format.md)::
       timeout: 120
       reward_file: null             # optional: a file in the sandbox holding a float reward
       files: hidden                 # optional: hidden tests, copied in only after cleanup
-    limits: {memory: 256m, cpus: 1, run_s: 600}   # optional
+    limits: {memory: 256m, cpus: 1, run_s: 600, pids: 1024, disk: 2g}   # optional
     model: {trajectory: trajectory.yaml}
 """
 
@@ -23,33 +23,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.config import DEFAULT_IMAGE, ConfigError, format_validation_error, yaml_error_text
-from core.sandbox.base import parse_user_spec
-
-_MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_memory(value: str | int) -> int:
-    """``"256m"``, ``"1GiB"``, ``268435456`` → bytes."""
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError("memory must be > 0 bytes")
-        return value
-    m = _MEMORY.match(value)
-    if not m:
-        raise ValueError(f"memory {value!r} is not a size like 256m, 1g or a number of bytes")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise ValueError("memory must be > 0 bytes")
-    return n
+from core.config import (
+    DEFAULT_IMAGE,
+    ConfigError,
+    SandboxLimits,
+    format_validation_error,
+    parse_memory,
+    parse_user_spec,
+    yaml_error_text,
+)
 
 
 def _check_user(value: str | None) -> str | None:
@@ -88,13 +76,25 @@ class Limits(_Model):
     cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # Caps the configured run budget for this task (the smaller of the two applies).
     run_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Override the config's ``limits.pids`` / ``limits.disk`` (see core.config.SandboxLimits).
+    pids: int | None = Field(default=None, ge=1)
+    disk: str | int | None = None
 
-    @field_validator("memory")
+    @field_validator("memory", "disk")
     @classmethod
     def _memory(cls, value: str | int | None) -> str | int | None:
         if value is not None:
             parse_memory(value)
         return value
+
+    def pids_limit(self, config: SandboxLimits) -> int | None:
+        """The sandbox's process limit: the task's, else the config's."""
+        return self.pids if self.pids is not None else config.pids
+
+    def disk_bytes(self, config: SandboxLimits) -> int | None:
+        """The sandbox's writable space in bytes: the task's, else the config's (None: unlimited)."""
+        disk = self.disk if self.disk is not None else config.disk
+        return None if disk is None else parse_memory(disk)
 
     @property
     def memory_bytes(self) -> int | None:
@@ -181,15 +181,18 @@ class Task(_Model):
         return None if self.model.trajectory is None else (self.root / self.model.trajectory)
 
 
+TASK_FILE = "task.yaml"  # in a task directory
+
+
 def load_task(path: str | Path) -> Task:
     """Load a task from its directory (``task.yaml``, or a Harbor directory with ``task.toml``) or its
     ``task.yaml``; errors name the file and the field."""
     p = Path(path)
-    from core.harbor import TASK_TOML, is_harbor_dir, load_harbor_task
+    from core.harbor import TASK_TOML, is_harbor_dir
 
     if is_harbor_dir(p) or (p.name == TASK_TOML and p.is_file()):
         return with_build_tag(load_harbor_task(p if p.is_dir() else p.parent))
-    file = p / "task.yaml" if p.is_dir() else p
+    file = p / TASK_FILE if p.is_dir() else p
     if not file.exists():
         hint = " (a task directory must contain task.yaml)" if p.is_dir() else ""
         raise ConfigError(f"task file {file} does not exist{hint}")
@@ -276,3 +279,18 @@ def render_prompt(task: Task) -> str:
         sections.append(("Interface", task.interface))
     body = "\n\n".join(f"## {title}\n\n{text.strip()}" for title, text in sections)
     return f"{body}\n\nWork in {task.workdir}.\n"
+
+
+def load_harbor_task(root: Path) -> Task:
+    """A Harbor task directory (core/harbor.py reads it) as a Task (``load_warnings`` holds the field
+    warnings)."""
+    from core.harbor import TASK_TOML, harbor_task_data
+
+    root = root.resolve()
+    fields, warnings = harbor_task_data(root)
+    try:
+        task = Task.model_validate({**fields, "root": root, "format": "harbor", "load_warnings": warnings})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(root / TASK_TOML))) from exc
+    check_task_refs(task, root / TASK_TOML)
+    return task

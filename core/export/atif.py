@@ -35,13 +35,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.artifacts import RunInfo
-from core.model.records import MODEL_CALLS_FILE
-from core.runtime.opencode import EXPORT_FILE
+from core.artifacts import RunFiles, RunInfo
 from core.runtime.transcript import compaction_trigger
 
 ATIF_VERSION = "ATIF-v1.8"
-TRAJECTORY_FILE = "trajectory.json"
+TRAJECTORY_FILE = RunFiles.TRAJECTORY
 AGENT_NAME = "opencode"
 
 
@@ -223,7 +221,7 @@ def _read_calls(run_dir: Path) -> tuple[dict[str, _CallTotals], _CallTotals, dic
     by_message: dict[str, _CallTotals] = {}
     everything = _CallTotals()
     kinds: dict[str, int] = {}
-    path = run_dir / MODEL_CALLS_FILE
+    path = run_dir / RunFiles.MODEL_CALLS
     if not path.exists():
         return by_message, everything, kinds
     for line in path.read_bytes().splitlines():
@@ -417,9 +415,11 @@ def build_trajectory(run_dir: str | Path) -> AtifTrajectory:
     run_dir = Path(run_dir)
     info_path = run_dir / "run.json"
     info = RunInfo.model_validate_json(info_path.read_text()) if info_path.exists() else None
-    export_path = run_dir / EXPORT_FILE
+    export_path = run_dir / RunFiles.OPENCODE_EXPORT
     if info is None and not export_path.exists() and not (run_dir / "events.jsonl").exists():
-        raise ValueError(f"{run_dir} is not a run directory (no run.json, events.jsonl or {EXPORT_FILE})")
+        raise ValueError(
+            f"{run_dir} is not a run directory (no run.json, events.jsonl or {RunFiles.OPENCODE_EXPORT})"
+        )
     model_cfg = (info.config.get("model") or {}) if info else {}
     model_name = model_cfg.get("name") if isinstance(model_cfg.get("name"), str) else None
     calls, all_calls, kinds = _read_calls(run_dir)
