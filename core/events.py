@@ -83,6 +83,8 @@ class SandboxReady(_Event):
     owned: bool
     network: str
     memory_limit_enforced: bool | None = None
+    pids_limit_enforced: bool | None = None
+    disk_limit_enforced: bool | None = None
     notes: list[str] = Field(default_factory=list)
     # Who the harness, OpenCode and the shell run as: "agent (uid 1000, gid 1000)"; who chose it.
     user: str | None = None

@@ -15,7 +15,7 @@ Format (see docs/task-format.md)::
       timeout: 120
       reward_file: null             # optional: a file in the sandbox holding a float reward
       files: hidden                 # optional: hidden tests, copied in only after cleanup
-    limits: {memory: 256m, cpus: 1, run_s: 600}   # optional
+    limits: {memory: 256m, cpus: 1, run_s: 600, pids: 1024, disk: 2g}   # optional
     model: {trajectory: trajectory.yaml}
 """
 
@@ -23,32 +23,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.config import DEFAULT_IMAGE, ConfigError, format_validation_error, parse_user_spec, yaml_error_text
-
-_MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_memory(value: str | int) -> int:
-    """``"256m"``, ``"1GiB"``, ``268435456`` → bytes."""
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError("memory must be > 0 bytes")
-        return value
-    m = _MEMORY.match(value)
-    if not m:
-        raise ValueError(f"memory {value!r} is not a size like 256m, 1g or a number of bytes")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise ValueError("memory must be > 0 bytes")
-    return n
+from core.config import (
+    DEFAULT_IMAGE,
+    ConfigError,
+    SandboxLimits,
+    format_validation_error,
+    parse_memory,
+    parse_user_spec,
+    yaml_error_text,
+)
 
 
 def _check_user(value: str | None) -> str | None:
@@ -87,13 +76,25 @@ class Limits(_Model):
     cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # Caps the configured run budget for this task (the smaller of the two applies).
     run_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Override the config's ``limits.pids`` / ``limits.disk`` (see core.config.SandboxLimits).
+    pids: int | None = Field(default=None, ge=1)
+    disk: str | int | None = None
 
-    @field_validator("memory")
+    @field_validator("memory", "disk")
     @classmethod
     def _memory(cls, value: str | int | None) -> str | int | None:
         if value is not None:
             parse_memory(value)
         return value
+
+    def pids_limit(self, config: SandboxLimits) -> int | None:
+        """The sandbox's process limit: the task's, else the config's."""
+        return self.pids if self.pids is not None else config.pids
+
+    def disk_bytes(self, config: SandboxLimits) -> int | None:
+        """The sandbox's writable space in bytes: the task's, else the config's (None: unlimited)."""
+        disk = self.disk if self.disk is not None else config.disk
+        return None if disk is None else parse_memory(disk)
 
     @property
     def memory_bytes(self) -> int | None:

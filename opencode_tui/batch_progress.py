@@ -3,6 +3,7 @@ one plain line per finished episode. Data never goes to stderr; diagnostics neve
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TextIO
 
 from core.episode import Episode, EpisodeResult
@@ -72,12 +73,20 @@ class BatchProgress:
 
         episode.bus.subscribe(on_event)
 
+    def started(self, task_id: str, attempt: int, run_id: str) -> None:
+        """An attempt submitted to another process (a Ray worker): one row until it finishes."""
+        if self._progress is None:
+            return
+        self._rows[run_id] = self._progress.add_task(f"{task_id} a{attempt}: on Ray", total=None)
+
     def finished(self, result: EpisodeResult) -> None:
         self.done += 1
         if self._progress is not None:
-            row = self._rows.pop(result.run_id, None)
-            if row is not None:
-                self._progress.remove_task(row)
+            # The rows of this episode's earlier attempts too (a retry is a new row).
+            for run_id in [result.run_id, *(Path(p).name for p in result.previous_attempts)]:
+                row = self._rows.pop(run_id, None)
+                if row is not None:
+                    self._progress.remove_task(row)
             self._progress.update(
                 self._overall, completed=self.done, description=f"episodes {self.done}/{self.total}"
             )

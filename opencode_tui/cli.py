@@ -33,7 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run task episodes (TUI for one task, or --batch for JSON lines)")
     run.add_argument("tasks", nargs="+", metavar="TASK", help="task directory or task.yaml")
     run.add_argument("--batch", action="store_true", help="headless: JSON lines on stdout")
-    run.add_argument("--jobs", type=int, default=1, help="episodes at once in --batch (default 1)")
+    run.add_argument(
+        "--jobs",
+        type=int,
+        help="episodes at once in --batch (default 1; with --executor ray: as many as the cluster fits)",
+    )
+    run.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        help="where --batch runs its episodes: this process (local, the default) or a Ray cluster",
+    )
+    run.add_argument(
+        "--ray-address", metavar="ADDR", help="the Ray cluster's head HOST:PORT (--executor ray)"
+    )
+    run.add_argument(
+        "--ray-num-cpus-per-episode",
+        type=float,
+        metavar="N",
+        help="Ray CPUs each episode attempt reserves (--executor ray; default 1)",
+    )
     run.add_argument(
         "--provider", choices=registry.names(), help=f"sandbox provider (default: {SandboxConfig().provider})"
     )

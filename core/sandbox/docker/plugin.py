@@ -83,6 +83,25 @@ class DockerPlugin(ProviderPlugin):
                 )
             ]
         out = [Check(name="docker engine", status="ok", detail=f"version {version}")]
+        from core.sandbox.docker.cgroup import disk_limit_support
+
+        try:
+            info = client.info()
+            can, why = disk_limit_support(info)
+            out.append(
+                Check(
+                    name="docker disk limit",
+                    status="ok" if can else "warn",
+                    detail=why if can else f"not enforced: {why}",
+                )
+            )
+            pids = info.get("PidsLimit")
+            detail = (
+                "pids_limit supported" if pids else "not enforced: the engine reports no pids cgroup support"
+            )
+            out.append(Check(name="docker process limit", status="ok" if pids else "warn", detail=detail))
+        except Exception as exc:
+            out.append(Check(name="docker limits", status="warn", detail=f"docker info failed: {exc}"))
         image = config.sandbox.image or DEFAULT_IMAGE
         try:
             client.images.get(image)
