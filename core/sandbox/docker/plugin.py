@@ -67,7 +67,7 @@ class DockerPlugin(ProviderPlugin):
         return await asyncio.to_thread(self._preflight, config)
 
     def _preflight(self, config: AgentConfig) -> list[Check]:
-        from core.sandbox.docker.common import DEFAULT_IMAGE
+        from core.config import DEFAULT_IMAGE
 
         settings = config.sandbox.settings_for(self.name)
         assert isinstance(settings, DockerSettings)
