@@ -38,6 +38,8 @@ class DockerPlugin(ProviderPlugin):
         model_socket=True,
         memory_limit=True,
         cpu_limit=True,
+        pids_limit=True,
+        disk_limit=True,  # storage-opt size, only on storage drivers that support it; status() says
         pty=True,
         oom_evidence=frozenset({SOURCE_STATE, SOURCE_EVENTS, SOURCE_CGROUP}),
         borrowed=True,
