@@ -77,6 +77,7 @@ from core.sandbox.base import (
     Sandbox,
     SandboxClosedError,
     SandboxError,
+    SandboxProbe,
     SandboxProvider,
     SandboxSpec,
     default_owner,
@@ -794,14 +795,21 @@ class Episode(EpisodeControl):
         unconfirmed, and the record says so."""
         assert self.session is not None and self.sandbox is not None
         why = self._why_unconfirmed(exc)
+        lost = None if self._destroyed_in_hurry else await self._engine_lost(exc)  # [engine lost]
         if self.sandbox.owned and not self._keep:
             try:
                 await self.session.release()  # [close budget] bounded by the session's close deadline
             except Exception as release_exc:
                 why = f"{why}; destroying the sandbox failed too: {release_exc}"
             else:
-                self.cleanup_proof = CleanupProof.DESTROYED
-        if self.cleanup_proof is CleanupProof.DESTROYED:
+                self.cleanup_proof = (
+                    self.cleanup_proof or CleanupProof.DESTROYED
+                )  # [engine lost] found dead first
+        if lost is not None:  # [engine lost]
+            self._record_engine_lost(lost, why)
+            if self.cleanup_proof is not None:
+                return
+        elif self.cleanup_proof is CleanupProof.DESTROYED:
             if not self._destroyed_in_hurry:
                 self.record_failure(
                     FailureEvent.from_exception(
@@ -826,6 +834,128 @@ class Episode(EpisodeControl):
                 ),
             )
         )
+
+    # ---- engine lost (issue 19): the engine under the sandbox went away mid-episode ----
+
+    async def _engine_lost(self, exc: BaseException, *, for_release: bool = False) -> EngineLoss | None:
+        """Whether the sandbox's engine went away: a request (the stop, the release) could not reach
+        it, or (local) the keeper was killed from outside. An unreachable engine is waited for
+        within the close budget (``for_release``: all that is left, else what remains before the
+        release's reserve), so that what is owned can still be released; then it is asked whether
+        the sandbox is dead: a dead container or namespace is the proof of cleanup."""
+        assert self.sandbox is not None and self.close_deadline is not None
+        deadline = self.close_deadline
+        unreachable = _unreachable_cause(exc)
+        probes: list[SandboxProbe] = []
+        waited = time.monotonic()
+        while True:
+            left = deadline.remaining(for_release=for_release)
+            try:
+                probe = await self.sandbox.probe(timeout=max(min(5.0, left), 0.5))
+            except Exception as probe_exc:  # a probe that fails says nothing: the old path decides
+                self.emit(Warning_(code="probe_failed", message=f"could not probe the sandbox: {probe_exc}"))
+                return None
+            probes.append(probe)
+            left = deadline.remaining(for_release=for_release)
+            if probe.engine_reachable or left <= 0.0:
+                break
+            await asyncio.sleep(min(0.5, left))
+        keeper_killed = self.sandbox.provider == "local" and probe.dead is True
+        if unreachable is None and len(probes) == 1 and not keeper_killed:
+            return None  # the engine answered all along: not an engine loss
+        if probe.dead and self.cleanup_proof is None:
+            self.cleanup_proof = CleanupProof.FOUND_DEAD
+            self.emit(
+                CleanupObserved(
+                    step=CleanupStep.RECEIPT,
+                    state=StepState.OK,
+                    reason=f"no receipt, but the sandbox is dead: {probe.detail}",
+                    data={"proof": CleanupProof.FOUND_DEAD.value},
+                )
+            )
+        return EngineLoss(
+            unreachable=unreachable,
+            probes=probes,
+            waited_s=round(time.monotonic() - waited, 3),
+            back=probe.engine_reachable,
+        )
+
+    async def _release_after_engine(self, exc: BaseException) -> bool:
+        """The release could not reach the engine: wait for it within the close budget and release
+        again. True when the sandbox was released after all."""
+        if self.sandbox is None or _unreachable_cause(exc) is None:
+            return False
+        lost = await self._engine_lost(exc, for_release=True)
+        released = False
+        if lost is not None and lost.back:
+            try:
+                if self.session is not None:
+                    await self.session.release()  # [close budget] what the close deadline has left
+                else:
+                    assert self.close_deadline is not None
+                    await self.close_deadline.run(self.sandbox.release(), step="release", for_release=True)
+                    self.emit(
+                        CleanupObserved(
+                            step=CleanupStep.SANDBOX_RELEASED,
+                            state=StepState.OK,
+                            data={"owned": self.sandbox.owned, "after_engine_returned": True},
+                        )
+                    )
+                released = True
+            except Exception as again:
+                exc = again
+        if lost is not None and not any(r.failure.kind == "sandbox_engine_lost" for r in self.failures):
+            released_said = (
+                "the sandbox was released once it answered" if released else f"release failed: {exc}"
+            )
+            self._record_engine_lost(lost, released_said)
+        return released
+
+    def _lost_in(self) -> FailureStage:
+        """The stage the episode was working in when its close began (the engine went away then)."""
+        work = [p for p in self._phase_started if p in ("admission", "seed", "install", "agent")]
+        return FailureStage(work[-1]) if work else FailureStage.SEED
+
+    def _record_engine_lost(self, lost: EngineLoss, why: str) -> None:
+        assert self.sandbox is not None
+        last = lost.probes[-1]
+        engine = f"the {self.sandbox.provider} engine"
+        if lost.unreachable is None:
+            said = last.detail
+        elif lost.back:
+            said = (
+                f"{engine} went away ({lost.unreachable}); it answered again after {lost.waited_s:g}s: "
+                f"{last.detail}"
+            )
+        else:
+            said = (
+                f"{engine} went away ({lost.unreachable}) and did not answer again within the close "
+                f"budget ({lost.waited_s:g}s waited)"
+            )
+        fallback = (
+            {
+                CleanupProof.FOUND_DEAD: "sandbox found dead",
+                CleanupProof.DESTROYED: "sandbox destroyed",
+                CleanupProof.NOTHING_LAUNCHED: "nothing launched",
+            }.get(self.cleanup_proof)
+            if self.cleanup_proof is not None
+            else None
+        )
+        proof = f"cleanup is proven ({fallback})" if fallback else "cleanup is not confirmed"
+        # The first probe (the engine gone) and the last (what it said once back) are the evidence.
+        shown = lost.probes if len(lost.probes) < 3 else [lost.probes[0], lost.probes[-1]]
+        self.record_failure(
+            FailureEvent(
+                kind="sandbox_engine_lost",
+                stage=self._lost_in(),
+                operation="stop and confirm" if self.session is not None else "release",
+                message=f"{said}; {proof} ({why})"[:2000],
+                evidence=[e for p in shown for e in p.evidence],
+                details=CleanupDetails(receipt=None, fallback=fallback),
+            )
+        )
+
+    # ---- end engine lost ----
 
     def _why_unconfirmed(self, exc: CleanupUnconfirmed) -> str:
         """One line on why there is no receipt, naming the agent's last command when it ran one."""
@@ -1041,6 +1171,8 @@ class Episode(EpisodeControl):
                     )
                 )
         except Exception as exc:
+            if await self._release_after_engine(exc):  # [engine lost]
+                return
             self._cleanup_step_failed(
                 CleanupStep.SANDBOX_RELEASED,
                 exc,
@@ -1157,6 +1289,35 @@ class Episode(EpisodeControl):
 
 # errno values that mean "the run directory's disk does not take writes", not a bug of ours.
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM})
+
+
+class EngineLoss(BaseModel):
+    """[engine lost] What the close learned about an engine that went away."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    unreachable: str | None  # the error that showed the engine unreachable, if one did
+    probes: list[SandboxProbe]
+    waited_s: float
+    back: bool  # the engine answered again within the close budget
+
+
+# [engine lost] kinds a provider gives an engine it cannot talk to
+_UNREACHABLE_KINDS = frozenset({"provider_unavailable", "provider_io_timeout"})
+
+
+def _unreachable_cause(exc: BaseException) -> str | None:
+    """[engine lost] The message of a provider failure in ``exc``'s chain saying the engine could not
+    be reached, if there is one."""
+    node: BaseException | None = exc
+    for _ in range(10):
+        if node is None:
+            return None
+        failure = getattr(node, "failure", None)
+        if isinstance(failure, FailureEvent) and failure.kind in _UNREACHABLE_KINDS:
+            return failure.message[:300]
+        node = node.__cause__ or node.__context__
+    return None
 
 
 def _evidence_key(evidence: Evidence) -> tuple[str, str]:

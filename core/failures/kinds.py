@@ -31,6 +31,7 @@ _REGISTRY: dict[str, str] = {
     "sandbox_allocation_failed": "creating the sandbox failed",
     "sandbox_not_ready": "the sandbox never became ready within its deadline",
     "sandbox_lost": "the sandbox failed, terminated or disappeared while in use",
+    "sandbox_engine_lost": "the engine under the sandbox (Docker daemon, OpenSandbox server, the local keeper) went away or restarted while the sandbox was in use",
     "sandbox_file_failed": "an upload or download failed",
     "sandbox_pty_failed": "an interactive terminal failed",
     "sandbox_release_failed": "releasing or destroying the sandbox failed",

@@ -177,6 +177,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         # Staged inputs the sandbox user cannot use: our set-up (or the task's), never the model's.
         "sandbox_permission_denied": FailureClass.EVALUATION,
         "artifacts_write_failed": FailureClass.EVALUATION,
+        # The engine under the sandbox went away: the apparatus failed, whatever the agent was doing.
+        "sandbox_engine_lost": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
         "*@admission": FailureClass.EVALUATION,
@@ -198,6 +200,8 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "agent_timeout@agent": Action.COUNT_AS_ZERO,
         "agent_context_limit": Action.COUNT_AS_ZERO,
         "cleanup_unconfirmed": Action.KEEP_UNKNOWN,
+        # A fresh attempt gets a fresh sandbox once the engine is back (bounded by max_attempts).
+        "sandbox_engine_lost": Action.RETRY,
         "supervisor_lost": Action.KEEP_UNKNOWN,
         "human_intervened": Action.KEEP_UNKNOWN,
         "run_interrupted": Action.KEEP_UNKNOWN,

@@ -77,6 +77,7 @@ from core.sandbox.base import (
     SandboxClosedError,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxProbe,
     SandboxProvider,
     SandboxRecord,
     SandboxSpec,
@@ -1170,6 +1171,12 @@ class DockerSandbox(Sandbox):
             notes=notes,
             evidence=evidence,
         )
+
+    async def probe(self, timeout: float) -> SandboxProbe:
+        """The engine's answer about this container, also after release (issue 19: engine lost)."""
+        from core.sandbox.docker.probe import probe_container
+
+        return await probe_container(self._api, self.sandbox_id, timeout)
 
     # --------------------------------------------------------------------------------- release
 

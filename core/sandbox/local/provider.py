@@ -150,6 +150,7 @@ from core.sandbox.base import (
     Sandbox,
     SandboxClosedError,
     SandboxError,
+    SandboxProbe,
     SandboxProvider,
     SandboxRecord,
     SandboxSpec,
@@ -1866,6 +1867,12 @@ class LocalSandbox(Sandbox):
                     ) from exc
             self._meta["kept"] = True
             self._write_meta()
+
+    async def probe(self, timeout: float) -> SandboxProbe:
+        """Whether the keeper lives; a dead keeper is proof that no process is left (issue 19)."""
+        from core.sandbox.local.probe import probe_local
+
+        return await probe_local(self, timeout)
 
     async def release(self) -> None:
         if self._released:
