@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
 from core.config import AgentConfig
 from core.episode import Episode, EpisodeResult
-from core.events import EventBus
+from core.events import EventBus, FailureRecorded
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
 from core.invocation import pid_of
@@ -139,6 +139,15 @@ async def run_episode_with_retries(
     attempt = first_attempt
     while True:
         episode = Episode(task, config, attempt=attempt, runs_dir=runs_dir, bus=EventBus(attempt=attempt))
+        # The runs directory stopped taking writes: no further episode starts from this moment (the
+        # running ones, this one included, finish and close as usual).
+        episode.bus.subscribe(
+            lambda event: (
+                control.halt(event.failure.message)
+                if isinstance(event, FailureRecorded) and event.failure.kind == "artifacts_write_failed"
+                else None
+            )
+        )
         if on_episode is not None:
             on_episode(episode)
         control.running.add(episode)
@@ -151,6 +160,7 @@ async def run_episode_with_retries(
             result.action is not Outcome.RETRY
             or attempt - first_attempt + 1 >= max_attempts
             or control.cancelled_by is not None
+            or control.halted is not None
         ):
             return result
         if not await borrowed_sandbox_is_clean(episode, result, config):

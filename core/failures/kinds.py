@@ -48,6 +48,7 @@ _REGISTRY: dict[str, str] = {
     "install_integrity_mismatch": "the downloaded package does not match the registry's digest",
     "install_prerequisite_missing": "the sandbox lacks a required program (shell, python3)",
     "install_timeout": "the install did not finish within its budget",
+    "install_registry_unreachable": "the package registry could not be reached or stopped answering (refused, DNS, reset, read timeout)",
     # agent: the OpenCode run itself
     "agent_timeout": "the run deadline fired (observed by the supervisor)",
     "agent_nonzero_exit": "OpenCode exited non-zero",

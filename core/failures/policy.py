@@ -202,6 +202,10 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "cleanup_unconfirmed": Action.KEEP_UNKNOWN,
         # A fresh attempt gets a fresh sandbox once the engine is back (bounded by max_attempts).
         "sandbox_engine_lost": Action.RETRY,
+        # A registry that cannot be reached or stalls may answer the next attempt (a partial download is
+        # resumed); bounded by max_attempts, then an evaluation error.
+        "install_registry_unreachable": Action.RETRY,
+        "install_timeout": Action.RETRY,
         "supervisor_lost": Action.KEEP_UNKNOWN,
         "human_intervened": Action.KEEP_UNKNOWN,
         "run_interrupted": Action.KEEP_UNKNOWN,
