@@ -861,7 +861,7 @@ class Episode(EpisodeControl):
                 break
             await asyncio.sleep(min(0.5, left))
         keeper_killed = self.sandbox.provider == "local" and probe.dead is True
-        if unreachable is None and len(probes) == 1 and not keeper_killed:
+        if unreachable is None and len(probes) == 1 and not keeper_killed and not probe.engine_restarted:
             return None  # the engine answered all along: not an engine loss
         if probe.dead and self.cleanup_proof is None:
             self.cleanup_proof = CleanupProof.FOUND_DEAD
@@ -921,7 +921,7 @@ class Episode(EpisodeControl):
         last = lost.probes[-1]
         engine = f"the {self.sandbox.provider} engine"
         if lost.unreachable is None:
-            said = last.detail
+            said = last.detail  # a restart already over, or (local) the keeper killed
         elif lost.back:
             said = (
                 f"{engine} went away ({lost.unreachable}); it answered again after {lost.waited_s:g}s: "

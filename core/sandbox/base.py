@@ -181,6 +181,7 @@ class SandboxProbe(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     engine_reachable: bool
+    engine_restarted: bool | None = None  # the engine answers, but as a new instance (None: unknown)
     dead: bool | None = None
     state: SandboxState = SandboxState.UNKNOWN
     detail: str = ""

@@ -1176,7 +1176,10 @@ class DockerSandbox(Sandbox):
         """The engine's answer about this container, also after release (issue 19: engine lost)."""
         from core.sandbox.docker.probe import probe_container
 
-        return await probe_container(self._api, self.sandbox_id, timeout)
+        # Only a container we created is known to have started after ``_since`` (a borrowed one was
+        # started before we connected).
+        since = self._since if self.owned else None
+        return await probe_container(self._api, self.sandbox_id, timeout, since=since)
 
     # --------------------------------------------------------------------------------- release
 
