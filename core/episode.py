@@ -908,7 +908,18 @@ class Episode(EpisodeControl):
             released_said = (
                 "the sandbox was released once it answered" if released else f"release failed: {exc}"
             )
-            self._record_engine_lost(lost, released_said)
+            if self.cleanup_proof is CleanupProof.RECEIPT and released:
+                # The run itself was unaffected (its receipt came, its grade stands): only the
+                # release had to wait. Said, not a failure.
+                self.emit(
+                    Warning_(
+                        code="engine_lost_at_release",
+                        message=f"the {self.sandbox.provider} engine was away at release "
+                        f"({lost.unreachable}); {released_said} after {lost.waited_s:g}s",
+                    )
+                )
+            else:
+                self._record_engine_lost(lost, released_said)
         return released
 
     def _lost_in(self) -> FailureStage:
