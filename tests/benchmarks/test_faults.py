@@ -75,6 +75,9 @@ def test_quick_row_holds(suite: Any, name: str, provider: str) -> None:
     assert row.problems == [] and row.ok
     assert (row.leaked, row.lost) == (0, 0)
     expect = next(f for f in F.FAULTS if f.name == name).expect
+    if expect is None:  # controller-kill: judged by the next run's report (see _kill_after)
+        assert (row.outcome, row.kind) == ("keep_unknown", "run_interrupted")
+        return
     assert (row.outcome, row.exit_code) == (expect.outcome, expect.exit_code)
     assert row.kind in expect.kinds
     if row.kind is not None:
