@@ -16,6 +16,8 @@ Faults:
   serves the genuine package for the re-fetch.
 - ``registry-down``: a cold install (empty cache) against a closed loopback port;
   ``registry-stall`` (full run): against a listener that accepts and never answers.
+- ``model-refused``: a real loopback endpoint (``--model-url``) goes away after two good calls (its
+  listener closed: connections refused).
 - ``model-*``: the scripted endpoint answers 500 on every turn, stalls past the stall timeout, sends
   a malformed stream, or cuts the connection mid-stream after one good call; ``model-429`` recovers.
 - ``controller-kill``: the CLI is SIGKILLed mid-agent; the next run in the same runs directory must
@@ -275,6 +277,7 @@ class Ctx:
     proc: subprocess.Popen[str] | None = None
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)  # merged into the row's config file
+    endpoint: Any = None  # a model endpoint of the row's own (model-refused)
 
 
 def _events(runs: Path) -> Iterator[dict[str, Any]]:
@@ -342,12 +345,14 @@ class _Sampler:
         return out
 
 
-def _first_attempt_action(kind: str | None, stage: str | None) -> str:
+def _first_attempt_action(kind: str | None, stage: str | None, http_status: int | None = None) -> str:
     if kind is None or stage is None:
         return "-"
     from core.failures import DEFAULT_POLICY, FailureEvent, decide
 
-    failure = FailureEvent(kind=kind, stage=stage, operation="fault suite", message=kind)
+    failure = FailureEvent(
+        kind=kind, stage=stage, operation="fault suite", message=kind, http_status=http_status
+    )
     return decide(failure, attempt=1, policy=DEFAULT_POLICY).action.value
 
 
@@ -490,7 +495,15 @@ class Suite:
         row.outcome = result.get("action", "-")
         row.kind = result.get("failure_kind")
         proof = result.get("cleanup_proof")
-        row.policy = _first_attempt_action(row.kind, result.get("failure_stage"))
+        status = next(
+            (
+                e["failure"].get("http_status")
+                for e in _events(ctx.runs)
+                if e.get("type") == "failure" and e["failure"].get("kind") == row.kind
+            ),
+            None,
+        )
+        row.policy = _first_attempt_action(row.kind, result.get("failure_stage"), status)
         row.cleanup = proof or ("unconfirmed" if result.get("cleanup_confirmed") is False else "-")
         expect = fault.expect
         if expect is not None:
@@ -664,6 +677,56 @@ def _model_task(fault: dict[str, Any], *, good_steps: int = 0) -> Callable[[Ctx]
     return make
 
 
+class _Endpoint:
+    """The scripted model as a real loopback OpenAI-compatible endpoint (``--model-url``), served from
+    a thread of its own, that the suite can take away."""
+
+    def __init__(self, trajectory: Path) -> None:
+        import asyncio
+
+        from core.model.scripted import ScriptedModel
+
+        self.loop = asyncio.new_event_loop()
+        self.model = ScriptedModel(trajectory, placeholders={"workdir": "/app"})
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.model.start(), self.loop).result(30)
+        self.url = self.model.url
+        self.closed = False
+
+    def close(self) -> None:
+        import asyncio
+
+        if not self.closed:
+            self.closed = True
+            asyncio.run_coroutine_threadsafe(self.model.close(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _refused_prepare(ctx: Ctx) -> None:
+    endpoint = _Endpoint(SAMPLES / "hello-file" / "trajectory.yaml")
+    ctx.suite.cleanups.append(endpoint.close)
+    ctx.config["model"] = {"url": endpoint.url, "name": "scripted"}
+    ctx.endpoint = endpoint
+
+
+def _refused_inject(ctx: Ctx) -> None:
+    """After two good calls (the title and the first agent turn) the endpoint goes away: its listener
+    is closed, so every later connection is refused."""
+    endpoint = ctx.endpoint
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while len(endpoint.model.calls) < 2 and time.monotonic() < deadline:
+        if ctx.proc is not None and ctx.proc.poll() is not None:
+            return
+        time.sleep(0.05)
+    import asyncio
+
+    asyncio.run_coroutine_threadsafe(endpoint.model.close(), endpoint.loop).result(30)
+    endpoint.closed = True
+    ctx.notes.append(f"endpoint closed after {len(endpoint.model.calls)} calls")
+
+
 def _kill_inject(ctx: Ctx) -> None:
     wait_for_phase(ctx, "agent")
     time.sleep(3.0)
@@ -807,6 +870,14 @@ FAULTS: list[Fault] = [
         BOTH,
         _model_task({"drop": True}, good_steps=1),
         _same("mark_evaluation_error", "model_stalled", 3, "receipt"),
+    ),
+    Fault(
+        "model-refused",
+        BOTH,
+        "hello-file",
+        _same("mark_evaluation_error", "model_unreachable", 3, "receipt"),
+        prepare=_refused_prepare,
+        inject=_refused_inject,
     ),
     Fault(
         "controller-kill",
