@@ -160,7 +160,7 @@ def docker_cli_round(image: str, execs: int, tag: str) -> dict[str, Any]:
 
 
 def bwrap_argv(command: list[str]) -> list[str]:
-    from core.sandbox.local.provider import _system_fs_args, resolve_bwrap
+    from core.sandbox.local.bwrap import _system_fs_args, resolve_bwrap
 
     return [
         resolve_bwrap().path,

@@ -309,7 +309,7 @@ def not_started(
         run_id="",
         task_id=task.id,
         attempt=attempt,
-        provider=config.sandbox.provider.value,
+        provider=config.sandbox.provider,
         action=action,
         failure_kind=kind,
         failure_stage=FailureStage.ADMISSION.value,

@@ -1,83 +1,16 @@
-"""``opencode-tui doctor``: environment checks (``sweep`` lives in keep_commands)."""
+"""``opencode-tui doctor``: environment checks, each provider's own ``preflight()`` among them (``sweep``
+lives in keep_commands)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
-import time
-import uuid
-from dataclasses import asdict, dataclass
-from typing import Literal
 
 from core.config import AgentConfig
 from core.exit_codes import ExitCode
-
-Status = Literal["ok", "warn", "fail"]
-
-
-@dataclass
-class Check:
-    name: str
-    status: Status
-    detail: str
-
-
-async def _check_local() -> list[Check]:
-    from core.sandbox.base import SandboxSpec
-    from core.sandbox.local.provider import LocalProvider, resolve_bwrap
-
-    out: list[Check] = []
-    try:
-        b = resolve_bwrap()
-        out.append(Check("bwrap", "ok", f"{b.path} ({b.source}, {b.version})"))
-    except Exception as exc:
-        return [Check("bwrap", "fail", str(exc))]
-    provider = LocalProvider()
-    started = time.monotonic()
-    try:
-        sb = await provider.create(
-            SandboxSpec(run_id=f"doctor-{uuid.uuid4().hex[:6]}", memory_bytes=64 << 20)
-        )
-        try:
-            r = await sb.exec(["/bin/sh", "-c", "echo ok"], timeout=30)
-            status = await sb.status()
-        finally:
-            await sb.release()
-        ms = (time.monotonic() - started) * 1000
-        out.append(Check("local sandbox", "ok" if r.ok else "fail", f"create+exec+release in {ms:.0f} ms"))
-        enforced = status.memory_limit_enforced
-        out.append(
-            Check(
-                "local memory limit",
-                "ok" if enforced else "warn",
-                "enforced through a cgroup" if enforced else "; ".join(status.notes) or "not enforced",
-            )
-        )
-    except Exception as exc:
-        out.append(Check("local sandbox", "fail", str(exc)))
-    return out
-
-
-def _check_docker(config: AgentConfig) -> list[Check]:
-    from core.config import DEFAULT_IMAGE
-
-    try:
-        import docker
-
-        client = docker.from_env(timeout=10)
-        version = client.version().get("Version", "?")
-    except Exception as exc:
-        return [Check("docker engine", "warn", f"not reachable ({exc}); start it with scripts/start-dockerd")]
-    out = [Check("docker engine", "ok", f"version {version}")]
-    image = config.sandbox.image or DEFAULT_IMAGE
-    try:
-        client.images.get(image)
-        out.append(Check("docker image", "ok", image))
-    except Exception:
-        out.append(Check("docker image", "warn", f"{image} missing; build it with scripts/build-images"))
-    return out
+from core.sandbox import registry
+from core.sandbox.registry import Check
 
 
 async def _check_opencode(config: AgentConfig) -> list[Check]:
@@ -95,23 +28,25 @@ async def _check_opencode(config: AgentConfig) -> list[Check]:
     cached = installer.cached(target)
     out = [
         Check(
-            "opencode pin", "ok", f"{config.runtime.opencode_version} ({target.package_name} for this host)"
+            name="opencode pin",
+            status="ok",
+            detail=f"{config.runtime.opencode_version} ({target.package_name} for this host)",
         )
     ]
     if cached:
         out.append(
             Check(
-                "opencode cache",
-                "ok",
-                f"{cached.path} ({cached.size / 1e6:.0f} MB, sha256 {cached.sha256[:12]})",
+                name="opencode cache",
+                status="ok",
+                detail=f"{cached.path} ({cached.size / 1e6:.0f} MB, sha256 {cached.sha256[:12]})",
             )
         )
     else:
         out.append(
             Check(
-                "opencode cache",
-                "warn",
-                f"not cached yet under {installer.config.cache_dir}; "
+                name="opencode cache",
+                status="warn",
+                detail=f"not cached yet under {installer.config.cache_dir}; "
                 "the first run downloads it from the npm registry",
             )
         )
@@ -120,25 +55,36 @@ async def _check_opencode(config: AgentConfig) -> list[Check]:
     try:
         async with httpx.AsyncClient(timeout=5.0) as client:
             r = await client.head(f"{config.runtime.registry_url}/{target.package_name}")
-        out.append(Check("npm registry", "ok" if r.status_code < 500 else "warn", f"HTTP {r.status_code}"))
+        out.append(
+            Check(
+                name="npm registry",
+                status="ok" if r.status_code < 500 else "warn",
+                detail=f"HTTP {r.status_code}",
+            )
+        )
     except httpx.HTTPError as exc:
-        out.append(Check("npm registry", "warn" if cached else "fail", f"unreachable: {exc}"))
+        out.append(
+            Check(name="npm registry", status="warn" if cached else "fail", detail=f"unreachable: {exc}")
+        )
     return out
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     config = AgentConfig()
-    checks = [Check("python", "ok", platform.python_version())]
+    checks = [Check(name="python", status="ok", detail=platform.python_version())]
 
     async def gather() -> None:
-        checks.extend(await _check_local())
-        checks.extend(await asyncio.to_thread(_check_docker, config))
+        for plugin in registry.plugins():
+            try:
+                checks.extend(await plugin.preflight(config))
+            except Exception as exc:  # a plug-in's bug is its own failed check, not doctor's crash
+                checks.append(Check(name=plugin.name, status="fail", detail=f"preflight raised {exc!r}"))
         checks.extend(await _check_opencode(config))
 
     asyncio.run(gather())
     if args.json:
         for c in checks:
-            print(json.dumps(asdict(c)))
+            print(c.model_dump_json())
     else:
         marks = {"ok": "✓", "warn": "!", "fail": "✗"}
         for c in checks:

@@ -17,7 +17,9 @@ import sys
 from collections.abc import Sequence
 
 from core import __version__
+from core.config import SandboxConfig
 from core.exit_codes import ExitCode
+from core.sandbox import registry
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("tasks", nargs="+", metavar="TASK", help="task directory or task.yaml")
     run.add_argument("--batch", action="store_true", help="headless: JSON lines on stdout")
     run.add_argument("--jobs", type=int, default=1, help="episodes at once in --batch (default 1)")
-    run.add_argument("--provider", choices=["local", "docker", "opensandbox"], help="sandbox provider")
+    run.add_argument(
+        "--provider", choices=registry.names(), help=f"sandbox provider (default: {SandboxConfig().provider})"
+    )
     run.add_argument("--model-url", help="OpenAI-compatible base URL (default: the task's scripted model)")
     run.add_argument("--model", help="model name at --model-url")
     run.add_argument("--api-key-env", help="environment variable holding the model API key")
@@ -62,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true", help="list what would be removed")
     sw.add_argument(
         "--provider",
-        choices=["local", "docker", "opensandbox", "all"],
+        choices=[*registry.names(), "all"],
         default="all",
-        help="all = local and docker (opensandbox needs its server, name it explicitly)",
+        help=f"all = {', '.join(registry.swept_by_default())} (the others need configuring: name them)",
     )
     sw.add_argument(
         "--all-owners",

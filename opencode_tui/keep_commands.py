@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.config import AgentConfig, ProviderName
+from core.config import AgentConfig
 from core.exit_codes import ExitCode
 
 _SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"]
-_MIN_PREFIX = 12  # a Docker short id
+_MIN_PREFIX = 12  # the shortest id prefix `sweep ID` accepts (a Docker short id is 12)
 
 
 class UsageError(Exception):
@@ -37,11 +37,14 @@ class UsageError(Exception):
 # ---- sweep ------------------------------------------------------------------------------------
 
 
-def _provider_names(choice: str) -> list[ProviderName]:
-    return [ProviderName.DOCKER, ProviderName.LOCAL] if choice == "all" else [ProviderName(choice)]
+def _provider_names(choice: str) -> list[str]:
+    """``all``: every provider whose listing needs nothing configured (a server is named explicitly)."""
+    from core.sandbox import registry
+
+    return registry.swept_by_default() if choice == "all" else [choice]
 
 
-async def _listed(names: list[ProviderName], owner: str | None, strict: bool) -> list[Any]:
+async def _listed(names: list[str], owner: str | None, strict: bool) -> list[Any]:
     from core.sandbox.providers import get_provider
 
     out: list[Any] = []
@@ -52,7 +55,7 @@ async def _listed(names: list[ProviderName], owner: str | None, strict: bool) ->
         except Exception as exc:
             if strict:
                 raise
-            print(f"opencode-tui sweep: {name.value}: skipped ({exc})", file=sys.stderr)
+            print(f"opencode-tui sweep: {name}: skipped ({exc})", file=sys.stderr)
             continue
         out.extend((provider, r) for r in records)
     return out
@@ -311,6 +314,8 @@ def cmd_attach(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
 
     async def attach() -> int:
+        from core.sandbox import registry
+
         try:
             sandbox = await _connect(provider_name, sandbox_id, run)
         except UsageError as exc:
@@ -323,7 +328,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
             if user is not None and "user" in inspect.signature(sandbox.pty).parameters:
                 kwargs["user"] = user
             handle = _recorded(await sandbox.pty(_SHELL, **kwargs), run_dir, cols, rows, user)
-            shown = sandbox_id[:_MIN_PREFIX] if provider_name == ProviderName.DOCKER.value else sandbox_id
+            shown = registry.get(provider_name).short_id(sandbox_id)
             print(
                 f"attached to {provider_name} sandbox {shown} (kept; exit the shell to leave, "
                 f"`opencode-tui sweep {shown}` to remove it)\r",

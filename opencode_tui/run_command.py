@@ -76,8 +76,8 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
         raise UsageError(
             f"--api-key-env names {config.model.api_key_env}, which is not set in the environment"
         )
-    if config.sandbox.provider.value == "docker" and config.sandbox.mode == "owned":
-        _check_images(config, tasks)
+    if config.sandbox.mode == "owned":
+        _admit_provider(config, tasks)
     return config, tasks
 
 
@@ -94,25 +94,15 @@ def _check_model_url(config: AgentConfig) -> None:
         ) from exc
 
 
-def _check_images(config: AgentConfig, tasks: list[Task]) -> None:
-    try:
-        import docker
+def _admit_provider(config: AgentConfig, tasks: list[Task]) -> None:
+    """The provider's own quick checks for this run (e.g. its engine is up, the images exist)."""
+    from core.sandbox import registry
 
-        client = docker.from_env(timeout=10)
-        client.ping()
-    except Exception as exc:
-        raise UsageError(
-            f"the Docker engine is not reachable ({exc}); start it (scripts/start-dockerd) "
-            "or use --provider local"
-        ) from exc
-    for image in sorted({config.sandbox.image or t.image for t in tasks}):
-        try:
-            client.images.get(image)
-        except Exception as exc:
-            raise UsageError(
-                f"image {image!r} does not exist on the Docker engine; build it with "
-                "scripts/build-images (no registry is used)"
-            ) from exc
+    images = sorted({config.sandbox.image or t.image for t in tasks})
+    checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        raise UsageError(failed[0].detail)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

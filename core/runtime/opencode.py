@@ -21,6 +21,7 @@ from core.inside import INSIDE_DIR
 from core.runtime import transcript
 from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
+from core.sandbox import registry
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
 from core.sandbox.tarsafe import safe_extract, tree_tar
 from core.tasks import Task, render_prompt
@@ -179,7 +180,7 @@ class OpenCodeHarness:
             config.sandbox.network.value == "model-only"
             and getattr(endpoint, "unix_path", None)
             and config.sandbox.mode == "owned"
-            and config.sandbox.provider.value != "opensandbox"
+            and registry.get(config.sandbox.provider).capabilities.model_socket
         )
         self.base_url = f"http://127.0.0.1:{RELAY_PORT}/v1" if self.use_relay else f"{endpoint.tcp_url}/v1"
         self.mode = config.runtime.harness

@@ -24,6 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from core.failures import Evidence, FailureEvent
 from core.invocation import Liveness, invocation_id, invocation_liveness  # noqa: F401 (the label's home)
 
+# The exceptions live in core.sandbox.errors; re-exported here for callers that import them from base.
+from core.sandbox.errors import (  # noqa: F401
+    ExpectedRefusal,
+    SandboxClosedError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    UnsafeArchiveError,
+)
+
 LABEL_RUN = "opencode-tui.run"
 LABEL_OWNER = "opencode-tui.owner"
 # Which process created the sandbox (see ``invocation_id``): lets ``sweep`` tell a live job's
@@ -237,43 +246,6 @@ def check_exec_args(argv: Sequence[str], timeout: float) -> None:
 
 def new_execution_id() -> str:
     return "ex-" + uuid.uuid4().hex[:16]
-
-
-class SandboxError(Exception):
-    """A provider operation failed; ``failure`` carries the structured FailureEvent when one applies."""
-
-    def __init__(self, message: str, *, failure: FailureEvent | None = None):
-        super().__init__(message)
-        self.failure = failure
-
-
-class SandboxClosedError(SandboxError):
-    """The sandbox was released or never created: the operation is refused (no host fallback)."""
-
-
-class ExpectedRefusal(SandboxError):
-    """The provider confirmed, **before launching anything**, that it refuses the request.
-
-    Example: the sandbox does not allow running commands as root (execd answers 403
-    ``ROOT_NOT_ALLOWED`` to a submission that asked for uid 0, before any event). Nothing ran, so
-    this is control flow, not a failure: ``failure`` is always ``None``, nothing is added to the
-    sandbox's failures, and the caller may try again differently (e.g. without a user). Callers
-    that catch ``SandboxError`` must test for this class first.
-    """
-
-    def __init__(self, message: str, *, operation: str, code: str | None, http_status: int | None):
-        super().__init__(message, failure=None)
-        self.operation = operation
-        self.code = code
-        self.http_status = http_status
-
-
-class UnsafeArchiveError(SandboxError, ValueError):
-    """A tar archive holds a member that could write outside its target."""
-
-
-class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
-    """A path asked for (e.g. by ``download_tar``) does not exist inside the sandbox."""
 
 
 class QueuedOutput:

@@ -1,22 +1,21 @@
-"""Provider selection by name; imports are lazy so a missing optional backend never breaks the rest."""
+"""Provider selection by name, through the plug-in registry (core/sandbox/registry.py)."""
 
 from __future__ import annotations
 
-from core.config import AgentConfig, ProviderName
+from typing import TYPE_CHECKING
+
+from core.sandbox import registry
 from core.sandbox.base import SandboxProvider
 
+if TYPE_CHECKING:
+    from core.config import AgentConfig
 
-def get_provider(name: ProviderName | str, config: AgentConfig | None = None) -> SandboxProvider:
-    config = config or AgentConfig()
-    name = ProviderName(name)
-    if name is ProviderName.DOCKER:
-        from core.sandbox.docker.provider import DockerProvider
 
-        return DockerProvider()
-    if name is ProviderName.LOCAL:
-        from core.sandbox.local.provider import LocalProvider
+def get_provider(name: str, config: AgentConfig | None = None) -> SandboxProvider:
+    """The provider registered as ``name``, configured by ``config``'s settings for it (defaults if none).
 
-        return LocalProvider()
-    from core.sandbox.opensandbox.provider import OpenSandboxProvider  # type: ignore[import-not-found]
+    Raises ``UnknownProviderError`` (a ValueError) listing the registered names."""
+    from core.config import AgentConfig
 
-    return OpenSandboxProvider(config.sandbox.opensandbox)
+    plugin = registry.get(name)
+    return plugin.provider((config or AgentConfig()).sandbox.settings_for(plugin.name))

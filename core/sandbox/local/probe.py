@@ -16,13 +16,13 @@ from core.failures import Evidence
 from core.sandbox.base import SandboxProbe, SandboxState
 
 if TYPE_CHECKING:
-    from core.sandbox.local.provider import LocalSandbox
+    from core.sandbox.local.sandbox import LocalSandbox
 
 SOURCE_KEEPER = "local.keeper"
 
 
 def _probe(sb: LocalSandbox, timeout: float) -> SandboxProbe:
-    from core.sandbox.local.provider import _ns_inode
+    from core.sandbox.local.procs import _ns_inode
 
     k = sb._keeper  # the probe is the sandbox's own, kept out of the long provider module
     if k is None:

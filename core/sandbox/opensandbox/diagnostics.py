@@ -34,10 +34,10 @@ from typing import Any
 
 import httpx
 
-from core.config import OpenSandboxPolicyConfig
 from core.failures import Evidence
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
 from core.sandbox.opensandbox.http import Http, RequestFailed
+from core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig
 
 LIFECYCLE_FORMAT = "opensandbox-lifecycle/v1"
 EVENTS_FORMAT = "opensandbox-1.1-docker-events-text"

@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 
-from core.config import OpenSandboxAction, OpenSandboxPolicyConfig, OpenSandboxSettings
 from core.failures import (
     Delivery,
     Evidence,
@@ -33,6 +32,7 @@ from core.failures import (
 )
 from core.failures.model import FailureDetails
 from core.sandbox.opensandbox.policy import RequestDecision, decide_request
+from core.sandbox.opensandbox.settings import OpenSandboxAction, OpenSandboxPolicyConfig, OpenSandboxSettings
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from core.config import (
+from core.sandbox.opensandbox.settings import (
     DiagnosticTimeouts,
     EvidencePolling,
     OpenSandboxAction,

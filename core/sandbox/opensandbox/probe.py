@@ -15,7 +15,7 @@ from core.sandbox.base import SandboxProbe, SandboxState
 from core.sandbox.opensandbox.http import RequestFailed
 
 if TYPE_CHECKING:
-    from core.sandbox.opensandbox.provider import OpenSandboxSandbox
+    from core.sandbox.opensandbox.sandbox import OpenSandboxSandbox
 
 SOURCE_SERVER = "opensandbox.server"
 SOURCE_LIFECYCLE = "opensandbox.lifecycle"

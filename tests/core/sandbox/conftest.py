@@ -121,7 +121,7 @@ def opensandbox_server(docker_client: Any, tmp_path_factory: pytest.TempPathFact
 
 
 def opensandbox_settings(server: Any, **overrides: Any) -> Any:
-    from core.config import OpenSandboxSettings
+    from core.sandbox.opensandbox.settings import OpenSandboxSettings
 
     fields: dict[str, Any] = {
         "url": server.url,

@@ -24,9 +24,9 @@ import httpx
 import pytest
 
 from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails
-from core.sandbox.base import LABEL_OWNER, LABEL_RUN, Recovery, SandboxError, SandboxState
+from core.sandbox.base import LABEL_OWNER, LABEL_RUN, ExpectedRefusal, Recovery, SandboxError, SandboxState
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
-from core.sandbox.opensandbox.provider import ExpectedRefusal, OpenSandboxProvider, OpenSandboxSandbox
+from core.sandbox.opensandbox.provider import OpenSandboxProvider, OpenSandboxSandbox
 
 pytestmark = [pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(120)]
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from core.config import AgentConfig, OpenSandboxPolicyOverrides, OpenSandboxSettings, load_config
+from core.config import AgentConfig, load_config
 from core.failures import Delivery, Evidence
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
+from core.sandbox.opensandbox.common import _Run, _shell_command, label_value
 from core.sandbox.opensandbox.diagnostics import (
     diagnostics_evidence,
     lifecycle_evidence,
@@ -20,7 +21,7 @@ from core.sandbox.opensandbox.diagnostics import (
 )
 from core.sandbox.opensandbox.http import classify_status
 from core.sandbox.opensandbox.policy import DEFAULT_OPENSANDBOX_POLICY, decide_request, merged_policy
-from core.sandbox.opensandbox.provider import _Run, _shell_command, label_value
+from core.sandbox.opensandbox.settings import OpenSandboxPolicyOverrides, OpenSandboxSettings
 
 SID = "eda9e4ae-b154-4e38-80ae-43a87bf11b62"
 OTHER = "fbcb9ccb-124f-411c-9c51-8daf536cf82e"

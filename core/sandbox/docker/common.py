@@ -1,0 +1,156 @@
+"""What every part of the Docker provider shares: deadlines, engine-error classification, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import requests
+
+from core.failures import (
+    Evidence,
+    FailureCause,
+    FailureEvent,
+    FailureStage,
+)
+from core.failures.model import FailureDetails
+from core.sandbox.base import (
+    SandboxState,
+)
+from core.sandbox.errors import SandboxError
+
+T = TypeVar("T")
+
+DEFAULT_IMAGE = "opencode-tui/base:bookworm"
+# The idle main process (under docker-init): portable to any image with /bin/sh.
+IDLE_MAIN = ("/bin/sh", "-c", "while :; do sleep 3600; done")
+BUILD_HINT = "build it locally with scripts/build-images (there is no registry to pull from)"
+
+API_TIMEOUT_S = 60.0  # the SDK's socket timeout for ordinary requests
+CALL_DEADLINE_S = 60.0  # deadline for one short engine call (create, start, inspect...)
+INSPECT_DEADLINE_S = 10.0  # the whole of one inspect()
+EVENTS_DEADLINE_S = 5.0
+RELEASE_DEADLINE_S = 30.0
+FILE_DEADLINE_S = 300.0  # put_archive / get_archive
+PTY_WRITE_DEADLINE_S = 30.0
+EXIT_POLL_S = 5.0  # after the output ends, how long to wait for the engine to report the exit code
+OUTPUT_CAP_BYTES = 4 << 20  # per stream, tail kept
+# Every PTY process carries this variable (value unique per terminal): close() ends the processes
+# that carry it, since a closed attach socket alone leaves an interactive shell running.
+PTY_MARKER_ENV = "OPENCODE_TUI_PTY"
+PTY_END_DEADLINE_S = 5.0
+
+_STATE_MAP = {
+    "created": SandboxState.CREATING,
+    "running": SandboxState.RUNNING,
+    "paused": SandboxState.UNKNOWN,
+    "restarting": SandboxState.UNKNOWN,
+    "removing": SandboxState.GONE,
+    "exited": SandboxState.EXITED,
+    "dead": SandboxState.FAILED,
+}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(epoch: float) -> str:
+    return f"{epoch:.9f}"
+
+
+async def _blocking(fn: Callable[..., T], *args: Any, within: float, **kwargs: Any) -> T:
+    """Run one blocking call in a worker thread; raise TimeoutError after ``within`` seconds."""
+    return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), max(within, 0.001))
+
+
+def _http_status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status_code", None)
+    if status is None:
+        response = getattr(exc, "response", None)
+        status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) and 100 <= status <= 599 else None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    node: BaseException | None = exc
+    while node is not None and len(out) < 10:
+        out.append(node)
+        node = node.__cause__ or node.__context__
+    return out
+
+
+def _engine_timed_out(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError | requests.exceptions.Timeout)
+
+
+def _engine_unreachable(exc: BaseException) -> bool:
+    """The engine could not be talked to at all (socket missing, refused, connection dropped)."""
+    if isinstance(exc, docker.errors.APIError):
+        return False
+    if "Error while fetching server API version" in str(exc):
+        return True
+    return any(
+        isinstance(e, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError)
+        for e in _chain(exc)
+    )
+
+
+def _failure(
+    kind: str,
+    *,
+    stage: FailureStage,
+    operation: str,
+    message: str,
+    exc: BaseException | None = None,
+    evidence: Sequence[Evidence] = (),
+    details: FailureDetails | None = None,
+) -> FailureEvent:
+    return FailureEvent(
+        kind=kind,
+        stage=stage,
+        operation=operation,
+        message=message[:2000],
+        http_status=_http_status(exc) if exc is not None else None,
+        cause=FailureCause.from_exception(exc) if exc is not None else None,
+        evidence=list(evidence),
+        details=details,
+    )
+
+
+def _engine_error(
+    exc: BaseException,
+    *,
+    stage: FailureStage,
+    operation: str,
+    default_kind: str,
+    what: str,
+    details: FailureDetails | None = None,
+) -> SandboxError:
+    """Map an engine exception to a SandboxError carrying a FailureEvent."""
+    if _engine_timed_out(exc):
+        kind, message = "provider_io_timeout", f"{what}: the Docker engine did not answer in time"
+    elif isinstance(exc, docker.errors.ImageNotFound):
+        kind, message = "provider_image_missing", f"{what}: image not found ({exc}); {BUILD_HINT}"
+    elif _engine_unreachable(exc):
+        kind = "provider_unavailable"
+        message = (
+            f"{what}: the Docker engine is not reachable ({exc}); is dockerd running? (scripts/start-dockerd)"
+        )
+    else:
+        kind, message = default_kind, f"{what}: {exc}"
+    failure = _failure(kind, stage=stage, operation=operation, message=message, exc=exc, details=details)
+    error = SandboxError(message, failure=failure)
+    error.__cause__ = exc
+    return error
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    slug = re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-.") or "run"
+    return slug[:limit]

@@ -1,0 +1,47 @@
+"""Every exception of the sandbox layer, in one module: catching one of these catches it from any provider.
+
+Providers raise these (never a look-alike of their own), so ``except SandboxFileNotFoundError`` in the
+engine means the same thing for every provider. Provider-internal control flow (a retry signal that
+never leaves the provider) may use private exceptions.
+"""
+
+from __future__ import annotations
+
+from core.failures import FailureEvent
+
+
+class SandboxError(Exception):
+    """A provider operation failed; ``failure`` carries the structured FailureEvent when one applies."""
+
+    def __init__(self, message: str, *, failure: FailureEvent | None = None):
+        super().__init__(message)
+        self.failure = failure
+
+
+class SandboxClosedError(SandboxError):
+    """The sandbox was released or never created: the operation is refused (no host fallback)."""
+
+
+class ExpectedRefusal(SandboxError):
+    """The provider confirmed, **before launching anything**, that it refuses the request.
+
+    Example: the sandbox does not allow running commands as root (execd answers 403
+    ``ROOT_NOT_ALLOWED`` to a submission that asked for uid 0, before any event). Nothing ran, so
+    this is control flow, not a failure: ``failure`` is always ``None``, nothing is added to the
+    sandbox's failures, and the caller may try again differently (e.g. without a user). Callers
+    that catch ``SandboxError`` must test for this class first.
+    """
+
+    def __init__(self, message: str, *, operation: str, code: str | None, http_status: int | None):
+        super().__init__(message, failure=None)
+        self.operation = operation
+        self.code = code
+        self.http_status = http_status
+
+
+class UnsafeArchiveError(SandboxError, ValueError):
+    """A tar archive holds a member that could write outside its target."""
+
+
+class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
+    """A path asked for (e.g. by ``download_tar``) does not exist inside the sandbox."""

@@ -1,0 +1,158 @@
+"""Sandbox providers as plug-ins, found through the entry-point group ``opencode_tui.providers``.
+
+A provider package declares one entry point whose object is a ``ProviderPlugin``: its name, its
+settings model, what it can do (``Capabilities``), its ``preflight()`` checks (what ``doctor`` prints)
+and a factory for the ``SandboxProvider``. The CLI's ``--provider`` choices, ``doctor``, ``sweep``
+and the config's ``sandbox.provider`` all come from here, and the engine asks capabilities instead of
+comparing provider names. docs/providers.md says how a new provider is added.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import importlib.metadata
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from core.config import AgentConfig
+    from core.sandbox.base import SandboxProvider
+
+ENTRY_POINT_GROUP = "opencode_tui.providers"
+
+# The built-in providers, also declared as entry points in pyproject.toml (a test keeps the two
+# equal). Used only when the installed metadata lacks them: an editable install made before the
+# entry points existed, or running from a source tree that is not installed.
+BUILTIN = {
+    "docker": "core.sandbox.docker.plugin:PLUGIN",
+    "local": "core.sandbox.local.plugin:PLUGIN",
+    "opensandbox": "core.sandbox.opensandbox.plugin:PLUGIN",
+}
+_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+class Capabilities(BaseModel):
+    """What a provider can do. The engine, the CLI and the contract tests ask these, never the name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Model-only network: no network inside, and the model proxy's host Unix socket bound at
+    # SANDBOX_MODEL_SOCKET (OpenCode then reaches the model through the in-sandbox relay).
+    model_socket: bool = False
+    memory_limit: bool = False  # spec.memory_bytes is enforced (where the host allows; status() says)
+    cpu_limit: bool = False  # spec.cpus is enforced
+    pids_limit: bool = False
+    disk_limit: bool = False
+    pty: bool = False  # pty(): an interactive terminal (the TUI's shell, attach)
+    # Evidence sources (core.sandbox.oom SOURCE_*) from which an OOM kill can be confirmed.
+    oom_evidence: frozenset[str] = frozenset()
+    borrowed: bool = False  # connect() to a sandbox it did not create (sandbox.mode: borrowed)
+    images: bool = False  # spec.image is what runs (False: the host's own system)
+    users: bool = False  # spec.user and exec(user=...) run as another uid than the provider's own
+    host_mounts: bool = False  # spec.mounts: host paths appear inside (else files are uploaded)
+    listing: bool = False  # listed()/remove(): sweep and attach can find its sandboxes
+    # Listing needs nothing configured (no server to name), so a bare ``sweep`` covers it.
+    sweep_by_default: bool = False
+
+
+class Check(BaseModel):
+    """One preflight result, as ``doctor`` prints it: ``fail`` makes doctor exit non-zero."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    status: Literal["ok", "warn", "fail"]
+    detail: str
+
+
+class ProviderPlugin(abc.ABC):
+    """One sandbox provider as the rest of the program sees it (the entry point's object)."""
+
+    name: str
+    summary: str = ""  # one line for help texts
+    settings_model: type[BaseModel]  # pydantic, extra="forbid"; the config's ``sandbox.<name>:``
+    capabilities: Capabilities = Capabilities()
+
+    @abc.abstractmethod
+    def provider(self, settings: BaseModel) -> SandboxProvider:
+        """The factory: a provider configured by ``settings`` (an instance of ``settings_model``)."""
+
+    def settings(self, raw: Mapping[str, Any] | BaseModel | None = None) -> BaseModel:
+        """``raw`` validated by this provider's settings model (``ValidationError`` names the field)."""
+        if isinstance(raw, self.settings_model):
+            return raw
+        if isinstance(raw, BaseModel):
+            raw = raw.model_dump()
+        return self.settings_model.model_validate(raw or {})
+
+    async def preflight(self, config: AgentConfig) -> list[Check]:
+        """What ``doctor`` checks and prints for this provider (may create a throwaway sandbox)."""
+        return []
+
+    async def admit(self, config: AgentConfig, images: Sequence[str]) -> list[Check]:
+        """Quick checks before a run of owned sandboxes from ``images`` (a ``fail`` refuses the run)."""
+        return []
+
+    def short_id(self, sandbox_id: str) -> str:
+        """How a sandbox id is shown to a person (``sweep`` accepts any unique prefix)."""
+        return sandbox_id
+
+
+class UnknownProviderError(ValueError):
+    """A provider name no plug-in registers; the message lists the registered ones."""
+
+
+class PluginLoadError(RuntimeError):
+    """A registered plug-in could not be loaded or is not a ProviderPlugin."""
+
+
+@functools.cache
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    found: dict[str, importlib.metadata.EntryPoint] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
+    for name, value in BUILTIN.items():
+        found.setdefault(name, importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP))
+    return {name: ep for name, ep in found.items() if _NAME.fullmatch(name)}
+
+
+def names() -> list[str]:
+    """Every registered provider name, sorted."""
+    return sorted(_entry_points())
+
+
+def check_name(name: str) -> str:
+    if name not in _entry_points():
+        raise UnknownProviderError(f"unknown sandbox provider {name!r}; registered: {', '.join(names())}")
+    return name
+
+
+@functools.cache
+def get(name: str) -> ProviderPlugin:
+    """The plug-in registered as ``name`` (loaded once)."""
+    ep = _entry_points().get(check_name(name))
+    assert ep is not None
+    try:
+        plugin = ep.load()
+    except Exception as exc:
+        raise PluginLoadError(f"sandbox provider {name!r} ({ep.value}) cannot be loaded: {exc}") from exc
+    if not isinstance(plugin, ProviderPlugin):
+        raise PluginLoadError(
+            f"sandbox provider {name!r} ({ep.value}) is a {type(plugin).__name__}, not a ProviderPlugin"
+        )
+    if plugin.name != name:
+        raise PluginLoadError(f"entry point {name!r} ({ep.value}) holds the plug-in named {plugin.name!r}")
+    return plugin
+
+
+def plugins() -> list[ProviderPlugin]:
+    return [get(name) for name in names()]
+
+
+def swept_by_default() -> list[str]:
+    """The providers a bare ``sweep`` (``--provider all``) covers: those listing without configuration."""
+    return [p.name for p in plugins() if p.capabilities.listing and p.capabilities.sweep_by_default]
