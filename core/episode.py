@@ -860,8 +860,7 @@ class Episode(EpisodeControl):
             if probe.engine_reachable or left <= 0.0:
                 break
             await asyncio.sleep(min(0.5, left))
-        keeper_killed = self.sandbox.provider == "local" and probe.dead is True
-        if unreachable is None and len(probes) == 1 and not keeper_killed and not probe.engine_restarted:
+        if unreachable is None and len(probes) == 1 and not probe.engine_lost:
             return None  # the engine answered all along: not an engine loss
         if probe.dead and self.cleanup_proof is None:
             self.cleanup_proof = CleanupProof.FOUND_DEAD

@@ -190,7 +190,9 @@ class SandboxProbe(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     engine_reachable: bool
-    engine_restarted: bool | None = None  # the engine answers, but as a new instance (None: unknown)
+    # The probe itself saw the engine go away: a restart already over (Docker's emptied event log),
+    # the local keeper killed from outside. None: it cannot tell.
+    engine_lost: bool | None = None
     dead: bool | None = None
     state: SandboxState = SandboxState.UNKNOWN
     detail: str = ""

@@ -119,5 +119,5 @@ async def probe_container(
         state=_DEAD.get(status, SandboxState.RUNNING if state.get("Running") else SandboxState.UNKNOWN),
         detail=detail,
         evidence=evidence,
-        engine_restarted=restarted,
+        engine_lost=restarted,
     )

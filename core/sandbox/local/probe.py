@@ -57,6 +57,7 @@ def _probe(sb: LocalSandbox, timeout: float) -> SandboxProbe:
     return SandboxProbe(
         engine_reachable=True,
         dead=True,
+        engine_lost=True,  # nothing of ours kills the keeper before the release: it was killed from outside
         state=SandboxState.EXITED,
         detail=f"the keeper (pid {k.pid}, the sandbox's pid 1) of local sandbox {sb.sandbox_id} is gone: "
         f"the kernel ended every process in its PID namespace{where}",
