@@ -11,6 +11,8 @@ Faults:
 - ``engine-lost``: docker: a private Docker daemon of the suite (its own socket, data-root and
   exec-root under a temporary directory; never the shared one) is stopped a few seconds into the
   agent and started again 3 s later; local: the sandbox's keeper (its pid 1) is SIGKILLed from outside.
+- ``engine-gone`` (docker, full run): the private daemon stays down until the run has ended: cleanup
+  cannot be confirmed (exit 4) and ``sweep`` removes the container once the daemon is back.
 - ``runs-dir-full``: ``--runs-dir`` is a 600 KB tmpfs (needs root to mount).
 - ``cache-corrupt``: the cached OpenCode binary has wrong bytes (same size); a loopback npm mirror
   serves the genuine package for the re-fetch.
@@ -576,6 +578,35 @@ def _engine_inject(ctx: Ctx) -> None:
     ctx.notes.append(f"keeper pid {keeper['pid']} SIGKILLed")
 
 
+def _engine_gone_inject(ctx: Ctx) -> None:
+    """The private dockerd stopped mid-agent and started again only after the run has ended."""
+    wait_for_phase(ctx, "agent")
+    time.sleep(4.0)
+    d = ctx.suite.dockerd()
+    d.stop()
+    deadline = time.monotonic() + ROW_TIMEOUT_S
+    while ctx.proc is not None and ctx.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    d.start()
+
+
+def _engine_gone_after(ctx: Ctx, row: Row, result: dict[str, Any]) -> None:
+    """Nothing could be confirmed or removed: the container is left for ``sweep``, which finds it
+    once the engine is back."""
+    left = docker_leftovers(ctx.owner, ctx.env["DOCKER_HOST"])
+    sweep = subprocess.run(
+        [*CLI, "sweep", "--provider", "docker"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ctx.env,
+        check=False,
+    )
+    row.cleanup = f"{row.cleanup}; sweep ({len(left)} found)"
+    if sweep.returncode != 0:
+        row.problems.append(f"sweep failed: {sweep.stderr.strip()[-200:]}")
+
+
 def _tmpfs(ctx: Ctx, size: str) -> Path:
     if os.geteuid() != 0:
         raise RuntimeError("mounting a tmpfs needs root")
@@ -805,6 +836,17 @@ FAULTS: list[Fault] = [
         prepare=_engine_prepare,
         quick=BOTH,
     ),
+    # The engine does not come back within the close budget: nothing can be confirmed (exit 4).
+    Fault(
+        "engine-gone",
+        ("docker",),
+        "timeout",
+        _same("mark_evaluation_error", "sandbox_engine_lost", 4, None),
+        inject=_engine_gone_inject,
+        prepare=_engine_prepare,
+        after=_engine_gone_after,
+        config={"budgets": {"close_s": 12}},
+    ),
     Fault(
         "runs-dir-full",
         BOTH,
@@ -956,7 +998,7 @@ def run(quick: bool = False, only: list[str] | None = None, jobs: int = 3) -> li
     pairs = selected(quick, only)
     try:
         # The private dockerd is one engine: its rows run one at a time, the others alongside.
-        private = [p for p in pairs if p[0].name == "engine-lost" and p[1] == "docker"]
+        private = [p for p in pairs if p[0].name.startswith("engine-") and p[1] == "docker"]
         rest = [p for p in pairs if p not in private]
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = [pool.submit(lambda ps=private: [suite.run_row(f, p) for f, p in ps])]
