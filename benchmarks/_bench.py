@@ -312,10 +312,6 @@ def raw_labels(owner: str, tag: str) -> list[str]:
     return ["--label", f"{LABEL_RUN}=bench-raw-{tag}", "--label", f"{LABEL_OWNER}={owner}"]
 
 
-def utc_epoch(dt: Any) -> float:
-    return dt.timestamp()
-
-
 # ---- the no-harness floor: plain OpenCode in a plain container on the same scripted model ---------
 
 

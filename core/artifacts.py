@@ -45,7 +45,6 @@ from core.events import Event, FailureRecorded, FailureRecovered, ShellOpened, d
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
-from core.model.records import ModelCallRecord
 from core.redaction import redact, redact_text
 
 DIAGNOSTICS_CAP = 16_000
@@ -328,7 +327,9 @@ class RunDirReader:
 
     Lazy by design: nothing is read until asked for, events and model calls are iterated line by line,
     and a missing file reads as ``None`` (or nothing), never as an error: a run directory of a run that
-    was killed, or of an older engine, still opens.
+    was killed, or of an older engine, still opens. The model-call records are typed one layer up
+    (``core.model.records.recorded_calls``/``recorded_call`` parse ``model_call_lines``): the run
+    directory sits below the model proxy that defines them.
     """
 
     def __init__(self, path: Path | str, *, check: bool = True) -> None:
@@ -402,40 +403,18 @@ class RunDirReader:
 
     # -- model calls -----------------------------------------------------------------------------
 
-    def model_calls(self) -> Iterator[ModelCallRecord]:
-        """``model_calls.jsonl``: one record per call, in completion order (records that do not parse,
-        e.g. a torn last line of a live run, are skipped)."""
+    def model_call_lines(self, mentioning: str | None = None) -> Iterator[bytes]:
+        """The lines of ``model_calls.jsonl`` (one record each; ``core.model.records.recorded_calls``
+        parses them), or only those that mention ``mentioning`` (a cheap byte scan: the file holds every
+        request body)."""
         p = self.path / RunFiles.MODEL_CALLS
         if not p.exists():
             return
-        with p.open(encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    yield ModelCallRecord.model_validate_json(line)
-                except ValueError:
-                    continue
-
-    def model_call(self, call_id: str) -> ModelCallRecord | None:
-        """The record of ``call_id`` (the last one if repeated), or None. Scans bytes first: only
-        lines that mention the id are parsed (the file holds every request body)."""
-        p = self.path / RunFiles.MODEL_CALLS
-        if not p.exists():
-            return None
-        needle = call_id.encode()
-        found: ModelCallRecord | None = None
+        needle = mentioning.encode() if mentioning is not None else None
         with p.open("rb") as f:
             for line in f:
-                if needle not in line:
-                    continue
-                try:
-                    record = ModelCallRecord.model_validate_json(line)
-                except ValueError:
-                    continue
-                if record.call_id == call_id:
-                    found = record
-        return found
+                if line.strip() and (needle is None or needle in line):
+                    yield line
 
     # -- text files ------------------------------------------------------------------------------
 

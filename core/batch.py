@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
 from core.config import AgentConfig
 from core.episode import Episode, EpisodeResult
+from core.episode.common import stage_of
 from core.events import EventBus
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
@@ -87,7 +88,7 @@ def mark_orphans(runs_dir: Path) -> list[RunInfo]:
         info.outcome = OutcomeSummary(
             action=Outcome.KEEP_UNKNOWN,
             failure_kind="run_interrupted",
-            failure_stage=_stage_of_phase(info.phase),
+            failure_stage=stage_of(info.phase).value,
             failure_class="unknown",
             summary=f"interrupted during {info.phase}: its controller (pid {pid_of(info.controller)}) died "
             f"before the episode ended; cleanup unknown (opencode-tui sweep --run {info.run_id})",
@@ -99,10 +100,6 @@ def mark_orphans(runs_dir: Path) -> list[RunInfo]:
             continue  # an unwritable old run stays as it was; it is still reported below
         marked.append(info)
     return marked
-
-
-def _stage_of_phase(phase: str) -> str:
-    return phase if phase in FailureStage.__members__.values() else FailureStage.RELEASE.value
 
 
 def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:

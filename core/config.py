@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,10 +16,38 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.failures import ClassificationConfig, OutcomePolicyOverrides
-from core.sandbox.base import NetworkPolicy, parse_user_spec
 
+# The pin. Checked against registry.npmjs.org: opencode-linux-x64-musl and opencode-linux-x64-baseline-musl
+# stop at 1.18.32, while opencode-linux-x64 goes on to 1.18.34 and opencode-linux-x64-baseline to 1.18.33,
+# so 1.18.32 is the newest version with all four x64 packages (opencode-ai@1.18.32 lists all of them as
+# optionalDependencies). The registry serves the arm64 packages only up to 1.18.18 (1.18.14, 1.18.15,
+# 1.18.18), so an arm64 target fails at this pin with a message naming what the registry has.
 DEFAULT_OPENCODE_VERSION = "1.18.32"
+DEFAULT_REGISTRY_URL = "https://registry.npmjs.org"
 DEFAULT_IMAGE = "opencode-tui/base:bookworm"
+
+
+class NetworkPolicy(StrEnum):
+    """``model-only``: no network inside; the model proxy is reached through a bound Unix socket."""
+
+    MODEL_ONLY = "model-only"
+    HOST = "host"
+
+
+def parse_user_spec(value: str) -> tuple[str | None, int | None, int | None]:
+    """``"agent"`` → (name, None, None); ``"1000"`` → (None, 1000, None); ``"1000:1000"`` → both ids."""
+    value = value.strip()
+    if not value:
+        raise ValueError("a sandbox user must not be empty")
+    head, _, tail = value.partition(":")
+    if head.isdigit():
+        gid = int(tail) if tail.isdigit() else None
+        if tail and gid is None:
+            raise ValueError(f"sandbox user {value!r}: the group must be a number (uid:gid)")
+        return None, int(head), gid
+    if tail:
+        raise ValueError(f"sandbox user {value!r}: give a name or uid[:gid]")
+    return head, None, None
 
 
 class ConfigError(ValueError):
@@ -83,7 +112,7 @@ class SandboxConfig(_Model):
     """Which provider, owned or borrowed, and the network policy of owned sandboxes.
 
     A provider's own settings are under its name (``sandbox.opensandbox:``, ``sandbox.docker:``), in
-    the model that provider defines (core/sandbox/registry.py); ``settings_for`` returns them. Any
+    the model that provider defines (core/provider_registry.py); ``settings_for`` returns them. Any
     other unknown key is an error naming it, as everywhere in the config.
     """
 
@@ -104,7 +133,7 @@ class SandboxConfig(_Model):
     @field_validator("provider")
     @classmethod
     def _registered(cls, value: str) -> str:
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         return registry.check_name(value)
 
@@ -116,7 +145,7 @@ class SandboxConfig(_Model):
         extra = [key for key in data if key not in cls.model_fields]
         if not extra:
             return data
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         data = dict(data)
         errors: list[Any] = []
@@ -138,7 +167,7 @@ class SandboxConfig(_Model):
 
     def settings_for(self, provider: str | None = None) -> BaseModel:
         """The settings of ``provider`` (default: the configured one), its defaults when not given."""
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         name = provider or self.provider
         given = (self.model_extra or {}).get(name)
@@ -175,7 +204,7 @@ class RuntimeSettings(_Model):
     # outside the workdir, reading a ``.env`` file, or repeating one tool call three times) with edit
     # and bash allowed; ``allow-all``: nothing is asked. Web fetches are denied either way.
     permissions: PermissionProfile = "default"
-    registry_url: str = "https://registry.npmjs.org"
+    registry_url: str = DEFAULT_REGISTRY_URL
     cache_dir: str | None = None
 
 

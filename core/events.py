@@ -8,18 +8,16 @@ a replayed run directory feeds them to the same widgets.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from core.failures import Decision, Evidence, FailureClass, FailureEvent, Outcome
+from core.failures import Decision, Evidence, FailureClass, FailureEvent, Outcome, Recovery
 from core.failures.evidence import utcnow
-from core.sandbox.base import Recovery
 
 
 class Phase(StrEnum):
@@ -281,12 +279,6 @@ def decode(line: str | bytes) -> Event:
     return _ADAPTER.validate_json(line)
 
 
-def read_jsonl(lines: Iterable[str | bytes]) -> Iterator[Event]:
-    for line in lines:
-        if line.strip():
-            yield decode(line)
-
-
 Subscriber = Callable[[Event], None]
 
 
@@ -350,7 +342,3 @@ class EventBus:
     @property
     def seq(self) -> int:
         return self._seq
-
-
-def to_json_dict(event: Event) -> dict[str, Any]:
-    return json.loads(encode(event))

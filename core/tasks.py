@@ -27,8 +27,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.config import DEFAULT_IMAGE, ConfigError, format_validation_error, yaml_error_text
-from core.sandbox.base import parse_user_spec
+from core.config import DEFAULT_IMAGE, ConfigError, format_validation_error, parse_user_spec, yaml_error_text
 
 _MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -7,10 +7,10 @@ import argparse
 import asyncio
 import platform
 
+from core import provider_registry as registry
 from core.config import AgentConfig
 from core.exit_codes import ExitCode
-from core.sandbox import registry
-from core.sandbox.registry import Check
+from core.provider_registry import Check
 
 
 async def _check_opencode(config: AgentConfig) -> list[Check]:

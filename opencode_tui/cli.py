@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 
 from core import __version__
+from core import provider_registry as registry
 from core.config import SandboxConfig
 from core.exit_codes import ExitCode
-from core.sandbox import registry
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,11 +13,6 @@ from core.exit_codes import ExitCode
 THEME_ENV = "OPENCODE_TUI_THEME"
 
 
-def _not_yet(name: str) -> int:
-    print(f"opencode-tui {name}: not available in this build yet", file=sys.stderr)
-    return ExitCode.USAGE
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from opencode_tui.run_command import cmd_run as run
 

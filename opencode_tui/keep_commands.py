@@ -39,7 +39,7 @@ class UsageError(Exception):
 
 def _provider_names(choice: str) -> list[str]:
     """``all``: every provider whose listing needs nothing configured (a server is named explicitly)."""
-    from core.sandbox import registry
+    from core import provider_registry as registry
 
     return registry.swept_by_default() if choice == "all" else [choice]
 
@@ -315,7 +315,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
 
     async def attach() -> int:
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         try:
             sandbox = await _connect(provider_name, sandbox_id, run)

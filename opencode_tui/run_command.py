@@ -96,7 +96,7 @@ def _check_model_url(config: AgentConfig) -> None:
 
 def _admit_provider(config: AgentConfig, tasks: list[Task]) -> None:
     """The provider's own quick checks for this run (e.g. its engine is up, the images exist)."""
-    from core.sandbox import registry
+    from core import provider_registry as registry
 
     images = sorted({config.sandbox.image or t.image for t in tasks})
     checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))

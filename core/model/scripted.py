@@ -223,11 +223,6 @@ class ScriptedModel(HttpService):
         self._fault_attempts: dict[tuple[str, int], int] = {}
         self._server = HttpServer(self._handle, name="scripted-model")
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-
-    def calls_of(self, kind: CallKind) -> list[ServedCall]:
-        return [c for c in self.calls if c.kind == kind]
-
     # -- request handling --------------------------------------------------------------------------
 
     def _log(self, req: Request, **kw: Any) -> ServedCall:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core import provider_registry as registry
 from core.artifacts import RunDir, RunFiles
 from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, TerminalOutput, TranscriptStats
@@ -21,7 +22,6 @@ from core.inside import INSIDE_DIR
 from core.runtime import transcript
 from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
-from core.sandbox import registry
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
 from core.sandbox.tarsafe import safe_extract, tree_tar
 from core.tasks import TASK_FILE, Task, render_prompt

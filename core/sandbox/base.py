@@ -21,7 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from core.failures import Evidence, FailureEvent
+# NetworkPolicy, parse_user_spec and Recovery live below the sandbox layer (the config and the events
+# use them); providers import them from here, the sandbox layer's one vocabulary.
+from core.config import NetworkPolicy, parse_user_spec  # noqa: F401
+from core.failures import Evidence, FailureEvent, Recovery
 from core.invocation import Liveness, invocation_id, invocation_liveness  # noqa: F401 (the label's home)
 
 # The exceptions live in core.sandbox.errors; re-exported here for callers that import them from base.
@@ -55,13 +58,6 @@ def default_owner() -> str:
     except Exception:
         user = str(os.getuid())
     return f"{user}@{socket.gethostname()}"
-
-
-class NetworkPolicy(StrEnum):
-    """``model-only``: no network inside; the model proxy is reached through a bound Unix socket."""
-
-    MODEL_ONLY = "model-only"
-    HOST = "host"
 
 
 class Mount(BaseModel):
@@ -115,22 +111,6 @@ class SandboxUser(BaseModel):
 
 # Prints uid, gid and user name, one per line (POSIX ``id``; the name may be missing in /etc/passwd).
 IDENTIFY_SCRIPT = 'id -u && id -g && (id -un 2>/dev/null || echo "")'
-
-
-def parse_user_spec(value: str) -> tuple[str | None, int | None, int | None]:
-    """``"agent"`` → (name, None, None); ``"1000"`` → (None, 1000, None); ``"1000:1000"`` → both ids."""
-    value = value.strip()
-    if not value:
-        raise ValueError("a sandbox user must not be empty")
-    head, _, tail = value.partition(":")
-    if head.isdigit():
-        gid = int(tail) if tail.isdigit() else None
-        if tail and gid is None:
-            raise ValueError(f"sandbox user {value!r}: the group must be a number (uid:gid)")
-        return None, int(head), gid
-    if tail:
-        raise ValueError(f"sandbox user {value!r}: give a name or uid[:gid]")
-    return head, None, None
 
 
 class SandboxSpec(BaseModel):
@@ -278,14 +258,6 @@ class PtyHandle(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-
-class Recovery(StrEnum):
-    """How a provider went on after a failure it did not raise (see ``Sandbox.on_recovered``)."""
-
-    FOLLOWED_EXECUTION_ID = "followed_execution_id"  # output stream lost; the exit was read by execution id
-    RESUBMITTED = "resubmitted"  # a submission proven not to have started was sent again
-    RETURNED_UNOBSERVED = "returned_unobserved"  # the hard cap expired; exec returned, its exit unknown
 
 
 RecoveredCallback = Callable[[FailureEvent, Recovery], None]

@@ -41,6 +41,7 @@ from core.events import (
     TerminalOutput,
     ToolCall,
 )
+from core.model.records import recorded_call
 from opencode_tui import format as fmt
 from opencode_tui.feeds import EventIndex, LoadStats, iter_event_batches
 from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted, ReplayLoaded, ShellWanted
@@ -802,7 +803,9 @@ class RunScreen(Screen[None]):
         if isinstance(focused, ModelCallsTable) and focused.selected is not None:
             call = focused.selected
             where = self.bodies_dir
-            record = RunDirReader(where, check=False).model_call(call.call_id) if where is not None else None
+            record = (
+                recorded_call(RunDirReader(where, check=False), call.call_id) if where is not None else None
+            )
             data = json.loads(call.model_dump_json())
             data["record"] = record.model_dump(mode="json") if record is not None else "not recorded"
             return "model call", json.dumps(data, indent=2)

@@ -20,7 +20,7 @@ from textual.widgets import Collapsible, Static, TabbedContent, TextArea
 
 from core.artifacts import RunDirReader, RunFiles
 from core.events import ModelCall
-from core.model.records import assembled_tool_calls
+from core.model.records import assembled_tool_calls, recorded_calls
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.screens.run import RunScreen
@@ -227,7 +227,7 @@ async def test_model_call_reads_as_a_conversation_and_an_assembled_response(
     fixture_runs, replay_loaded, wait
 ):
     run = fixture_runs / "oom"
-    records = list(RunDirReader(run).model_calls())
+    records = list(recorded_calls(RunDirReader(run)))
     last = next(r for r in reversed(records) if r.kind == "agent" and len(r.request_body["messages"]) > 3)
     app = OpenCodeTUI(run_dir=run)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from core.provider_registry import Capabilities, Check, ProviderPlugin
 from core.sandbox.docker.settings import DockerSettings
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
-from core.sandbox.registry import Capabilities, Check, ProviderPlugin
 
 if TYPE_CHECKING:
     from core.config import AgentConfig

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from core.provider_registry import Capabilities, Check, ProviderPlugin
 from core.sandbox.local.settings import LocalSettings
 from core.sandbox.oom import SOURCE_CGROUP
-from core.sandbox.registry import Capabilities, Check, ProviderPlugin
 
 if TYPE_CHECKING:
     from core.config import AgentConfig
