@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.artifacts import RunFiles
 from core.events import ModelCall
 from core.model.classify import CallKind
+
+MODEL_CALLS_FILE = RunFiles.MODEL_CALLS  # for the modules that name it from here
 
 if TYPE_CHECKING:
     from core.artifacts import RunDirReader
