@@ -3,6 +3,7 @@
     python benchmarks/episode.py                   # 3 engine episodes vs 3 raw runs; batch of 4 at jobs 1, 2, 4
     python benchmarks/episode.py --quick           # 1 vs 1; batch of 2 at jobs 1, 2
     python benchmarks/episode.py --batch 6 --jobs 1 3 --json out.json
+    python benchmarks/episode.py --executor ray --quick   # 8 episodes: Ray at 2 CPUs vs local --jobs 2
 
 1. One episode. Engine: ``Episode(task, config).run()`` of ``sample_tasks/hello-file`` with the docker
    provider and the embedded scripted model (recording proxy, model-only network, relay, supervisor,
@@ -18,6 +19,14 @@
    hello-file at each ``--jobs`` value, each in a fresh temporary runs directory, one attempt each.
    Episodes per minute = N / wall clock; speed-up against the first jobs value.
 
+3. ``--executor ray``: the same batch (8 hello-file copies unless ``--batch``) through ``run_batch`` with
+   the Ray executor on a local Ray instance started here (127.0.0.1, 2 CPUs, one CPU per episode: two
+   worker processes), against the local executor at ``--jobs 2`` in the same run; they alternate
+   (local first), ``--reps`` pairs (default 1). Ray's time includes what a batch pays on a running
+   cluster: joining it, the shared-storage probe, the workers' first imports. Overhead = Ray wall /
+   local wall. Machine CPU-seconds per episode (``/proc/stat`` busy time over the batch / episodes)
+   include whatever else runs on the machine. Part 1 is skipped.
+
 No container may be left behind: all containers of this process carry its own owner label
 (``opencode-tui.owner=bench-<pid>@<host>``) and are counted after every batch and at the end.
 """
@@ -27,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -45,6 +55,13 @@ from core.tasks import load_task  # noqa: E402
 
 TASK_DIR = B.ROOT / "sample_tasks" / "hello-file"
 PHASES = ("seed", "install", "agent", "closing", "transcript", "verification", "release")
+
+
+def peak_rss_mb() -> float:
+    """The benchmark process's peak resident set so far (it is the controller: episodes run in it)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict[str, Any]:
@@ -86,6 +103,7 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
         "wall": wall,
         "episodes_per_min": n / wall * 60,
         "engine_cpu_per_episode": cpu / n,
+        "peak_rss_mb": peak_rss_mb(),
         "loadavg_after": B.loadavg(),
         "scored": summary.scored,
         "failures": summary.failures_by_kind,
@@ -93,6 +111,156 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
         "cleanup_confirmed": sum(1 for r in summary.results if r.cleanup_confirmed),
         "leftover_containers": left,
     }
+
+
+def process_cpu_s() -> tuple[float, float]:
+    """(this process, its reaped descendants) user+system CPU-seconds. With the local provider every
+    process of an episode (bwrap, OpenCode, the verifier) is a reaped descendant of the process that
+    ran the episode; Docker's containers are not (they are containerd's)."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def machine_busy_s() -> float:
+    """CPU-seconds every core of the machine has been busy since boot (``/proc/stat``)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def start_local_ray(cpus: int) -> Path:
+    """A Ray instance owned by this process (``ray.shutdown()`` stops it), bound to loopback; its
+    workers import this tree (PYTHONPATH) and inherit our owner label."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(B.ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Token authentication with a token of this run's own: Ray 2.60 would otherwise write one into
+    # ~/.ray/auth_token, which every later `ray start` on the machine then follows.
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    import logging
+
+    import ray
+
+    temp = Path(tempfile.mkdtemp(prefix="rayb-", dir="/tmp"))  # short: Ray's Unix sockets live here
+    ray.init(
+        address="local",
+        num_cpus=cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=str(temp),
+    )
+    return temp
+
+
+async def executor_batch(task: Any, config: AgentConfig, n: int, jobs: int, executor: str) -> dict[str, Any]:
+    """One batch of ``n`` through ``run_batch``: the local executor at ``jobs``, or the Ray executor
+    on the Ray instance this process started (its CPUs bound the concurrency)."""
+    from core.batch import LocalExecutor, run_batch
+
+    runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-{executor}-"))
+    if executor == "ray":
+        from core.ray_executor import RayExecutor
+
+        ex: Any = RayExecutor(config.executor.ray)
+        jobs = n
+    else:
+        ex = LocalExecutor()
+    try:
+        busy0 = machine_busy_s()
+        self0, kids0 = process_cpu_s()
+        t0 = time.perf_counter()
+        if executor == "ray":
+            await asyncio.to_thread(ex.connect)
+        summary = await run_batch([task] * n, config, runs_dir=runs, jobs=jobs, max_attempts=1, executor=ex)
+        wall = time.perf_counter() - t0
+        busy = machine_busy_s() - busy0
+        self1, kids1 = process_cpu_s()
+        await ex.close()
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    left = B.leftovers(OWNER)["ours"]
+    if str(config.sandbox.provider) == "local":
+        from core.sandbox.providers import get_provider
+
+        left += [r.sandbox_id for r in await get_provider(config.sandbox.provider).listed(owner=OWNER)]
+    return {
+        "executor": executor,
+        "episodes": n,
+        "wall": wall,
+        "episodes_per_min": n / wall * 60,
+        "machine_cpu_s_per_episode": busy / n,
+        # The local executor: the engine's CPU (and, local provider, the whole episode's); Ray: the driver's.
+        "process_cpu_s_per_episode": (self1 - self0 + kids1 - kids0) / n,
+        "probe_s": getattr(ex, "probe_s", None),
+        "loadavg_after": B.loadavg(),
+        "scored": summary.scored,
+        "failures": summary.failures_by_kind,
+        "cleanup_confirmed": sum(1 for r in summary.results if r.cleanup_confirmed),
+        "leftover_containers": left,
+    }
+
+
+async def ray_comparison(task: Any, config: AgentConfig, n: int, cpus: int, reps: int, rep: B.Report) -> int:
+    temp = await asyncio.to_thread(start_local_ray, cpus)
+    pairs: list[dict[str, Any]] = []
+    status = 0
+    try:
+        for i in range(reps):
+            rep.progress(f"local executor, {n} episodes at jobs {cpus} ({i + 1}/{reps})")
+            local = await executor_batch(task, config, n, cpus, "local")
+            rep.progress(f"ray executor, {n} episodes on {cpus} Ray CPUs ({i + 1}/{reps})")
+            on_ray = await executor_batch(task, config, n, cpus, "ray")
+            pairs.append({"local": local, "ray": on_ray, "overhead": on_ray["wall"] / local["wall"]})
+            if local["leftover_containers"] or on_ray["leftover_containers"]:
+                status = 1
+    finally:
+        import ray
+
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+    provider = config.sandbox.provider
+    rep.data["ray_comparison"] = {"cpus": cpus, "provider": provider, "pairs": pairs}
+    rows = [
+        [
+            f"{b['executor']} #{i + 1}",
+            str(b["episodes"]),
+            B.fmt_s(b["wall"]),
+            f"{b['episodes_per_min']:.2f}",
+            f"{b['scored']}/{b['episodes']}",
+            f"{b['cleanup_confirmed']}/{b['episodes']}",
+            B.fmt_s(b["machine_cpu_s_per_episode"]),
+            B.fmt_s(b["process_cpu_s_per_episode"]),
+            B.fmt_s(b["probe_s"]) if b["probe_s"] is not None else "",
+            " ".join(f"{x:.1f}" for x in b["loadavg_after"]),
+            str(len(b["leftover_containers"])),
+        ]
+        for i, pair in enumerate(pairs)
+        for b in (pair["local"], pair["ray"])
+    ]
+    headers = ["executor", "episodes", "wall", "episodes/min", "scored", "cleanup ok", "machine CPU/ep"]
+    headers += ["process CPU/ep", "probe", "loadavg after", "leftovers"]
+    title = f"Batch throughput: Ray ({cpus} CPUs) vs local (--jobs {cpus}), {provider} provider"
+    rep.say(B.table(headers, rows, title=title))
+    rep.say(
+        "process CPU/ep: local = this process and its reaped descendants (with the local provider, the "
+        "whole episode: engine, proxy, bwrap, OpenCode, verifier; with docker, the engine only); "
+        "ray = the driver alone"
+    )
+    overheads = [p["overhead"] for p in pairs]
+    rep.say(
+        f"Ray overhead (Ray wall / local wall): {', '.join(f'{x:.3f}x' for x in overheads)}; "
+        f"median {B.med(overheads):.3f}x (target <= 1.15x); load average at start "
+        f"{rep.data['meta']['loadavg_start']}, now {B.loadavg()}"
+    )
+    rep.data["ray_comparison"]["overhead_median"] = B.med(overheads)
+    if any(p["local"]["scored"] < n or p["ray"]["scored"] < n for p in pairs):
+        status = 1
+    return status
 
 
 def single_table(
@@ -148,15 +316,31 @@ def single_table(
     rows.append(
         ["engine process CPU (controller)", B.fmt_s(B.med(ecpu)), B.fmt_spread(ecpu, "s"), "", "", ""]
     )
+    rss = rep.data["meta"].get("peak_rss_mb_after_single")
+    rows.append(
+        ["controller peak RSS (whole process so far)", f"{rss:.0f} MB" if rss else "-", "", "", "", ""]
+    )
     rows.append(
         ["OpenCode + verifier CPU (raw floor)", "", "", B.fmt_s(B.med(fcpu)), B.fmt_spread(fcpu, "s"), ""]
     )
     rep.say()
     rep.say(
         B.table(
-            ["hello-file, docker", "engine", "min-max s", "raw floor", "min-max s", "ratio"],
+            [
+                f"hello-file, {rep.data['meta']['provider']}",
+                "engine",
+                "min-max s",
+                "raw floor",
+                "min-max s",
+                "ratio",
+            ],
             rows,
-            title="One episode: engine (Episode.run) vs raw floor (docker run --rm -i … opencode run && verify)",
+            title="One episode: engine (Episode.run) vs raw floor ("
+            + (
+                "docker run --rm -i … opencode run && verify)"
+                if rep.data["meta"]["provider"] == "docker"
+                else "bwrap … opencode run && verify)"
+            ),
         )
     )
     rep.say()
@@ -187,13 +371,20 @@ def batch_table(batches: list[dict[str, Any]], single: dict[str, Any], rep: B.Re
             f"{b['cleanup_confirmed']}/{b['episodes']}",
             B.fmt_s(b["agent_phase_median"]),
             B.fmt_s(b["engine_cpu_per_episode"]),
+            f"{b['peak_rss_mb']:.0f} MB",
             str(len(b["leftover_containers"])),
         ]
         for b in batches
     ]
     headers = ["jobs", "episodes", "wall", "episodes/min", "speed-up", "scored", "cleanup ok"]
-    headers += ["agent phase med", "engine CPU/ep", "leftovers"]
-    rep.say(B.table(headers, brows, title="Batch throughput (run_batch, docker, one attempt per episode)"))
+    headers += ["agent phase med", "engine CPU/ep", "peak RSS", "leftovers"]
+    rep.say(
+        B.table(
+            headers,
+            brows,
+            title=f"Batch throughput (run_batch, {rep.data['meta']['provider']}, one attempt per episode)",
+        )
+    )
     fcpu = single.get("raw_floor", {}).get("cpu", {}).get("median")
     ecpu = single.get("engine", {}).get("controller_cpu", {}).get("median")
     if fcpu and ecpu:
@@ -208,10 +399,19 @@ def batch_table(batches: list[dict[str, Any]], single: dict[str, Any], rep: B.Re
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    if args.executor == "ray":
+        return await main_ray(args)
     reps = args.reps or (1 if args.quick else 3)
     n = args.batch or (2 if args.quick else 4)
     jobs_list = args.jobs or ([1, 2] if args.quick else [1, 2, 4])
-    meta = {"reps": reps, "batch": n, "jobs": jobs_list, "cpus": os.cpu_count(), "loadavg_start": B.loadavg()}
+    meta = {
+        "provider": args.provider,
+        "reps": reps,
+        "batch": n,
+        "jobs": jobs_list,
+        "cpus": os.cpu_count(),
+        "loadavg_start": B.loadavg(),
+    }
     rep = B.Report("episode", args.json, meta)
     rep.say(
         f"episode benchmark: {reps} engine episode(s) vs {reps} raw run(s); "
@@ -227,7 +427,7 @@ async def main_async(args: argparse.Namespace) -> int:
     import core.sandbox.docker  # noqa: F401
 
     task = load_task(TASK_DIR)
-    config = AgentConfig(sandbox=SandboxConfig(provider="docker"))
+    config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))
     binary_dir = await asyncio.to_thread(B.cached_binary_dir, config.runtime.opencode_version)
     raw = B.RawOpenCode(task, binary_dir, OWNER)
     run_config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"harness": "run"})})
@@ -247,10 +447,11 @@ async def main_async(args: argparse.Namespace) -> int:
             rep.progress(f"engine episode, run harness {i + 1}/{reps}")
             engine_run.append(await engine_episode(task, run_config, runs))
             rep.progress(f"raw floor {i + 1}/{reps}")
-            f = await raw.floor_run(f"ep{i}")
+            f = await (raw.floor_run if args.provider == "docker" else raw.bwrap_floor_run)(f"ep{i}")
             if f["rc"] != 0:
                 raise RuntimeError(f"the raw floor failed (rc {f['rc']}): {f['stderr']}")
             floor.append(f)
+        rep.data["meta"]["peak_rss_mb_after_single"] = peak_rss_mb()
         single = single_table(engine, engine_run, floor, rep)
         rep.data.update(single)
         for j in jobs_list:
@@ -267,11 +468,50 @@ async def main_async(args: argparse.Namespace) -> int:
     return B.close_report(rep, left, OWNER, started, status)
 
 
+async def main_ray(args: argparse.Namespace) -> int:
+    n = args.batch or 8
+    cpus = (args.jobs or [2])[0]
+    reps = args.reps or 1
+    meta = {"executor": "ray", "provider": args.provider, "reps": reps, "batch": n, "cpus": cpus}
+    meta["loadavg_start"] = B.loadavg()
+    rep = B.Report("episode", args.json, meta)
+    rep.say(
+        f"episode benchmark, executors: {n} hello-file episodes on Ray at {cpus} CPUs vs local --jobs {cpus}"
+    )
+    started = time.monotonic()
+    import core.batch
+    import core.episode
+    import core.model.endpoint
+    import core.runtime.opencode
+    import core.sandbox.docker  # noqa: F401
+
+    task = load_task(TASK_DIR)
+    config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))
+    status = 1
+    try:
+        status = await ray_comparison(task, config, n, cpus, reps, rep)
+    finally:
+        left = await B.reap_leftovers(OWNER)
+    return B.close_report(rep, left, OWNER, started, status)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, help="engine episodes and raw floors (default 3, --quick 1)")
     p.add_argument("--batch", type=int, help="episodes per batch (default 4, --quick 2)")
     p.add_argument("--jobs", type=int, nargs="+", help="concurrency levels (default 1 2 4, --quick 1 2)")
+    p.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: only the batch, on Ray at --jobs CPUs (default 2) vs the local executor (needs Ray)",
+    )
+    p.add_argument(
+        "--provider",
+        choices=["docker", "local"],
+        default="docker",
+        help="docker (floor: docker run … opencode run && verify) or local (floor: the same under plain bwrap); also the provider of --executor ray's comparison",
+    )
     B.add_common_args(p)
     args = p.parse_args(argv)
     return asyncio.run(main_async(args))

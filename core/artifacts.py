@@ -18,6 +18,8 @@ except OpenCode's raw stdout and database, which hold only what the sandbox saw)
     input/instructions.md  the instructions file its config names (when the task has one)
     input/task.yaml        the task file the run came from
     shells/shell-N.cast    each shell a person opened in the sandbox
+    build/image.log        the task image's build output (tasks built from a Dockerfile)
+    trajectory.json        the run as an ATIF v1.8 trajectory (core/export/atif.py), written last
     diagnostics.txt        failures and logs, redacted, then capped at DIAGNOSTICS_CAP characters
 
 Every name above is spelled once, in :class:`RunFiles`; :class:`RunDir` writes and
@@ -41,6 +43,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import __version__
+from core.calls.records import ModelCallRecord
 from core.events import Event, FailureRecorded, FailureRecovered, ShellOpened, decode, encode
 from core.failures import Outcome
 from core.failures.evidence import utcnow
@@ -76,6 +79,8 @@ class RunFiles:
     PROMPT = "input/prompt.txt"
     INSTRUCTIONS = "input/instructions.md"
     TASK_YAML = "input/task.yaml"
+    BUILD_LOG = "build/image.log"  # the task image's build output (tasks built from a Dockerfile)
+    TRAJECTORY = "trajectory.json"  # the run as an ATIF trajectory (core/export/atif.py), written last
 
     @staticmethod
     def shell_cast(n: int) -> str:
@@ -327,9 +332,7 @@ class RunDirReader:
 
     Lazy by design: nothing is read until asked for, events and model calls are iterated line by line,
     and a missing file reads as ``None`` (or nothing), never as an error: a run directory of a run that
-    was killed, or of an older engine, still opens. The model-call records are typed one layer up
-    (``core.model.records.recorded_calls``/``recorded_call`` parse ``model_call_lines``): the run
-    directory sits below the model proxy that defines them.
+    was killed, or of an older engine, still opens.
     """
 
     def __init__(self, path: Path | str, *, check: bool = True) -> None:
@@ -403,18 +406,40 @@ class RunDirReader:
 
     # -- model calls -----------------------------------------------------------------------------
 
-    def model_call_lines(self, mentioning: str | None = None) -> Iterator[bytes]:
-        """The lines of ``model_calls.jsonl`` (one record each; ``core.model.records.recorded_calls``
-        parses them), or only those that mention ``mentioning`` (a cheap byte scan: the file holds every
-        request body)."""
+    def model_calls(self) -> Iterator[ModelCallRecord]:
+        """``model_calls.jsonl``: one record per call, in completion order (records that do not parse,
+        e.g. a torn last line of a live run, are skipped)."""
         p = self.path / RunFiles.MODEL_CALLS
         if not p.exists():
             return
-        needle = mentioning.encode() if mentioning is not None else None
+        with p.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    yield ModelCallRecord.model_validate_json(line)
+                except ValueError:
+                    continue
+
+    def model_call(self, call_id: str) -> ModelCallRecord | None:
+        """The record of ``call_id`` (the last one if repeated), or None. Scans bytes first: only
+        lines that mention the id are parsed (the file holds every request body)."""
+        p = self.path / RunFiles.MODEL_CALLS
+        if not p.exists():
+            return None
+        needle = call_id.encode()
+        found: ModelCallRecord | None = None
         with p.open("rb") as f:
             for line in f:
-                if line.strip() and (needle is None or needle in line):
-                    yield line
+                if needle not in line:
+                    continue
+                try:
+                    record = ModelCallRecord.model_validate_json(line)
+                except ValueError:
+                    continue
+                if record.call_id == call_id:
+                    found = record
+        return found
 
     # -- text files ------------------------------------------------------------------------------
 

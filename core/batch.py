@@ -7,11 +7,14 @@ the others again with the next attempt number, leaving earlier attempts' artifac
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,7 +27,7 @@ from core.events import EventBus
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
 from core.invocation import pid_of
-from core.tasks import Task
+from core.tasks import Task, task_content_hash
 
 RESULTS_FILE = "results.jsonl"
 
@@ -36,7 +39,9 @@ class BatchControl:
     def __init__(self) -> None:
         self.cancelled_by: str | None = None
         self.halted: str | None = None  # why no further episode starts (the runs directory failed)
-        self.running: set[Episode] = set()
+        self.running: set[Episode] = set()  # the local executor's episodes
+        # What else must hear a cancel (the Ray executor forwards it to its workers).
+        self.cancellers: list[Callable[[str], Awaitable[object]]] = []
 
     def halt(self, reason: str) -> None:
         """Start nothing more; the running episodes finish (and close) as usual."""
@@ -47,7 +52,9 @@ class BatchControl:
         if self.cancelled_by is None:
             self.cancelled_by = by
         episodes = list(self.running)
-        await asyncio.gather(*(e.cancel(by) for e in episodes), return_exceptions=True)
+        await asyncio.gather(
+            *(e.cancel(by) for e in episodes), *(c(by) for c in self.cancellers), return_exceptions=True
+        )
 
 
 class RunsDirError(OSError):
@@ -65,16 +72,34 @@ class BatchSummary(BaseModel):
     scored: int
     results: list[EpisodeResult] = Field(default_factory=list)
     failures_by_kind: dict[str, int] = Field(default_factory=dict)
+    health_by_kind: dict[str, int] = Field(default_factory=dict)  # episode-health warnings, all episodes
     cancelled: bool = False
     cancelled_by: str | None = None
 
     def line(self) -> str:
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.failures_by_kind.items()))
-        return f"{self.scored} of {self.total} scored" + (f"; failures: {kinds}" if kinds else "")
+        health = ", ".join(f"{k} x{n}" for k, n in sorted(self.health_by_kind.items()))
+        return (
+            f"{self.scored} of {self.total} scored"
+            + (f"; failures: {kinds}" if kinds else "")
+            + (f"; health warnings: {health}" if health else "")
+        )
 
 
-def _key(task: Task) -> str:
-    return f"{task.id}@{task.root}"
+def config_hash(config: AgentConfig) -> str:
+    """The effective configuration, hashed: everything that can change an episode's result (where
+    run directories go and the TUI's theme cannot)."""
+    data = config.model_dump(mode="json", exclude={"runs_dir", "theme"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def resume_key(task: Task, config: AgentConfig) -> str:
+    """What a recorded result is the result of: the task's content and the effective configuration.
+
+    Not the task id: a task edited in place (its verify command, a file) or run with another model
+    is another experiment and runs again.
+    """
+    return f"{task.id}:task={task_content_hash(task)[:20]}:config={config_hash(config)[:20]}"
 
 
 def mark_orphans(runs_dir: Path) -> list[RunInfo]:
@@ -120,6 +145,99 @@ def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
     return out
 
 
+# ---- the executor seam: where one attempt runs (this process, or a Ray cluster) ---------------
+# Retries, resume, records and exit codes live here once, for every executor.
+
+
+@dataclass
+class Attempt:
+    """One finished attempt as an executor reports it."""
+
+    result: EpisodeResult
+    # Why no further attempt may follow even if the policy asks for one (a borrowed sandbox whose
+    # cleanup stays unconfirmed); None: the policy decides.
+    blocked: str | None = None
+
+
+class Executor(abc.ABC):
+    """Runs single attempts; ``run_batch`` and ``run_episode_with_retries`` own everything else."""
+
+    name: str
+
+    async def start(self, runs_dir: Path, tasks: list[Task], config: AgentConfig) -> None:
+        """Checks before any episode starts (the runs directory exists); raises ExecutorError."""
+        return
+
+    @abc.abstractmethod
+    async def attempt(
+        self,
+        task: Task,
+        config: AgentConfig,
+        *,
+        attempt: int,
+        runs_dir: Path,
+        may_retry: bool,
+        control: BatchControl,
+    ) -> Attempt:
+        """Run attempt number ``attempt`` to its end (cleanup confirmed, record written).
+
+        ``may_retry``: the retry bound leaves room for another attempt (only then is a borrowed
+        sandbox's unconfirmed cleanup retried to let the next attempt in)."""
+
+    async def cancel(self, by: str) -> None:
+        """The batch was cancelled (``by``: a signal name); a second call hurries. The local
+        executor's episodes hear it through ``BatchControl.running``."""
+        return
+
+    async def close(self) -> None:
+        """After the batch: release what ``start`` acquired."""
+        return
+
+
+class ExecutorError(Exception):
+    """The executor cannot run this batch (its cluster is unreachable, storage is not shared):
+    one line for the user, exit 2, no episode started."""
+
+
+class LocalExecutor(Executor):
+    """Episodes in this process (the default; needs nothing beyond the package)."""
+
+    name = "local"
+
+    def __init__(self, on_episode: Callable[[Episode], None] | None = None) -> None:
+        self.on_episode = on_episode
+
+    async def attempt(
+        self,
+        task: Task,
+        config: AgentConfig,
+        *,
+        attempt: int,
+        runs_dir: Path,
+        may_retry: bool,
+        control: BatchControl,
+    ) -> Attempt:
+        episode = Episode(task, config, attempt=attempt, runs_dir=runs_dir, bus=EventBus(attempt=attempt))
+        if self.on_episode is not None:
+            self.on_episode(episode)
+        control.running.add(episode)
+        try:
+            result = await episode.run()
+        finally:
+            control.running.discard(episode)
+        blocked = None
+        if may_retry and result.action is Outcome.RETRY and control.cancelled_by is None:
+            if not await borrowed_sandbox_is_clean(episode, result, config):
+                blocked = BORROWED_UNCLEAN
+        return Attempt(result, blocked)
+
+
+BORROWED_UNCLEAN = (
+    "no further attempt: the borrowed sandbox's cleanup is unconfirmed (its session directory stays "
+    "there for a later close)"
+)
+
+
 async def run_episode_with_retries(
     task: Task,
     config: AgentConfig,
@@ -129,32 +247,24 @@ async def run_episode_with_retries(
     first_attempt: int = 1,
     on_episode: Callable[[Episode], None] | None = None,
     control: BatchControl | None = None,
+    executor: Executor | None = None,
 ) -> EpisodeResult:
     """Attempts until the policy stops asking for ``retry`` (bounded by ``max_attempts``)."""
     control = control or BatchControl()
+    executor = executor or LocalExecutor(on_episode)
     previous: list[str] = []
     attempt = first_attempt
     while True:
-        episode = Episode(task, config, attempt=attempt, runs_dir=runs_dir, bus=EventBus(attempt=attempt))
-        if on_episode is not None:
-            on_episode(episode)
-        control.running.add(episode)
-        try:
-            result = await episode.run()
-        finally:
-            control.running.discard(episode)
+        may_retry = attempt - first_attempt + 1 < max_attempts
+        done = await executor.attempt(
+            task, config, attempt=attempt, runs_dir=runs_dir, may_retry=may_retry, control=control
+        )
+        result = done.result
         result.previous_attempts = list(previous)
-        if (
-            result.action is not Outcome.RETRY
-            or attempt - first_attempt + 1 >= max_attempts
-            or control.cancelled_by is not None
-        ):
+        if result.action is not Outcome.RETRY or not may_retry or control.cancelled_by is not None:
             return result
-        if not await borrowed_sandbox_is_clean(episode, result, config):
-            result.summary += (
-                "; no further attempt: the borrowed sandbox's cleanup is unconfirmed (its session "
-                "directory stays there for a later close)"
-            )
+        if done.blocked is not None:
+            result.summary += f"; {done.blocked}"
             return result
         previous.append(result.run_dir)
         attempt += 1
@@ -201,17 +311,29 @@ async def run_batch(
     on_episode: Callable[[Episode], None] | None = None,
     control: BatchControl | None = None,
     on_orphan: Callable[[RunInfo], None] | None = None,
+    force: bool = False,
+    executor: Executor | None = None,
 ) -> BatchSummary:
+    """Runs the tasks; a task already scored with the same content and configuration in ``runs_dir``
+    is not run again (its result comes back with ``resumed=True``) unless ``force``."""
     control = control or BatchControl()
+    executor = executor or LocalExecutor(on_episode)
     try:
         runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240 (once, before any episode)
+    except OSError as exc:
+        raise RunsDirError(runs_dir, exc) from exc
+    await executor.start(runs_dir, tasks, config)  # ExecutorError: nothing started, nothing recorded
+    if executor.cancel not in control.cancellers:
+        control.cancellers.append(executor.cancel)
+    try:
         results_file = (runs_dir / RESULTS_FILE).open("a", encoding="utf-8")
     except OSError as exc:
         raise RunsDirError(runs_dir, exc) from exc
     for info in mark_orphans(runs_dir):
         if on_orphan is not None:
             on_orphan(info)
-    previous = load_previous(runs_dir)
+    previous = {} if force else load_previous(runs_dir)
+    keys = {id(t): resume_key(t, config) for t in tasks}
     attempts = max_attempts or config.policy.max_attempts or 3
     sem = asyncio.Semaphore(max(1, jobs))
     results: list[EpisodeResult] = []
@@ -223,7 +345,7 @@ async def run_batch(
         if not result.resumed:
             try:
                 results_file.write(
-                    json.dumps({"task_key": _key(task), **result.model_dump(mode="json")}) + "\n"
+                    json.dumps({"task_key": keys[id(task)], **result.model_dump(mode="json")}) + "\n"
                 )
                 results_file.flush()
             except OSError as exc:
@@ -232,7 +354,7 @@ async def run_batch(
             on_result(result)
 
     async def one(task: Task) -> None:
-        prior = previous.get(_key(task))
+        prior = previous.get(keys[id(task)])
         if prior is not None and prior.action.is_sample:
             record(task, prior.model_copy(update={"resumed": True}))
             return
@@ -250,8 +372,8 @@ async def run_batch(
                 runs_dir=runs_dir,
                 max_attempts=attempts,
                 first_attempt=first,
-                on_episode=on_episode,
                 control=control,
+                executor=executor,
             )
         if prior is not None:
             result.previous_attempts = [prior.run_dir, *prior.previous_attempts, *result.previous_attempts]
@@ -266,11 +388,15 @@ async def run_batch(
         with contextlib.suppress(OSError):
             results_file.close()
     failures = Counter(r.failure_kind for r in results if r.failure_kind)
+    health: Counter[str] = Counter()
+    for r in results:
+        health.update(r.health)
     return BatchSummary(
         total=len(tasks),
         scored=sum(1 for r in results if r.action.is_sample),
         results=results,
         failures_by_kind=dict(failures),
+        health_by_kind=dict(health),
         cancelled=cancelled or control.cancelled_by is not None,
         cancelled_by=control.cancelled_by,
     )

@@ -7,6 +7,7 @@ silently ignored setting. ``load_config`` reads YAML or TOML and formats validat
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -25,6 +26,25 @@ from core.failures import ClassificationConfig, OutcomePolicyOverrides
 DEFAULT_OPENCODE_VERSION = "1.18.32"
 DEFAULT_REGISTRY_URL = "https://registry.npmjs.org"
 DEFAULT_IMAGE = "opencode-tui/base:bookworm"
+
+
+_MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_memory(value: str | int) -> int:
+    """``"256m"``, ``"1GiB"``, ``268435456`` → bytes."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("memory must be > 0 bytes")
+        return value
+    m = _MEMORY.match(value)
+    if not m:
+        raise ValueError(f"memory {value!r} is not a size like 256m, 1g or a number of bytes")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError("memory must be > 0 bytes")
+    return n
 
 
 class NetworkPolicy(StrEnum):
@@ -135,7 +155,7 @@ class SandboxConfig(_Model):
     def _registered(cls, value: str) -> str:
         from core import provider_registry as registry
 
-        return registry.check_name(value)
+        return registry.get(value).name  # loaded now: a broken plug-in is a config error too
 
     @model_validator(mode="before")
     @classmethod
@@ -155,6 +175,10 @@ class SandboxConfig(_Model):
                 continue
             try:
                 data[key] = registry.get(key).settings(data[key])
+            except registry.PluginLoadError as exc:
+                errors.append(
+                    {"type": "value_error", "loc": (key,), "input": data[key], "ctx": {"error": exc}}
+                )
             except ValidationError as exc:
                 for err in exc.errors():
                     detail = {"type": err["type"], "loc": (key, *err["loc"]), "input": err["input"]}
@@ -208,17 +232,83 @@ class RuntimeSettings(_Model):
     cache_dir: str | None = None
 
 
+class HealthThresholds(_Model):
+    """When core/health.py warns that an episode is going badly (warnings only: never the outcome).
+
+    Each warning fires once per occurrence (a storm, a silent command, a repeated call), not per event.
+    """
+
+    enabled: bool = True
+    # ``compaction_storm``: this many compactions within the window, or the first agent call after a
+    # compaction still using at least this share of the context window (the loop where compaction
+    # frees nothing and OpenCode compacts again at once).
+    compaction_storm_count: int = Field(default=3, ge=2)
+    compaction_storm_window_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    compaction_near_limit_ratio: float = Field(default=0.8, gt=0, le=1)
+    # ``reads_without_edits``: this many file reads (read, grep, glob, list) without one file edit
+    # (edit, write, patch, multiedit); a bash command counts as neither (what it did is unknown).
+    reads_without_edits: int = Field(default=40, ge=1)
+    # ``command_silent``: a running bash command printed nothing for this long.
+    command_silent_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    # ``repeated_tool_call``: the same tool with the same arguments this many times among the last
+    # ``repeated_tool_call_window`` tool calls.
+    repeated_tool_call: int = Field(default=3, ge=2)
+    repeated_tool_call_window: int = Field(default=10, ge=2)
+    # ``retry_storm``: this many model calls answered 429 or 5xx within the window.
+    retry_storm_count: int = Field(default=4, ge=2)
+    retry_storm_window_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+
+
+# The process limit of an owned sandbox unless the task or the config says otherwise: room for a build
+# with parallel jobs, not for a fork bomb.
+DEFAULT_PIDS_LIMIT = 1024
+
+
+class SandboxLimits(_Model):
+    """Limits every owned sandbox gets; a task's own ``limits:`` (pids, disk) take precedence."""
+
+    pids: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=1)  # None: no process limit
+    disk: str | int | None = None  # the writable space (e.g. "2g"); None: not limited
+
+    @field_validator("disk")
+    @classmethod
+    def _disk(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            parse_memory(value)
+        return value
+
+
+class RaySettings(_Model):
+    """Where a Ray batch runs (``executor.name: ray``); see docs/scaling.md."""
+
+    # The cluster (``HOST:PORT`` of its head, or ``ray://…`` for Ray Client); None: Ray's own choice
+    # (``$RAY_ADDRESS``, else a cluster already running on this machine, else a new local one).
+    address: str | None = None
+    # Ray's CPU resource per episode attempt: how many attempts share a node (its CPUs / this).
+    num_cpus_per_episode: float = Field(default=1.0, gt=0, le=1024)
+
+
+class ExecutorSettings(_Model):
+    """Where a batch's episodes run: this process (``local``, the default) or a Ray cluster."""
+
+    name: Literal["local", "ray"] = "local"
+    ray: RaySettings = Field(default_factory=RaySettings)
+
+
 class AgentConfig(_Model):
     """Everything that configures a run; the defaults are the embedded defaults (local, scripted)."""
 
     budgets: Budgets = Field(default_factory=Budgets)
     model: ModelSettings = Field(default_factory=ModelSettings)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     policy: OutcomePolicyOverrides = Field(default_factory=OutcomePolicyOverrides)
     classification: ClassificationConfig | None = None
+    health: HealthThresholds = Field(default_factory=HealthThresholds)
     runs_dir: str = "runs"
     theme: str = "opencode-dark"
+    executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
 
 
 def yaml_error_text(exc: Exception) -> str:

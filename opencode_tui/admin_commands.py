@@ -74,11 +74,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks = [Check(name="python", status="ok", detail=platform.python_version())]
 
     async def gather() -> None:
-        for plugin in registry.plugins():
+        for name in registry.names():
             try:
-                checks.extend(await plugin.preflight(config))
+                checks.extend(await registry.get(name).preflight(config))
+            except registry.PluginLoadError as exc:
+                checks.append(Check(name=name, status="fail", detail=str(exc)))
             except Exception as exc:  # a plug-in's bug is its own failed check, not doctor's crash
-                checks.append(Check(name=plugin.name, status="fail", detail=f"preflight raised {exc!r}"))
+                checks.append(Check(name=name, status="fail", detail=f"preflight raised {exc!r}"))
         checks.extend(await _check_opencode(config))
 
     asyncio.run(gather())

@@ -54,6 +54,7 @@ from opencode_tui.themes import APP_VARIABLES, DEFAULT_THEME, load_themes, next_
 
 if TYPE_CHECKING:
     from core.control import EpisodeControl
+    from core.diff import RunDiff
 
 
 INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
@@ -103,13 +104,20 @@ class OpenCodeTUI(App[None]):
         theme: str = DEFAULT_THEME,
         theme_dirs: Iterable[Path] = (),
         run_episode: Callable[[], Awaitable[object]] | None = None,
+        diff: tuple[Path, Path] | None = None,
+        diff_result: RunDiff | None = None,
     ) -> None:
-        if control is None and run_dir is None and runs_dir is None:
-            raise ValueError("OpenCodeTUI needs a control (live), a run_dir (replay) or a runs_dir (browser)")
+        if control is None and run_dir is None and runs_dir is None and diff is None:
+            raise ValueError(
+                "OpenCodeTUI needs a control (live), a run_dir (replay), a runs_dir (browser) or diff (two runs)"
+            )
         super().__init__()
         self.control = control
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
+        self.diff = diff
+        self.rerun_request: Path | None = None  # the runs browser's `r`: the run to run again on exit
+        self._diff_result = diff_result
         self.themes = load_themes(theme_dirs)
         for t in self.themes.values():
             self.register_theme(t)
@@ -139,6 +147,10 @@ class OpenCodeTUI(App[None]):
             return RunScreen(control=self.control, run_dir=self.run_dir).data_bind(keep=OpenCodeTUI.keep)
         if self.run_dir is not None:
             return RunScreen(run_dir=self.run_dir)
+        if self.diff is not None:
+            from opencode_tui.screens.diff import DiffScreen
+
+            return DiffScreen(*self.diff, diff=self._diff_result)
         assert self.runs_dir is not None
         return RunsScreen(self.runs_dir)
 
@@ -151,8 +163,14 @@ class OpenCodeTUI(App[None]):
             # SIGTERM/SIGHUP (and a SIGINT sent from outside) close the episode like `q` does.
             self._signals = closing_signals(self._on_signal)
             self._signals.__enter__()
+        # (This had slid into _on_signal, so the heap was never frozen and a full collection stalled the
+        # screen ~0.1 s while output streamed; benchmarks/tui.py shows it in the worst key latency.)
+        if self.FREEZE_HEAP:
+            self.call_after_refresh(self._freeze_heap)
 
     def on_unmount(self) -> None:
+        if self.FREEZE_HEAP:  # hand the frozen objects back: an app that ends must not pin its garbage
+            gc.unfreeze()
         if self._signals is not None:
             self._signals.__exit__(None, None, None)
             self._signals = None
@@ -164,8 +182,6 @@ class OpenCodeTUI(App[None]):
             self._quit_after_cleanup(name)
         else:
             self.exit()
-        if self.FREEZE_HEAP:
-            self.call_after_refresh(self._freeze_heap)
 
     @staticmethod
     def _freeze_heap() -> None:

@@ -3,10 +3,18 @@ one plain line per finished episode. Data never goes to stderr; diagnostics neve
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TextIO
 
 from core.episode import Episode, EpisodeResult
-from core.events import Event, InstallProgress, PhaseChanged
+from core.events import Event, HealthWarning, InstallProgress, PhaseChanged
+
+
+def health_words(counts: dict[str, int]) -> str:
+    """``health: compaction_storm x2, retry_storm x1`` (empty without warnings)."""
+    if not counts:
+        return ""
+    return "health: " + ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
 
 
 class BatchProgress:
@@ -45,30 +53,53 @@ class BatchProgress:
             return
         row = self._progress.add_task(f"{episode.task.id} a{episode.attempt}: admission", total=None)
         self._rows[episode.run_id] = row
+        phase = "admission"
+        health = 0
+
+        def describe() -> str:
+            warned = f" ⚠ {health} health" if health else ""
+            return f"{episode.task.id} a{episode.attempt}: {phase}{warned}"
 
         def on_event(event: Event) -> None:
+            nonlocal phase, health
             if isinstance(event, PhaseChanged):
-                self._progress.update(
-                    row, description=f"{episode.task.id} a{episode.attempt}: {event.phase.value}"
-                )
+                phase = event.phase.value
+                self._progress.update(row, description=describe())
+            elif isinstance(event, HealthWarning):
+                health += 1
+                self._progress.update(row, description=describe())
             elif isinstance(event, InstallProgress) and event.bytes_total:
                 self._progress.update(row, completed=event.bytes_done, total=event.bytes_total)
 
         episode.bus.subscribe(on_event)
 
+    def started(self, task_id: str, attempt: int, run_id: str) -> None:
+        """An attempt submitted to another process (a Ray worker): one row until it finishes."""
+        if self._progress is None:
+            return
+        self._rows[run_id] = self._progress.add_task(f"{task_id} a{attempt}: on Ray", total=None)
+
     def finished(self, result: EpisodeResult) -> None:
         self.done += 1
         if self._progress is not None:
-            row = self._rows.pop(result.run_id, None)
-            if row is not None:
-                self._progress.remove_task(row)
+            # The rows of this episode's earlier attempts too (a retry is a new row).
+            for run_id in [result.run_id, *(Path(p).name for p in result.previous_attempts)]:
+                row = self._rows.pop(run_id, None)
+                if row is not None:
+                    self._progress.remove_task(row)
             self._progress.update(
                 self._overall, completed=self.done, description=f"episodes {self.done}/{self.total}"
             )
-            self._progress.console.print(f"{result.task_id}: {result.summary}")
+            self._progress.console.print(f"{result.task_id}: {result.summary}{_health_suffix(result)}")
         else:
             print(
-                f"[{self.done}/{self.total}] {result.task_id} (attempt {result.attempt}): {result.summary}",
+                f"[{self.done}/{self.total}] {result.task_id} (attempt {result.attempt}): {result.summary}"
+                f"{_health_suffix(result)}",
                 file=self.stream,
                 flush=True,
             )
+
+
+def _health_suffix(result: EpisodeResult) -> str:
+    words = health_words(result.health)
+    return f" ({words})" if words else ""

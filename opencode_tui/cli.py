@@ -33,7 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run task episodes (TUI for one task, or --batch for JSON lines)")
     run.add_argument("tasks", nargs="+", metavar="TASK", help="task directory or task.yaml")
     run.add_argument("--batch", action="store_true", help="headless: JSON lines on stdout")
-    run.add_argument("--jobs", type=int, default=1, help="episodes at once in --batch (default 1)")
+    run.add_argument(
+        "--jobs",
+        type=int,
+        help="episodes at once in --batch (default 1; with --executor ray: as many as the cluster fits)",
+    )
+    run.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        help="where --batch runs its episodes: this process (local, the default) or a Ray cluster",
+    )
+    run.add_argument(
+        "--ray-address", metavar="ADDR", help="the Ray cluster's head HOST:PORT (--executor ray)"
+    )
+    run.add_argument(
+        "--ray-num-cpus-per-episode",
+        type=float,
+        metavar="N",
+        help="Ray CPUs each episode attempt reserves (--executor ray; default 1)",
+    )
     run.add_argument(
         "--provider", choices=registry.names(), help=f"sandbox provider (default: {SandboxConfig().provider})"
     )
@@ -47,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--keep-sandbox", action="store_true", help="do not destroy the sandbox afterwards")
     run.add_argument("--runs-dir", help="where run directories go (default ./runs)")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="--batch: run every task again, even one already scored with the same task content and config",
+    )
     run.add_argument("--config", help="config file (YAML or TOML)")
 
     op = sub.add_parser("open", help="open a run directory in the TUI (replay)")
@@ -54,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("runs", help="list run directories with their outcome")
     rs.add_argument("--runs-dir", default="runs")
     rs.add_argument("--json", action="store_true")
+    df = sub.add_parser("diff", help="compare two run directories (drift, steps aligned, deltas)")
+    df.add_argument("run_a", metavar="RUN_A")
+    df.add_argument("run_b", metavar="RUN_B")
+    df.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     at = sub.add_parser("attach", help="open a shell in a kept sandbox (after its run has ended)")
     at.add_argument("target", metavar="RUN_DIR|SANDBOX_ID", help="the run directory or the kept sandbox's id")
     sw = sub.add_parser(
@@ -75,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also remove sandboxes owned by other users/jobs (default: only yours, "
         "i.e. $OPENCODE_TUI_OWNER or user@host)",
+    )
+    ex = sub.add_parser("export", help="write run directories as ATIF trajectories or chat messages")
+    ex.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    ex.add_argument("--format", choices=["atif", "messages"], default="atif", help="default: atif (v1.8)")
+    ex.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file (one run), directory (several, atif) or - for stdout; "
+        "default: RUN_DIR/trajectory.json (atif), stdout (messages)",
     )
     dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
     dr.add_argument("--json", action="store_true")

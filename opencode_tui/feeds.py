@@ -138,4 +138,7 @@ def run_summary(path: Path, info: RunInfo | None) -> dict[str, Any]:
         "duration_s": info.duration_s,
         "started_at": info.started_at.isoformat(),
         "ended_at": info.ended_at.isoformat() if info.ended_at else None,
+        "cleanup_confirmed": info.counts.get("cleanup_confirmed"),
+        "human_intervened": info.human_intervened,
+        "health": info.counts.get("health") or {},  # episode-health warnings by kind
     }

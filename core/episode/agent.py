@@ -66,7 +66,7 @@ async def run_agent(
     harness.record_inputs(run_dir)  # the prompt and instructions as sent (run directory)
     result = await session.execute(
         argv,
-        stage=harness.stage,
+        files=harness.staged_files(),  # one upload with the session's own files
         collect=collect,
         stdin=harness.prompt_bytes(),
         env=env,

@@ -59,7 +59,7 @@ async def oom_evidence(sandbox: Sandbox | None, deadline: CloseDeadline, io: Pha
 def last_requested_command(records: list[Any]) -> str | None:
     """The last shell command the model asked for, as the proxy recorded it: when the agent kills
     its own supervisor, the live event for that command may never have left the sandbox."""
-    from core.model.records import assembled_tool_calls
+    from core.calls.records import assembled_tool_calls
 
     for record in reversed(records):
         for name, args in reversed(assembled_tool_calls(record.response_body)):

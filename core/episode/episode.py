@@ -47,6 +47,8 @@ from core.failures import (
     merged,
     merged_classification,
 )
+from core.health import HealthMonitor
+from core.image_build import ensure_task_image
 from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
 from core.runtime import access
 from core.sandbox.base import ExpectedRefusal, PtyHandle, Sandbox, SandboxClosedError, SandboxProvider
@@ -111,6 +113,8 @@ class Episode(EpisodeControl):
         self._phase_started: dict[str, float] = {}
         self.durations: dict[str, float] = {}
         self._phase: Phase = Phase.ADMISSION
+        self.health: HealthMonitor | None = None  # [health] once the run directory exists
+        self._health_watch: asyncio.Future[None] | None = None
 
     # ---- control API ---------------------------------------------------------------------------
 
@@ -284,6 +288,8 @@ class Episode(EpisodeControl):
             self._result = await self._run()
             return self._result
         finally:
+            if self._health_watch is not None:  # [health]
+                self._health_watch.cancel()
             self._done.set()
 
     def _secrets(self) -> tuple[str, ...]:
@@ -296,6 +302,9 @@ class Episode(EpisodeControl):
         self.run_dir.on_write_error = self._artifacts_failed
         self.bus.subscribe(self.run_dir.append_event)
         self.bus.subscribe(self.tally.count)
+        # [health] warnings derived from the same stream (core/health.py); the clock part runs in _run
+        self.health = HealthMonitor(self.config.health, self.config.model.context_window)
+        self.health.attach(self.bus)
         cast = self.run_dir.cast()
 
         def to_cast(event: Event) -> None:
@@ -375,6 +384,10 @@ class Episode(EpisodeControl):
                 model_url=self.config.model.url,
             )
         )
+        # [health] silent commands are noticed on a clock; it ends with the episode or its run budget
+        self._health_watch = asyncio.ensure_future(
+            self.health.watch(self.bus, self.run_budget_s + self.config.budgets.close_s)
+        )
         stack = contextlib.AsyncExitStack()
         self._agent_task = asyncio.ensure_future(self._work(stack))
         try:
@@ -448,6 +461,8 @@ class Episode(EpisodeControl):
         installer = self._installer = self._installer or seed.default_installer(self.config)
         # sandbox user (issue 17): asked for by the config or the task, else the image's.
         requested, user_source = access.requested_user(sb.user, self.task.user)
+        if sb.mode == "owned":  # a task's image built from its Dockerfile (Harbor tasks)
+            await ensure_task_image(self.task, self.config, self.run_dir, self.emit)
         self.sandbox = await seed.allocate(
             provider,
             self.config,
@@ -618,6 +633,7 @@ class Episode(EpisodeControl):
             cancelled_by=cancelled_by,
             durations_s=dict(self.durations),
             sandbox_kept=self._keep and self.sandbox is not None,
+            health=self.health.summary() if self.health else {},
             human_intervened=self.human_intervened,
             artifacts_error=self.run_dir.write_error,
             run_dir=str(self.run_dir.path),
@@ -628,5 +644,5 @@ class Episode(EpisodeControl):
             RunFiles.VERIFY_STDOUT,
             RunFiles.VERIFY_STDERR,
         )
-        write_record(self.run_dir, self.info, result, self.tally, self.failures, diagnostic_files)
+        write_record(self.run_dir, self.info, result, self.tally, self.failures, diagnostic_files, self.emit)
         return result

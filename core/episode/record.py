@@ -4,6 +4,7 @@ and diagnostics.txt. The outcome itself is ``core.outcome.decide_outcome``, a pu
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -11,7 +12,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.artifacts import OutcomeSummary, RunDir, RunInfo
-from core.events import CleanupProof, Compaction, Event, ModelCall, OutcomeDecided, ToolCall, TranscriptStats
+from core.events import (
+    CleanupProof,
+    Compaction,
+    Event,
+    ModelCall,
+    OutcomeDecided,
+    ToolCall,
+    TranscriptStats,
+    Warning_,
+)
 from core.failures import Outcome
 from core.outcome import RecordedFailure, Verdict
 from core.tokens import token_totals
@@ -54,6 +64,7 @@ class EpisodeResult(BaseModel):
     human_intervened: bool = False  # a person used a shell in the sandbox before verification finished
     artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
     sandbox_kept: bool = False
+    health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
 
     @property
     def scored(self) -> bool:
@@ -138,6 +149,7 @@ def write_record(
     tally: Tally,
     failures: list[RecordedFailure],
     diagnostic_files: tuple[str, ...],
+    emit: Callable[[Event], Any],
 ) -> None:
     """run.json's outcome and counts, diagnostics.txt; then the run directory is closed."""
     info.ended_at = datetime.now(UTC)
@@ -161,8 +173,10 @@ def write_record(
         "tokens_out": result.tokens_out,
         "agent_tokens_in": result.agent_tokens_in,
         "agent_tokens_out": result.agent_tokens_out,
+        "health": result.health,
     }
     run_dir.write_run_info(info)
+    write_trajectory(run_dir, emit)
     parts = []
     for recorded in failures:
         failure, decision = recorded.failure, recorded.decision
@@ -179,3 +193,14 @@ def write_record(
             parts.append((name, text.read_text(errors="replace")))
     run_dir.write_diagnostics(parts)
     run_dir.close()
+
+
+def write_trajectory(run_dir: RunDir, emit: Callable[[Event], Any]) -> None:
+    """ATIF ``trajectory.json``, built from what is written above; one that cannot be built is a
+    recorded warning: the outcome stands."""
+    from core.export.atif import TRAJECTORY_FILE, build_trajectory
+
+    try:
+        run_dir.write_text(TRAJECTORY_FILE, build_trajectory(run_dir.path).to_json())
+    except Exception as exc:
+        emit(Warning_(code="trajectory_failed", message=f"{TRAJECTORY_FILE} not written: {exc}"))

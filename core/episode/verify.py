@@ -15,15 +15,12 @@ from core.episode.close import oom_evidence
 from core.episode.common import PhaseIO, evidence_key, failure_from
 from core.events import VerificationFinished
 from core.failures import FailureEvent, FailureStage
+from core.harbor import read_reward
 from core.outcome import VerifierRun, verifier_verdict
 from core.runtime.verify_wrapper import VERIFY_WRAPPER_SOURCE, read_verify_status
 from core.sandbox.base import Sandbox, SandboxUser
 from core.session import CloseDeadline
 from core.tasks import Task
-
-# Where the verifier's output goes in the run directory (names: core.artifacts.RunFiles).
-STDOUT_FILE = RunFiles.VERIFY_STDOUT
-STDERR_FILE = RunFiles.VERIFY_STDERR
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,9 @@ async def verify(
     owner = sandbox_user.ids if sandbox_user is not None else None
     try:
         if task.verify_files_dir is not None:
-            await sandbox.upload_tar(task.workdir, directory_tar(task.verify_files_dir, owner=owner))
+            await sandbox.upload_tar(  # Harbor tests go to /tests
+                task.verify_files_target, directory_tar(task.verify_files_dir, owner=owner)
+            )
         result = await sandbox.exec(
             [python, "-c", VERIFY_WRAPPER_SOURCE, v.command, status],
             cwd=task.workdir,
@@ -81,18 +80,14 @@ async def verify(
         return Verified(run=None, reward=None, failures=tuple(io.recorded))
     out = result.stdout.decode("utf-8", "replace")
     err = result.stderr.decode("utf-8", "replace")
-    io.run_dir.write_text(STDOUT_FILE, out)
-    io.run_dir.write_text(STDERR_FILE, err)
+    io.run_dir.write_text(RunFiles.VERIFY_STDOUT, out)
+    io.run_dir.write_text(RunFiles.VERIFY_STDERR, err)
     exit_code, signal = result.exit_code, result.signal
     if result.observed:
         exit_code, signal = await read_verify_status(sandbox, status, result)
     reward_text = reward_error = None
     if v.reward_file and result.observed and signal is None and exit_code is not None:
-        path = v.reward_file if v.reward_file.startswith("/") else f"{task.workdir}/{v.reward_file}"
-        try:
-            reward_text = (await sandbox.download_file(path)).decode("utf-8", "replace")
-        except Exception as exc:
-            reward_error = f"{type(exc).__name__}: {exc}"
+        reward_text, reward_error = await read_reward(sandbox, task)  # reward_file, then reward_json
     run = VerifierRun(
         exit_code=exit_code,
         signal=signal,

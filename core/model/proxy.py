@@ -40,6 +40,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from core.artifacts import RunFiles
+from core.calls.classify import classify
+from core.calls.records import ModelCallRecord, TokenUsage, merge_usage, parse_usage
 from core.events import ModelCall
 from core.failures.evidence import utcnow
 from core.model._http import (
@@ -53,8 +55,6 @@ from core.model._http import (
     head_bytes,
     send_simple,
 )
-from core.model.classify import classify
-from core.model.records import ModelCallRecord, TokenUsage, merge_usage, parse_usage
 from core.redaction import REDACTED, redact, redact_headers, redact_text
 
 log = logging.getLogger(__name__)

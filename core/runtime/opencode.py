@@ -5,6 +5,7 @@ artifacts collected after confirmed cleanup.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shlex
@@ -19,6 +20,7 @@ from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.inside import INSIDE_DIR
+from core.inside.serve_runner import RELAY_PORT_ENV
 from core.runtime import transcript
 from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
@@ -36,6 +38,7 @@ DATABASE_FILE = RunFiles.OPENCODE_DB
 PLUGIN_SOURCE = INSIDE_DIR / "attribution_plugin.js"
 RUNNER_SOURCE = INSIDE_DIR / "serve_runner.py"
 RELAY_PORT = 47331  # inside the sandbox's own network namespace, so any fixed port is free
+
 PROVIDER_ID = "opencode-tui"
 # The proxy injects the real upstream key; OpenCode only ever sees this placeholder.
 PLACEHOLDER_API_KEY = "opencode-tui-proxy"
@@ -264,9 +267,16 @@ class OpenCodeHarness:
             # The relay is the sandbox's only way out (to the model proxy's Unix socket). It is a
             # child of this shell, hence drained by the supervisor with everything else. Its stderr
             # is the harness's: streamed out and kept in the output log by the supervisor.
-            lines += [
+            lines.append(
                 f"{q(runtime.python)} -I {q(self.layout.relay_file)} {RELAY_PORT} {q(SANDBOX_MODEL_SOCKET)} "
-                "</dev/null >/dev/null &",
+                "</dev/null >/dev/null &"
+            )
+        if self.use_relay and self.mode == "serve":
+            # The serve runner waits for the relay itself, once `opencode serve` listens (which takes
+            # far longer than the relay's start): the two start side by side.
+            lines.append(f"export {RELAY_PORT_ENV}={RELAY_PORT}")
+        elif self.use_relay:
+            lines += [
                 "i=0",
                 f'while ! {q(runtime.python)} -c \'import socket,sys; socket.create_connection(("127.0.0.1", '
                 f"{RELAY_PORT}), 1)' 2>/dev/null; do",
@@ -377,13 +387,25 @@ class OpenCodeHarness:
     async def collect(self, sandbox: Sandbox, run_dir: RunDir) -> None:
         """Bring OpenCode's database files and the supervisor log into the run directory."""
         run_dir.sub(RunFiles.OPENCODE_DIR)
-        try:
-            log = (await sandbox.download_file(self.layout.output_log)).decode("utf-8", "replace")
+
+        async def output_log() -> str | None:
+            try:
+                return (await sandbox.download_file(self.layout.output_log)).decode("utf-8", "replace")
+            except (SandboxError, FileNotFoundError):
+                return None
+
+        # Both downloads at once (each is a round trip to the backend); the database's failure is
+        # raised once both have ended.
+        log, archive = await asyncio.gather(
+            output_log(), sandbox.download_tar(self.layout.data_dir), return_exceptions=True
+        )
+        if isinstance(log, BaseException):
+            raise log
+        if isinstance(log, str):
             run_dir.write_text(OUTPUT_LOG_FILE, log)
             self._stream.feed_log(log)
-        except (SandboxError, FileNotFoundError):
-            pass
-        archive = await sandbox.download_tar(self.layout.data_dir)
+        if isinstance(archive, BaseException):
+            raise archive
         raw = run_dir.path / RunFiles.OPENCODE_DATA
         safe_extract(archive, raw)
 

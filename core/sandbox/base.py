@@ -123,6 +123,10 @@ class SandboxSpec(BaseModel):
     workdir: str = "/app"
     memory_bytes: int | None = Field(default=None, gt=0)
     cpus: float | None = Field(default=None, gt=0)
+    # The most processes (threads included) the sandbox may have at once; None: no limit.
+    pids_limit: int | None = Field(default=None, gt=0)
+    # The sandbox's writable space (workdir, HOME, /tmp) in bytes, where the provider can enforce it.
+    disk_bytes: int | None = Field(default=None, gt=0)
     network: NetworkPolicy = NetworkPolicy.MODEL_ONLY
     # Host path of the model proxy's Unix socket, bound at SANDBOX_MODEL_SOCKET (model-only network).
     model_socket: str | None = None
@@ -155,6 +159,9 @@ class SandboxStatus(BaseModel):
     owned: bool
     state: SandboxState
     memory_limit_enforced: bool | None = None
+    # None: no limit was asked for; False: asked for but not enforced (``notes`` says why).
+    pids_limit_enforced: bool | None = None
+    disk_limit_enforced: bool | None = None
     notes: list[str] = Field(default_factory=list)
     evidence: list[Evidence] = Field(default_factory=list)
 

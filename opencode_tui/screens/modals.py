@@ -26,11 +26,11 @@ from textual.widgets import (
 )
 
 from core.artifacts import RunDirReader
+from core.calls.records import ModelCallRecord
 from core.events import FailureRecorded, FailureRecovered, ModelCall
 from core.failures import FailureEvent
 from core.failures.model import ModelCallDetails
 from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
-from core.model.records import ModelCallRecord, recorded_call
 from opencode_tui import format as fmt
 from opencode_tui.messages import Copied
 
@@ -264,7 +264,7 @@ class ModelCallScreen(ModalScreen[None]):
     def _load(self) -> None:
         record = None
         if self.run_dir is not None:
-            record = recorded_call(RunDirReader(self.run_dir, check=False), self.call.call_id)
+            record = RunDirReader(self.run_dir, check=False).model_call(self.call.call_id)
         self.app.call_from_thread(self._loaded, record)
 
     def _loaded(self, record: ModelCallRecord | None) -> None:

@@ -34,6 +34,7 @@ from core.events import (
     Event,
     FailureRecorded,
     FailureRecovered,
+    HealthWarning,
     ModelCall,
     ShellClosed,
     ShellOpened,
@@ -41,7 +42,6 @@ from core.events import (
     TerminalOutput,
     ToolCall,
 )
-from core.model.records import recorded_call
 from opencode_tui import format as fmt
 from opencode_tui.feeds import EventIndex, LoadStats, iter_event_batches
 from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted, ReplayLoaded, ShellWanted
@@ -201,6 +201,7 @@ class RunScreen(Screen[None]):
             "tool_call": [],
             "compaction": [],
             "shell": [],
+            "health": [],
         }
         self._marked_calls: set[tuple[str, str]] = set()  # a call is marked where it first appears
         self.cursor: int | None = None
@@ -283,7 +284,10 @@ class RunScreen(Screen[None]):
         state = self.view_state
         badges = {"calls": str(len(state.model_calls)) if state.model_calls else ""}
         failed = sum(1 for f in state.failures if isinstance(f, FailureRecorded))
-        badges["failures"] = f"✗{failed}" if failed else ""
+        warned = len(state.health)  # [health] warnings live in the same tab
+        badges["failures"] = " ".join(
+            b for b in (f"✗{failed}" if failed else "", f"⚠{warned}" if warned else "") if b
+        )
         self.query_one(PanelTabs).show(self.panel, badges)
 
     def action_panel(self, panel: str) -> None:
@@ -392,7 +396,7 @@ class RunScreen(Screen[None]):
         self.query_one(ModelCallsTable).sync(
             self.view_state.model_calls, self.view_state.start_time, force=True
         )
-        self.query_one(FailuresTable).sync(self.view_state.failures, force=True)
+        self.query_one(FailuresTable).sync(self.view_state.problems, force=True)
 
     # -- sources -------------------------------------------------------------------------------
 
@@ -466,6 +470,8 @@ class RunScreen(Screen[None]):
                 self.markers["compaction"].append(index)
             elif kind is ShellOpened or kind is ShellClosed:
                 self.markers["shell"].append(index)
+            elif kind is HealthWarning:
+                self.markers["health"].append(index)
             elif kind is ModelCall or kind is ToolCall:
                 marker = "model_call" if kind is ModelCall else "tool_call"
                 if (marker, ev.call_id) not in self._marked_calls:
@@ -529,7 +535,7 @@ class RunScreen(Screen[None]):
         self.query_one(StatsPanel).show(state)
         self.query_one(CleanupPanel).show(state)
         self.query_one(ModelCallsTable).sync(state.model_calls, state.start_time)
-        self.query_one(FailuresTable).sync(state.failures)
+        self.query_one(FailuresTable).sync(state.problems)
         if self.compact:
             self._show_tabs()
 
@@ -784,6 +790,10 @@ class RunScreen(Screen[None]):
 
     @on(FailuresTable.Open)
     def open_failure(self, message: FailuresTable.Open) -> None:
+        if isinstance(message.record, HealthWarning):  # a warning has no cause chain: its words say it all
+            w = message.record
+            self.notify(w.message, title=f"health: {w.kind.value}", severity="warning", timeout=8)
+            return
         self.app.push_screen(FailureScreen(message.record), self.open_call_id)
 
     def open_call_id(self, call_id: str | None) -> None:
@@ -803,9 +813,7 @@ class RunScreen(Screen[None]):
         if isinstance(focused, ModelCallsTable) and focused.selected is not None:
             call = focused.selected
             where = self.bodies_dir
-            record = (
-                recorded_call(RunDirReader(where, check=False), call.call_id) if where is not None else None
-            )
+            record = RunDirReader(where, check=False).model_call(call.call_id) if where is not None else None
             data = json.loads(call.model_dump_json())
             data["record"] = record.model_dump(mode="json") if record is not None else "not recorded"
             return "model call", json.dumps(data, indent=2)

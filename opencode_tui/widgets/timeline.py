@@ -20,6 +20,7 @@ MARKERS: dict[str, tuple[str, str, str, str, str]] = {
     "tool_call": ("o", "$foreground-muted", "o", "tool call", "Tool"),
     "shell": ("$", "bold $warning", "h", "shell", "Shell"),
     "compaction": ("C", "bold $warning", "c", "compaction", "Compaction"),
+    "health": ("!", "bold $warning", "w", "health warning", "Health"),
     "failure": ("✗", "bold $error", "x", "failure", "Failure"),
 }
 

@@ -163,7 +163,7 @@ def test_reader_reads_every_file_through_runfiles(tmp_path):
     the verifier's output, the inputs as sent, the cast."""
     from datetime import UTC, datetime
 
-    from core.model.records import ModelCallRecord, recorded_call, recorded_calls
+    from core.calls.records import ModelCallRecord
 
     rd = RunDir.create(tmp_path, "r2")
     rd.append_event(TerminalOutput(stream="stdout", data="x\n"))
@@ -184,9 +184,8 @@ def test_reader_reads_every_file_through_runfiles(tmp_path):
     assert reader.info().provider == "docker"
     assert [e.data for e in reader.events()] == ["x\n"]
     assert reader.failures() == [] and reader.shells() == []
-    assert [r.call_id for r in recorded_calls(reader)] == ["c1", "c2"]
-    assert recorded_call(reader, "c2").call_id == "c2" and recorded_call(reader, "c3") is None
-    assert len(list(reader.model_call_lines())) == 3 and len(list(reader.model_call_lines("c2"))) == 1
+    assert [r.call_id for r in reader.model_calls()] == ["c1", "c2"]
+    assert reader.model_call("c2").call_id == "c2" and reader.model_call("c3") is None
     assert reader.verifier_output() == ("1 passed\n", "")
     assert reader.prompt() == "Fix the bug.\n" and reader.instructions() is None
     assert reader.transcript() is None and reader.task_yaml() is None

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from core.artifacts import RunDir
+from core.calls.records import ModelCallRecord
 from core.config import AgentConfig
 from core.episode import close, release, verify
 from core.episode.common import PhaseIO, failure_from, stage_of
@@ -32,7 +33,6 @@ from core.events import (
     VerificationFinished,
 )
 from core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, Outcome, decide
-from core.model.records import ModelCallRecord
 from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
 from core.sandbox.base import SandboxError, SandboxSpec, SandboxUser
 from core.session import CleanupUnconfirmed, CloseDeadline

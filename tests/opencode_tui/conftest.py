@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from core.artifacts import RunFiles
-from core.model.records import ModelCallRecord
+from core.calls.records import ModelCallRecord
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE_RUNS = FIXTURES / "runs"

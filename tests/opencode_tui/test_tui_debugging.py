@@ -19,8 +19,8 @@ import yaml
 from textual.widgets import Collapsible, Static, TabbedContent, TextArea
 
 from core.artifacts import RunDirReader, RunFiles
+from core.calls.records import assembled_tool_calls
 from core.events import ModelCall
-from core.model.records import assembled_tool_calls, recorded_calls
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.screens.run import RunScreen
@@ -156,10 +156,10 @@ def write_failed_call_run(runs_dir: Path) -> Path:
     engine derives from its record (core.model.endpoint.failure_from_record). The recorded runs have
     no failed model call; the sample task model-flaky-500 produces one, in minutes of real episode."""
     from core.artifacts import RunDir
+    from core.calls.records import ModelCallRecord
     from core.events import EpisodeStarted, EventBus, FailureRecorded
     from core.failures import FailureStage, decide
     from core.model.endpoint import failure_from_record
-    from core.model.records import ModelCallRecord
 
     rd = RunDir.create(runs_dir, "constructed-500")
     bus = EventBus()
@@ -227,7 +227,7 @@ async def test_model_call_reads_as_a_conversation_and_an_assembled_response(
     fixture_runs, replay_loaded, wait
 ):
     run = fixture_runs / "oom"
-    records = list(recorded_calls(RunDirReader(run)))
+    records = list(RunDirReader(run).model_calls())
     last = next(r for r in reversed(records) if r.kind == "agent" and len(r.request_body["messages"]) > 3)
     app = OpenCodeTUI(run_dir=run)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -23,7 +23,6 @@ from core.events import (
     ToolCall,
     TranscriptStats,
 )
-from core.model.records import recorded_calls
 from opencode_tui import format as fmt
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.messages import Copied, EventsReceived, ReplayLoaded, ShellStateChanged
@@ -247,7 +246,7 @@ async def test_constructed_failure_with_cause_chain_failed_receipt_and_tool_erro
 async def test_model_call_modal_reads_bodies_by_call_id(fixture_runs, replay_loaded, wait):
     run = fixture_runs / "oom"
     events = _events(run)
-    records = {r.call_id: r.model_dump(mode="json") for r in recorded_calls(RunDirReader(run))}
+    records = {r.call_id: r.model_dump(mode="json") for r in RunDirReader(run).model_calls()}
     calls = [e for e in events if isinstance(e, ModelCall)]
     assert set(records) == {c.call_id for c in calls}  # the proxy recorded every call
     # the call whose response asked for the memory hog
@@ -291,7 +290,7 @@ async def test_model_call_modal_reads_bodies_by_call_id(fixture_runs, replay_loa
 
 async def test_model_call_without_recorded_response_shows_not_recorded(constructed_run, replay_loaded, wait):
     """CONSTRUCTED run: a call whose response never arrived (the client went away)."""
-    records = {r.call_id: r.model_dump(mode="json") for r in recorded_calls(RunDirReader(constructed_run))}
+    records = {r.call_id: r.model_dump(mode="json") for r in RunDirReader(constructed_run).model_calls()}
     app = OpenCodeTUI(run_dir=constructed_run)
     async with app.run_test(size=SIZE) as pilot:
         await replay_loaded(pilot)
@@ -491,7 +490,7 @@ async def test_help_and_theme_cycle(fixture_runs, replay_loaded):
 async def test_copy_terminal_and_call(fixture_runs, replay_loaded):
     run = fixture_runs / "hello-file"
     events = _events(run)
-    records = {r.call_id: r.model_dump(mode="json") for r in recorded_calls(RunDirReader(run))}
+    records = {r.call_id: r.model_dump(mode="json") for r in RunDirReader(run).model_calls()}
     first_call = next(e for e in events if isinstance(e, ModelCall))
     messages: list = []
     app = OpenCodeTUI(run_dir=run)
@@ -586,7 +585,7 @@ async def test_command_palette_runs_app_actions(fixture_runs, replay_loaded, wai
 def test_call_bodies_from_the_typed_record():
     from datetime import UTC, datetime
 
-    from core.model.records import ModelCallRecord
+    from core.calls.records import ModelCallRecord
 
     when = datetime.now(UTC)
     recorded = ModelCallRecord(

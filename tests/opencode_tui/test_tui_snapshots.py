@@ -250,3 +250,12 @@ def test_replay_80x24_failures_tab(snap_compare, fixture_runs, replay_loaded):
     assert snap_compare(
         OpenCodeTUI(run_dir=fixture_runs / "oom"), terminal_size=(80, 24), run_before=run_before
     )
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_diff_screen(snap_compare, fixture_runs, size):
+    """``opencode-tui diff`` of the recorded oom and exit-137 runs: drift, steps side by side with the
+    first divergence marked, deltas."""
+    exit_137 = fixture_runs.parent / "more-runs" / "exit-137"
+    app = OpenCodeTUI(diff=(fixture_runs / "oom", exit_137))
+    assert snap_compare(app, terminal_size=size)

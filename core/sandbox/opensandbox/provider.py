@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from core.config import DEFAULT_IMAGE
 from core.failures import (
     Delivery,
     Evidence,
@@ -61,7 +62,6 @@ from core.sandbox.errors import SandboxError
 from core.sandbox.opensandbox.common import (
     CLEANUP_DEADLINE_S,
     CONNECT_DEADLINE_S,
-    DEFAULT_IMAGE,
     LABEL_CREATE,
     READY_PING_TIMEOUT_S,
     _cpu_quantity,
@@ -291,6 +291,7 @@ class OpenSandboxProvider(SandboxProvider):
             memory_bytes=spec.memory_bytes,
             oom_at_connect=False,
         )
+        sandbox.pids_limit, sandbox.disk_bytes = spec.pids_limit, spec.disk_bytes
         try:
             reason, evidence = await sandbox._become_ready(spec.ready_timeout_s)
             if reason is None and spec.user:

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from core.artifacts import RunDirReader, RunFiles
+from core.calls.records import ModelCallRecord, parse_usage
 from core.events import ModelCall
 from core.model.proxy import MESSAGE_ID_HEADER, ModelProxy, ProxyConfigError
-from core.model.records import ModelCallRecord, parse_usage, recorded_calls
 from core.model.scripted import ScriptedModel
 from core.model.trajectory import Trajectory
 
@@ -157,7 +157,7 @@ async def test_streamed_call_recorded_with_usage_event_and_ids(make_rig) -> None
     )
     [line] = r.lines()
     assert ModelCallRecord.model_validate(line) == rec
-    assert list(recorded_calls(RunDirReader(r.dir, check=False))) == [rec]
+    assert list(RunDirReader(r.dir, check=False).model_calls()) == [rec]
 
 
 async def test_unknown_usage_stays_none_and_json_usage_is_parsed(make_rig) -> None:  # type: ignore[no-untyped-def]
@@ -457,7 +457,7 @@ steps:
     assert tools == ["write"]
     assert any(e["type"] == "text" and e["part"]["text"] == "I wrote hello.txt." for e in out)
 
-    records = list(recorded_calls(RunDirReader(dirs["run"], check=False)))
+    records = list(RunDirReader(dirs["run"], check=False).model_calls())
     kinds = sorted(r.kind for r in records)
     assert kinds == ["agent", "agent", "title"], kinds
     assert len(records) == len(model.calls) == len(events)

@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 from core.artifacts import RunDirReader
+from core.calls.records import assembled_tool_calls
 from core.model.readable import assemble_response, conversation
-from core.model.records import assembled_tool_calls, recorded_calls
 
 RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 
 
 def test_recorded_requests_read_as_conversations():
-    agent = [r for r in recorded_calls(RunDirReader(RUNS / "oom")) if r.kind == "agent"]
+    agent = [r for r in RunDirReader(RUNS / "oom").model_calls() if r.kind == "agent"]
     last = conversation(agent[-1].request_body)
     body = agent[-1].request_body
     assert last.understood and last.model == body["model"]
@@ -30,7 +30,7 @@ def test_recorded_requests_read_as_conversations():
 
 
 def test_recorded_streams_assemble_like_the_client():
-    for record in recorded_calls(RunDirReader(RUNS / "oom")):
+    for record in RunDirReader(RUNS / "oom").model_calls():
         got = assemble_response(record.response_body)
         assert got.understood and got.streamed and got.chunks > 1
         assert got.finish_reason == record.finish_reason

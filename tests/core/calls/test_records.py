@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 from core.artifacts import RunDirReader
-from core.model.records import assembled_tool_calls, recorded_calls
+from core.calls.records import assembled_tool_calls
 
 RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 
 
 def test_streamed_tool_call_fragments_are_assembled():
-    agent = [r for r in recorded_calls(RunDirReader(RUNS / "oom")) if r.kind == "agent"]
+    agent = [r for r in RunDirReader(RUNS / "oom").model_calls() if r.kind == "agent"]
     calls = [assembled_tool_calls(r.response_body) for r in agent]
     [(name, args)] = calls[0]
     assert name == "bash"

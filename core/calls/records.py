@@ -1,4 +1,4 @@
-"""``model_calls.jsonl`` (read back with ``recorded_calls``/``recorded_call``): one ModelCallRecord per model call seen by the recording proxy.
+"""``model_calls.jsonl`` (read back with ``core.artifacts.RunDirReader.model_calls``): one ModelCallRecord per model call seen by the recording proxy.
 
 Token counts are parsed from the response (the streamed usage chunk or the JSON body). A count the
 response did not report stays ``None``; it is never written as 0.
@@ -7,20 +7,13 @@ response did not report stays ``None``; it is never written as 0.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.artifacts import RunFiles
+from core.calls.classify import CallKind
 from core.events import ModelCall
-from core.model.classify import CallKind
-
-MODEL_CALLS_FILE = RunFiles.MODEL_CALLS  # for the modules that name it from here
-
-if TYPE_CHECKING:
-    from core.artifacts import RunDirReader
 
 
 class TokenUsage(BaseModel):
@@ -149,29 +142,6 @@ class ModelCallRecord(BaseModel):
             tokens_reasoning=self.usage.tokens_reasoning,
             error=self.error,
         )
-
-
-def recorded_calls(reader: RunDirReader) -> Iterator[ModelCallRecord]:
-    """A run directory's model calls, in completion order (a record that does not parse, e.g. a live
-    run's torn last line, is skipped)."""
-    for line in reader.model_call_lines():
-        try:
-            yield ModelCallRecord.model_validate_json(line)
-        except ValueError:
-            continue
-
-
-def recorded_call(reader: RunDirReader, call_id: str) -> ModelCallRecord | None:
-    """The record of ``call_id`` in a run directory (the last one if repeated), or None."""
-    found: ModelCallRecord | None = None
-    for line in reader.model_call_lines(mentioning=call_id):
-        try:
-            record = ModelCallRecord.model_validate_json(line)
-        except ValueError:
-            continue
-        if record.call_id == call_id:
-            found = record
-    return found
 
 
 def assembled_tool_calls(body: Any) -> list[tuple[str, str]]:

@@ -1,0 +1,614 @@
+"""Episodes on a Ray cluster: one Ray task per episode attempt (``executor.name: ray``).
+
+The driver (``opencode-tui run --batch --executor ray``) keeps everything a batch decides: retries,
+resume, ``results.jsonl``, the JSON lines and the exit code are core/batch.py's, shared with the local
+executor. A worker runs the same ``Episode`` with its node's provider and writes the run directory
+into the runs directory, which every node must see at the same path (shared storage): the driver
+writes a probe file there and the first worker must read it back, or the batch does not start.
+
+What only a cluster adds:
+
+- A worker process or its node dies mid-episode (killed, OOM-killed by the node, node lost): Ray says
+  so, the attempt becomes ``executor_worker_lost`` at the phase its run.json names, that node's
+  sandboxes of the run are swept (a task pinned to the node removes what carries the run's label and
+  whose creating process is gone), and the policy retries it like any infrastructure failure. Ray's
+  own task retries are off: one attempt is one Ray task, and only the policy decides another.
+- Cancelling (Ctrl-C, SIGTERM on the driver): a small coordinator actor tells every running worker,
+  which cancels its episode exactly like the local executor does (graceful close, confirmed cleanup,
+  the record written); queued tasks are cancelled in Ray and recorded as not started. A worker asks
+  the coordinator before it starts an episode, so a task that was already dequeued starts nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core import __version__
+from core.artifacts import OutcomeSummary, RunDir, RunDirReader
+from core.batch import (
+    BORROWED_UNCLEAN,
+    Attempt,
+    BatchControl,
+    Executor,
+    ExecutorError,
+    borrowed_sandbox_is_clean,
+    not_started,
+    stage_of_phase,
+)
+from core.config import AgentConfig, RaySettings
+from core.control import CANCELLED_BY_CALLER
+from core.episode import Episode, EpisodeResult, new_run_id
+from core.events import CleanupProof, EventBus
+from core.failures import (
+    DEFAULT_CLASSIFICATION,
+    DEFAULT_POLICY,
+    FailureEvent,
+    FailureStage,
+    Outcome,
+    decide,
+    merged,
+    merged_classification,
+)
+from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
+from core.tasks import Task
+
+log = logging.getLogger(__name__)
+
+PROBE_PREFIX = ".ray-probe-"  # the shared-storage probe in the runs directory (removed at the end)
+# Passed to every worker when set on the driver: the owner label of the batch's sandboxes (so the
+# driver's `sweep` and a CI job's leak check find them) and where the OpenCode cache lives.
+PASSED_ENV = ("OPENCODE_TUI_OWNER",)
+PROBE_DEADLINE_S = 600.0  # the first worker may wait for a free CPU on a busy cluster
+CONTROL_DEADLINE_S = 30.0  # one call to the coordinator actor
+SWEEP_DEADLINE_S = 180.0  # the sweep task on a lost worker's node (listing + removing its sandboxes)
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ExecutorError(
+            "--executor ray needs Ray: pip install 'opencode-tui[ray]' (or pip install 'ray[default]')"
+        ) from exc
+    return ray
+
+
+async def _get(ref: Any, timeout: float | None = None) -> Any:
+    """Await a Ray ObjectRef from any event loop (the driver's or a worker's ``asyncio.run``)."""
+    fut = asyncio.wrap_future(ref.future())
+    return await (asyncio.wait_for(fut, timeout) if timeout is not None else fut)
+
+
+# ---- the coordinator: cancels reach running workers; who runs which attempt where ----------------
+
+
+class Coordinator:
+    """A Ray actor (async, no CPU) owned by the driver: dies with it."""
+
+    def __init__(self) -> None:
+        self.cancels: list[str] = []  # every cancel request in order (a second one hurries)
+        self._changed = asyncio.Event()
+        # run id → where its worker runs; kept after the attempt ends (a cancel must never
+        # interrupt a finished task's return, see ``RayExecutor.cancel``).
+        self.started: dict[str, dict[str, Any]] = {}
+        self._ended: dict[str, asyncio.Event] = {}
+
+    async def begin(self, run_id: str, where: dict[str, Any]) -> str | None:
+        """A worker asks before it starts an episode: the cancel's name when the batch is cancelled."""
+        if self.cancels:
+            return self.cancels[0]
+        self.started[run_id] = where
+        return None
+
+    async def end(self, run_id: str) -> None:
+        """The attempt's episode is over: its long poll returns."""
+        self._ended.setdefault(run_id, asyncio.Event()).set()
+
+    async def where(self, run_id: str) -> dict[str, Any] | None:
+        return self.started.get(run_id)
+
+    async def cancel(self, by: str) -> list[str]:
+        """Tell every running worker; returns the attempts that had started (the rest never will)."""
+        self.cancels.append(by)
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return list(self.started)
+
+    async def wait_cancel(self, run_id: str, seen: int) -> list[str]:
+        """Long poll: the cancel requests after the first ``seen`` (none once the attempt ended)."""
+        ended = self._ended.setdefault(run_id, asyncio.Event())
+        while len(self.cancels) <= seen and not ended.is_set():
+            waits = [asyncio.ensure_future(self._changed.wait()), asyncio.ensure_future(ended.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        if ended.is_set():
+            self._ended.pop(run_id, None)
+        return self.cancels[seen:]
+
+
+# ---- the worker side ------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerReport:
+    """What a worker sends back for one attempt."""
+
+    result: EpisodeResult | None = None
+    blocked: str | None = None
+    cancelled_by: str | None = None  # the batch was cancelled before this attempt started
+    unusable: str | None = None  # this node cannot run it (the runs directory is not shared)
+
+
+@dataclass
+class ProbeReport:
+    node_ip: str
+    problems: list[str] = field(default_factory=list)
+
+
+def probe_problems(runs_dir: str, probe: str, token: str, task_roots: list[str], version: str) -> list[str]:
+    """What keeps this node from running the batch: the probe file unseen, a task directory missing,
+    another engine version."""
+    problems = []
+    path = Path(runs_dir) / probe
+    try:
+        seen = path.read_text().strip()
+    except OSError as exc:
+        seen = None
+        problems.append(f"cannot read the probe file {path} ({exc.strerror or exc})")
+    if seen is not None and seen != token:
+        problems.append(f"the probe file {path} holds another batch's token")
+    missing = sorted({r for r in task_roots if not Path(r).is_dir()})
+    if missing:
+        problems.append(f"task directories not found: {', '.join(missing[:3])}")
+    if version != __version__:
+        problems.append(f"opencode-tui {__version__} is installed here, the driver runs {version}")
+    return problems
+
+
+def _probe_task(
+    runs_dir: str,
+    probe: str,
+    token: str,
+    task_roots: list[str],
+    version: str,
+    config: AgentConfig,
+    images: list[str],
+) -> ProbeReport:
+    import ray
+
+    problems = probe_problems(runs_dir, probe, token, task_roots, version)
+    if not problems and config.sandbox.mode == "owned":
+        # The provider's own admission checks (its engine is up, the images exist), here on a node:
+        # the driver's machine may have no Docker at all.
+        from core.sandbox import registry
+
+        checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
+        problems += [c.detail for c in checks if c.status == "fail"]
+    return ProbeReport(node_ip=ray.util.get_node_ip_address(), problems=problems)
+
+
+def _episode_task(
+    task: Task,
+    config: AgentConfig,
+    attempt: int,
+    run_id: str,
+    runs_dir: str,
+    may_retry: bool,
+    coordinator: Any,
+    probe: tuple[str, str],
+) -> WorkerReport:
+    return asyncio.run(
+        _episode_in_worker(task, config, attempt, run_id, Path(runs_dir), may_retry, coordinator, probe)
+    )
+
+
+async def _episode_in_worker(
+    task: Task,
+    config: AgentConfig,
+    attempt: int,
+    run_id: str,
+    runs_dir: Path,
+    may_retry: bool,
+    coordinator: Any,
+    probe: tuple[str, str],
+) -> WorkerReport:
+    import ray
+
+    from core.invocation import invocation_id
+
+    ip = ray.util.get_node_ip_address()
+    # Every node checks, not only the first: a node that joined without the shared mount must not
+    # write run directories nobody else sees.
+    problems = probe_problems(str(runs_dir), probe[0], probe[1], [str(task.root)], __version__)
+    if problems:
+        return WorkerReport(unusable=f"node {ip} cannot run episodes: {'; '.join(problems)}")
+    where = {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "ip": ip,
+        "pid": os.getpid(),
+        "invocation": invocation_id(),
+    }
+    cancelled = await _get(coordinator.begin.remote(run_id, where), CONTROL_DEADLINE_S)
+    if cancelled is not None:
+        return WorkerReport(cancelled_by=cancelled)
+    episode = Episode(
+        task, config, attempt=attempt, run_id=run_id, runs_dir=runs_dir, bus=EventBus(attempt=attempt)
+    )
+    run = asyncio.ensure_future(episode.run())
+    await asyncio.sleep(0)  # the episode's own task exists now: a cancel from here on reaches it
+    watcher = asyncio.ensure_future(_forward_cancels(coordinator, run_id, episode))
+    try:
+        result = await run
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+        with contextlib.suppress(Exception):  # ends the coordinator's long poll for this attempt
+            await _get(coordinator.end.remote(run_id), CONTROL_DEADLINE_S)
+    blocked = None
+    if may_retry and result.action is Outcome.RETRY and result.cancelled_by is None:
+        if not await borrowed_sandbox_is_clean(episode, result, config):
+            blocked = BORROWED_UNCLEAN
+    return WorkerReport(result=result, blocked=blocked)
+
+
+async def _forward_cancels(coordinator: Any, run_id: str, episode: Episode) -> None:
+    """Each cancel of the batch cancels the episode once more (the second hurries its close)."""
+    seen = 0
+    while episode.running:
+        try:
+            names = await _get(coordinator.wait_cancel.remote(run_id, seen))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the coordinator is gone (its driver died): nothing more will come
+            log.warning(
+                "the batch coordinator is unreachable (%s); cancels no longer reach this episode", exc
+            )
+            return
+        seen += len(names)
+        for name in names:
+            await episode.cancel(name)
+
+
+def _sweep_task(config: AgentConfig, run_id: str) -> list[str]:
+    return asyncio.run(sweep_run(config, run_id))
+
+
+async def sweep_run(config: AgentConfig, run_id: str) -> list[str]:
+    """Remove this node's sandboxes of ``run_id`` whose creating process is gone; their ids.
+
+    A sandbox whose creator still runs (a worker Ray wrongly thought lost) is left alone."""
+    from core.invocation import Liveness, invocation_liveness
+    from core.sandbox.base import LABEL_INVOCATION, LABEL_RUN, default_owner
+    from core.sandbox.providers import get_provider
+
+    provider = get_provider(config.sandbox.provider, config)
+    removed = []
+    for record in await provider.listed(owner=default_owner()):
+        if record.labels.get(LABEL_RUN) != run_id:
+            continue
+        if invocation_liveness(record.labels.get(LABEL_INVOCATION)) is Liveness.ALIVE:
+            continue
+        await provider.remove(record.sandbox_id)
+        removed.append(record.sandbox_id)
+    return removed
+
+
+# ---- the driver side -------------------------------------------------------------------------------
+
+
+@dataclass
+class PendingSweep:
+    """A lost node's sandboxes of a run, to sweep when a node with its address is back."""
+
+    run_id: str
+    node_ip: str
+    config: AgentConfig
+
+
+class RayExecutor(Executor):
+    name = "ray"
+
+    def __init__(self, settings: RaySettings, *, on_started: Callable[[str, int, str], None] | None = None):
+        self.settings = settings
+        self.batch_id = uuid.uuid4().hex[:10]
+        self.on_started = on_started
+        self._ray: Any = None
+        self.probe_s: float | None = None  # how long the first worker took to answer the probe
+        self._joined = False  # this executor called ray.init (and so leaves with ray.shutdown)
+        self._coordinator: Any = None
+        self._episode_fn: Any = None
+        self._sweep_fn: Any = None
+        self._probe_fn: Any = None
+        self._probe: tuple[str, str] | None = None
+        self._probe_path: Path | None = None
+        self._inflight: dict[str, Any] = {}  # run id → its Ray task's ObjectRef
+        self.cancelled_by: str | None = None
+        self.pending_sweeps: list[PendingSweep] = []
+        self.notes: list[str] = []  # what the driver must tell the user at the end
+
+    # -- lifecycle --
+
+    def connect(self) -> None:
+        """Join the cluster (blocking; before the driver installs its signal handlers, which
+        ``ray.init`` would otherwise replace). A process already connected to Ray (a training loop
+        that runs its rollouts through ``run_batch``) keeps its connection."""
+        ray = self._ray = _ray()
+        if not ray.is_initialized():
+            env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
+            try:
+                ray.init(
+                    address=self.settings.address,
+                    runtime_env={"env_vars": env} if env else None,
+                    log_to_driver=False,  # workers' diagnostics go to their run directories
+                    logging_level=logging.WARNING,
+                )
+            except Exception as exc:
+                where = self.settings.address or os.environ.get("RAY_ADDRESS") or "(Ray's default)"
+                raise ExecutorError(f"cannot join the Ray cluster at {where}: {exc}") from exc
+            self._joined = True
+        remote = ray.remote
+        self._coordinator = remote(num_cpus=0, max_concurrency=100_000)(Coordinator).remote()
+        # One Ray task per attempt, never retried by Ray: the outcome policy decides every retry.
+        self._episode_fn = remote(max_retries=0, retry_exceptions=False)(_episode_task)
+        self._sweep_fn = remote(num_cpus=0, max_retries=0)(_sweep_task)
+        self._probe_fn = remote(max_retries=0)(_probe_task)
+
+    async def start(self, runs_dir: Path, tasks: list[Task], config: AgentConfig) -> None:
+        if self._coordinator is None:
+            await asyncio.to_thread(self.connect)
+        name, token = f"{PROBE_PREFIX}{self.batch_id}", secrets.token_hex(16)
+        self._probe, self._probe_path = (name, token), runs_dir / name
+        try:
+            self._probe_path.write_text(token + "\n")
+        except OSError as exc:
+            raise ExecutorError(
+                f"cannot write the probe file {self._probe_path}: {exc.strerror or exc}"
+            ) from exc
+        roots = sorted({str(t.root) for t in tasks})
+        images = sorted({config.sandbox.image or t.image for t in tasks})
+        started = time.monotonic()
+        ref = self._probe_fn.options(num_cpus=self.settings.num_cpus_per_episode).remote(
+            str(runs_dir), name, token, roots, __version__, config, images
+        )
+        try:
+            report: ProbeReport = await _get(ref, PROBE_DEADLINE_S)
+        except TimeoutError as exc:
+            self._ray.cancel(ref)
+            raise ExecutorError(
+                f"no Ray worker with {self.settings.num_cpus_per_episode:g} free CPU(s) ran the "
+                f"shared-storage probe within {PROBE_DEADLINE_S:.0f} s; check the cluster's resources"
+            ) from exc
+        self.probe_s = time.monotonic() - started
+        if report.problems:
+            raise ExecutorError(
+                f"the runs directory {runs_dir} must be shared storage mounted at the same path on every "
+                f"Ray node: node {report.node_ip}: {'; '.join(report.problems)}"
+            )
+
+    async def close(self) -> None:
+        """Sweep lost nodes that came back; remove the probe; leave the cluster."""
+        if self._coordinator is not None:
+            await self._retry_pending_sweeps()
+        if self._probe_path is not None:
+            with contextlib.suppress(OSError):
+                self._probe_path.unlink()
+        if self._joined and self._ray.is_initialized():
+            await asyncio.to_thread(self._ray.shutdown)
+
+    # -- one attempt --
+
+    async def attempt(
+        self,
+        task: Task,
+        config: AgentConfig,
+        *,
+        attempt: int,
+        runs_dir: Path,
+        may_retry: bool,
+        control: BatchControl,
+    ) -> Attempt:
+        assert self._probe is not None, "start() first"
+        run_id = new_run_id(task.id, attempt)
+        ref = self._episode_fn.options(
+            num_cpus=self.settings.num_cpus_per_episode, name=f"episode {run_id}"
+        ).remote(task, config, attempt, run_id, str(runs_dir), may_retry, self._coordinator, self._probe)
+        self._inflight[run_id] = ref
+        if self.on_started is not None:
+            self.on_started(task.id, attempt, run_id)
+        exc_types = self._ray.exceptions
+        lost = (
+            exc_types.WorkerCrashedError,
+            exc_types.NodeDiedError,
+            exc_types.OutOfMemoryError,
+            exc_types.LocalRayletDiedError,
+            exc_types.ObjectLostError,
+        )
+        try:
+            report: WorkerReport = await _get(ref)
+        except exc_types.TaskCancelledError:
+            by = self.cancelled_by or CANCELLED_BY_CALLER
+            return Attempt(not_started(task, config, attempt, cancelled_by=by))
+        except lost as exc:
+            return Attempt(await self._lost(task, config, attempt, run_id, runs_dir, exc))
+        finally:
+            self._inflight.pop(run_id, None)
+        if report.unusable is not None:
+            control.halt(report.unusable)
+            return Attempt(not_started(task, config, attempt, halted=report.unusable))
+        if report.cancelled_by is not None:
+            return Attempt(not_started(task, config, attempt, cancelled_by=report.cancelled_by))
+        assert report.result is not None
+        return Attempt(report.result, report.blocked)
+
+    # -- cancel --
+
+    async def cancel(self, by: str) -> None:
+        first = self.cancelled_by is None
+        self.cancelled_by = self.cancelled_by or by
+        try:
+            started = set(await _get(self._coordinator.cancel.remote(by), CONTROL_DEADLINE_S))
+        except Exception as exc:
+            # Running episodes cannot be told; cancelling their Ray tasks would interrupt their close.
+            self.notes.append(f"the cancel could not reach the Ray workers ({exc})")
+            return
+        if first:
+            for run_id, ref in list(self._inflight.items()):
+                if run_id not in started:  # queued (or dequeued before asking): it starts nothing
+                    self._ray.cancel(ref, force=False)
+
+    # -- a lost worker --
+
+    async def _lost(
+        self, task: Task, config: AgentConfig, attempt: int, run_id: str, runs_dir: Path, exc: BaseException
+    ) -> EpisodeResult:
+        run_path = runs_dir / run_id
+        try:
+            where = await _get(self._coordinator.where.remote(run_id), CONTROL_DEADLINE_S)
+        except Exception:
+            where = None
+        try:
+            info = RunDirReader(run_path).info()
+        except (OSError, ValueError):
+            info = None
+        phase = info.phase if info is not None else "admission"
+        stage = FailureStage(stage_of_phase(phase))
+        reason = _words(exc)
+        if where is None:
+            # The worker died before asking to start: no sandbox of this attempt was ever created.
+            confirmed, proof = True, CleanupProof.NOTHING_LAUNCHED
+            place, note = "a Ray worker", "it had not started the episode"
+        else:
+            place = f"the Ray worker (pid {where['pid']}) on node {where['ip']}"
+            confirmed, proof, note = await self._sweep_after_loss(config, run_id, where, info)
+        failure = FailureEvent(
+            kind="executor_worker_lost",
+            stage=stage,
+            operation=f"{phase} phase on {place}",
+            message=f"{place} running this attempt was lost during {phase} ({reason}); {note}",
+        )
+        policy = merged(DEFAULT_POLICY, config.policy)
+        classification = merged_classification(DEFAULT_CLASSIFICATION, config.classification)
+        decision = decide(failure, attempt=attempt, policy=policy, classification=classification)
+        verdict = decide_outcome(
+            EpisodeFacts(
+                failures=[RecordedFailure(failure=failure, decision=decision)], cleanup_confirmed=confirmed
+            )
+        )
+        result = EpisodeResult(
+            run_id=run_id,
+            task_id=task.id,
+            attempt=attempt,
+            provider=config.sandbox.provider,
+            sandbox_id=info.sandbox_id if info is not None else None,
+            action=verdict.outcome,
+            failure_kind=failure.kind,
+            failure_stage=failure.stage.value,
+            failure_class=decision.failure_class.value,
+            cleanup_confirmed=confirmed,
+            cleanup_proof=proof,
+            exit_code=verdict.exit_code,
+            durations_s=dict(info.phase_durations_s) if info is not None else {},
+            run_dir=str(run_path),
+            summary=f"{verdict.summary}: {failure.message}",
+        )
+        if info is not None and info.outcome is None:
+            # Said in run.json too, so `runs` and the next batch do not take it for a running episode.
+            info.outcome = OutcomeSummary(
+                action=result.action,
+                failure_kind=result.failure_kind,
+                failure_stage=result.failure_stage,
+                failure_class=result.failure_class,
+                summary=result.summary,
+            )
+            info.counts["cleanup_confirmed"] = confirmed
+            info.counts["cleanup_proof"] = proof
+            with contextlib.suppress(OSError):
+                RunDir(run_path).write_run_info(info)
+        return result
+
+    async def _sweep_after_loss(
+        self, config: AgentConfig, run_id: str, where: dict[str, Any], info: Any
+    ) -> tuple[bool | None, CleanupProof | None, str]:
+        """(cleanup confirmed, proof, words) after sweeping the lost worker's node."""
+        if config.sandbox.mode == "borrowed":
+            return None, None, "the borrowed sandbox is never destroyed by us: its cleanup stays unknown"
+        if config.sandbox.keep_sandbox:
+            return None, None, f"its sandbox is kept (remove it with `opencode-tui sweep --run {run_id}`)"
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from core.sandbox import registry
+
+        # A provider whose listing needs a configured server (OpenSandbox) keeps its sandboxes there,
+        # reachable from any node: any node may sweep them. The others' live on the lost node.
+        soft = not registry.get(config.sandbox.provider).capabilities.sweep_by_default
+        strategy = NodeAffinitySchedulingStrategy(where["node_id"], soft=soft)
+        try:
+            removed = await _get(
+                self._sweep_fn.options(scheduling_strategy=strategy).remote(config, run_id), SWEEP_DEADLINE_S
+            )
+        except Exception as exc:
+            self.pending_sweeps.append(PendingSweep(run_id=run_id, node_ip=where["ip"], config=config))
+            return (
+                None,
+                None,
+                f"its node could not be swept ({_words(exc)}): cleanup unknown until the node is back "
+                f"(this batch sweeps it then; else `opencode-tui sweep --run {run_id}` there)",
+            )
+        had_sandbox = bool(removed) or (info is not None and info.sandbox_id is not None)
+        if removed:
+            note = f"its sandbox {', '.join(removed)} was swept from the node"
+        elif had_sandbox:
+            note = "its sandbox was already gone from the node"
+        else:
+            note = "no sandbox of it was left on the node"
+        return True, CleanupProof.DESTROYED if had_sandbox else CleanupProof.NOTHING_LAUNCHED, note
+
+    async def _retry_pending_sweeps(self) -> None:
+        if not self.pending_sweeps:
+            return
+        alive = {n["NodeManagerAddress"]: n["NodeID"] for n in self._ray.nodes() if n.get("Alive")}
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        for pending in list(self.pending_sweeps):
+            node_id = alive.get(pending.node_ip)
+            if node_id is None:
+                self.notes.append(
+                    f"node {pending.node_ip} is not back: sweep run {pending.run_id} there "
+                    f"(`opencode-tui sweep --run {pending.run_id}`)"
+                )
+                continue
+            strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+            try:
+                removed = await _get(
+                    self._sweep_fn.options(scheduling_strategy=strategy).remote(
+                        pending.config, pending.run_id
+                    ),
+                    SWEEP_DEADLINE_S,
+                )
+            except Exception as exc:
+                self.notes.append(f"sweeping run {pending.run_id} on node {pending.node_ip} failed: {exc}")
+                continue
+            self.pending_sweeps.remove(pending)
+            self.notes.append(
+                f"node {pending.node_ip} is back: swept {len(removed)} sandbox(es) of run {pending.run_id}"
+            )
+
+
+def _words(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    first = text.split(". ")[0][:300]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -1,0 +1,399 @@
+"""`opencode-tui run --batch --executor ray` against a real local Ray head.
+
+The head is started here (``ray start --head --block`` bound to 127.0.0.1, two CPUs: two worker
+processes, no dashboard, no usage stats) with this tree first on its workers' path; the driver is the
+real CLI in a subprocess. Episodes use the local provider (bubblewrap) and the embedded scripted model.
+Faults are real: a worker process is SIGKILLed mid-episode, the driver gets a real SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.failures import FailureEvent, FailureStage, decide, is_registered
+from core.sandbox.providers import get_provider
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "sample_tasks"
+CLI = [sys.executable, "-m", "opencode_tui.cli"]
+# What must match between the executors, per task (run ids, sandbox ids, timings and token counts of
+# the scripted model's title call differ run to run, and so does the number of tool calls of `oom`:
+# whether OpenCode survives the kernel's OOM kill to make its next call varies, on either executor).
+SAME = (
+    "task_id",
+    "attempt",
+    "provider",
+    "reward",
+    "action",
+    "failure_kind",
+    "failure_stage",
+    "failure_class",
+    "cleanup_confirmed",
+    "cleanup_proof",
+    "cancelled_by",
+    "exit_code",
+    "started",
+    "resumed",
+    "human_intervened",
+    "sandbox_kept",
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.bwrap, pytest.mark.ray]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RayHead:
+    """A real Ray head on 127.0.0.1 in its own process group (stopped by signalling that group)."""
+
+    def __init__(self, cpus: int = 2, wrap: list[str] | None = None) -> None:
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        # Short: Ray's Unix sockets live under it (108-byte limit).
+        self.temp = Path(tempfile.mkdtemp(prefix="rayt-", dir="/tmp"))
+        self.log = self.temp / "head.log"
+        # Token authentication with a token of this head's own, passed to its drivers: nothing is read
+        # from or written to ~/.ray (Ray 2.60 would otherwise follow whatever token file is there).
+        self.env = {
+            **os.environ,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": uuid.uuid4().hex + uuid.uuid4().hex,
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        env = {
+            **self.env,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
+        cmd = [
+            *(wrap or []),
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={self.port}",
+        ]
+        cmd += [f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats"]
+        cmd += [f"--temp-dir={self.temp}", f"--dashboard-port={_free_port()}"]
+        cmd += [f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}"]
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + 180
+        while "Ray runtime started" not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the Ray head did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """SIGTERM the group (`ray start --block` drains and stops its processes), then SIGKILL what is
+        left of it: only this head's processes, found by their process group."""
+        with_group = self.proc.pid
+        try:
+            os.killpg(with_group, signal.SIGTERM)
+            self.proc.wait(timeout=60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        with_pids = subprocess.run(
+            ["pgrep", "-g", str(with_group)], capture_output=True, text=True, timeout=10
+        ).stdout.split()
+        for pid in with_pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    head = RayHead(cpus=2)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def _task(tmp_path: Path, name: str, new_id: str | None = None, **changes) -> Path:
+    dest = tmp_path / "tasks" / (new_id or name)
+    shutil.copytree(SAMPLES / name, dest)
+    data = yaml.safe_load((dest / "task.yaml").read_text())
+    if new_id:
+        data["id"] = new_id
+    data.update(changes)
+    (dest / "task.yaml").write_text(yaml.safe_dump(data))
+    return dest
+
+
+def _busy_task(tmp_path: Path, new_id: str, seconds: int) -> Path:
+    """hello-file whose agent first runs ``sleep SECONDS`` (keeps the agent phase busy)."""
+    dest = _task(tmp_path, "hello-file", new_id)
+    trajectory = yaml.safe_load((dest / "trajectory.yaml").read_text())
+    sleep = {"name": "bash", "arguments": {"command": f"sleep {seconds}", "description": "wait"}}
+    trajectory["steps"].insert(0, {"tool_calls": [sleep]})
+    (dest / "trajectory.yaml").write_text(yaml.safe_dump(trajectory))
+    return dest
+
+
+def _run(*args: str, timeout: float = 400, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "run", *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _ray_cli(head: RayHead, runs: Path) -> list[str]:
+    """``opencode-tui run --batch`` on ``head`` with the local provider (tasks go after it)."""
+    return [*CLI, "run", *_ray_args(head, runs)]
+
+
+def _ray_args(head: RayHead, runs: Path) -> list[str]:
+    return [
+        "--batch",
+        "--provider",
+        "local",
+        "--executor",
+        "ray",
+        "--ray-address",
+        head.address,
+        "--runs-dir",
+        str(runs),
+    ]
+
+
+def _lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines()]  # every stdout line is a JSON line
+
+
+def _our_sandboxes(owner: str) -> list[str]:
+    records = asyncio.run(get_provider("local").listed(owner=owner))
+    return [r.sandbox_id for r in records]
+
+
+def _wait_agent_phase(runs: Path, proc: subprocess.Popen, n: int, timeout: float = 240) -> list[dict]:
+    """run.json of ``n`` attempts that reached the agent phase (their OpenCode is running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        infos = []
+        for path in runs.glob("*/run.json"):
+            try:
+                info = json.loads(path.read_text())
+            except ValueError:
+                continue  # being rewritten
+            if info["phase"] == "agent" and info["outcome"] is None:
+                infos.append(info)
+        if len(infos) >= n:
+            return infos
+        time.sleep(0.2)
+    raise AssertionError(f"{n} attempt(s) never reached the agent phase")
+
+
+# ---- the new failure kind ---------------------------------------------------------------------
+
+
+def test_worker_lost_is_registered_and_retried_then_an_evaluation_error():
+    assert is_registered("executor_worker_lost")
+    failure = FailureEvent(
+        kind="executor_worker_lost", stage=FailureStage.AGENT, operation="agent phase", message="lost"
+    )
+    assert decide(failure, attempt=1).action == "retry"
+    last = decide(failure, attempt=3)  # the default max_attempts
+    assert last.action == "mark_evaluation_error" and last.failure_class == "evaluation"
+
+
+def test_executor_ray_needs_batch(tmp_path):
+    r = _run(str(SAMPLES / "hello-file"), "--executor", "ray", "--runs-dir", str(tmp_path / "runs"))
+    assert r.returncode == 2 and "--executor ray runs --batch only" in r.stderr
+    assert r.stdout == "" and not (tmp_path / "runs").exists()
+
+
+# ---- same outcomes and JSON lines as the local executor ---------------------------------------
+
+
+def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
+    tasks = [str(_task(tmp_path, "hello-file", f"hello-{i}")) for i in range(1, 5)]
+    tasks += [str(SAMPLES / "oom"), str(SAMPLES / "model-flaky-500")]
+    common = ["--batch", "--provider", "local"]
+
+    local = _run(*tasks, *common, "--jobs", "2", "--runs-dir", str(tmp_path / "local"))
+    # Through the config file, as a user would keep it; the flag overrides nothing here.
+    config = tmp_path / "ray.yaml"
+    config.write_text(yaml.safe_dump({"executor": {"name": "ray", "ray": {"address": ray_head.address}}}))
+    on_ray = _run(
+        *tasks, *common, "--config", str(config), "--runs-dir", str(tmp_path / "ray"), env=ray_head.env
+    )
+
+    assert local.returncode == on_ray.returncode == 3, (local.stderr, on_ray.stderr)
+    a, b = _lines(local.stdout), _lines(on_ray.stdout)
+    assert len(a) == len(b) == 6
+    assert all(set(x) == set(a[0]) for x in a + b)  # the same JSON line schema
+    by_task_a = {x["task_id"]: {k: x[k] for k in SAME} for x in a}
+    by_task_b = {x["task_id"]: {k: x[k] for k in SAME} for x in b}
+    for task_id, fields in by_task_a.items():
+        assert by_task_b[task_id] == fields, (task_id, by_task_b[task_id], fields)
+    hello = sorted(
+        (x["task_id"], x["tool_calls"], x["model_calls"]) for x in a if x["task_id"].startswith("hello")
+    )
+    assert hello == sorted(
+        (x["task_id"], x["tool_calls"], x["model_calls"]) for x in b if x["task_id"].startswith("hello")
+    )
+    assert {k: by_task_b[k]["action"] for k in by_task_b} == {
+        **{f"hello-{i}": "scored" for i in range(1, 5)},
+        "oom": "count_as_zero",
+        "model-flaky-500": "mark_evaluation_error",
+    }
+    flaky = next(x for x in b if x["task_id"] == "model-flaky-500")
+    assert flaky["attempt"] == 3 and len(flaky["previous_attempts"]) == 2  # retried by policy, on Ray
+    assert all(Path(p, "events.jsonl").is_file() for p in flaky["previous_attempts"])
+    # The summary line is the local executor's.
+    assert local.stderr.splitlines()[-1] == on_ray.stderr.splitlines()[-1]
+    assert on_ray.stderr.splitlines()[-1] == (
+        "opencode-tui: 5 of 6 scored; failures: model_server_error x1, provider_oom_killed x1"
+    )
+    # results.jsonl as the local executor writes it: one line per finished episode.
+    recorded = [json.loads(line) for line in (tmp_path / "ray" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in recorded) == sorted(x["task_id"] for x in b)
+    # Run directories were written by the workers into the shared runs directory: 8 attempts.
+    assert len(list((tmp_path / "ray").glob("*/run.json"))) == 8
+    assert not list((tmp_path / "ray").glob(".ray-probe-*"))  # the probe is removed at the end
+    assert _our_sandboxes(test_owner) == []
+
+    # Resume is the local executor's: scored episodes are skipped, the others run again on Ray.
+    again = _run(
+        *tasks,
+        *common,
+        *("--config", str(config), "--runs-dir", str(tmp_path / "ray"), "--attempts", "1"),
+        env=ray_head.env,
+    )
+    lines = _lines(again.stdout)
+    assert sorted(x["task_id"] for x in lines if x["resumed"]) == sorted(
+        [f"hello-{i}" for i in range(1, 5)] + ["oom"]
+    )
+    rerun = next(x for x in lines if x["task_id"] == "model-flaky-500")
+    assert not rerun["resumed"] and rerun["attempt"] == 4 and rerun["action"] == "mark_evaluation_error"
+    assert _our_sandboxes(test_owner) == []
+
+
+# ---- a worker lost mid-episode ---------------------------------------------------------------
+
+
+def test_a_killed_worker_is_worker_lost_swept_and_retried(ray_head, tmp_path, test_owner):
+    task = _busy_task(tmp_path, "busy", seconds=8)
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [*_ray_cli(ray_head, runs), str(task), "--attempts", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ray_head.env,
+    )
+    try:
+        (info,) = _wait_agent_phase(runs, proc, 1)
+        worker = int(info["controller"].split(".")[2])  # the process that runs the episode
+        assert Path(f"/proc/{worker}/cmdline").read_bytes().startswith(b"ray::")
+        assert info["sandbox_id"] in _our_sandboxes(test_owner)
+        time.sleep(1.0)  # OpenCode is inside its `sleep 8`
+        os.kill(worker, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (line,) = _lines(out)
+    assert line["attempt"] == 2 and line["action"] == "scored" and line["cleanup_confirmed"] is True
+    lost_dir = info["run_id"]
+    assert line["previous_attempts"] == [str(runs / lost_dir)]
+    lost = json.loads((runs / lost_dir / "run.json").read_text())
+    assert lost["outcome"]["failure_kind"] == "executor_worker_lost"
+    assert lost["outcome"]["failure_stage"] == "agent" and lost["outcome"]["action"] == "retry"
+    assert f"pid {worker}" in lost["outcome"]["summary"]
+    assert info["sandbox_id"] in lost["outcome"]["summary"]  # swept by name
+    assert lost["counts"]["cleanup_confirmed"] is True and lost["counts"]["cleanup_proof"] == "destroyed"
+    assert _our_sandboxes(test_owner) == []
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=10).stdout
+    assert info["sandbox_id"] not in ps  # nothing of the lost sandbox still runs
+
+
+# ---- SIGTERM on the driver -------------------------------------------------------------------
+
+
+def test_sigterm_on_the_driver_closes_every_episode(ray_head, tmp_path, test_owner):
+    tasks = [str(_busy_task(tmp_path, f"busy-{i}", seconds=120)) for i in range(1, 4)]
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [*_ray_cli(ray_head, runs), *tasks],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ray_head.env,
+    )
+    try:
+        running = _wait_agent_phase(runs, proc, 2)  # two CPUs: the third is queued in Ray
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    lines = _lines(out)
+    assert len(lines) == 3
+    ran = [x for x in lines if x["started"]]
+    queued = [x for x in lines if not x["started"]]
+    assert {x["run_id"] for x in ran} == {i["run_id"] for i in running}
+    for x in ran:  # closed gracefully, cleanup confirmed by the supervisor's receipt, recorded
+        assert x["cancelled_by"] == "SIGTERM" and x["failure_kind"] == "run_cancelled"
+        assert x["cleanup_confirmed"] is True and x["cleanup_proof"] == "receipt"
+        info = json.loads(Path(x["run_dir"], "run.json").read_text())
+        assert (
+            info["outcome"]["failure_kind"] == "run_cancelled" and info["counts"]["cancelled_by"] == "SIGTERM"
+        )
+    assert len(queued) == 1 and queued[0]["cancelled_by"] == "SIGTERM" and queued[0]["exit_code"] == 143
+    assert len(list(runs.glob("*/run.json"))) == 2  # the queued one created nothing
+    assert "SIGTERM: closing every running episode" in err
+    assert _our_sandboxes(test_owner) == []
+
+
+# ---- the runs directory is not shared ----------------------------------------------------------
+
+
+def test_a_runs_dir_the_workers_cannot_see_is_one_error_and_exit_2(tmp_path, test_owner):
+    """A real node without the shared mount: the head and its workers run in a mount namespace where
+    the runs directory's parent is an empty tmpfs (bubblewrap), the driver outside it."""
+    shared = tmp_path / "shared"
+    (shared / "runs").mkdir(parents=True)
+    task = _task(tmp_path, "hello-file")
+    head = RayHead(cpus=1, wrap=["bwrap", "--dev-bind", "/", "/", "--tmpfs", str(shared), "--"])
+    try:
+        r = _run(*_ray_args(head, shared / "runs"), str(task), timeout=300, env=head.env)
+    finally:
+        head.stop()
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    errors = [line for line in r.stderr.splitlines() if line.startswith("opencode-tui")]
+    assert len(errors) == 1, r.stderr
+    assert "must be shared storage mounted at the same path on every Ray node" in errors[0]
+    assert "cannot read the probe file" in errors[0] and "No such file or directory" in errors[0]
+    assert list((shared / "runs").iterdir()) == []  # no run, no results.jsonl, the probe removed
+    assert _our_sandboxes(test_owner) == []
