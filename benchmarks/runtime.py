@@ -52,7 +52,7 @@ import _bench as B
 
 OWNER = B.setup()
 
-from core.artifacts import RunDirReader, RunFiles  # noqa: E402
+from core.artifacts import RunFiles  # noqa: E402
 from core.config import AgentConfig, ModelSettings, SandboxConfig  # noqa: E402
 from core.events import EventBus, ModelCall, Phase, PhaseChanged  # noqa: E402
 from core.failures import Outcome  # noqa: E402
@@ -329,6 +329,7 @@ async def bench_first_call(reps: int, rep: B.Report) -> dict[str, Any]:
 async def cli_first_call(runs_dir: Path, provider: str, tag: str) -> dict[str, Any]:
     """``opencode-tui run --batch`` of hello-file as a fresh process: from just before the spawn to the
     first model call the recording proxy saw (``model_calls.jsonl``), and to the process's exit."""
+    import json
     import os
 
     out = runs_dir / tag
@@ -347,15 +348,22 @@ async def cli_first_call(runs_dir: Path, provider: str, tag: str) -> dict[str, A
         raise RuntimeError(f"opencode-tui run ({provider}) did not finish in 300 s") from None
     t_end = time.time()
     firsts = []
-    for run_dir in out.iterdir():
-        for record in RunDirReader(run_dir, check=False).model_calls():
-            firsts.append(record.started_at.timestamp())
+    for calls in out.glob(f"*/{RunFiles.MODEL_CALLS}"):
+        for line in calls.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError):
+                firsts.append(_iso(json.loads(line)["started_at"]))
     if proc.returncode != 0 or not firsts:
         raise RuntimeError(
             f"opencode-tui run ({provider}) rc={proc.returncode}, {len(firsts)} model calls: "
             f"{stdout.decode()[-300:]} {stderr.decode()[-500:]}"
         )
     return {"first_call": min(firsts) - t0, "exit": t_end - t0}
+
+
+def _iso(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 async def bench_cli(reps: int, providers: list[str], rep: B.Report) -> dict[str, Any]:
