@@ -312,10 +312,6 @@ def raw_labels(owner: str, tag: str) -> list[str]:
     return ["--label", f"{LABEL_RUN}=bench-raw-{tag}", "--label", f"{LABEL_OWNER}={owner}"]
 
 
-def utc_epoch(dt: Any) -> float:
-    return dt.timestamp()
-
-
 # ---- the no-harness floor: plain OpenCode in a plain container on the same scripted model ---------
 
 
@@ -482,6 +478,57 @@ class RawOpenCode:
                 *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
             _out, err = await proc.communicate(render_prompt(self.task).encode())
+            wall = time.perf_counter() - t0
+            cpu = None
+            with contextlib.suppress(ValueError, IndexError):
+                cpu = sum(_shell_time(t) for t in err.decode().strip().splitlines()[-1].split())
+            return {
+                "wall": wall,
+                "cpu": cpu,
+                "rc": proc.returncode,
+                "calls": len(model.calls),
+                "stderr": err.decode(errors="replace")[-500:],
+            }
+        finally:
+            await model.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    async def bwrap_floor_run(self, tag: str) -> dict[str, Any]:
+        """The local provider's floor: the same command as ``floor_run`` under one plain ``bwrap`` (fresh
+        user, PID, IPC and UTS namespaces, the host network so the model on 127.0.0.1 is reachable, the
+        same read-only system binds as the local provider, ``/etc`` read-only, a host dir as the
+        workdir, the cached binary read-only). No keeper, no supervisor, no cleanup checks."""
+        import asyncio
+        import shutil
+
+        from core.sandbox.local.provider import _system_fs_args, resolve_bwrap
+        from core.tasks import render_prompt
+
+        model = await self._model()
+        tmp = self._files(model.url)
+        (tmp / "work").mkdir()
+        (tmp / "home").mkdir()
+        try:
+            script = (
+                f"{self.binary} run --format json && {{ {self.task.verify.command} ; }}; "
+                "rc=$?; times >&2; exit $rc"
+            )
+            env: list[str] = []
+            for a in zip(self._env_args()[::2], self._env_args()[1::2], strict=True):
+                k, _, v = a[1].partition("=")
+                env += ["--setenv", k, v]
+            args = [resolve_bwrap().path, "--unshare-user", "--unshare-pid", "--unshare-ipc"]
+            args += ["--unshare-uts", "--die-with-parent", "--cap-drop", "ALL", *_system_fs_args()]
+            args += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+            args += ["--bind", str(tmp / "work"), self.task.workdir, "--bind", str(tmp / "home"), "/root"]
+            args += ["--ro-bind", str(self.binary_dir), self.MOUNT, "--ro-bind", str(tmp / "cfg"), "/cfg"]
+            args += ["--bind", str(tmp / "xdg"), "/xdg", "--chdir", self.task.workdir, *env]
+            args += ["--", "/bin/sh", "-c", script]
+            t0 = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(
+                *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            _out, err = await asyncio.wait_for(proc.communicate(render_prompt(self.task).encode()), 300)
             wall = time.perf_counter() - t0
             cpu = None
             with contextlib.suppress(ValueError, IndexError):

@@ -57,6 +57,13 @@ TASK_DIR = B.ROOT / "sample_tasks" / "hello-file"
 PHASES = ("seed", "install", "agent", "closing", "transcript", "verification", "release")
 
 
+def peak_rss_mb() -> float:
+    """The benchmark process's peak resident set so far (it is the controller: episodes run in it)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict[str, Any]:
     from core.episode import Episode
 
@@ -96,6 +103,7 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
         "wall": wall,
         "episodes_per_min": n / wall * 60,
         "engine_cpu_per_episode": cpu / n,
+        "peak_rss_mb": peak_rss_mb(),
         "loadavg_after": B.loadavg(),
         "scored": summary.scored,
         "failures": summary.failures_by_kind,
@@ -308,15 +316,31 @@ def single_table(
     rows.append(
         ["engine process CPU (controller)", B.fmt_s(B.med(ecpu)), B.fmt_spread(ecpu, "s"), "", "", ""]
     )
+    rss = rep.data["meta"].get("peak_rss_mb_after_single")
+    rows.append(
+        ["controller peak RSS (whole process so far)", f"{rss:.0f} MB" if rss else "-", "", "", "", ""]
+    )
     rows.append(
         ["OpenCode + verifier CPU (raw floor)", "", "", B.fmt_s(B.med(fcpu)), B.fmt_spread(fcpu, "s"), ""]
     )
     rep.say()
     rep.say(
         B.table(
-            ["hello-file, docker", "engine", "min-max s", "raw floor", "min-max s", "ratio"],
+            [
+                f"hello-file, {rep.data['meta']['provider']}",
+                "engine",
+                "min-max s",
+                "raw floor",
+                "min-max s",
+                "ratio",
+            ],
             rows,
-            title="One episode: engine (Episode.run) vs raw floor (docker run --rm -i … opencode run && verify)",
+            title="One episode: engine (Episode.run) vs raw floor ("
+            + (
+                "docker run --rm -i … opencode run && verify)"
+                if rep.data["meta"]["provider"] == "docker"
+                else "bwrap … opencode run && verify)"
+            ),
         )
     )
     rep.say()
@@ -347,13 +371,20 @@ def batch_table(batches: list[dict[str, Any]], single: dict[str, Any], rep: B.Re
             f"{b['cleanup_confirmed']}/{b['episodes']}",
             B.fmt_s(b["agent_phase_median"]),
             B.fmt_s(b["engine_cpu_per_episode"]),
+            f"{b['peak_rss_mb']:.0f} MB",
             str(len(b["leftover_containers"])),
         ]
         for b in batches
     ]
     headers = ["jobs", "episodes", "wall", "episodes/min", "speed-up", "scored", "cleanup ok"]
-    headers += ["agent phase med", "engine CPU/ep", "leftovers"]
-    rep.say(B.table(headers, brows, title="Batch throughput (run_batch, docker, one attempt per episode)"))
+    headers += ["agent phase med", "engine CPU/ep", "peak RSS", "leftovers"]
+    rep.say(
+        B.table(
+            headers,
+            brows,
+            title=f"Batch throughput (run_batch, {rep.data['meta']['provider']}, one attempt per episode)",
+        )
+    )
     fcpu = single.get("raw_floor", {}).get("cpu", {}).get("median")
     ecpu = single.get("engine", {}).get("controller_cpu", {}).get("median")
     if fcpu and ecpu:
@@ -373,7 +404,14 @@ async def main_async(args: argparse.Namespace) -> int:
     reps = args.reps or (1 if args.quick else 3)
     n = args.batch or (2 if args.quick else 4)
     jobs_list = args.jobs or ([1, 2] if args.quick else [1, 2, 4])
-    meta = {"reps": reps, "batch": n, "jobs": jobs_list, "cpus": os.cpu_count(), "loadavg_start": B.loadavg()}
+    meta = {
+        "provider": args.provider,
+        "reps": reps,
+        "batch": n,
+        "jobs": jobs_list,
+        "cpus": os.cpu_count(),
+        "loadavg_start": B.loadavg(),
+    }
     rep = B.Report("episode", args.json, meta)
     rep.say(
         f"episode benchmark: {reps} engine episode(s) vs {reps} raw run(s); "
@@ -389,7 +427,7 @@ async def main_async(args: argparse.Namespace) -> int:
     import core.sandbox.docker  # noqa: F401
 
     task = load_task(TASK_DIR)
-    config = AgentConfig(sandbox=SandboxConfig(provider="docker"))
+    config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))
     binary_dir = await asyncio.to_thread(B.cached_binary_dir, config.runtime.opencode_version)
     raw = B.RawOpenCode(task, binary_dir, OWNER)
     run_config = config.model_copy(update={"runtime": config.runtime.model_copy(update={"harness": "run"})})
@@ -409,10 +447,11 @@ async def main_async(args: argparse.Namespace) -> int:
             rep.progress(f"engine episode, run harness {i + 1}/{reps}")
             engine_run.append(await engine_episode(task, run_config, runs))
             rep.progress(f"raw floor {i + 1}/{reps}")
-            f = await raw.floor_run(f"ep{i}")
+            f = await (raw.floor_run if args.provider == "docker" else raw.bwrap_floor_run)(f"ep{i}")
             if f["rc"] != 0:
                 raise RuntimeError(f"the raw floor failed (rc {f['rc']}): {f['stderr']}")
             floor.append(f)
+        rep.data["meta"]["peak_rss_mb_after_single"] = peak_rss_mb()
         single = single_table(engine, engine_run, floor, rep)
         rep.data.update(single)
         for j in jobs_list:
@@ -471,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         "--provider",
         choices=["docker", "local"],
         default="docker",
-        help="the sandbox provider of --executor ray's comparison (default docker)",
+        help="docker (floor: docker run … opencode run && verify) or local (floor: the same under plain bwrap); also the provider of --executor ray's comparison",
     )
     B.add_common_args(p)
     args = p.parse_args(argv)

@@ -4,6 +4,10 @@
     python benchmarks/runtime.py --quick      # 1 of each
     python benchmarks/runtime.py --skip-install --json out.json
 
+0. Process start → first model call: ``opencode-tui run hello-file --batch`` spawned as a new process
+   per provider (``--providers``), from just before the spawn to the earliest ``started_at`` in the
+   run's ``model_calls.jsonl`` (and to the process's exit). Warm: cached binary, images present.
+
 1. Install (controller side). Cold: ``Installer.ensure`` with an empty temporary cache, downloading
    ``opencode-linux-x64`` at the pin from the npm registry (metadata, tarball, sha512 check, extraction
    of the binary with sha256 and fsync, atomic commit). Warm: the same call on the filled cache (a cache
@@ -26,8 +30,8 @@
    real harness command (relay start, relay wait loop, exec) with the real staging. This splits the
    engine's "launch → OpenCode" time into supervisor bootstrap and relay start.
 
-The install phase of the episodes (cache hit; probe, mounted-binary check, ``opencode --version``) is
-broken down from the same timing proxy.
+The install phase of the episodes (cache hit: the probe; ``opencode --version`` only the first time a
+binary meets a sandbox fingerprint) is broken down from the same timing proxy.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import _bench as B
 
 OWNER = B.setup()
 
+from core.artifacts import RunFiles  # noqa: E402
 from core.config import AgentConfig, ModelSettings, SandboxConfig  # noqa: E402
 from core.events import EventBus, ModelCall, Phase, PhaseChanged  # noqa: E402
 from core.failures import Outcome  # noqa: E402
@@ -59,7 +64,10 @@ TASK_DIR = B.ROOT / "sample_tasks" / "hello-file"
 VERSION = "1.18.32"
 PACKAGE_TARGET = Target(arch="x64")  # opencode-linux-x64
 STAMP = "/tmp/octui-bench-stamp"
-STAMP_SCRIPT = b"#!/bin/sh\ndate +%s.%N\n"
+STAMP_OUT = "/tmp/octui-bench-stamp.out"
+# The stand-in for the OpenCode binary writes its start time to a file: under the serve harness its
+# stdout goes to the serve runner (which prints only JSON lines of its own), so stdout cannot carry it.
+STAMP_SCRIPT = f"#!/bin/sh\ndate +%s.%N >{STAMP_OUT}\n".encode()
 
 
 # ---- 1. install ----------------------------------------------------------------------------------
@@ -187,7 +195,7 @@ async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict
     return {
         "t_agent": t_agent,
         "t_launch": launch.start,
-        "t_log": B.opencode_log_start(Path(result.run_dir) / "opencode" / "data"),
+        "t_log": B.opencode_log_start(Path(result.run_dir) / RunFiles.OPENCODE_DATA),
         "t_first_call": _ts(calls[0].started_at),
         "t_last_call": _ts(calls[-1].started_at),
         "t_exit": phase[Phase.CLOSING],
@@ -242,8 +250,17 @@ async def replica(task: Any, config: AgentConfig, variant: str, tag: str) -> dic
                 if variant == "relay":
                     runtime = SimpleNamespace(python="/usr/bin/python3", binary=STAMP)
                     argv, env = harness.command(runtime)
+                    import inspect
+
+                    # One upload with the session's files where the engine does that (else the
+                    # harness's own stage step, as older engines did).
+                    staging: dict[str, Any] = (
+                        {"files": harness.staged_files()}
+                        if "files" in inspect.signature(SandboxSession.execute).parameters
+                        else {"stage": harness.stage}
+                    )
                     kw: dict[str, Any] = {
-                        "stage": harness.stage,
+                        **staging,
                         "stdin": harness.prompt_bytes(),
                         "env": env,
                         "cwd": task.workdir,
@@ -252,10 +269,17 @@ async def replica(task: Any, config: AgentConfig, variant: str, tag: str) -> dic
                     argv, kw = [STAMP], {}
                 t_call = time.time()
                 r = await session.execute(argv, **kw)
+                # The serve runner fails on purpose here (the stand-in never listens); what counts is
+                # that the stand-in ran. Read before close: closing the session releases the sandbox.
+                try:
+                    stamp = float((await sb.download_file(STAMP_OUT)).decode().strip())
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"replica {variant}: the stand-in did not run: {exc!r} {r.stderr[-300:]!r}"
+                    ) from exc
                 receipt = await session.close()
-                if not r.ok or receipt is None or not receipt.cleanup_confirmed:
-                    raise RuntimeError(f"replica {variant} failed: {r.error} {r.stderr[-300:]!r}")
-                stamp = float(r.stdout.decode().split()[-1])
+                if receipt is None or not receipt.cleanup_confirmed:
+                    raise RuntimeError(f"replica {variant}: cleanup not confirmed: {r.error}")
                 launch = next(o for o in log.ops if o.label.startswith("launch"))
                 return {"staging": launch.start - t_call, "launch_to_exec": stamp - launch.start}
             finally:
@@ -300,6 +324,79 @@ async def bench_first_call(reps: int, rep: B.Report) -> dict[str, Any]:
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     return {"engine": engine, "raw": baseline, "replica_supervisor": rep_sup, "replica_relay": rep_relay}
+
+
+async def cli_first_call(runs_dir: Path, provider: str, tag: str) -> dict[str, Any]:
+    """``opencode-tui run --batch`` of hello-file as a fresh process: from just before the spawn to the
+    first model call the recording proxy saw (``model_calls.jsonl``), and to the process's exit."""
+    import json
+    import os
+
+    from core.model.records import MODEL_CALLS_FILE
+
+    out = runs_dir / tag
+    argv = [sys.executable, "-m", "opencode_tui.cli", "run", str(TASK_DIR), "--batch"]
+    argv += ["--provider", provider, "--runs-dir", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(B.ROOT), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.time()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(B.ROOT)
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=300)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise RuntimeError(f"opencode-tui run ({provider}) did not finish in 300 s") from None
+    t_end = time.time()
+    firsts = []
+    for calls in out.glob(f"*/{MODEL_CALLS_FILE}"):
+        for line in calls.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError):
+                firsts.append(_iso(json.loads(line)["started_at"]))
+    if proc.returncode != 0 or not firsts:
+        raise RuntimeError(
+            f"opencode-tui run ({provider}) rc={proc.returncode}, {len(firsts)} model calls: "
+            f"{stdout.decode()[-300:]} {stderr.decode()[-500:]}"
+        )
+    return {"first_call": min(firsts) - t0, "exit": t_end - t0}
+
+
+def _iso(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+async def bench_cli(reps: int, providers: list[str], rep: B.Report) -> dict[str, Any]:
+    runs = Path(tempfile.mkdtemp(prefix="octui-bench-cli-"))
+    res: dict[str, list[dict[str, Any]]] = {p: [] for p in providers}
+    try:
+        for i in range(reps):
+            for prov in providers:
+                rep.progress(f"process start → first model call: opencode-tui run ({prov}) {i + 1}/{reps}")
+                res[prov].append(await cli_first_call(runs, prov, f"{prov}{i}"))
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    rows = []
+    out: dict[str, Any] = {}
+    for prov, rs in res.items():
+        first = [r["first_call"] for r in rs]
+        end = [r["exit"] for r in rs]
+        rows.append(
+            [prov, B.fmt_s(B.med(first)), B.fmt_spread(first), B.fmt_s(B.med(end)), B.fmt_spread(end)]
+        )
+        out[prov] = {"first_call": B.summary(first), "exit": B.summary(end)}
+    rep.say(
+        B.table(
+            ["provider", "spawn → first model call", "min-max ms", "spawn → exit", "min-max ms"],
+            rows,
+            title="Process start → first model call: `opencode-tui run hello-file --batch` as a new process "
+            "(warm: cached binary, images present)",
+        )
+    )
+    rep.say()
+    return out
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -485,6 +582,7 @@ async def main_async(args: argparse.Namespace) -> int:
             res = await bench_install(ireps, 20, rep)
             rep.say()
             rep.data["install"] = install_table(res, rep)
+        rep.data["process_start"] = await bench_cli(reps, args.providers, rep)
         res = await bench_first_call(reps, rep)
         rep.data["first_call_raw"] = res
         rep.data["first_call"] = first_call_tables(res, rep)
@@ -498,6 +596,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, help="engine episodes and raw runs (default 3, --quick 1)")
     p.add_argument("--install-reps", type=int, help="cold installs (default 3, --quick 1)")
     p.add_argument("--skip-install", action="store_true", help="skip the install part (no downloads)")
+    p.add_argument(
+        "--providers",
+        nargs="+",
+        default=["docker", "local"],
+        help="providers for the process start → first model call part (default docker local)",
+    )
     B.add_common_args(p)
     args = p.parse_args(argv)
     return asyncio.run(main_async(args))

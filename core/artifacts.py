@@ -14,9 +14,16 @@ except OpenCode's raw stdout and database, which hold only what the sandbox saw)
     opencode.db            one consolidated copy of its database           }
     opencode/export.json   the transcript exported from it                 }
     verify/stdout.log, verify/stderr.log    the verifier's output (when it ran)
+    input/prompt.txt       the prompt exactly as sent to OpenCode (on its stdin)
+    input/instructions.md  the instructions file its config names (when the task has one)
+    input/task.yaml        the task file the run came from
+    shells/shell-N.cast    each shell a person opened in the sandbox
+    build/image.log        the task image's build output (tasks built from a Dockerfile)
+    trajectory.json        the run as an ATIF v1.8 trajectory (core/export/atif.py), written last
     diagnostics.txt        failures and logs, redacted, then capped at DIAGNOSTICS_CAP characters
 
-The names of OpenCode's files are in ``core.runtime.opencode`` (STDOUT_FILE, ...).
+Every name above is spelled once, in :class:`RunFiles`; :class:`RunDir` writes and
+:class:`RunDirReader` reads through it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,14 +43,53 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import __version__
-from core.events import Event, decode, encode
+from core.calls.records import ModelCallRecord
+from core.events import Event, FailureRecorded, FailureRecovered, ShellOpened, decode, encode
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
 from core.redaction import redact, redact_text
 
 DIAGNOSTICS_CAP = 16_000
-DIAGNOSTICS_FILE = "diagnostics.txt"
+
+
+class RunFiles:
+    """The names of the files in a run directory (relative to it): the one place they are spelled."""
+
+    RUN_INFO = "run.json"
+    EVENTS = "events.jsonl"
+    CAST = "terminal.cast"
+    MODEL_CALLS = "model_calls.jsonl"
+    DIAGNOSTICS = "diagnostics.txt"
+    SHELLS_DIR = "shells"  # the casts of shells a person opened in the sandbox
+    # OpenCode's output. stdout and stderr are written as they stream in, so they are there whatever
+    # happens to the sandbox; the output log is the sandbox's own copy (the supervisor's messages,
+    # OpenCode's and the model relay's stderr), collected after confirmed cleanup only.
+    OPENCODE_DIR = "opencode"
+    OPENCODE_STDOUT = "opencode/stdout.jsonl"
+    OPENCODE_STDERR = "opencode/stderr.log"
+    OPENCODE_OUTPUT_LOG = "opencode/output.log"
+    OPENCODE_DATA = "opencode/data"
+    OPENCODE_EXPORT = "opencode/export.json"
+    OPENCODE_DB = "opencode.db"
+    # The verifier's output (when it ran).
+    VERIFY_STDOUT = "verify/stdout.log"
+    VERIFY_STDERR = "verify/stderr.log"
+    # What OpenCode was given, exactly as sent into the sandbox.
+    PROMPT = "input/prompt.txt"
+    INSTRUCTIONS = "input/instructions.md"
+    TASK_YAML = "input/task.yaml"
+    BUILD_LOG = "build/image.log"  # the task image's build output (tasks built from a Dockerfile)
+    TRAJECTORY = "trajectory.json"  # the run as an ATIF trajectory (core/export/atif.py), written last
+
+    @staticmethod
+    def shell_cast(n: int) -> str:
+        return f"{RunFiles.SHELLS_DIR}/shell-{n}.cast"
+
+
+# Kept for the modules that import them by these names.
+DIAGNOSTICS_FILE = RunFiles.DIAGNOSTICS
+SHELLS_DIR = RunFiles.SHELLS_DIR
 
 
 class OutcomeSummary(BaseModel):
@@ -148,9 +195,6 @@ class CastWriter:
         self._f.close()
 
 
-SHELLS_DIR = "shells"  # the casts of shells a person opened in the sandbox
-
-
 class RunDir:
     """Writer for one run directory. Thread-safe appends; every write is redacted.
 
@@ -163,7 +207,7 @@ class RunDir:
         self.path = make_private_dir(path)
         self._secrets = secrets
         self._lock = threading.RLock()
-        self._events: TextIO = (self.path / "events.jsonl").open("a", encoding="utf-8")
+        self._events: TextIO = (self.path / RunFiles.EVENTS).open("a", encoding="utf-8")
         self._cast: CastWriter | None = None
         self.write_error: str | None = None
         self.on_write_error: Callable[[str], None] | None = None
@@ -195,21 +239,21 @@ class RunDir:
         try:
             with self._lock:
                 if self._events.closed:  # a post-mortem shell on a kept sandbox, after the run ended
-                    self._events = (self.path / "events.jsonl").open("a", encoding="utf-8")
+                    self._events = (self.path / RunFiles.EVENTS).open("a", encoding="utf-8")
                 self._events.write(line + "\n")
                 self._events.flush()
         except OSError as exc:
-            self.write_failed(self.path / "events.jsonl", exc)
+            self.write_failed(self.path / RunFiles.EVENTS, exc)
 
     def cast(self) -> CastWriter:
         if self._cast is None:
-            self._cast = CastWriter(self.path / "terminal.cast", on_error=self.write_failed)
+            self._cast = CastWriter(self.path / RunFiles.CAST, on_error=self.write_failed)
         return self._cast
 
     def shell_cast(self, n: int, width: int, height: int) -> tuple[str, CastWriter]:
         """A new recording for the n-th shell a person opened: (its name in the run dir, the writer)."""
-        name = f"{SHELLS_DIR}/shell-{n}.cast"
-        make_private_dir(self.path / SHELLS_DIR)
+        name = RunFiles.shell_cast(n)
+        make_private_dir(self.path / RunFiles.SHELLS_DIR)
         return name, CastWriter(self.path / name, width, height, on_error=self.write_failed)
 
     def write_json(self, name: str, obj: Any) -> Path:
@@ -236,10 +280,10 @@ class RunDir:
         file past the cap, and a cut through a secret could leave a fragment the redaction no
         longer recognises; so the cap sees the text exactly as it is written.
         """
-        return self._atomic(DIAGNOSTICS_FILE, cap_diagnostics(parts, cap, secrets=self._secrets))
+        return self._atomic(RunFiles.DIAGNOSTICS, cap_diagnostics(parts, cap, secrets=self._secrets))
 
     def write_run_info(self, info: RunInfo) -> Path:
-        return self.write_json("run.json", info)
+        return self.write_json(RunFiles.RUN_INFO, info)
 
     def _atomic(self, name: str, text: str) -> Path:
         target = self.path / name
@@ -284,22 +328,64 @@ def _might_hold_secret(line: str) -> bool:
 
 
 class RunDirReader:
-    """Reads a run directory back (for `opencode-tui open`, `runs`, and tests). Lazy by design."""
+    """Reads a run directory back: for `opencode-tui open`, `runs`, `attach`, batch, benchmarks and tests.
 
-    def __init__(self, path: Path) -> None:
+    Lazy by design: nothing is read until asked for, events and model calls are iterated line by line,
+    and a missing file reads as ``None`` (or nothing), never as an error: a run directory of a run that
+    was killed, or of an older engine, still opens.
+    """
+
+    def __init__(self, path: Path | str, *, check: bool = True) -> None:
         self.path = Path(path)
-        if not (self.path / "run.json").exists() and not (self.path / "events.jsonl").exists():
+        if check and not self.is_run_dir(self.path):
             raise FileNotFoundError(
-                f"{self.path} is not a run directory (no run.json or events.jsonl); "
+                f"{self.path} is not a run directory (no {RunFiles.RUN_INFO} or {RunFiles.EVENTS}); "
                 "list run directories with `opencode-tui runs`"
             )
 
+    @staticmethod
+    def is_run_dir(path: Path) -> bool:
+        return (path / RunFiles.RUN_INFO).exists() or (path / RunFiles.EVENTS).exists()
+
+    def file(self, name: str) -> Path:
+        """The path of one of the ``RunFiles`` (it may not exist)."""
+        return self.path / name
+
+    # -- run.json --------------------------------------------------------------------------------
+
     def info(self) -> RunInfo | None:
-        p = self.path / "run.json"
-        return RunInfo.model_validate_json(p.read_text()) if p.exists() else None
+        """``run.json``; None when there is none. Raises ``ValueError`` when it is unreadable."""
+        p = self.path / RunFiles.RUN_INFO
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        return RunInfo.model_validate_json(text)
+
+    def info_or_none(self) -> RunInfo | None:
+        """``run.json``, or None when it is missing or unreadable (a listing must go on)."""
+        try:
+            return self.info()
+        except (OSError, ValueError):
+            return None
+
+    def info_data(self) -> dict[str, Any]:
+        """``run.json`` as plain data, without validation (for readers that tolerate a record written by
+        another version). Raises FileNotFoundError / ValueError like ``info``."""
+        data = json.loads((self.path / RunFiles.RUN_INFO).read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"{self.path / RunFiles.RUN_INFO} is not a run record")
+        return data
+
+    # -- events ----------------------------------------------------------------------------------
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / RunFiles.EVENTS
 
     def events(self) -> Iterator[Event]:
-        p = self.path / "events.jsonl"
+        """Every event in ``events.jsonl``, in order (a line that does not decode raises)."""
+        p = self.events_path
         if not p.exists():
             return
         with p.open(encoding="utf-8") as f:
@@ -307,17 +393,147 @@ class RunDirReader:
                 if line.strip():
                     yield decode(line)
 
-    def model_calls(self) -> Iterator[dict[str, Any]]:
-        p = self.path / "model_calls.jsonl"
-        if p.exists():
-            with p.open(encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        yield json.loads(line)
+    def failures(self) -> list[FailureRecorded | FailureRecovered]:
+        """The failures the run recorded (and those a provider recovered from), in order."""
+        return [e for e in self.events() if isinstance(e, FailureRecorded | FailureRecovered)]
+
+    def shells(self) -> list[ShellOpened]:
+        """The shells a person opened (each names its cast, ``RunFiles.shell_cast``)."""
+        return [e for e in self.events() if isinstance(e, ShellOpened)]
+
+    def shell_casts(self) -> list[Path]:
+        return sorted((self.path / RunFiles.SHELLS_DIR).glob("shell-*.cast"))
+
+    # -- model calls -----------------------------------------------------------------------------
+
+    def model_calls(self) -> Iterator[ModelCallRecord]:
+        """``model_calls.jsonl``: one record per call, in completion order (records that do not parse,
+        e.g. a torn last line of a live run, are skipped)."""
+        p = self.path / RunFiles.MODEL_CALLS
+        if not p.exists():
+            return
+        with p.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    yield ModelCallRecord.model_validate_json(line)
+                except ValueError:
+                    continue
+
+    def model_call(self, call_id: str) -> ModelCallRecord | None:
+        """The record of ``call_id`` (the last one if repeated), or None. Scans bytes first: only
+        lines that mention the id are parsed (the file holds every request body)."""
+        p = self.path / RunFiles.MODEL_CALLS
+        if not p.exists():
+            return None
+        needle = call_id.encode()
+        found: ModelCallRecord | None = None
+        with p.open("rb") as f:
+            for line in f:
+                if needle not in line:
+                    continue
+                try:
+                    record = ModelCallRecord.model_validate_json(line)
+                except ValueError:
+                    continue
+                if record.call_id == call_id:
+                    found = record
+        return found
+
+    # -- text files ------------------------------------------------------------------------------
 
     def text(self, name: str) -> str | None:
         p = self.path / name
-        return p.read_text(encoding="utf-8", errors="replace") if p.exists() else None
+        try:
+            return p.read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def transcript(self) -> dict[str, Any] | None:
+        """OpenCode's exported transcript (``opencode/export.json``), when the run got that far."""
+        text = self.text(RunFiles.OPENCODE_EXPORT)
+        if text is None:
+            return None
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def verifier_output(self) -> tuple[str, str] | None:
+        """The verifier's (stdout, stderr), or None when it did not run."""
+        out, err = self.text(RunFiles.VERIFY_STDOUT), self.text(RunFiles.VERIFY_STDERR)
+        if out is None and err is None:
+            return None
+        return out or "", err or ""
+
+    def prompt(self) -> str | None:
+        return self.text(RunFiles.PROMPT)
+
+    def instructions(self) -> str | None:
+        return self.text(RunFiles.INSTRUCTIONS)
+
+    def task_yaml(self) -> str | None:
+        return self.text(RunFiles.TASK_YAML)
+
+    def diagnostics(self) -> str | None:
+        return self.text(RunFiles.DIAGNOSTICS)
+
+    def cast(self) -> Cast | None:
+        return read_cast(self.path / RunFiles.CAST)
+
+
+@dataclass
+class Cast:
+    """An asciinema v2 recording: header and output frames ``(seconds, text)`` (input frames dropped)."""
+
+    header: dict[str, Any]
+    frames: list[tuple[float, str]]
+
+    @property
+    def duration(self) -> float:
+        return self.frames[-1][0] if self.frames else 0.0
+
+    @property
+    def start_epoch(self) -> float | None:
+        ts = self.header.get("timestamp")
+        return float(ts) if isinstance(ts, int | float) else None
+
+    def origin(self, run_started: datetime | None = None) -> float | None:
+        """Epoch seconds of the recording's time 0.
+
+        asciinema's header ``timestamp`` is whole seconds, up to a second before the true start: mapping
+        frames to events with it alone puts the timeline up to a second early. The engine starts the
+        recording together with the run, so run.json's ``started_at``, when it falls in that same second,
+        supplies the fraction."""
+        start = self.start_epoch
+        if start is None or run_started is None:
+            return start
+        precise = run_started.timestamp()
+        return precise if start <= precise < start + 1 else start
+
+
+def read_cast(path: Path) -> Cast | None:
+    if not path.exists():
+        return None
+    header: dict[str, Any] = {}
+    frames: list[tuple[float, str]] = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+        try:
+            loaded = json.loads(first)
+            header = loaded if isinstance(loaded, dict) else {}
+        except ValueError:
+            header = {}
+        for line in f:
+            try:
+                t, kind, text = json.loads(line)
+            except (ValueError, TypeError):
+                continue  # a torn last line of a live recording
+            if kind == "o" and isinstance(text, str):
+                frames.append((float(t), text))
+    return Cast(header, frames)
 
 
 def list_runs(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
@@ -326,13 +542,9 @@ def list_runs(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
     if not runs_dir.is_dir():
         return out
     for d in runs_dir.iterdir():
-        if not d.is_dir() or not ((d / "run.json").exists() or (d / "events.jsonl").exists()):
+        if not d.is_dir() or not RunDirReader.is_run_dir(d):
             continue
-        try:
-            info = RunInfo.model_validate_json((d / "run.json").read_text())
-        except (OSError, ValueError):
-            info = None
-        out.append((d, info))
+        out.append((d, RunDirReader(d, check=False).info_or_none()))
     out.sort(key=lambda item: item[0].stat().st_mtime, reverse=True)
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -21,11 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
 from core.config import AgentConfig
 from core.episode import Episode, EpisodeResult
+from core.episode.common import stage_of
 from core.events import EventBus
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
 from core.invocation import pid_of
-from core.tasks import Task
+from core.tasks import Task, task_content_hash
 
 RESULTS_FILE = "results.jsonl"
 
@@ -70,16 +72,34 @@ class BatchSummary(BaseModel):
     scored: int
     results: list[EpisodeResult] = Field(default_factory=list)
     failures_by_kind: dict[str, int] = Field(default_factory=dict)
+    health_by_kind: dict[str, int] = Field(default_factory=dict)  # episode-health warnings, all episodes
     cancelled: bool = False
     cancelled_by: str | None = None
 
     def line(self) -> str:
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.failures_by_kind.items()))
-        return f"{self.scored} of {self.total} scored" + (f"; failures: {kinds}" if kinds else "")
+        health = ", ".join(f"{k} x{n}" for k, n in sorted(self.health_by_kind.items()))
+        return (
+            f"{self.scored} of {self.total} scored"
+            + (f"; failures: {kinds}" if kinds else "")
+            + (f"; health warnings: {health}" if health else "")
+        )
 
 
-def _key(task: Task) -> str:
-    return f"{task.id}@{task.root}"
+def config_hash(config: AgentConfig) -> str:
+    """The effective configuration, hashed: everything that can change an episode's result (where
+    run directories go and the TUI's theme cannot)."""
+    data = config.model_dump(mode="json", exclude={"runs_dir", "theme"})
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def resume_key(task: Task, config: AgentConfig) -> str:
+    """What a recorded result is the result of: the task's content and the effective configuration.
+
+    Not the task id: a task edited in place (its verify command, a file) or run with another model
+    is another experiment and runs again.
+    """
+    return f"{task.id}:task={task_content_hash(task)[:20]}:config={config_hash(config)[:20]}"
 
 
 def mark_orphans(runs_dir: Path) -> list[RunInfo]:
@@ -93,7 +113,7 @@ def mark_orphans(runs_dir: Path) -> list[RunInfo]:
         info.outcome = OutcomeSummary(
             action=Outcome.KEEP_UNKNOWN,
             failure_kind="run_interrupted",
-            failure_stage=stage_of_phase(info.phase),
+            failure_stage=stage_of(info.phase).value,
             failure_class="unknown",
             summary=f"interrupted during {info.phase}: its controller (pid {pid_of(info.controller)}) died "
             f"before the episode ended; cleanup unknown (opencode-tui sweep --run {info.run_id})",
@@ -105,10 +125,6 @@ def mark_orphans(runs_dir: Path) -> list[RunInfo]:
             continue  # an unwritable old run stays as it was; it is still reported below
         marked.append(info)
     return marked
-
-
-def stage_of_phase(phase: str) -> str:
-    return phase if phase in FailureStage.__members__.values() else FailureStage.RELEASE.value
 
 
 def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
@@ -295,8 +311,11 @@ async def run_batch(
     on_episode: Callable[[Episode], None] | None = None,
     control: BatchControl | None = None,
     on_orphan: Callable[[RunInfo], None] | None = None,
+    force: bool = False,
     executor: Executor | None = None,
 ) -> BatchSummary:
+    """Runs the tasks; a task already scored with the same content and configuration in ``runs_dir``
+    is not run again (its result comes back with ``resumed=True``) unless ``force``."""
     control = control or BatchControl()
     executor = executor or LocalExecutor(on_episode)
     try:
@@ -313,7 +332,8 @@ async def run_batch(
     for info in mark_orphans(runs_dir):
         if on_orphan is not None:
             on_orphan(info)
-    previous = load_previous(runs_dir)
+    previous = {} if force else load_previous(runs_dir)
+    keys = {id(t): resume_key(t, config) for t in tasks}
     attempts = max_attempts or config.policy.max_attempts or 3
     sem = asyncio.Semaphore(max(1, jobs))
     results: list[EpisodeResult] = []
@@ -325,7 +345,7 @@ async def run_batch(
         if not result.resumed:
             try:
                 results_file.write(
-                    json.dumps({"task_key": _key(task), **result.model_dump(mode="json")}) + "\n"
+                    json.dumps({"task_key": keys[id(task)], **result.model_dump(mode="json")}) + "\n"
                 )
                 results_file.flush()
             except OSError as exc:
@@ -334,7 +354,7 @@ async def run_batch(
             on_result(result)
 
     async def one(task: Task) -> None:
-        prior = previous.get(_key(task))
+        prior = previous.get(keys[id(task)])
         if prior is not None and prior.action.is_sample:
             record(task, prior.model_copy(update={"resumed": True}))
             return
@@ -368,11 +388,15 @@ async def run_batch(
         with contextlib.suppress(OSError):
             results_file.close()
     failures = Counter(r.failure_kind for r in results if r.failure_kind)
+    health: Counter[str] = Counter()
+    for r in results:
+        health.update(r.health)
     return BatchSummary(
         total=len(tasks),
         scored=sum(1 for r in results if r.action.is_sample),
         results=results,
         failures_by_kind=dict(failures),
+        health_by_kind=dict(health),
         cancelled=cancelled or control.cancelled_by is not None,
         cancelled_by=control.cancelled_by,
     )

@@ -7,7 +7,9 @@ silently ignored setting. ``load_config`` reads YAML or TOML and formats validat
 from __future__ import annotations
 
 import math
+import re
 import tomllib
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,10 +17,57 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.failures import ClassificationConfig, OutcomePolicyOverrides
-from core.sandbox.base import NetworkPolicy, parse_user_spec
 
+# The pin. Checked against registry.npmjs.org: opencode-linux-x64-musl and opencode-linux-x64-baseline-musl
+# stop at 1.18.32, while opencode-linux-x64 goes on to 1.18.34 and opencode-linux-x64-baseline to 1.18.33,
+# so 1.18.32 is the newest version with all four x64 packages (opencode-ai@1.18.32 lists all of them as
+# optionalDependencies). The registry serves the arm64 packages only up to 1.18.18 (1.18.14, 1.18.15,
+# 1.18.18), so an arm64 target fails at this pin with a message naming what the registry has.
 DEFAULT_OPENCODE_VERSION = "1.18.32"
+DEFAULT_REGISTRY_URL = "https://registry.npmjs.org"
 DEFAULT_IMAGE = "opencode-tui/base:bookworm"
+
+
+_MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_memory(value: str | int) -> int:
+    """``"256m"``, ``"1GiB"``, ``268435456`` → bytes."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("memory must be > 0 bytes")
+        return value
+    m = _MEMORY.match(value)
+    if not m:
+        raise ValueError(f"memory {value!r} is not a size like 256m, 1g or a number of bytes")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError("memory must be > 0 bytes")
+    return n
+
+
+class NetworkPolicy(StrEnum):
+    """``model-only``: no network inside; the model proxy is reached through a bound Unix socket."""
+
+    MODEL_ONLY = "model-only"
+    HOST = "host"
+
+
+def parse_user_spec(value: str) -> tuple[str | None, int | None, int | None]:
+    """``"agent"`` → (name, None, None); ``"1000"`` → (None, 1000, None); ``"1000:1000"`` → both ids."""
+    value = value.strip()
+    if not value:
+        raise ValueError("a sandbox user must not be empty")
+    head, _, tail = value.partition(":")
+    if head.isdigit():
+        gid = int(tail) if tail.isdigit() else None
+        if tail and gid is None:
+            raise ValueError(f"sandbox user {value!r}: the group must be a number (uid:gid)")
+        return None, int(head), gid
+    if tail:
+        raise ValueError(f"sandbox user {value!r}: give a name or uid[:gid]")
+    return head, None, None
 
 
 class ConfigError(ValueError):
@@ -83,7 +132,7 @@ class SandboxConfig(_Model):
     """Which provider, owned or borrowed, and the network policy of owned sandboxes.
 
     A provider's own settings are under its name (``sandbox.opensandbox:``, ``sandbox.docker:``), in
-    the model that provider defines (core/sandbox/registry.py); ``settings_for`` returns them. Any
+    the model that provider defines (core/provider_registry.py); ``settings_for`` returns them. Any
     other unknown key is an error naming it, as everywhere in the config.
     """
 
@@ -104,9 +153,9 @@ class SandboxConfig(_Model):
     @field_validator("provider")
     @classmethod
     def _registered(cls, value: str) -> str:
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
-        return registry.check_name(value)
+        return registry.get(value).name  # loaded now: a broken plug-in is a config error too
 
     @model_validator(mode="before")
     @classmethod
@@ -116,7 +165,7 @@ class SandboxConfig(_Model):
         extra = [key for key in data if key not in cls.model_fields]
         if not extra:
             return data
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         data = dict(data)
         errors: list[Any] = []
@@ -126,6 +175,10 @@ class SandboxConfig(_Model):
                 continue
             try:
                 data[key] = registry.get(key).settings(data[key])
+            except registry.PluginLoadError as exc:
+                errors.append(
+                    {"type": "value_error", "loc": (key,), "input": data[key], "ctx": {"error": exc}}
+                )
             except ValidationError as exc:
                 for err in exc.errors():
                     detail = {"type": err["type"], "loc": (key, *err["loc"]), "input": err["input"]}
@@ -138,7 +191,7 @@ class SandboxConfig(_Model):
 
     def settings_for(self, provider: str | None = None) -> BaseModel:
         """The settings of ``provider`` (default: the configured one), its defaults when not given."""
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         name = provider or self.provider
         given = (self.model_extra or {}).get(name)
@@ -175,8 +228,54 @@ class RuntimeSettings(_Model):
     # outside the workdir, reading a ``.env`` file, or repeating one tool call three times) with edit
     # and bash allowed; ``allow-all``: nothing is asked. Web fetches are denied either way.
     permissions: PermissionProfile = "default"
-    registry_url: str = "https://registry.npmjs.org"
+    registry_url: str = DEFAULT_REGISTRY_URL
     cache_dir: str | None = None
+
+
+class HealthThresholds(_Model):
+    """When core/health.py warns that an episode is going badly (warnings only: never the outcome).
+
+    Each warning fires once per occurrence (a storm, a silent command, a repeated call), not per event.
+    """
+
+    enabled: bool = True
+    # ``compaction_storm``: this many compactions within the window, or the first agent call after a
+    # compaction still using at least this share of the context window (the loop where compaction
+    # frees nothing and OpenCode compacts again at once).
+    compaction_storm_count: int = Field(default=3, ge=2)
+    compaction_storm_window_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    compaction_near_limit_ratio: float = Field(default=0.8, gt=0, le=1)
+    # ``reads_without_edits``: this many file reads (read, grep, glob, list) without one file edit
+    # (edit, write, patch, multiedit); a bash command counts as neither (what it did is unknown).
+    reads_without_edits: int = Field(default=40, ge=1)
+    # ``command_silent``: a running bash command printed nothing for this long.
+    command_silent_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    # ``repeated_tool_call``: the same tool with the same arguments this many times among the last
+    # ``repeated_tool_call_window`` tool calls.
+    repeated_tool_call: int = Field(default=3, ge=2)
+    repeated_tool_call_window: int = Field(default=10, ge=2)
+    # ``retry_storm``: this many model calls answered 429 or 5xx within the window.
+    retry_storm_count: int = Field(default=4, ge=2)
+    retry_storm_window_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+
+
+# The process limit of an owned sandbox unless the task or the config says otherwise: room for a build
+# with parallel jobs, not for a fork bomb.
+DEFAULT_PIDS_LIMIT = 1024
+
+
+class SandboxLimits(_Model):
+    """Limits every owned sandbox gets; a task's own ``limits:`` (pids, disk) take precedence."""
+
+    pids: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=1)  # None: no process limit
+    disk: str | int | None = None  # the writable space (e.g. "2g"); None: not limited
+
+    @field_validator("disk")
+    @classmethod
+    def _disk(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            parse_memory(value)
+        return value
 
 
 class RaySettings(_Model):
@@ -202,9 +301,11 @@ class AgentConfig(_Model):
     budgets: Budgets = Field(default_factory=Budgets)
     model: ModelSettings = Field(default_factory=ModelSettings)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     policy: OutcomePolicyOverrides = Field(default_factory=OutcomePolicyOverrides)
     classification: ClassificationConfig | None = None
+    health: HealthThresholds = Field(default_factory=HealthThresholds)
     runs_dir: str = "runs"
     theme: str = "opencode-dark"
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)

@@ -8,18 +8,16 @@ a replayed run directory feeds them to the same widgets.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from core.failures import Decision, Evidence, FailureClass, FailureEvent, Outcome
+from core.failures import Decision, Evidence, FailureClass, FailureEvent, Outcome, Recovery
 from core.failures.evidence import utcnow
-from core.sandbox.base import Recovery
 
 
 class Phase(StrEnum):
@@ -85,6 +83,8 @@ class SandboxReady(_Event):
     owned: bool
     network: str
     memory_limit_enforced: bool | None = None
+    pids_limit_enforced: bool | None = None
+    disk_limit_enforced: bool | None = None
     notes: list[str] = Field(default_factory=list)
     # Who the harness, OpenCode and the shell run as: "agent (uid 1000, gid 1000)"; who chose it.
     user: str | None = None
@@ -237,6 +237,25 @@ class ShellClosed(_Event):
     bytes_out: int
 
 
+class HealthKind(StrEnum):
+    """Signs that an episode is going badly while it still runs (core/health.py decides them)."""
+
+    COMPACTION_STORM = "compaction_storm"
+    READS_WITHOUT_EDITS = "reads_without_edits"
+    COMMAND_SILENT = "command_silent"
+    REPEATED_TOOL_CALL = "repeated_tool_call"
+    RETRY_STORM = "retry_storm"
+
+
+class HealthWarning(_Event):
+    """An episode-health warning: shown and counted, never a failure and never the outcome."""
+
+    type: Literal["health"] = "health"
+    kind: HealthKind
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
 class OutcomeDecided(_Event):
     type: Literal["outcome"] = "outcome"
     action: Outcome
@@ -265,6 +284,7 @@ Event = Annotated[
     | TranscriptStats
     | ShellOpened
     | ShellClosed
+    | HealthWarning
     | OutcomeDecided,
     Field(discriminator="type"),
 ]
@@ -281,13 +301,9 @@ def decode(line: str | bytes) -> Event:
     return _ADAPTER.validate_json(line)
 
 
-def read_jsonl(lines: Iterable[str | bytes]) -> Iterator[Event]:
-    for line in lines:
-        if line.strip():
-            yield decode(line)
-
-
 Subscriber = Callable[[Event], None]
+# Sees every stamped event and returns events derived from it (emitted right after, outside the lock).
+Deriver = Callable[[Event], Iterable[Event]]
 
 
 class EventBus:
@@ -301,11 +317,17 @@ class EventBus:
         self._seq = 0
         self._lock = threading.Lock()
         self._subscribers: list[Subscriber] = []
+        self._derivers: list[Deriver] = []
         self.attempt = attempt
         self.errors: list[str] = []
 
     def subscribe(self, fn: Subscriber) -> None:
         self._subscribers.append(fn)
+
+    def derive(self, fn: Deriver) -> None:
+        """``fn`` sees every event after the subscribers and may return new events to emit (a subscriber
+        cannot emit: the fan-out holds the bus's lock so every consumer sees one order)."""
+        self._derivers.append(fn)
 
     def queue(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Queue[Event]:
         """A queue that receives every event from now on (thread-safe delivery onto ``loop``)."""
@@ -337,6 +359,15 @@ class EventBus:
                     self.errors.append(f"{fn!r}: {exc!r}")
                     self._subscribers.remove(fn)
                     failed.append(f"{getattr(fn, '__qualname__', fn)!s}: {type(exc).__name__}: {exc}")
+        for derive in list(self._derivers):
+            try:
+                derived = list(derive(stamped))
+            except Exception as exc:  # like a broken subscriber: removed, and the rest are told
+                self._derivers.remove(derive)
+                failed.append(f"{getattr(derive, '__qualname__', derive)!s}: {type(exc).__name__}: {exc}")
+                continue
+            for ev in derived:
+                self.emit(ev)
         # Never silent: the remaining consumers (the TUI, the run directory) are told.
         for what in failed:
             self.emit(
@@ -350,7 +381,3 @@ class EventBus:
     @property
     def seq(self) -> int:
         return self._seq
-
-
-def to_json_dict(event: Event) -> dict[str, Any]:
-    return json.loads(encode(event))

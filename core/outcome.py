@@ -24,6 +24,7 @@ from core.failures import (
     FailureClass,
     FailureEvent,
     FailureStage,
+    GenericDetails,
     OomDetails,
     OomVictim,
     Outcome,
@@ -32,6 +33,7 @@ from core.failures import (
 from core.runtime.supervisor_client import CleanupReceipt
 from core.sandbox.base import describe_exit
 from core.sandbox.oom import oom_evidence
+from core.sandbox.pids import pids_limit_hit
 
 
 class RecordedFailure(BaseModel):
@@ -69,7 +71,32 @@ def _exit_words(receipt: CleanupReceipt) -> str:
 
 
 def agent_failure(facts: AgentFacts) -> FailureEvent | None:
-    """At most one failure of the agent phase.
+    """At most one failure of the agent phase: the one below, or, when the agent failed (not by an
+    OOM) and the sandbox's process limit refused a fork meanwhile, ``provider_pids_limit_reached``
+    naming what it explains. A limit hit by a command the agent survived is no failure."""
+    failure = _agent_failure(facts)
+    if failure is None or failure.kind == "provider_oom_killed":
+        return failure
+    hit = pids_limit_hit(facts.evidence)
+    if not hit:
+        return failure
+    limit = hit[0].data.get("pids_max")
+    refused = hit[0].data["max_events"] - hit[0].data["max_events_baseline"]
+    return FailureEvent(
+        kind="provider_pids_limit_reached",
+        stage=FailureStage.AGENT,
+        operation=failure.operation,
+        message=f"the sandbox reached its process limit ({limit if limit is not None else '?'}): "
+        f"{refused} fork(s) refused; then {failure.message}",
+        evidence=[*hit, *failure.evidence],
+        details=GenericDetails(
+            data={"pids_limit": limit, "forks_refused": refused, "explains": failure.kind}
+        ),
+    )
+
+
+def _agent_failure(facts: AgentFacts) -> FailureEvent | None:
+    """At most one failure of the agent phase, the process limit aside.
 
     Order matters: authoritative OOM evidence first (exit 137 alone is never evidence), then the
     observed deadline, then a failing model endpoint, then the harness's own exit.

@@ -213,6 +213,7 @@ class SandboxSession:
         harness_argv: Sequence[str],
         *,
         stage: Stage | None = None,
+        files: Mapping[str, tuple[bytes | None, int]] | None = None,
         collect: Collect | None = None,
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
@@ -220,6 +221,9 @@ class SandboxSession:
         on_output: OutputCallback | None = None,
     ) -> ExecResult:
         """Stage, launch the harness under the supervisor, and wait for it (within the exec deadline).
+
+        ``files`` (relative path → (content or None for a directory, mode)) go into the session dir
+        in the same upload as the supervisor; ``stage`` runs after it, for anything else.
 
         A non-zero harness exit does not raise: the receipt and artifacts tell what happened. On any
         error or cancellation the session is finalized (stop, confirm, collect) before re-raising.
@@ -232,7 +236,7 @@ class SandboxSession:
         self.state = SessionState.STAGING
         # Staging is shielded: a cancelled caller must not leave a half-uploaded session behind
         # that a close could race with; close joins it instead.
-        self._staging = asyncio.ensure_future(self._stage(stage, stdin))
+        self._staging = asyncio.ensure_future(self._stage(stage, stdin, files))
         try:
             await asyncio.shield(self._staging)
             if self._close_requested:
@@ -255,9 +259,12 @@ class SandboxSession:
                 await asyncio.shield(self.finalize())
             raise
 
-    async def _stage(self, stage: Stage | None, stdin: bytes | None) -> None:
-        # One upload creates the session dir with the supervisor and the harness input.
-        files: dict[str, tuple[bytes | None, int]] = {SUPERVISOR_FILE: (supervisor_source(), 0o644)}
+    async def _stage(
+        self, stage: Stage | None, stdin: bytes | None, extra: Mapping[str, tuple[bytes | None, int]] | None
+    ) -> None:
+        # One upload creates the session dir with the supervisor, the harness's files and its input.
+        files: dict[str, tuple[bytes | None, int]] = dict(extra or {})
+        files[SUPERVISOR_FILE] = (supervisor_source(), 0o644)
         if stdin is not None:
             files["stdin"] = (stdin, 0o600)
         root_mode = SESSION_DIR_MODE if self.owner is not None else None

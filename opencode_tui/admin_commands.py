@@ -7,10 +7,10 @@ import argparse
 import asyncio
 import platform
 
+from core import provider_registry as registry
 from core.config import AgentConfig
 from core.exit_codes import ExitCode
-from core.sandbox import registry
-from core.sandbox.registry import Check
+from core.provider_registry import Check
 
 
 async def _check_opencode(config: AgentConfig) -> list[Check]:
@@ -74,11 +74,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks = [Check(name="python", status="ok", detail=platform.python_version())]
 
     async def gather() -> None:
-        for plugin in registry.plugins():
+        for name in registry.names():
             try:
-                checks.extend(await plugin.preflight(config))
+                checks.extend(await registry.get(name).preflight(config))
+            except registry.PluginLoadError as exc:
+                checks.append(Check(name=name, status="fail", detail=str(exc)))
             except Exception as exc:  # a plug-in's bug is its own failed check, not doctor's crash
-                checks.append(Check(name=plugin.name, status="fail", detail=f"preflight raised {exc!r}"))
+                checks.append(Check(name=name, status="fail", detail=f"preflight raised {exc!r}"))
         checks.extend(await _check_opencode(config))
 
     asyncio.run(gather())

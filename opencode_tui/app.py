@@ -6,8 +6,9 @@ emitted earlier are not shown). Pass ``run_episode=episode.run`` to let the app 
 after it has subscribed. ``run_dir`` may be given (else ``control.run_dir`` is used): model-call bodies are
 read from its ``model_calls.jsonl``.
 
-Set ``app.keep = True`` before running when the episode already keeps its sandbox (``--keep-sandbox``):
-the header shows it and ``k`` toggles from there.
+The app holds the one ``keep`` state (reactive, starting from ``control.kept``: ``--keep-sandbox`` shows
+as on); the run screen and its header are bound to it. Screens ask the app for things with messages
+(``ShellWanted``, ``CancelWanted``, ``KeepToggleWanted``), never by calling into it.
 
 ``OpenCodeTUI(run_dir=...)``: replay of a run directory. ``OpenCodeTUI(runs_dir=...)``: the runs browser.
 
@@ -27,18 +28,22 @@ from typing import TYPE_CHECKING
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.reactive import reactive
 from textual.screen import Screen
 
 from core.control import CANCELLED_BY_USER
-from core.events import Event
+from core.events import CleanupStep, Event, StepState
 from core.signals import closing_signals
 from opencode_tui import format as fmt
 from opencode_tui.messages import (
     CancelRequested,
+    CancelWanted,
     Copied,
     EpisodeFinished,
     KeepSandboxChanged,
+    KeepToggleWanted,
     ShellStateChanged,
+    ShellWanted,
 )
 from opencode_tui.screens.help import HelpScreen
 from opencode_tui.screens.modals import CleanupWaitScreen, ConfirmScreen
@@ -49,6 +54,7 @@ from opencode_tui.themes import APP_VARIABLES, DEFAULT_THEME, load_themes, next_
 
 if TYPE_CHECKING:
     from core.control import EpisodeControl
+    from core.diff import RunDiff
 
 
 INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
@@ -62,15 +68,33 @@ class OpenCodeTUI(App[None]):
 
     BINDINGS = [
         Binding(
-            "q", "request_quit", "Quit", tooltip="Quit (while an episode runs: cancel it, wait for cleanup)"
+            "q",
+            "request_quit",
+            "Quit",
+            tooltip="Quit (while an episode runs: cancel it, wait for cleanup)",
+            id="app.quit",
         ),
-        Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True),
+        Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True, id="app.quit-now"),
         # Ctrl-C is the universal interrupt: a graceful close without a question (exit 130).
         Binding("ctrl+c", "interrupt", "Interrupt", show=False, id="interrupt"),
-        Binding("t", "next_theme", "Theme", tooltip="Next theme (all themes: command palette)"),
-        Binding("y", "copy", "Copy", tooltip="Copy the selection / selected call / failure (OSC 52)"),
-        Binding("f1,question_mark", "help", "Help", key_display="f1/?", tooltip="This help"),
+        Binding(
+            "t", "next_theme", "Theme", tooltip="Next theme (all themes: command palette)", id="app.theme"
+        ),
+        Binding(
+            "y",
+            "copy",
+            "Copy",
+            tooltip="Copy the selection / selected call / failure (OSC 52)",
+            id="app.copy",
+        ),
+        Binding("f1,question_mark", "help", "Help", key_display="f1/?", tooltip="This help", id="app.help"),
     ]
+
+    # The one keep state: whether the sandbox is kept after the run (live only). The run screen binds to
+    # it (and its header to the screen); only the app changes it, after the engine took the change.
+    keep: reactive[bool] = reactive(False, init=False)
+    # The live episode has ended (its wait() returned); always true for a replay or the browser.
+    episode_done: reactive[bool] = reactive(False, init=False)
 
     def __init__(
         self,
@@ -80,13 +104,20 @@ class OpenCodeTUI(App[None]):
         theme: str = DEFAULT_THEME,
         theme_dirs: Iterable[Path] = (),
         run_episode: Callable[[], Awaitable[object]] | None = None,
+        diff: tuple[Path, Path] | None = None,
+        diff_result: RunDiff | None = None,
     ) -> None:
-        if control is None and run_dir is None and runs_dir is None:
-            raise ValueError("OpenCodeTUI needs a control (live), a run_dir (replay) or a runs_dir (browser)")
+        if control is None and run_dir is None and runs_dir is None and diff is None:
+            raise ValueError(
+                "OpenCodeTUI needs a control (live), a run_dir (replay), a runs_dir (browser) or diff (two runs)"
+            )
         super().__init__()
         self.control = control
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
+        self.diff = diff
+        self.rerun_request: Path | None = None  # the runs browser's `r`: the run to run again on exit
+        self._diff_result = diff_result
         self.themes = load_themes(theme_dirs)
         for t in self.themes.values():
             self.register_theme(t)
@@ -96,9 +127,9 @@ class OpenCodeTUI(App[None]):
         self.run_episode = run_episode
         self._signals: contextlib.AbstractContextManager[None] | None = None
         self._run_ended = asyncio.Event()
-        self.episode_done = control is None
+        self.set_reactive(OpenCodeTUI.episode_done, control is None)
         self.quitting = False
-        self.keep = control.kept if control is not None else False  # --keep-sandbox shows as on
+        self.set_reactive(OpenCodeTUI.keep, control.kept if control is not None else False)
         self._queue: asyncio.Queue[Event] | None = None
         if control is not None:
             try:
@@ -112,9 +143,14 @@ class OpenCodeTUI(App[None]):
 
     def get_default_screen(self) -> Screen:
         if self.control is not None:
-            return RunScreen(control=self.control, run_dir=self.run_dir)
+            # bound downward: app.keep -> screen.keep -> header.keep
+            return RunScreen(control=self.control, run_dir=self.run_dir).data_bind(keep=OpenCodeTUI.keep)
         if self.run_dir is not None:
             return RunScreen(run_dir=self.run_dir)
+        if self.diff is not None:
+            from opencode_tui.screens.diff import DiffScreen
+
+            return DiffScreen(*self.diff, diff=self._diff_result)
         assert self.runs_dir is not None
         return RunsScreen(self.runs_dir)
 
@@ -127,8 +163,14 @@ class OpenCodeTUI(App[None]):
             # SIGTERM/SIGHUP (and a SIGINT sent from outside) close the episode like `q` does.
             self._signals = closing_signals(self._on_signal)
             self._signals.__enter__()
+        # (This had slid into _on_signal, so the heap was never frozen and a full collection stalled the
+        # screen ~0.1 s while output streamed; benchmarks/tui.py shows it in the worst key latency.)
+        if self.FREEZE_HEAP:
+            self.call_after_refresh(self._freeze_heap)
 
     def on_unmount(self) -> None:
+        if self.FREEZE_HEAP:  # hand the frozen objects back: an app that ends must not pin its garbage
+            gc.unfreeze()
         if self._signals is not None:
             self._signals.__exit__(None, None, None)
             self._signals = None
@@ -140,8 +182,6 @@ class OpenCodeTUI(App[None]):
             self._quit_after_cleanup(name)
         else:
             self.exit()
-        if self.FREEZE_HEAP:
-            self.call_after_refresh(self._freeze_heap)
 
     @staticmethod
     def _freeze_heap() -> None:
@@ -156,17 +196,6 @@ class OpenCodeTUI(App[None]):
         if self._queue is None:
             self._queue = self.control.bus.queue()
         return self._queue
-
-    def bodies_dir(self, screen: RunScreen) -> Path | None:
-        """Where ``model_calls.jsonl`` is: the screen's run directory, or the live control's one (a path,
-        or a ``core.artifacts.RunDir``)."""
-        if screen.run_dir is not None:
-            return screen.run_dir
-        found = getattr(self.control, "run_dir", None)
-        if found is None or isinstance(found, str | Path):
-            return Path(found) if found is not None else None
-        path = getattr(found, "path", None)
-        return Path(path) if path is not None else None
 
     @work(exclusive=True, group="episode-run")
     async def _run_episode(self) -> None:
@@ -191,10 +220,7 @@ class OpenCodeTUI(App[None]):
         self.post_message(EpisodeFinished(error))
 
     def on_episode_finished(self, message: EpisodeFinished) -> None:
-        self.episode_done = True
-        for screen in self.screen_stack:
-            if isinstance(screen, RunScreen):
-                screen._show_header()
+        self.episode_done = True  # the run screen watches this
         if message.error and not self.quitting:
             self.notify(f"The episode ended with an error: {message.error}", severity="error", timeout=8)
         elif not self.quitting:
@@ -239,9 +265,7 @@ class OpenCodeTUI(App[None]):
                     "Cancel episode", "Stop the agent; cleanup is confirmed (c)", self.request_cancel
                 )
                 yield SystemCommand(
-                    "Keep sandbox",
-                    "Toggle keeping the sandbox after the run (k)",
-                    lambda: self.toggle_keep(screen),
+                    "Keep sandbox", "Toggle keeping the sandbox after the run (k)", self.toggle_keep
                 )
             else:
                 yield SystemCommand(
@@ -291,7 +315,16 @@ class OpenCodeTUI(App[None]):
         self.post_message(Copied(what, text))
         self.notify(f"Copied {what} ({len(text):,} characters) to the clipboard (OSC 52)", timeout=2)
 
-    def open_shell(self, screen: RunScreen) -> None:
+    def on_shell_wanted(self, message: ShellWanted) -> None:
+        self.open_shell(message.sandbox)
+
+    def on_cancel_wanted(self, _message: CancelWanted) -> None:
+        self.request_cancel()
+
+    def on_keep_toggle_wanted(self, _message: KeepToggleWanted) -> None:
+        self.toggle_keep()
+
+    def open_shell(self, sandbox: str | None) -> None:
         if self.control is None:
             self.post_message(ShellStateChanged("unavailable", "replay"))
             self.notify(
@@ -300,8 +333,7 @@ class OpenCodeTUI(App[None]):
                 timeout=4,
             )
             return
-        sandbox = screen.state.sandbox_id or "sandbox"
-        self.push_screen(ShellScreen(self.control.open_shell, sandbox))
+        self.push_screen(ShellScreen(self.control.open_shell, sandbox or "sandbox"))
 
     def request_cancel(self) -> None:
         if self.control is None:
@@ -337,7 +369,7 @@ class OpenCodeTUI(App[None]):
         if reason == "cancel":
             self.notify("Cancel requested: the engine is closing the episode.", timeout=4)
 
-    def toggle_keep(self, screen: RunScreen) -> None:
+    def toggle_keep(self) -> None:
         if self.control is None:
             self.notify("Replay: there is no sandbox to keep.", timeout=3)
             return
@@ -345,17 +377,15 @@ class OpenCodeTUI(App[None]):
             self.keep = self.control.kept
             state = "kept" if self.keep else "released"
             self.notify(f"The sandbox was already {state}; keep can no longer change.", timeout=4)
-            screen.refresh_bindings()
+            self.screen.refresh_bindings()
             return
-        self.keep = not self.keep
+        wanted = not self.keep
         try:
-            self.control.keep_sandbox(self.keep)
+            self.control.keep_sandbox(wanted)
         except Exception as exc:
-            self.keep = not self.keep
             self.notify(f"Could not change keep-sandbox: {exc}", severity="error", timeout=6)
             return
-        screen.keep = self.keep
-        screen._show_header()
+        self.keep = wanted  # the engine took it: the screen and its header follow (data binding)
         self.post_message(KeepSandboxChanged(self.keep))
         self.notify(
             "The sandbox will be kept after the run."
@@ -370,6 +400,11 @@ class OpenCodeTUI(App[None]):
             return
         if not self.episode_running:
             self.exit()
+            return
+        if self.closing_done:
+            # the sandbox is released (or the outcome decided): nothing left to cancel, so nothing to
+            # ask; the engine is only finishing its record, which the app waits for before it exits
+            self._quit_after_cleanup(cancel=False)
             return
 
         def answered(yes: bool | None) -> None:
@@ -399,20 +434,33 @@ class OpenCodeTUI(App[None]):
     async def action_quit(self) -> None:
         await self.action_request_quit()
 
+    @property
+    def closing_done(self) -> bool:
+        """The live episode's sandbox is released (cleanup confirmed), or its outcome is decided."""
+        for screen in self.screen_stack:
+            if isinstance(screen, RunScreen):
+                released = screen.state.cleanup.get(CleanupStep.SANDBOX_RELEASED)
+                if screen.state.outcome is not None or (
+                    released is not None and released.state is StepState.OK
+                ):
+                    return True
+        return False
+
     @work(exclusive=True, group="quit")
-    async def _quit_after_cleanup(self, by: str = CANCELLED_BY_USER) -> None:
+    async def _quit_after_cleanup(self, by: str = CANCELLED_BY_USER, cancel: bool = True) -> None:
         assert self.control is not None
         self.quitting = True
-        budget = None
-        for screen in self.screen_stack:
-            if isinstance(screen, RunScreen) and screen.state.started is not None:
-                budget = screen.state.started.close_budget_s
-        self.push_screen(CleanupWaitScreen(budget))
-        self.post_message(CancelRequested("quit"))
-        try:
-            await self.control.cancel(by)
-        except Exception as exc:
-            self.notify(f"Cancel failed: {exc}", severity="error", timeout=8)
+        if cancel:
+            budget = None
+            for screen in self.screen_stack:
+                if isinstance(screen, RunScreen) and screen.state.started is not None:
+                    budget = screen.state.started.close_budget_s
+            self.push_screen(CleanupWaitScreen(budget))
+            self.post_message(CancelRequested("quit"))
+            try:
+                await self.control.cancel(by)
+            except Exception as exc:
+                self.notify(f"Cancel failed: {exc}", severity="error", timeout=8)
         waiter = asyncio.ensure_future(self.control.wait())
         ended = asyncio.ensure_future(self._run_ended.wait())
         # The episode has ended when wait() returns, or (if this app started it) when its run crashed.

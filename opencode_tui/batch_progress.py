@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.episode import Episode, EpisodeResult
-from core.events import Event, InstallProgress, PhaseChanged
+from core.events import Event, HealthWarning, InstallProgress, PhaseChanged
+
+
+def health_words(counts: dict[str, int]) -> str:
+    """``health: compaction_storm x2, retry_storm x1`` (empty without warnings)."""
+    if not counts:
+        return ""
+    return "health: " + ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
 
 
 class BatchProgress:
@@ -46,12 +53,21 @@ class BatchProgress:
             return
         row = self._progress.add_task(f"{episode.task.id} a{episode.attempt}: admission", total=None)
         self._rows[episode.run_id] = row
+        phase = "admission"
+        health = 0
+
+        def describe() -> str:
+            warned = f" ⚠ {health} health" if health else ""
+            return f"{episode.task.id} a{episode.attempt}: {phase}{warned}"
 
         def on_event(event: Event) -> None:
+            nonlocal phase, health
             if isinstance(event, PhaseChanged):
-                self._progress.update(
-                    row, description=f"{episode.task.id} a{episode.attempt}: {event.phase.value}"
-                )
+                phase = event.phase.value
+                self._progress.update(row, description=describe())
+            elif isinstance(event, HealthWarning):
+                health += 1
+                self._progress.update(row, description=describe())
             elif isinstance(event, InstallProgress) and event.bytes_total:
                 self._progress.update(row, completed=event.bytes_done, total=event.bytes_total)
 
@@ -74,10 +90,16 @@ class BatchProgress:
             self._progress.update(
                 self._overall, completed=self.done, description=f"episodes {self.done}/{self.total}"
             )
-            self._progress.console.print(f"{result.task_id}: {result.summary}")
+            self._progress.console.print(f"{result.task_id}: {result.summary}{_health_suffix(result)}")
         else:
             print(
-                f"[{self.done}/{self.total}] {result.task_id} (attempt {result.attempt}): {result.summary}",
+                f"[{self.done}/{self.total}] {result.task_id} (attempt {result.attempt}): {result.summary}"
+                f"{_health_suffix(result)}",
                 file=self.stream,
                 flush=True,
             )
+
+
+def _health_suffix(result: EpisodeResult) -> str:
+    words = health_words(result.health)
+    return f" ({words})" if words else ""

@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 
 from core import __version__
+from core import provider_registry as registry
 from core.config import SandboxConfig
 from core.exit_codes import ExitCode
-from core.sandbox import registry
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--keep-sandbox", action="store_true", help="do not destroy the sandbox afterwards")
     run.add_argument("--runs-dir", help="where run directories go (default ./runs)")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="--batch: run every task again, even one already scored with the same task content and config",
+    )
     run.add_argument("--config", help="config file (YAML or TOML)")
 
     op = sub.add_parser("open", help="open a run directory in the TUI (replay)")
@@ -72,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("runs", help="list run directories with their outcome")
     rs.add_argument("--runs-dir", default="runs")
     rs.add_argument("--json", action="store_true")
+    df = sub.add_parser("diff", help="compare two run directories (drift, steps aligned, deltas)")
+    df.add_argument("run_a", metavar="RUN_A")
+    df.add_argument("run_b", metavar="RUN_B")
+    df.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     at = sub.add_parser("attach", help="open a shell in a kept sandbox (after its run has ended)")
     at.add_argument("target", metavar="RUN_DIR|SANDBOX_ID", help="the run directory or the kept sandbox's id")
     sw = sub.add_parser(
@@ -93,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also remove sandboxes owned by other users/jobs (default: only yours, "
         "i.e. $OPENCODE_TUI_OWNER or user@host)",
+    )
+    ex = sub.add_parser("export", help="write run directories as ATIF trajectories or chat messages")
+    ex.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    ex.add_argument("--format", choices=["atif", "messages"], default="atif", help="default: atif (v1.8)")
+    ex.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file (one run), directory (several, atif) or - for stdout; "
+        "default: RUN_DIR/trajectory.json (atif), stdout (messages)",
     )
     dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
     dr.add_argument("--json", action="store_true")

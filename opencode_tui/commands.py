@@ -13,9 +13,10 @@ from core.exit_codes import ExitCode
 THEME_ENV = "OPENCODE_TUI_THEME"
 
 
-def _not_yet(name: str) -> int:
-    print(f"opencode-tui {name}: not available in this build yet", file=sys.stderr)
-    return ExitCode.USAGE
+def cmd_export(args: argparse.Namespace) -> int:
+    from opencode_tui.export_command import cmd_export as export
+
+    return export(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -80,7 +81,32 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     from opencode_tui.app import OpenCodeTUI
 
-    OpenCodeTUI(runs_dir=runs_dir, theme=theme).run()
+    app = OpenCodeTUI(runs_dir=runs_dir, theme=theme)
+    app.run()
+    if app.rerun_request is not None:  # `r` in the browser: run the chosen run again, live
+        from opencode_tui.run_command import rerun
+
+        return rerun(app.rerun_request)
+    return ExitCode.OK
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from core.diff import diff_runs
+
+    try:
+        diff = diff_runs(Path(args.run_a), Path(args.run_b))
+    except FileNotFoundError as exc:
+        print(f"opencode-tui diff: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    if args.json:
+        print(diff.model_dump_json())
+        return ExitCode.OK
+    theme = _theme()
+    if theme is None:
+        return ExitCode.USAGE
+    from opencode_tui.app import OpenCodeTUI
+
+    OpenCodeTUI(diff=(Path(args.run_a), Path(args.run_b)), diff_result=diff, theme=theme).run()
     return ExitCode.OK
 
 

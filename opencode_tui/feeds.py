@@ -1,5 +1,5 @@
-"""Reading a run directory for replay (no Textual here): events lazily, the terminal recording, and
-model-call bodies by call id.
+"""Reading a run directory for replay (no Textual here): events lazily, with an index to read any
+one back. Everything else a run directory holds is read through ``core.artifacts.RunDirReader``.
 
 The app turns these into the same ``EventsReceived`` batches a live episode produces, so live and
 replay share one event-handling path.
@@ -7,13 +7,11 @@ replay share one event-handling path.
 
 from __future__ import annotations
 
-import json
 import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,80 +105,6 @@ def iter_event_batches(
         yield batch
 
 
-@dataclass
-class Cast:
-    """An asciinema v2 recording: header and output frames ``(seconds, text)`` (input frames dropped)."""
-
-    header: dict[str, Any]
-    frames: list[tuple[float, str]]
-
-    @property
-    def duration(self) -> float:
-        return self.frames[-1][0] if self.frames else 0.0
-
-    @property
-    def start_epoch(self) -> float | None:
-        ts = self.header.get("timestamp")
-        return float(ts) if isinstance(ts, int | float) else None
-
-    def origin(self, run_started: datetime | None = None) -> float | None:
-        """Epoch seconds of the recording's time 0.
-
-        asciinema's header ``timestamp`` is whole seconds, up to a second before the true start: mapping
-        frames to events with it alone puts the timeline up to a second early. The engine starts the
-        recording together with the run, so run.json's ``started_at``, when it falls in that same second,
-        supplies the fraction."""
-        start = self.start_epoch
-        if start is None or run_started is None:
-            return start
-        precise = run_started.timestamp()
-        return precise if start <= precise < start + 1 else start
-
-
-def read_cast(path: Path) -> Cast | None:
-    if not path.exists():
-        return None
-    header: dict[str, Any] = {}
-    frames: list[tuple[float, str]] = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        first = f.readline()
-        try:
-            loaded = json.loads(first)
-            header = loaded if isinstance(loaded, dict) else {}
-        except ValueError:
-            header = {}
-        for line in f:
-            try:
-                t, kind, text = json.loads(line)
-            except (ValueError, TypeError):
-                continue  # a torn last line of a live recording
-            if kind == "o" and isinstance(text, str):
-                frames.append((float(t), text))
-    return Cast(header, frames)
-
-
-def find_model_call(run_dir: Path | None, call_id: str) -> dict[str, Any] | None:
-    """The record for ``call_id`` in ``model_calls.jsonl`` (the last one if repeated), or None."""
-    if run_dir is None:
-        return None
-    path = Path(run_dir) / "model_calls.jsonl"
-    if not path.exists():
-        return None
-    needle = call_id.encode()
-    found: dict[str, Any] | None = None
-    with path.open("rb") as f:
-        for line in f:
-            if needle not in line:
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and str(record.get("call_id")) == call_id:
-                found = record
-    return found
-
-
 def run_rows(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
     """``list_runs``, newest start first (run.json's ``started_at``; unreadable ones last)."""
     runs = list_runs(runs_dir)
@@ -214,4 +138,7 @@ def run_summary(path: Path, info: RunInfo | None) -> dict[str, Any]:
         "duration_s": info.duration_s,
         "started_at": info.started_at.isoformat(),
         "ended_at": info.ended_at.isoformat() if info.ended_at else None,
+        "cleanup_confirmed": info.counts.get("cleanup_confirmed"),
+        "human_intervened": info.human_intervened,
+        "health": info.counts.get("health") or {},  # episode-health warnings by kind
     }

@@ -13,6 +13,7 @@ from core.events import (
     Event,
     FailureRecorded,
     FailureRecovered,
+    HealthWarning,
     InstallProgress,
     ModelCall,
     OpenCodeEvent,
@@ -128,6 +129,8 @@ def summarize(ev: Event) -> str:
         return f"warning {ev.code}: {short(ev.message, 50)}"
     if isinstance(ev, Compaction):
         return f"compaction #{ev.count} ({ev.trigger})"
+    if isinstance(ev, HealthWarning):
+        return f"health {ev.kind}: {short(ev.message, 50)}"
     if isinstance(ev, VerificationFinished):
         return f"verification reward={ev.reward} passed={ev.passed}"
     if isinstance(ev, TranscriptStats):

@@ -39,7 +39,7 @@ class UsageError(Exception):
 
 def _provider_names(choice: str) -> list[str]:
     """``all``: every provider whose listing needs nothing configured (a server is named explicitly)."""
-    from core.sandbox import registry
+    from core import provider_registry as registry
 
     return registry.swept_by_default() if choice == "all" else [choice]
 
@@ -153,15 +153,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _read_run(run_dir: Path) -> dict[str, Any]:
+    """run.json as plain data: attach must work on a record written by another version too."""
+    from core.artifacts import RunDirReader, RunFiles
+
     try:
-        data = json.loads((run_dir / "run.json").read_text())
+        return RunDirReader(run_dir, check=False).info_data()
     except FileNotFoundError as exc:
-        raise UsageError(f"{run_dir} is not a run directory (no run.json)") from exc
+        raise UsageError(f"{run_dir} is not a run directory (no {RunFiles.RUN_INFO})") from exc
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{run_dir}/run.json is unreadable: {exc}") from exc
-    if not isinstance(data, dict):
-        raise UsageError(f"{run_dir}/run.json is not a run record")
-    return data
+        raise UsageError(f"{run_dir}/{RunFiles.RUN_INFO} is unreadable: {exc}") from exc
 
 
 def _target(ref: str) -> tuple[str, str, dict[str, Any], Path | None]:
@@ -203,14 +203,15 @@ def _recorded(handle: Any, run_dir: Path | None, cols: int, rows: int, user: str
     """The shell recorded in the run directory like any shell (its own cast, shell_opened/closed).
 
     After the run it is post-mortem: it marks nothing (``marks_sample`` false, phase ``done``)."""
-    from core.artifacts import SHELLS_DIR, RunDir, RunDirReader
+    from core.artifacts import RunDir, RunDirReader
     from core.events import Phase, ShellClosed, ShellOpened
     from core.shells import RecordedShell
 
     if run_dir is None or not os.access(run_dir, os.W_OK):
         return handle
-    seq = max((e.seq for e in RunDirReader(run_dir).events()), default=0)
-    n = len(list((run_dir / SHELLS_DIR).glob("shell-*.cast"))) + 1
+    reader = RunDirReader(run_dir, check=False)
+    seq = max((e.seq for e in reader.events()), default=0)
+    n = len(reader.shell_casts()) + 1
     writer = RunDir(run_dir)
     cast_name, cast = writer.shell_cast(n, cols, rows)
     seq += 1
@@ -314,7 +315,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
 
     async def attach() -> int:
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         try:
             sandbox = await _connect(provider_name, sandbox_id, run)

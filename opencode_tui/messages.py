@@ -1,5 +1,6 @@
 """App-level messages. Live and replay both deliver events as :class:`EventsReceived` batches; the
-rest record what the user asked of the episode, so functional tests can assert on them."""
+``*Wanted`` ones are how a screen asks the app for something (they bubble up to it); the rest record
+what the user asked of the episode, so functional tests can assert on them."""
 
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ class EpisodeFinished(Message):
     """The live episode's ``wait()`` returned (or raised: ``error``)."""
 
     error: str | None = None
+
+
+@dataclass
+class ShellWanted(Message):
+    """The user asked for a shell in the sandbox (``sandbox``: its id, when known)."""
+
+    sandbox: str | None = None
+
+
+@dataclass
+class CancelWanted(Message):
+    """The user asked to cancel the live episode (the app asks for confirmation)."""
+
+
+@dataclass
+class KeepToggleWanted(Message):
+    """The user asked to toggle keeping the sandbox after the run."""
 
 
 @dataclass

@@ -66,6 +66,16 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
     """Everything that can be checked before any sandbox exists; raises UsageError/ConfigError."""
     config = load_config(args.config, _overrides(args))
     tasks = [load_task(t) for t in args.tasks]
+    for t in tasks:
+        for warning in t.load_warnings:  # Harbor's format evolves: a field we do not know is no error
+            print(f"opencode-tui run: warning: {t.root}: {warning}", file=sys.stderr)
+    built = [t for t in tasks if t.build is not None]
+    if built:
+        from core.image_build import build_refusal
+
+        refusal = build_refusal(built[0], config)
+        if refusal:
+            raise UsageError(refusal)
     if not args.batch and len(tasks) > 1:
         raise UsageError("the TUI runs one task at a time; pass --batch to run several")
     if not args.batch and args.attempts is not None:
@@ -77,6 +87,13 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
         raise UsageError("--jobs must be at least 1")
     if config.executor.name == "ray" and not args.batch:
         raise UsageError("--executor ray runs --batch only: the TUI runs its one episode here")
+    check_inputs(config, tasks)
+    return config, tasks
+
+
+def check_inputs(config: AgentConfig, tasks: list[Task]) -> None:
+    """The model, the key and the provider's own checks for these tasks (``admit``, and a re-run from
+    the runs browser); raises UsageError/ConfigError."""
     if config.model.url is None:
         missing = [t.id for t in tasks if t.trajectory_path is None]
         if missing:
@@ -98,7 +115,6 @@ def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
     if config.sandbox.mode == "owned" and config.executor.name == "local":
         # On Ray the nodes run the sandboxes: the provider's checks run there (the executor's probe).
         _admit_provider(config, tasks)
-    return config, tasks
 
 
 def _check_model_url(config: AgentConfig) -> None:
@@ -116,9 +132,10 @@ def _check_model_url(config: AgentConfig) -> None:
 
 def _admit_provider(config: AgentConfig, tasks: list[Task]) -> None:
     """The provider's own quick checks for this run (e.g. its engine is up, the images exist)."""
-    from core.sandbox import registry
+    from core import provider_registry as registry
 
-    images = sorted({config.sandbox.image or t.image for t in tasks})
+    # A task built from its Dockerfile gets its image at seed (cached by the context's hash).
+    images = sorted({config.sandbox.image or t.image for t in tasks if t.build is None})
     checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
     failed = [c for c in checks if c.status == "fail"]
     if failed:
@@ -133,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
     runs_dir = Path(config.runs_dir)
     if args.batch:
-        return _batch(config, tasks, runs_dir, args.jobs, args.attempts)
+        return _batch(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
     return _tui(config, tasks[0], runs_dir)
 
 
@@ -150,7 +167,13 @@ def _executor(config: AgentConfig, progress: Any) -> Executor:
 
 
 def _batch(
-    config: AgentConfig, tasks: list[Task], runs_dir: Path, jobs: int | None, attempts: int | None
+    config: AgentConfig,
+    tasks: list[Task],
+    runs_dir: Path,
+    jobs: int | None,
+    attempts: int | None,
+    *,
+    force: bool = False,
 ) -> int:
     data = sys.stdout  # the JSON lines, and nothing else
     if config.executor.name == "ray":
@@ -159,8 +182,8 @@ def _batch(
         jobs = jobs or len(tasks)
         # Ray's driver prints its cluster messages (a worker died, ...) to sys.stdout: diagnostics.
         with contextlib.redirect_stdout(sys.stderr):
-            return _run_batch(config, tasks, runs_dir, jobs, attempts, data)
-    return _run_batch(config, tasks, runs_dir, jobs, attempts, data)
+            return _run_batch(config, tasks, runs_dir, jobs, attempts, data, force)
+    return _run_batch(config, tasks, runs_dir, jobs, attempts, data, force)
 
 
 def _run_batch(
@@ -170,6 +193,7 @@ def _run_batch(
     jobs: int | None,
     attempts: int | None,
     data: TextIO,
+    force: bool,
 ) -> int:
     from opencode_tui.batch_progress import BatchProgress
 
@@ -181,6 +205,8 @@ def _run_batch(
         return ExitCode.USAGE
 
     def on_result(result: EpisodeResult) -> None:
+        if result.resumed:  # same task content and configuration, already scored: not run again
+            print(f"skipped: already scored in {result.run_dir}", file=sys.stderr, flush=True)
         print(json.dumps(result.model_dump(mode="json")), file=data, flush=True)
         progress.finished(result)
         if result.artifacts_error is not None:
@@ -206,6 +232,7 @@ def _run_batch(
                     control=control,
                     on_orphan=_report_orphan,
                     executor=executor,
+                    force=force,
                 )
         finally:
             await executor.close()
@@ -239,6 +266,39 @@ def _announce(name: str, first: bool) -> None:
         )
     else:
         print(f"opencode-tui run: {name} again: hurrying the close", file=sys.stderr, flush=True)
+
+
+class RerunError(Exception):
+    """A run that cannot be run again as recorded (its task directory or configuration is gone)."""
+
+
+def rerun_inputs(info: RunInfo | None, path: Path) -> tuple[AgentConfig, Task]:
+    """The task and configuration a run directory recorded (run.json), checked like `run` checks them."""
+    if info is None:
+        raise RerunError(f"{path.name}: run.json is missing or unreadable; nothing to re-run")
+    if not info.task_dir:
+        raise RerunError(f"{path.name}: run.json does not name its task directory")
+    try:
+        config = AgentConfig.model_validate(info.config)
+        task = load_task(info.task_dir)
+    except (ConfigError, ValueError, OSError) as exc:
+        raise RerunError(f"{path.name} cannot be re-run as recorded: {exc}") from exc
+    return config, task
+
+
+def rerun(path: Path) -> int:
+    """`r` in the runs browser: the run's task again with its recorded configuration, in the live TUI
+    (same runs directory), admitted like `run`."""
+    from core.artifacts import RunDirReader
+
+    try:
+        config, task = rerun_inputs(RunDirReader(path).info(), path)
+        check_inputs(config, [task])
+    except (RerunError, UsageError, ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"opencode-tui runs: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    print(f"opencode-tui: re-running {task.id} as recorded in {path}", file=sys.stderr)
+    return _tui(config, task, path.parent)
 
 
 def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:

@@ -21,6 +21,7 @@ from core.events import (
     Event,
     FailureRecorded,
     FailureRecovered,
+    HealthWarning,
     InstallProgress,
     ModelCall,
     OpenCodeEvent,
@@ -60,6 +61,7 @@ class RunState:
     compactions: list[Compaction] = field(default_factory=list)
     cleanup: dict[CleanupStep, CleanupObserved] = field(default_factory=dict)
     failures: list[FailureRecorded | FailureRecovered] = field(default_factory=list)  # both, in order
+    health: list[HealthWarning] = field(default_factory=list)  # episode-health warnings (core/health.py)
     verification: VerificationFinished | None = None
     transcript: TranscriptStats | None = None
     outcome: OutcomeDecided | None = None
@@ -147,8 +149,17 @@ class RunState:
             self.outcome = ev
         elif isinstance(ev, ShellOpened):
             self.shells.append(ev)
+        elif isinstance(ev, HealthWarning):
+            self.health.append(ev)
 
     # -- derived values ------------------------------------------------------------------------
+
+    @property
+    def problems(self) -> list[FailureRecorded | FailureRecovered | HealthWarning]:
+        """Failures and health warnings in stream order (the Failures/warnings table)."""
+        if not self.health:
+            return self.failures
+        return sorted([*self.failures, *self.health], key=lambda ev: ev.seq)
 
     @property
     def human_intervened(self) -> bool:

@@ -1,9 +1,12 @@
-"""The import contract: `core` never imports Textual or the TUI package.
+"""The import contracts: `core` never imports Textual or the TUI package; the engine's layers
+(pyproject.toml, exhaustive: every core module is placed); the in-sandbox programs import nothing
+from core.
 
-Runs the real import-linter against this tree (must pass) and against a copy of it where a core
-module imports textual (must fail), so the contract itself is shown to bite.
+Runs the real import-linter against this tree (must pass) and against copies of it with one planted
+violation each (must fail, naming the planted import), so each contract is shown to bite.
 """
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -34,14 +37,69 @@ def test_contract_holds_on_this_tree():
     assert "KEPT" in r.stdout
 
 
-def test_contract_breaks_when_core_imports_textual(tmp_path):
+def _planted(tmp_path: Path, path: str, source: str) -> subprocess.CompletedProcess:
+    """import-linter on a copy of this tree with one file added."""
     copy = tmp_path / "tree"
     copy.mkdir()
     shutil.copy(ROOT / "pyproject.toml", copy)
     for pkg in ("core", "opencode_tui"):
         shutil.copytree(ROOT / pkg, copy / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "core" / "leak.py").write_text("import textual  # forbidden\n")
-    r = _lint(copy)
+    (copy / path).write_text(source)
+    return _lint(copy)
+
+
+def test_contract_breaks_when_core_imports_textual(tmp_path):
+    r = _planted(tmp_path, "core/leak.py", "import textual  # forbidden\n")
     assert r.returncode != 0
     assert "BROKEN" in r.stdout
     assert "core.leak -> textual" in r.stdout
+
+
+def test_layers_break_when_a_lower_layer_imports_a_higher_one(tmp_path):
+    # The sandbox layer reaching up into the episode: the shape of every upward import.
+    r = _planted(tmp_path, "core/sandbox/leak.py", "from core.episode import Episode  # upward\n")
+    assert r.returncode != 0
+    assert "The engine's layers" in r.stdout and "BROKEN" in r.stdout
+    assert "core.sandbox.leak -> core.episode" in r.stdout
+
+
+def test_layers_break_when_independent_siblings_import_each_other(tmp_path):
+    # runtime and model share a layer as independent siblings.
+    r = _planted(tmp_path, "core/model/leak.py", "import core.runtime.stream  # sideways\n")
+    assert r.returncode != 0
+    assert "core.model.leak -> core.runtime.stream" in r.stdout
+
+
+def test_layers_break_when_a_new_module_is_not_placed(tmp_path):
+    # Exhaustive: a new top-level core module must be given a layer.
+    r = _planted(tmp_path, "core/unplaced.py", "X = 1\n")
+    assert r.returncode != 0
+    assert "core.unplaced" in r.stdout
+
+
+def test_inside_programs_break_when_they_import_core(tmp_path):
+    r = _planted(
+        tmp_path, "core/inside/leak.py", "from core.config import AgentConfig  # not on the sandbox\n"
+    )
+    assert r.returncode != 0
+    assert "core.inside" in r.stdout and "BROKEN" in r.stdout
+    assert "core.inside.leak -> core.config" in r.stdout
+
+
+def test_inside_programs_import_only_the_standard_library():
+    """Stricter than the contract (which names core and the engine's dependencies): every import of
+    every program in core/inside/ is a standard-library module, as the sandbox's Python has it."""
+    programs = sorted((ROOT / "core" / "inside").glob("*.py"))
+    assert {p.name for p in programs} >= {"supervisor.py", "serve_runner.py", "relay.py"}
+    for program in programs:
+        for node in ast.walk(ast.parse(program.read_text(), str(program))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{program.name}: relative import"
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or top == "__future__", f"{program.name} imports {name}"

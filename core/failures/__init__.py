@@ -18,6 +18,7 @@ from core.failures.model import (
     OomDetails,
     OomVictim,
     PermissionDetails,
+    Recovery,
     VerificationDetails,
 )
 from core.failures.policy import (
@@ -60,6 +61,7 @@ __all__ = [
     "OutcomePolicyConfig",
     "OutcomePolicyOverrides",
     "PermissionDetails",
+    "Recovery",
     "VerificationDetails",
     "check_kind",
     "classify",

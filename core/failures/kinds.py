@@ -21,6 +21,7 @@ _REGISTRY: dict[str, str] = {
     "config_invalid": "the run configuration is invalid",
     # provider: the sandbox backend reported a condition about our sandbox
     "provider_oom_killed": "the kernel OOM-killed a process of this sandbox (authoritative evidence)",
+    "provider_pids_limit_reached": "the sandbox hit its process limit and a fork failed (the cgroup's counter rose) when the agent failed",
     "provider_unavailable": "the sandbox backend (Docker engine, bwrap, OpenSandbox server) is not usable",
     "provider_quota_exhausted": "the backend refused for lack of quota",
     "provider_io_timeout": "a request to the backend did not answer within its deadline",
@@ -35,6 +36,7 @@ _REGISTRY: dict[str, str] = {
     "sandbox_pty_failed": "an interactive terminal failed",
     "sandbox_release_failed": "releasing or destroying the sandbox failed",
     "sandbox_permission_denied": "the sandbox user cannot read its staged input or write its workdir",
+    "image_build_failed": "building the task's image from its Dockerfile failed or timed out",
     # command: delivery and results of commands inside the sandbox
     "command_delivery_uncertain": "a command may have reached the sandbox but its result is unknown",
     "command_status_lost": "the command's status could not be recovered by its execution id",

@@ -211,3 +211,11 @@ class FailureEvent(BaseModel):
     def from_exception(cls, exc: BaseException, **fields: Any) -> FailureEvent:
         fields.setdefault("message", str(exc)[:2000] or type(exc).__name__)
         return cls(cause=FailureCause.from_exception(exc), **fields)
+
+
+class Recovery(StrEnum):
+    """How a provider went on after a failure it did not raise (see ``Sandbox.on_recovered``)."""
+
+    FOLLOWED_EXECUTION_ID = "followed_execution_id"  # output stream lost; the exit was read by execution id
+    RESUBMITTED = "resubmitted"  # a submission proven not to have started was sent again
+    RETURNED_UNOBSERVED = "returned_unobserved"  # the hard cap expired; exec returned, its exit unknown

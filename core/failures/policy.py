@@ -156,6 +156,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         # The agent's own container ran out of memory while the agent worked: the model's doing.
         "provider_oom_killed@agent": FailureClass.MODEL,
         "provider_oom_killed": FailureClass.EVALUATION,
+        # The agent started more processes than the sandbox allows (a fork bomb, an unbounded -j).
+        "provider_pids_limit_reached@agent": FailureClass.MODEL,
         "agent_timeout@agent": FailureClass.MODEL,
         "agent_context_limit": FailureClass.MODEL,
         "agent_did_not_finish": FailureClass.MODEL,
@@ -176,6 +178,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "verifier_unknown_exit": FailureClass.EVALUATION,
         # Staged inputs the sandbox user cannot use: our set-up (or the task's), never the model's.
         "sandbox_permission_denied": FailureClass.EVALUATION,
+        # The task's Dockerfile did not build: the set-up, never the model.
+        "image_build_failed": FailureClass.EVALUATION,
         "artifacts_write_failed": FailureClass.EVALUATION,
         # Infrastructure whatever the phase: the agent did not make the Ray worker die.
         "executor_worker_lost": FailureClass.EVALUATION,
@@ -197,6 +201,7 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         # A seed-phase OOM (copying the task in) says nothing about the model: try once more.
         "provider_oom_killed@seed": Action.RETRY,
         "provider_oom_killed@agent": Action.COUNT_AS_ZERO,
+        "provider_pids_limit_reached@agent": Action.COUNT_AS_ZERO,
         "agent_timeout@agent": Action.COUNT_AS_ZERO,
         "agent_context_limit": Action.COUNT_AS_ZERO,
         "cleanup_unconfirmed": Action.KEEP_UNKNOWN,
@@ -207,6 +212,8 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "executor_worker_lost": Action.RETRY,
         "run_cancelled": Action.STOP,
         "task_invalid": Action.STOP,
+        # The same context builds the same way: another attempt would fail again.
+        "image_build_failed": Action.MARK_EVALUATION_ERROR,
         "config_invalid": Action.STOP,
     },
     failure_class={

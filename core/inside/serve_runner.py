@@ -37,6 +37,9 @@ import threading
 import time
 
 LISTEN_TIMEOUT_S = 120.0
+# The model relay (started next to this runner by the harness) must accept within this long.
+RELAY_TIMEOUT_S = 10.0
+RELAY_PORT_ENV = "OPENCODE_TUI_RELAY_PORT"  # set by the harness (core.runtime.opencode)
 CONNECT_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
@@ -308,6 +311,10 @@ def main():
             sys.stderr.write(f"opencode-tui runner: `opencode serve` {why}\n")
             return 3 if code is None else exit_status(code)
         note("listening", port=server.port, seconds=round(time.monotonic() - started, 3))
+        relay_port = os.environ.get(RELAY_PORT_ENV)
+        if relay_port and not wait_for_port(int(relay_port), RELAY_TIMEOUT_S):
+            sys.stderr.write("opencode-tui: the model relay did not start\n")
+            return 3
         try:
             status = drive(server, prompt)
         except RunnerError as exc:
@@ -321,6 +328,21 @@ def main():
     finally:
         server.stop()
         sys.stdout.buffer.flush()
+
+
+def wait_for_port(port, timeout):
+    """True once something accepts on 127.0.0.1:port, False after ``timeout`` seconds."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def exit_status(code):

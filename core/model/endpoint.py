@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.calls.records import ModelCallRecord
 from core.config import ModelSettings
 from core.events import Compaction, Event, ModelCall
 from core.failures import FailureEvent, FailureStage, ModelCallDetails
 from core.model.proxy import ModelProxy
-from core.model.records import ModelCallRecord
 from core.model.scripted import ScriptedModel
 from core.tasks import Task
 

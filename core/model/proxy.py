@@ -39,6 +39,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from core.artifacts import RunFiles
+from core.calls.classify import classify
+from core.calls.records import ModelCallRecord, TokenUsage, merge_usage, parse_usage
 from core.events import ModelCall
 from core.failures.evidence import utcnow
 from core.model._http import (
@@ -52,14 +55,15 @@ from core.model._http import (
     head_bytes,
     send_simple,
 )
-from core.model.classify import classify
-from core.model.records import MODEL_CALLS_FILE, ModelCallRecord, TokenUsage, merge_usage, parse_usage
 from core.redaction import REDACTED, redact, redact_headers, redact_text
 
 log = logging.getLogger(__name__)
 
 MESSAGE_ID_HEADER = "X-OpenCode-Assistant-Message-Id"
 SESSION_ID_HEADER = "x-session-id"
+# OpenCode 1.18.32 names the session on every call in this header (x-session-id only with some
+# provider packages): the session id comes from whichever is present.
+OPENCODE_SESSION_HEADER = "x-opencode-session"
 DEFAULT_MAX_RECORD_BYTES = 2 * 1024 * 1024
 _AUTH_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 _DROP_REQUEST_HEADERS = HOP_BY_HOP | {
@@ -293,7 +297,7 @@ class ModelProxy(HttpService):
 
     @property
     def records_path(self) -> Path | None:
-        return None if self.record_dir is None else self.record_dir / MODEL_CALLS_FILE
+        return None if self.record_dir is None else self.record_dir / RunFiles.MODEL_CALLS
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -367,7 +371,7 @@ class ModelProxy(HttpService):
             upstream_url=redact_text(self._target(req)),
             started_at=started,
             kind=classify(req.path, body_json if isinstance(body_json, dict) else None),
-            session_id=req.header(SESSION_ID_HEADER),
+            session_id=req.header(SESSION_ID_HEADER) or req.header(OPENCODE_SESSION_HEADER),
             message_id=req.header(MESSAGE_ID_HEADER) or None,
             model=str(body_json["model"]) if isinstance(body_json, dict) and "model" in body_json else None,
             stream=bool(body_json.get("stream")) if isinstance(body_json, dict) else None,

@@ -1,7 +1,7 @@
 """The scripted model: an OpenAI-compatible server that replays a trajectory (the embedded default model).
 
 ``POST /v1/chat/completions`` (streaming SSE or plain JSON) and ``GET /v1/models``, on 127.0.0.1 (port 0
-picks one) and/or a Unix socket. Each request is classified (core/model/classify.py):
+picks one) and/or a Unix socket. Each request is classified (core/calls/classify.py):
 
 - title request → a short title (``trajectory.title``);
 - compaction request → a structured summary carrying a progress marker (``scripted-progress: N``);
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.calls.classify import CallKind, classify_body, content_text
 from core.model._http import (
     LAST_CHUNK,
     BufferedReader,
@@ -57,7 +58,6 @@ from core.model._http import (
     head_bytes,
     send_simple,
 )
-from core.model.classify import CallKind, classify_body, content_text
 from core.model.trajectory import Step, Trajectory, Usage, fill_placeholders, load_trajectory
 
 log = logging.getLogger(__name__)
@@ -222,11 +222,6 @@ class ScriptedModel(HttpService):
         self.calls: list[ServedCall] = []
         self._fault_attempts: dict[tuple[str, int], int] = {}
         self._server = HttpServer(self._handle, name="scripted-model")
-
-    # -- lifecycle ---------------------------------------------------------------------------------
-
-    def calls_of(self, kind: CallKind) -> list[ServedCall]:
-        return [c for c in self.calls if c.kind == kind]
 
     # -- request handling --------------------------------------------------------------------------
 

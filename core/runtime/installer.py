@@ -1,5 +1,8 @@
 """The pinned OpenCode installer (controller side): registry package -> verified, cached ``opencode`` binary.
 
+Over 800 lines on purpose: one flow (metadata, resumable download, integrity, extraction, atomic
+commit) under one shared flight and one file lock; split, its error paths would cross modules.
+
 Flow: fetch ``{registry}/{package}/{version}``, download ``dist.tarball`` to a ``.partial`` file (resumed
 with a Range request after an interruption), verify ``dist.integrity`` (SRI), extract only
 ``package/bin/opencode`` and move it atomically to ``cache_dir/<version>/<package>/opencode`` with a
@@ -37,17 +40,11 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# The pin and the registry are configuration facts (core.config); the installer takes them as defaults.
+from core.config import DEFAULT_OPENCODE_VERSION, DEFAULT_REGISTRY_URL
 from core.runtime.targets import Target
 
 log = logging.getLogger(__name__)
-
-# The pin. Checked against registry.npmjs.org: opencode-linux-x64-musl and opencode-linux-x64-baseline-musl
-# stop at 1.18.32, while opencode-linux-x64 goes on to 1.18.34 and opencode-linux-x64-baseline to 1.18.33,
-# so 1.18.32 is the newest version with all four x64 packages (opencode-ai@1.18.32 lists all of them as
-# optionalDependencies). The registry serves the arm64 packages only up to 1.18.18 (1.18.14, 1.18.15,
-# 1.18.18), so an arm64 target fails at this pin with a message naming what the registry has.
-DEFAULT_OPENCODE_VERSION = "1.18.32"
-DEFAULT_REGISTRY_URL = "https://registry.npmjs.org"
 
 InstallErrorKind = Literal["install_failed", "install_integrity_mismatch", "install_timeout"]
 ProgressCallback = Callable[[int, int | None], None]
@@ -253,9 +250,6 @@ class Installer:
 
     def entry_dir(self, target: Target) -> Path:
         return self.config.cache_dir / self.config.version / target.package_name
-
-    def binary_path(self, target: Target) -> Path:
-        return self.entry_dir(target) / BINARY_NAME
 
     def _partial_path(self, target: Target) -> Path:
         name = f"{target.package_name}-{self.config.version}.tgz.partial"

@@ -5,6 +5,7 @@ artifacts collected after confirmed cleanup.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shlex
@@ -13,31 +14,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.artifacts import RunDir
+from core import provider_registry as registry
+from core.artifacts import RunDir, RunFiles
 from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.inside import INSIDE_DIR
+from core.inside.serve_runner import RELAY_PORT_ENV
 from core.runtime import transcript
 from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
-from core.sandbox import registry
 from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
 from core.sandbox.tarsafe import safe_extract, tree_tar
-from core.tasks import Task, render_prompt
+from core.tasks import TASK_FILE, Task, render_prompt
 
-# OpenCode's output in the run directory. stdout and stderr are written as they stream in, so they are
-# there whatever happens to the sandbox; the output log is the sandbox's own copy (the supervisor's
-# messages, OpenCode's and the model relay's stderr), collected after confirmed cleanup only.
-STDOUT_FILE = "opencode/stdout.jsonl"
-STDERR_FILE = "opencode/stderr.log"
-OUTPUT_LOG_FILE = "opencode/output.log"
-EXPORT_FILE = "opencode/export.json"
-DATABASE_FILE = "opencode.db"
+# OpenCode's output in the run directory (the names are spelled in core.artifacts.RunFiles).
+STDOUT_FILE = RunFiles.OPENCODE_STDOUT
+STDERR_FILE = RunFiles.OPENCODE_STDERR
+OUTPUT_LOG_FILE = RunFiles.OPENCODE_OUTPUT_LOG
+EXPORT_FILE = RunFiles.OPENCODE_EXPORT
+DATABASE_FILE = RunFiles.OPENCODE_DB
 
 PLUGIN_SOURCE = INSIDE_DIR / "attribution_plugin.js"
 RUNNER_SOURCE = INSIDE_DIR / "serve_runner.py"
 RELAY_PORT = 47331  # inside the sandbox's own network namespace, so any fixed port is free
+
 PROVIDER_ID = "opencode-tui"
 # The proxy injects the real upstream key; OpenCode only ever sees this placeholder.
 PLACEHOLDER_API_KEY = "opencode-tui-proxy"
@@ -195,6 +196,20 @@ class OpenCodeHarness:
     def prompt_bytes(self) -> bytes:
         return render_prompt(self.task).encode()
 
+    def record_inputs(self, run_dir: RunDir) -> None:
+        """What OpenCode is given, exactly as it is sent into the sandbox: the prompt on its stdin,
+        the instructions file its config names, and the task file it came from (redacted, like every
+        file in the run directory)."""
+        run_dir.write_text(RunFiles.PROMPT, self.prompt_bytes().decode())
+        if self.task.instructions:
+            run_dir.write_text(RunFiles.INSTRUCTIONS, self.task.instructions)
+        task_file = self.task.root / TASK_FILE
+        try:
+            run_dir.write_text(RunFiles.TASK_YAML, task_file.read_text(encoding="utf-8"))
+        except OSError as exc:  # a task built in code has no file; the run goes on either way
+            if task_file.exists():
+                run_dir.write_failed(task_file, exc)
+
     def config_dict(self) -> dict:
         instructions = self.layout.instructions_file if self.task.instructions else None
         return build_config(
@@ -252,9 +267,16 @@ class OpenCodeHarness:
             # The relay is the sandbox's only way out (to the model proxy's Unix socket). It is a
             # child of this shell, hence drained by the supervisor with everything else. Its stderr
             # is the harness's: streamed out and kept in the output log by the supervisor.
-            lines += [
+            lines.append(
                 f"{q(runtime.python)} -I {q(self.layout.relay_file)} {RELAY_PORT} {q(SANDBOX_MODEL_SOCKET)} "
-                "</dev/null >/dev/null &",
+                "</dev/null >/dev/null &"
+            )
+        if self.use_relay and self.mode == "serve":
+            # The serve runner waits for the relay itself, once `opencode serve` listens (which takes
+            # far longer than the relay's start): the two start side by side.
+            lines.append(f"export {RELAY_PORT_ENV}={RELAY_PORT}")
+        elif self.use_relay:
+            lines += [
                 "i=0",
                 f'while ! {q(runtime.python)} -c \'import socket,sys; socket.create_connection(("127.0.0.1", '
                 f"{RELAY_PORT}), 1)' 2>/dev/null; do",
@@ -364,19 +386,31 @@ class OpenCodeHarness:
     # ---- after confirmed cleanup ----
     async def collect(self, sandbox: Sandbox, run_dir: RunDir) -> None:
         """Bring OpenCode's database files and the supervisor log into the run directory."""
-        dest = run_dir.sub("opencode")
-        try:
-            log = (await sandbox.download_file(self.layout.output_log)).decode("utf-8", "replace")
+        run_dir.sub(RunFiles.OPENCODE_DIR)
+
+        async def output_log() -> str | None:
+            try:
+                return (await sandbox.download_file(self.layout.output_log)).decode("utf-8", "replace")
+            except (SandboxError, FileNotFoundError):
+                return None
+
+        # Both downloads at once (each is a round trip to the backend); the database's failure is
+        # raised once both have ended.
+        log, archive = await asyncio.gather(
+            output_log(), sandbox.download_tar(self.layout.data_dir), return_exceptions=True
+        )
+        if isinstance(log, BaseException):
+            raise log
+        if isinstance(log, str):
             run_dir.write_text(OUTPUT_LOG_FILE, log)
             self._stream.feed_log(log)
-        except (SandboxError, FileNotFoundError):
-            pass
-        archive = await sandbox.download_tar(self.layout.data_dir)
-        raw = dest / "data"
+        if isinstance(archive, BaseException):
+            raise archive
+        raw = run_dir.path / RunFiles.OPENCODE_DATA
         safe_extract(archive, raw)
 
     def export_transcript(self, run_dir: RunDir) -> TranscriptStats:
-        raw = run_dir.path / "opencode" / "data" / "opencode"
+        raw = run_dir.path / RunFiles.OPENCODE_DATA / "opencode"
         db = transcript.snapshot(raw, run_dir.path / DATABASE_FILE)
         doc, stats = transcript.export(db)
         run_dir.write_json(EXPORT_FILE, doc)

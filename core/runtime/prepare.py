@@ -5,6 +5,10 @@ binary inside the sandbox, check its version, and make sure the prerequisites ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import json
+import os
 import shlex
 import time
 from collections.abc import Callable
@@ -34,6 +38,9 @@ _NOT_FOUND_EXITS = (126, 127)
 # Where providers that can bind-mount expose the controller's OpenCode cache (read-only).
 RUNTIME_CACHE_MOUNT = "/opt/opencode-tui/cache"
 MIN_PYTHON = (3, 8)
+# In a cache entry: the sandbox fingerprints on which this exact binary file already answered
+# ``--version`` with the pin (see ``_verified_key``).
+VERIFIED_NAME = "verified-targets.json"
 
 
 class RuntimeNotReady(Exception):
@@ -111,10 +118,26 @@ def _throttled(emit: Callable[[Event], Any], package: str) -> Callable[[int, int
 PROBE_TIMEOUT_S = 60.0
 
 
+# After the probe's end marker: the mounted cache's executable binaries, one per line (saves the
+# separate ``test -x`` exec when the cache entry was already there).
+_EXECUTABLE = "opencode_tui_executable="
+
+
 async def probe(sandbox: Sandbox) -> SandboxFacts:
+    return (await _probe(sandbox, None))[0]
+
+
+async def _probe(sandbox: Sandbox, list_dir: str | None) -> tuple[SandboxFacts, set[str]]:
+    """The probe; with ``list_dir``, also which ``<list_dir>/*/opencode`` the sandbox can execute."""
     operation = "probe the sandbox"
+    script = probe_script()
+    if list_dir is not None:
+        script += (
+            f"for f in {shlex.quote(list_dir)}/*/opencode; do "
+            f'[ -f "$f" ] && [ -x "$f" ] && printf "{_EXECUTABLE}%s\\n" "$f"; done; true\n'
+        )
     try:
-        r = await sandbox.exec(["/bin/sh", "-c", probe_script()], timeout=PROBE_TIMEOUT_S)
+        r = await sandbox.exec(["/bin/sh", "-c", script], timeout=PROBE_TIMEOUT_S)
     except SandboxError as exc:
         raise _kept(exc, operation) from exc
     if not r.observed:
@@ -137,10 +160,13 @@ async def probe(sandbox: Sandbox) -> SandboxFacts:
                 details=CommandDetails(execution_id=r.execution_id, exit_code=r.exit_code),
             )
         )
+    text = r.stdout.decode("utf-8", "replace")
     try:
-        return parse_probe(r.stdout.decode("utf-8", "replace"))
+        facts = parse_probe(text)
     except ProbeError as exc:
         raise _fail("install_failed", f"could not read the sandbox probe: {exc}") from exc
+    found = {line[len(_EXECUTABLE) :] for line in text.splitlines() if line.startswith(_EXECUTABLE)}
+    return facts, found
 
 
 async def _ensure_python(sandbox: Sandbox, facts: SandboxFacts, emit: Callable[[Event], Any]) -> str:
@@ -177,7 +203,8 @@ async def prepare_runtime(
     version: str,
 ) -> PreparedRuntime:
     """Probe → python3 check → install on the controller → binary in the sandbox → version check → rg."""
-    facts = await probe(sandbox)
+    version_dir = f"{RUNTIME_CACHE_MOUNT}/{installer.config.version}"
+    facts, executable = await _probe(sandbox, version_dir)
     if not facts.has_shell:
         raise _fail("install_prerequisite_missing", "the sandbox has no POSIX shell; preinstall sh (or bash)")
     python = await _ensure_python(sandbox, facts, emit)
@@ -207,8 +234,11 @@ async def prepare_runtime(
     await asyncio.to_thread(installer.share_for_mount, target)
     rel = Path(installed.path).relative_to(installer.config.cache_dir)
     mounted_path = f"{RUNTIME_CACHE_MOUNT}/{rel.as_posix()}"
-    check = await sandbox.exec(["/bin/sh", "-c", f"test -x {shlex.quote(mounted_path)}"], timeout=30)
-    if check.ok:
+    # Seen executable by the probe (a cache hit), or checked now (the entry is new).
+    if (
+        mounted_path in executable
+        or (await sandbox.exec(["/bin/sh", "-c", f"test -x {shlex.quote(mounted_path)}"], timeout=30)).ok
+    ):
         binary, mounted = mounted_path, True
     else:
         binary, mounted = f"{layout.bin_dir}/opencode", False
@@ -219,17 +249,21 @@ async def prepare_runtime(
         except SandboxError as exc:
             raise _kept(exc, "upload the OpenCode binary into the sandbox") from exc
 
-    r = await sandbox.exec([binary, "--version"], timeout=60, env={"HOME": "/tmp"})
-    if not r.observed:
-        raise _unobserved(r, "check the OpenCode version", 60)
-    out = r.stdout.decode("utf-8", "replace").strip()
-    if not r.ok or not check_version_output(out, version):
-        raise _fail(
-            "install_failed",
-            f"OpenCode in the sandbox reports {out or 'nothing'} ({describe_exit(r.exit_code, r.signal)}), expected {version}: "
-            f"{r.stderr.decode(errors='replace')[:300]}",
-            binary=binary,
-        )
+    key = _verified_key(installed.path, installed.sha256, target, facts) if mounted else None
+    if key is None or not await asyncio.to_thread(_is_verified, installed.path, key):
+        r = await sandbox.exec([binary, "--version"], timeout=60, env={"HOME": "/tmp"})
+        if not r.observed:
+            raise _unobserved(r, "check the OpenCode version", 60)
+        out = r.stdout.decode("utf-8", "replace").strip()
+        if not r.ok or not check_version_output(out, version):
+            raise _fail(
+                "install_failed",
+                f"OpenCode in the sandbox reports {out or 'nothing'} ({describe_exit(r.exit_code, r.signal)}), expected {version}: "
+                f"{r.stderr.decode(errors='replace')[:300]}",
+                binary=binary,
+            )
+        if key is not None:
+            await asyncio.to_thread(_record_verified, installed.path, key)
 
     rg = facts.rg
     if rg is None:
@@ -237,6 +271,59 @@ async def prepare_runtime(
     return PreparedRuntime(
         binary=binary, version=version, target=target, python=python, rg=rg, facts=facts, mounted=mounted
     )
+
+
+def _verified_key(path: Path, sha256: str, target: Target, facts: SandboxFacts) -> str | None:
+    """What makes ``--version`` in one sandbox stand for another: the same binary *file* (its digest
+    from the integrity-checked install plus inode, size and mtime, so a rewritten or replaced file is
+    new) bind-mounted read-only, and a sandbox whose loader, C library and CPU facts are identical. A
+    memory limit too small to start OpenCode is not covered: the agent phase reports that itself."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ident = {
+        "sha256": sha256,
+        "file": [st.st_ino, st.st_size, st.st_mtime_ns],
+        "target": target.package_name,
+        "facts": facts.model_dump(
+            include={
+                "os",
+                "machine",
+                "musl_loader",
+                "glibc_loader",
+                "ldd_version",
+                "gnu_libc_version",
+                "avx2",
+            }
+        ),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _read_verified(binary: Path) -> list[str]:
+    try:
+        data = json.loads((Path(binary).parent / VERIFIED_NAME).read_text())
+    except (OSError, ValueError):
+        return []
+    return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
+
+
+def _is_verified(binary: Path, key: str) -> bool:
+    return key in _read_verified(binary)
+
+
+def _record_verified(binary: Path, key: str) -> None:
+    """Best effort, atomic (write + rename): two episodes recording at once lose at most one key,
+    which only costs a later ``--version``."""
+    keys = [*[k for k in _read_verified(binary) if k != key][-63:], key]
+    path = Path(binary).parent / VERIFIED_NAME
+    tmp = path.with_name(f".{VERIFIED_NAME}.{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(keys))
+        os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        tmp.unlink()
 
 
 async def _provision_ripgrep(

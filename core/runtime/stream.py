@@ -11,6 +11,10 @@ Two sources, one contract (``feed``/``close``, ``finished_cleanly``, ``last_erro
 The rendering is emitted on the ``display`` stream (it is what ``terminal.cast`` records and what the TUI
 shows); the first display chunk of a run is a header (for ``serve``: the server starting), so a viewer
 knows from the start that the engine renders the transcript.
+
+This module is the one renderer: the translators and :class:`EventRenderer` (which renders tool calls and
+OpenCode events recorded without a ``display`` rendering, e.g. by an older engine) share ``render_tool``,
+``bash_prompt``, ``render_text`` and ``render_error``; the TUI shows what they produce.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ class _Translator:
     def _error(self, message: Any) -> list[Event]:
         self.last_error = str(message)[:2000]
         self.finished_cleanly = False
-        return [display(f"{RED}✖ {self.last_error}{RESET}\n")]
+        return [display(render_error(self.last_error))]
 
     def _tool_call(self, part: dict[str, Any]) -> ToolCall:
         state = part.get("state") or {}
@@ -140,35 +144,55 @@ class _Translator:
             message_id=part.get("messageID"),
         )
 
-    def _rel(self, path: str) -> str:
-        return path[len(self.workdir) + 1 :] if path.startswith(self.workdir + "/") else path
-
     def render_tool(self, call: ToolCall) -> str:
-        """A finished call as a person would have seen it: a prompt line and output, a short diff, or a line."""
-        inp, out = call.input, call.output or ""
-        if call.tool == "bash":
-            return bash_prompt(str(inp.get("command", ""))) + _ended(out)
-        path = self._rel(str(inp.get("filePath", inp.get("path", ""))))
-        if call.status != "error" and call.tool == "edit":
-            old = str(inp.get("oldString", "")).splitlines()[:DIFF_LINES]
-            new = str(inp.get("newString", "")).splitlines()[:DIFF_LINES]
-            diff = [f"{BOLD}--- {path}{RESET}", f"{BOLD}+++ {path}{RESET}"]
-            diff += [f"{RED}-{line}{RESET}" for line in old] + [f"{GREEN}+{line}{RESET}" for line in new]
-            return "\n".join(diff) + "\n"
-        if call.status != "error" and call.tool == "write":
-            lines = str(inp.get("content", "")).splitlines()
-            shown = "\n".join(f"{GREEN}+{line}{RESET}" for line in lines[:DIFF_LINES])
-            more = f"\n… {len(lines) - DIFF_LINES} more lines" if len(lines) > DIFF_LINES else ""
-            return f"{BOLD}+++ {path}{RESET} (new, {len(lines)} lines)\n{shown}{more}\n"
-        mark = "✖" if call.status == "error" else "•"
-        detail = path or json.dumps(inp)[:200]
-        extra = f": {out.strip()[:300]}" if call.status == "error" else ""
-        return f"{DIM}{mark} {call.tool} {detail}{extra}{RESET}\n"
+        return render_tool(call, self.workdir)
+
+
+def render_tool(call: ToolCall, workdir: str = "") -> str:
+    """A finished call as a person would have seen it: a prompt line and output, a short diff, or a line."""
+    inp, out = call.input, call.output or ""
+    if call.tool == "bash":
+        return bash_prompt(str(inp.get("command", ""))) + _ended(out)
+    path = _rel(str(inp.get("filePath", inp.get("path", ""))), workdir)
+    if call.status != "error" and call.tool == "edit":
+        old = str(inp.get("oldString", "")).splitlines()[:DIFF_LINES]
+        new = str(inp.get("newString", "")).splitlines()[:DIFF_LINES]
+        diff = [f"{BOLD}--- {path}{RESET}", f"{BOLD}+++ {path}{RESET}"]
+        diff += [f"{RED}-{line}{RESET}" for line in old] + [f"{GREEN}+{line}{RESET}" for line in new]
+        return "\n".join(diff) + "\n"
+    if call.status != "error" and call.tool == "write":
+        lines = str(inp.get("content", "")).splitlines()
+        shown = "\n".join(f"{GREEN}+{line}{RESET}" for line in lines[:DIFF_LINES])
+        more = f"\n… {len(lines) - DIFF_LINES} more lines" if len(lines) > DIFF_LINES else ""
+        return f"{BOLD}+++ {path}{RESET} (new, {len(lines)} lines)\n{shown}{more}\n"
+    mark = "✖" if call.status == "error" else "•"
+    detail = path or json.dumps(inp)[:200]
+    extra = f": {out.strip()[:300]}" if call.status == "error" else ""
+    return f"{DIM}{mark} {call.tool} {detail}{extra}{RESET}\n"
+
+
+def _rel(path: str, workdir: str) -> str:
+    workdir = workdir.rstrip("/")
+    return path[len(workdir) + 1 :] if workdir and path.startswith(workdir + "/") else path
+
+
+def render_text(text: str) -> str:
+    """The assistant's text of a finished part (``opencode run``)."""
+    return f"{CYAN}{text}{RESET}\n"
+
+
+def render_error(message: str) -> str:
+    return f"{RED}✖ {message}{RESET}\n"
 
 
 def styled(style: str, text: str) -> str:
     """Each line styled on its own: the terminal pane decodes line by line."""
     return "\n".join(f"{style}{line}{RESET}" if line else "" for line in text.split("\n"))
+
+
+def styled_part(kind: str, text: str) -> str:
+    """Streamed assistant text (cyan) or reasoning (dim italic)."""
+    return styled(DIM_ITALIC if kind == "reasoning" else CYAN, text)
 
 
 def bash_prompt(command: str) -> str:
@@ -208,7 +232,7 @@ class RunStreamTranslator(_Translator):
         elif etype == "text" and not part.get("synthetic"):
             text = str(part.get("text", "")).rstrip()
             if text:
-                events.append(display(f"{CYAN}{text}{RESET}\n"))
+                events.append(display(render_text(text)))
         elif etype == "step_finish":
             self.finished_cleanly = part.get("reason") == "stop"
         elif etype == "error":
@@ -368,7 +392,7 @@ class ServeStreamTranslator(_Translator):
 
     @staticmethod
     def _styled(kind: str, text: str) -> str:
-        return styled(DIM_ITALIC if kind == "reasoning" else CYAN, text)
+        return styled_part(kind, text)
 
     def _part(self, obj: dict[str, Any], raw: dict[str, Any]) -> list[Event]:
         pid = str(raw.get("id") or "")
@@ -504,3 +528,122 @@ def _overlap(shown: str, window: str) -> int:
             return len(shown) - at
         at = shown.find(anchor, at + 1)
     return 0
+
+
+class EventRenderer:
+    """The engine's rendering of recorded events that came without one on the ``display`` stream (an
+    older engine, or a scripted event stream): tool calls and OpenCode's text and error events, rendered
+    with the same functions the translators use. ``render(event)`` returns what to append ("" if
+    nothing); it keeps per-call and per-part progress, so repeated updates only add what is new."""
+
+    def __init__(self, workdir: str = "") -> None:
+        self.workdir = workdir
+        self._output: dict[str, str] = {}  # bash call id -> output written so far
+        self._headed: set[str] = set()  # bash call ids whose prompt line is written
+        self._done: set[str] = set()  # finished calls and parts
+        self._parts: dict[str, str] = {}  # text part id -> text written so far
+
+    @staticmethod
+    def renders(event: Event) -> bool:
+        """Would ``render`` write something for this event (so a display rendering of it may follow)?"""
+        if isinstance(event, ToolCall):
+            return event.tool == "bash" or event.status != "running"
+        if isinstance(event, OpenCodeEvent):
+            return event.event_type in _TEXT_EVENTS
+        return False
+
+    def render(self, event: Event) -> str:
+        try:
+            if isinstance(event, ToolCall):
+                return self._tool(event)
+            if isinstance(event, OpenCodeEvent):
+                return self._opencode(event)
+        except Exception as exc:  # a malformed payload must not stop the stream
+            what = event.tool if isinstance(event, ToolCall) else getattr(event, "event_type", event.type)
+            return render_error(f"{event.type} {what} could not be shown: {exc!r}")
+        return ""
+
+    def _tool(self, call: ToolCall) -> str:
+        cid = call.call_id
+        if cid in self._done:
+            return ""
+        if call.tool != "bash":
+            if call.status == "running":
+                return ""
+            self._done.add(cid)
+            return render_tool(call, self.workdir)
+        out = ""
+        if cid not in self._headed:
+            self._headed.add(cid)
+            out = bash_prompt(str(call.input.get("command") or call.title or ""))
+        so_far = call.output or ""
+        printed = self._output.get(cid, "")
+        if so_far.startswith(printed):
+            out += so_far[len(printed) :]
+        else:  # rewritten, not continued: show it again in full
+            out += ("" if not printed or printed.endswith("\n") else "\n") + so_far
+        self._output[cid] = so_far
+        if call.status != "running":
+            self._done.add(cid)
+            self._output.pop(cid, None)
+            out = _ended(out) if so_far or out else out
+            if call.status == "error":
+                out += render_error(f"{call.title or 'command'} failed")
+        return out
+
+    def _opencode(self, ev: OpenCodeEvent) -> str:
+        payload, kind = ev.payload, ev.event_type
+        if kind in ("text", "reasoning"):  # opencode run: a finished part
+            part = payload.get("part") if isinstance(payload.get("part"), dict) else payload
+            text = part.get("text")
+            if part.get("synthetic") or not isinstance(text, str) or not text.strip():
+                return ""
+            return render_text(text.rstrip()) if kind == "text" else _ended(styled_part(kind, text.rstrip()))
+        if kind == "message.part.updated":
+            props = payload.get("properties", payload)
+            part = props.get("part") if isinstance(props, dict) else None
+            if (
+                isinstance(part, dict)
+                and part.get("type") in ("text", "reasoning")
+                and not part.get("synthetic")
+            ):
+                return self._part(part, str(part["type"]), complete=bool((part.get("time") or {}).get("end")))
+            return ""
+        if kind == "message.part.delta":
+            props = payload.get("properties", payload)
+            delta = props.get("delta")
+            if props.get("field", "text") != "text" or not isinstance(delta, str):
+                return ""
+            pid = str(props.get("partID") or props.get("id") or "delta")
+            if pid in self._done:
+                return ""
+            self._parts[pid] = self._parts.get(pid, "") + delta
+            return styled_part("text", delta)
+        if kind in ("error", "session.error"):
+            err = payload.get("error") or (payload.get("properties") or {}).get("error") or payload
+            if isinstance(err, dict):
+                data = err.get("data") if isinstance(err.get("data"), dict) else {}
+                err = data.get("message") or err.get("message") or err.get("name") or err
+            return render_error(str(err)[:2000])
+        return ""
+
+    def _part(self, part: dict[str, Any], kind: str, complete: bool) -> str:
+        text = part.get("text")
+        pid = str(part.get("id") or f"{kind}-{len(self._parts)}")
+        if not isinstance(text, str) or pid in self._done:
+            return ""
+        printed = self._parts.get(pid, "")
+        new = text[len(printed) :] if text.startswith(printed) else "\n" + text
+        self._parts[pid] = text
+        out = styled_part(kind, new) if new else ""
+        if complete:
+            self._done.add(pid)
+            self._parts.pop(pid, None)
+            if text and not text.endswith("\n"):
+                out += "\n"
+        return out
+
+
+_TEXT_EVENTS = frozenset(
+    {"text", "reasoning", "message.part.updated", "message.part.delta", "error", "session.error"}
+)

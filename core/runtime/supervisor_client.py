@@ -56,11 +56,22 @@ STOP_UNCONFIRMED_EXIT_CODE = 3
 _STOP_POLL_SECONDS = 0.2
 
 SUPERVISOR_SOURCE_PATH = INSIDE_DIR / SUPERVISOR_FILE
+# The stop program (a POSIX shell script); it runs as ``/bin/sh -c`` with its parameters as argv.
+STOP_SOURCE_PATH = INSIDE_DIR / "stop.sh"
 
 
 def supervisor_source() -> bytes:
     """The supervisor script, as uploaded into the sandbox at ``SessionPaths.supervisor``."""
     return SUPERVISOR_SOURCE_PATH.read_bytes()
+
+
+# Read at import: a stop, late in a close, never depends on reading the installed package.
+_STOP_SOURCE = STOP_SOURCE_PATH.read_text()
+
+
+def stop_source() -> str:
+    """The stop program's text, as ``/bin/sh -c`` runs it in the sandbox."""
+    return _STOP_SOURCE
 
 
 @dataclass(frozen=True)
@@ -237,7 +248,8 @@ exec {shlex.join(supervisor_cmd)} <&3 3<&-
 
 
 def stop_script(session_dir: str, timeout: float) -> list[str]:
-    """The exec argv that requests a stop and prints a confirmed receipt on stdout.
+    """The exec argv that requests a stop and prints a confirmed receipt on stdout (core/inside/stop.sh,
+    its parameters as arguments).
 
     A receipt that already confirms cleanup is printed as is. Otherwise the script touches
     ``stop.request`` and tries to claim the launch with "stop"; if it wins, no harness ever ran and it
@@ -248,7 +260,6 @@ def stop_script(session_dir: str, timeout: float) -> list[str]:
     """
     paths = SessionPaths.of(session_dir)
     _positive("timeout", timeout)
-    q = shlex.quote
     synthetic = json.dumps(
         {
             "cleanup_confirmed": True,
@@ -260,65 +271,24 @@ def stop_script(session_dir: str, timeout: float) -> list[str]:
         }
     )
     polls = max(1, math.ceil(timeout / _STOP_POLL_SECONDS))
-    steps_per_second = round(1 / _STOP_POLL_SECONDS)
-    receipt = q(paths.receipt)
-    receipt_tmp = q(f"{paths.receipt}.stop.tmp")
-    script = f"""\
-confirmed() {{
-  [ -f {receipt} ] || return 1
-  case "$(cat {receipt} 2>/dev/null)" in
-    *'"cleanup_confirmed": true'*|*'"cleanup_confirmed":true'*) return 0 ;;
-  esac
-  return 1
-}}
-unconfirmed() {{
-  [ -f {receipt} ] && cat {receipt}
-  echo "opencode-tui stop: $1" >&2
-  exit {STOP_UNCONFIRMED_EXIT_CODE}
-}}
-fence() {{
-  printf '%s\\n' {q(synthetic)} > {receipt_tmp} && mv -f {receipt_tmp} {receipt} && cat {receipt} && exit 0
-  unconfirmed 'the launch is fenced but the receipt could not be written'
-}}
-if confirmed; then cat {receipt}; exit 0; fi
-[ -d {q(paths.session_dir)} ] || unconfirmed 'the session directory is missing; launch outcome is unknown'
-: > {q(paths.stop_request)} || echo 'opencode-tui stop: cannot create the stop request file' >&2
-if ln -s {CLAIM_STOP} {q(paths.claim)} 2>/dev/null; then fence; fi
-if [ "$(readlink {q(paths.claim)} 2>/dev/null)" = {CLAIM_STOP} ]; then
-  # An earlier stop won the claim but did not finish writing its receipt.
-  confirmed && {{ cat {receipt}; exit 0; }}
-  fence
-fi
-i=0
-pid=
-while :; do
-  if confirmed; then cat {receipt}; exit 0; fi
-  if [ -z "$pid" ] && [ -s {q(paths.pid)} ]; then
-    read -r pid pidns < {q(paths.pid)} 2>/dev/null || pid=
-    case "$pid" in
-      ''|*[!0-9]*) pid= ;;
-      *)
-        if [ "$pidns" != "$(readlink /proc/self/ns/pid 2>/dev/null || echo unknown)" ]; then
-          # Another pid namespace: the number names some other process here. The supervisor
-          # polls the stop file, so waiting for the receipt is enough.
-          pid=foreign
-        else
-          kill -TERM "$pid" 2>/dev/null
-        fi ;;
-    esac
-  fi
-  if [ -n "$pid" ] && [ "$pid" != foreign ] && ! kill -0 "$pid" 2>/dev/null; then
-    confirmed && {{ cat {receipt}; exit 0; }}
-    unconfirmed "the supervisor (pid $pid) exited without a confirmed cleanup receipt"
-  fi
-  [ "$i" -ge {polls} ] && break
-  # Fractional sleep is not POSIX; where it fails, count a one-second sleep as that many polls.
-  if sleep {_STOP_POLL_SECONDS} 2>/dev/null; then i=$((i + 1))
-  else sleep 1; i=$((i + {steps_per_second})); fi
-done
-unconfirmed 'no confirmed cleanup receipt within {float(timeout):g}s; launch outcome is unknown'
-"""
-    return ["/bin/sh", "-c", script]
+    return [
+        "/bin/sh",
+        "-c",
+        stop_source(),
+        "opencode-tui-stop",  # $0
+        paths.session_dir,
+        paths.receipt,
+        paths.stop_request,
+        paths.claim,
+        paths.pid,
+        str(polls),
+        f"{_STOP_POLL_SECONDS:g}",
+        str(round(1 / _STOP_POLL_SECONDS)),
+        f"{float(timeout):g}",
+        synthetic,
+        CLAIM_STOP,
+        str(STOP_UNCONFIRMED_EXIT_CODE),
+    ]
 
 
 def remove_session_dir_script(session_dir: str) -> list[str]:

@@ -1,9 +1,10 @@
 """How the task's verifier ended, told apart: an exit code, or a signal.
 
-The verifier runs as ``python3 -c VERIFY_WRAPPER_SOURCE COMMAND STATUS_PATH`` inside the sandbox. A
-shell reports a killed child as 128+N, which a provider cannot tell from ``exit 128+N``; the wrapper
-sees the real wait status and writes it atomically to STATUS_PATH. When the wrapper itself was killed
-(``kill -9 -1``), the file is missing and the provider's exit status is all there is: a kill.
+The verifier runs as ``python3 -c VERIFY_WRAPPER_SOURCE COMMAND STATUS_PATH`` inside the sandbox (the
+program is core/inside/verify_wrapper.py). A shell reports a killed child as 128+N, which a provider
+cannot tell from ``exit 128+N``; the wrapper sees the real wait status and writes it atomically to
+STATUS_PATH. When the wrapper itself was killed (``kill -9 -1``), the file is missing and the
+provider's exit status is all there is: a kill.
 """
 
 from __future__ import annotations
@@ -12,20 +13,14 @@ import json
 import signal as _signal
 from typing import TYPE_CHECKING
 
+from core.inside import INSIDE_DIR
+
 if TYPE_CHECKING:
     from core.sandbox.base import ExecResult, Sandbox
 
-# Runs on the sandbox's python3 (>= 3.8, stdlib only); argv: [-c, command, status_path].
-VERIFY_WRAPPER_SOURCE = """\
-import json, os, subprocess, sys
-command, status_path = sys.argv[1], sys.argv[2]
-rc = subprocess.run(["/bin/sh", "-c", command]).returncode
-status = {"exit_code": rc, "signal": None} if rc >= 0 else {"exit_code": None, "signal": -rc}
-with open(status_path + ".tmp", "w") as f:
-    json.dump(status, f)
-os.replace(status_path + ".tmp", status_path)
-sys.exit(rc if rc >= 0 else 128 - rc)
-"""
+# The wrapper program (core/inside/verify_wrapper.py), read at import; it runs as
+# ``python3 -c VERIFY_WRAPPER_SOURCE COMMAND STATUS_PATH``: nothing is uploaded for it.
+VERIFY_WRAPPER_SOURCE = (INSIDE_DIR / "verify_wrapper.py").read_text()
 
 _MAX_SIGNAL = max(int(s) for s in _signal.Signals)
 

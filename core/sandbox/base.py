@@ -21,7 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from core.failures import Evidence, FailureEvent
+# NetworkPolicy, parse_user_spec and Recovery live below the sandbox layer (the config and the events
+# use them); providers import them from here, the sandbox layer's one vocabulary.
+from core.config import NetworkPolicy, parse_user_spec  # noqa: F401
+from core.failures import Evidence, FailureEvent, Recovery
 from core.invocation import Liveness, invocation_id, invocation_liveness  # noqa: F401 (the label's home)
 
 # The exceptions live in core.sandbox.errors; re-exported here for callers that import them from base.
@@ -55,13 +58,6 @@ def default_owner() -> str:
     except Exception:
         user = str(os.getuid())
     return f"{user}@{socket.gethostname()}"
-
-
-class NetworkPolicy(StrEnum):
-    """``model-only``: no network inside; the model proxy is reached through a bound Unix socket."""
-
-    MODEL_ONLY = "model-only"
-    HOST = "host"
 
 
 class Mount(BaseModel):
@@ -117,22 +113,6 @@ class SandboxUser(BaseModel):
 IDENTIFY_SCRIPT = 'id -u && id -g && (id -un 2>/dev/null || echo "")'
 
 
-def parse_user_spec(value: str) -> tuple[str | None, int | None, int | None]:
-    """``"agent"`` → (name, None, None); ``"1000"`` → (None, 1000, None); ``"1000:1000"`` → both ids."""
-    value = value.strip()
-    if not value:
-        raise ValueError("a sandbox user must not be empty")
-    head, _, tail = value.partition(":")
-    if head.isdigit():
-        gid = int(tail) if tail.isdigit() else None
-        if tail and gid is None:
-            raise ValueError(f"sandbox user {value!r}: the group must be a number (uid:gid)")
-        return None, int(head), gid
-    if tail:
-        raise ValueError(f"sandbox user {value!r}: give a name or uid[:gid]")
-    return head, None, None
-
-
 class SandboxSpec(BaseModel):
     """What to create. Providers ignore fields they cannot honour only where ``status()`` says so."""
 
@@ -143,6 +123,10 @@ class SandboxSpec(BaseModel):
     workdir: str = "/app"
     memory_bytes: int | None = Field(default=None, gt=0)
     cpus: float | None = Field(default=None, gt=0)
+    # The most processes (threads included) the sandbox may have at once; None: no limit.
+    pids_limit: int | None = Field(default=None, gt=0)
+    # The sandbox's writable space (workdir, HOME, /tmp) in bytes, where the provider can enforce it.
+    disk_bytes: int | None = Field(default=None, gt=0)
     network: NetworkPolicy = NetworkPolicy.MODEL_ONLY
     # Host path of the model proxy's Unix socket, bound at SANDBOX_MODEL_SOCKET (model-only network).
     model_socket: str | None = None
@@ -175,6 +159,9 @@ class SandboxStatus(BaseModel):
     owned: bool
     state: SandboxState
     memory_limit_enforced: bool | None = None
+    # None: no limit was asked for; False: asked for but not enforced (``notes`` says why).
+    pids_limit_enforced: bool | None = None
+    disk_limit_enforced: bool | None = None
     notes: list[str] = Field(default_factory=list)
     evidence: list[Evidence] = Field(default_factory=list)
 
@@ -278,14 +265,6 @@ class PtyHandle(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-
-class Recovery(StrEnum):
-    """How a provider went on after a failure it did not raise (see ``Sandbox.on_recovered``)."""
-
-    FOLLOWED_EXECUTION_ID = "followed_execution_id"  # output stream lost; the exit was read by execution id
-    RESUBMITTED = "resubmitted"  # a submission proven not to have started was sent again
-    RETURNED_UNOBSERVED = "returned_unobserved"  # the hard cap expired; exec returned, its exit unknown
 
 
 RecoveredCallback = Callable[[FailureEvent, Recovery], None]

@@ -7,7 +7,9 @@ never leaves the provider) may use private exceptions.
 
 from __future__ import annotations
 
-from core.failures import FailureEvent
+from typing import Any
+
+from core.failures import Evidence, FailureEvent, FailureStage
 
 
 class SandboxError(Exception):
@@ -45,3 +47,25 @@ class UnsafeArchiveError(SandboxError, ValueError):
 
 class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     """A path asked for (e.g. by ``download_tar``) does not exist inside the sandbox."""
+
+
+# How much of a failed image build's log goes into the failure's evidence.
+BUILD_LOG_TAIL_CHARS = 4000
+
+
+class ImageBuildFailed(SandboxError):
+    """Building a task's image failed or timed out (``image_build_failed`` at stage seed)."""
+
+
+def image_build_failure(task: Any, message: str, log: str, *, source: str, **data: Any) -> ImageBuildFailed:
+    """The typed failure of a task image's build, the end of the build log as evidence."""
+    failure = FailureEvent(
+        kind="image_build_failed",
+        stage=FailureStage.SEED,
+        operation="build task image",
+        message=message,
+        evidence=[
+            Evidence(source=source, scope=task.image, data={"log_tail": log[-BUILD_LOG_TAIL_CHARS:], **data})
+        ],
+    )
+    return ImageBuildFailed(message, failure=failure)

@@ -1,10 +1,10 @@
-"""Provider selection by name, through the plug-in registry (core/sandbox/registry.py)."""
+"""Provider selection by name, through the plug-in registry (core/provider_registry.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.sandbox import registry
+from core import provider_registry as registry
 from core.sandbox.base import SandboxProvider
 
 if TYPE_CHECKING:

@@ -47,6 +47,26 @@ def check_archive(archive: bytes) -> list[tarfile.TarInfo]:
     return members
 
 
+# setuid, setgid, sticky: never carried into a sandbox by an upload, on any provider. A setuid file
+# placed by the engine (as root) would let an unprivileged sandbox user run it as its owner.
+SPECIAL_BITS = 0o7000
+
+
+def without_special_bits(archive: bytes) -> bytes:
+    """The archive with setuid/setgid/sticky cleared on every member (unchanged when none has them).
+    For providers whose extractor keeps the archive's modes (Docker's ``put_archive``, tar as root)."""
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tf:
+        if not any(m.mode & SPECIAL_BITS for m in tf.getmembers()):
+            return archive
+    src = tarfile.open(fileobj=io.BytesIO(archive), mode="r:*")
+    buf = io.BytesIO()
+    with src, tarfile.open(fileobj=buf, mode="w") as dst:
+        for m in src.getmembers():
+            m.mode &= ~SPECIAL_BITS
+            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+    return buf.getvalue()
+
+
 def _check_no_path_through_symlink(members: list[tarfile.TarInfo]) -> None:
     """Refuse members placed *through* a symlink of the same archive.
 

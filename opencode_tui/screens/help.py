@@ -22,25 +22,46 @@ PANELS = """\
   tool call as `$ command` followed by its output, file edits as a short diff, the assistant's text.
   `l` follows new output or pauses (scrolling up pauses too); `r` shows the harness's raw stdout/stderr
   byte for byte, escape sequences visible. Select text with the mouse and press `y` to copy it.
+  `/` (or `ctrl+f` anywhere) searches the shown view, case-insensitive: every match highlighted, `n` / `N`
+  go to the next / previous one, `escape` clears the search.
 - **Stats**: compactions (and what triggered the last one), tool calls by tool, model calls by kind,
   tokens (a dash means *unknown*, never zero). The transcript line appears once cleanup is confirmed:
   its counts come from OpenCode's own database and are the source of truth.
 - **Cleanup**: the four steps the engine must confirm before exporting or verifying anything: the
   supervisor's cleanup receipt, descendants drained, transcript snapshot, sandbox released. Each is
-  pending ○, running ◐, ok ✓, failed ✗ or skipped -, with the engine's reason.
+  pending ○, running ◐, ok ✓, failed ✗ or skipped -, with the engine's reason. Enter on the panel (or
+  `v`) shows each step's detail: the receipt's fields (cleanup confirmed, descendants killed, the agent's
+  exit code or signal, the run deadline), what became of the sandbox (destroyed, disconnected, kept).
+- **Inspect** (`v`): the cleanup detail, the verifier's stdout and stderr, and what OpenCode was given
+  exactly as sent: the rendered prompt, the instructions file, the task's task.yaml.
 - **Model calls**: every call seen by the recording proxy: time since start, kind (title, agent,
-  compaction), the assistant message it belongs to, HTTP status, tokens, latency and time to first token.
-  Enter shows the redacted request and response.
+  compaction), HTTP status, latency and time to first token, tokens, the assistant message it belongs
+  to. Enter shows the call: the request as a conversation (system prompt and tools folded, each message
+  with its role), the response assembled from the stream (text, reasoning, tool calls with their
+  arguments parsed); `r` switches to the raw recorded bodies, `end` / `home` go to the end / start. `/` filters:
+  `status:error` (no response or HTTP ≥ 400), `status:ok`, `status:4xx`, `status:429|5xx`, `kind:agent`, `kind:title|compaction`, or words
+  (call id, message id, session id, error text); `escape` in the filter shows all calls again.
 - **Failures**: each failure event with its stage, its class (*model*, *evaluation* or *unknown*) and
   the outcome policy's action. Enter shows the message, the cause chain and the evidence (source, scope,
-  when it was observed, what it said).
+  when it was observed, what it said); a failure of a model call names it, and Enter there opens it.
+  Episode-health warnings are listed here too (class *health*, action *warning*): signs the run is
+  going badly (a compaction storm, reads without edits, a silent command, a repeated tool call, a
+  429/5xx storm), never the outcome; the latest is on the warnings line under the header.
 - **Stats › Verification**: *not run*, *inconclusive*, or *passed/failed · reward N*; when the outcome is
   not *scored* the verifier's result is not the run's reward and the line says so.
 - **Timeline** (replay): the position in the event stream, with markers: `m` model call, `o` tool call,
-  `$` shell, `C` compaction, `✗` failure. With the timeline focused the same letters jump to the next
-  one (shift: the previous; `h` for shells, `x` for failures). The panels show the run as it was at that
+  `$` shell, `C` compaction, `!` health warning, `✗` failure. With the timeline focused the same letters
+  jump to the next one (shift: the previous; `h` for shells, `w` for health warnings, `x` for failures). The panels show the run as it was at that
   event. `p` plays the terminal recording and then the rest of the run (cleanup, verification, outcome);
   at the end `p` plays again from the start.
+
+## Runs browser and diff
+
+`opencode-tui runs`: `s` sorts by date, task, outcome, failure kind, provider (`S` reverses), `/` filters
+(`outcome:X kind:X task:X provider:X date:X`, `date>=X`/`date<X` or words), `space` marks, `d` compares the two marked runs,
+`r` runs the selected run's task again with its recorded configuration. `opencode-tui diff A B`: drift
+(version, task, config) first, then both runs' steps side by side (`▶` the first divergence, `≠` other
+differences, `f` jumps back to it), the highlighted step in full, and the deltas.
 
 ## Live and replay
 
@@ -78,7 +99,7 @@ def bindings_markdown(screen: Screen) -> str:
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,f1,question_mark", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,f1,question_mark", "dismiss", "Close", id="help.close")]
 
     def __init__(self, for_screen: Screen) -> None:
         super().__init__(classes="modal")

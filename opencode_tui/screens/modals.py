@@ -11,12 +11,27 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
+from textual.reactive import reactive
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, LoadingIndicator, Static, TabbedContent, TabPane, TextArea
+from textual.widget import Widget
+from textual.widgets import (
+    Button,
+    Collapsible,
+    Label,
+    LoadingIndicator,
+    Static,
+    TabbedContent,
+    TabPane,
+    TextArea,
+)
 
+from core.artifacts import RunDirReader
+from core.calls.records import ModelCallRecord
 from core.events import FailureRecorded, FailureRecovered, ModelCall
+from core.failures import FailureEvent
+from core.failures.model import ModelCallDetails
+from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
 from opencode_tui import format as fmt
-from opencode_tui.feeds import find_model_call
 from opencode_tui.messages import Copied
 
 NOT_RECORDED = "not recorded"
@@ -26,8 +41,8 @@ class ConfirmScreen(ModalScreen[bool]):
     """A yes/no question; dismisses with True only on an explicit yes."""
 
     BINDINGS = [
-        Binding("y", "answer(True)", "Yes"),
-        Binding("n,escape", "answer(False)", "No"),
+        Binding("y", "answer(True)", "Yes", id="confirm.yes"),
+        Binding("n,escape", "answer(False)", "No", id="confirm.no"),
     ]
 
     def __init__(self, question: str, detail: str = "", yes: str = "Yes", no: str = "No") -> None:
@@ -53,67 +68,180 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(answer)
 
 
-BODY_KEYS = {"request": ("request", "request_body"), "response": ("response", "response_body")}
+BODIES = frozenset({"request_body", "response_body"})
 
 
-def _body(record: dict[str, Any] | None, which: str) -> str:
-    """The request or response body of a model_calls.jsonl record (``request``/``request_body``...)."""
+def _body(record: ModelCallRecord | None, which: str) -> str:
+    """The request or response body of a model call's record."""
     if record is None:
         return NOT_RECORDED
-    for key in BODY_KEYS[which]:
-        if record.get(key) is not None:
-            return fmt.pretty_json(record[key])
-    return NOT_RECORDED
+    body = record.request_body if which == "request" else record.response_body
+    return NOT_RECORDED if body is None else fmt.pretty_json(body)
 
 
-def _record_meta(record: dict[str, Any]) -> dict[str, Any]:
+def _record_meta(record: ModelCallRecord) -> dict[str, Any]:
     """The record without its bodies: headers (redacted by the recorder), usage, finish reason..."""
-    bodies = {k for keys in BODY_KEYS.values() for k in keys}
-    return {k: v for k, v in record.items() if k not in bodies}
+    return record.model_dump(mode="json", exclude=set(BODIES))
+
+
+def _header(headers: dict[str, str], *names: str) -> str | None:
+    lowered = {k.lower(): v for k, v in headers.items()}
+    for name in names:
+        if lowered.get(name):
+            return lowered[name]
+    return None
+
+
+def _pretty(value: object) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+ROLE_STYLE = {"user": "$primary", "assistant": "$success", "tool": "$warning", "system": "$accent"}
+
+
+def conversation_content(conv: Conversation) -> list[Content | tuple[str, Content]]:
+    """The request as a conversation: Content blocks, and (title, body) pairs shown collapsed."""
+    out: list[Content | tuple[str, Content]] = []
+    settings = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in conv.settings.items())
+    out.append(
+        Content.from_markup(
+            "[b]model[/] $model · [b]$n[/] · $settings",
+            model=conv.model or "?",
+            n=f"{len(conv.messages)} message" + ("" if len(conv.messages) == 1 else "s"),
+            settings=settings or "no settings",
+        )
+    )
+    for i, text in enumerate(conv.system, 1):
+        label = "System prompt" if len(conv.system) == 1 else f"System prompt {i}"
+        out.append((f"{label} · {len(text):,} characters", Content(text)))
+    if conv.tools:
+        names = ", ".join(t.name for t in conv.tools)
+        body = Content("\n\n").join(
+            Content.from_markup("[b]$name[/]  $desc\n", name=t.name, desc=t.description)
+            + Content(_pretty(t.parameters))
+            for t in conv.tools
+        )
+        out.append((f"Tools · {len(conv.tools)}: {names}", body))
+    for m in conv.messages:
+        style = ROLE_STYLE.get(m.role, "$foreground")
+        head = Content.from_markup(f"[b {style}]$role[/]", role=m.role)
+        if m.tool_call_id:
+            head += Content.from_markup(" [dim]result of $id[/]", id=m.tool_call_id)
+        if m.name:
+            head += Content.from_markup(" [dim]$name[/]", name=m.name)
+        parts = [head]
+        if m.text:
+            parts.append(Content(m.text))
+        for call in m.tool_calls:
+            parts.append(_call_content(call))
+        if m.other_parts:
+            parts.append(Content.from_markup("[dim]other parts: $p[/]", p=", ".join(m.other_parts)))
+        out.append(Content("\n").join(parts))
+    return out
+
+
+def _call_content(call: ToolCallMade) -> Content:
+    args = _pretty(call.arguments) if call.parsed else call.arguments_raw
+    note = "" if call.parsed else "  (arguments are not valid JSON: shown as received)"
+    return Content.from_markup(
+        "[b $warning]→ $name[/] [dim]$id$note[/]\n", name=call.name, id=call.id or "", note=note
+    ) + Content(args)
+
+
+def response_content(resp: AssembledResponse) -> Content:
+    """The response as the client assembled it: reasoning, text, tool calls (arguments parsed)."""
+    parts: list[Content] = []
+    how = f"assembled from {resp.chunks} stream chunks" if resp.streamed else "JSON response"
+    parts.append(
+        Content.from_markup(
+            "[b]finish reason[/] $finish · $how", finish=resp.finish_reason or fmt.DASH, how=how
+        )
+    )
+    if resp.reasoning:
+        parts.append(Content.from_markup("[b $accent]reasoning[/]"))
+        parts.append(Content.styled(resp.reasoning, "italic $foreground-muted"))
+    if resp.text:
+        parts.append(Content.from_markup("[b $success]text[/]"))
+        parts.append(Content(resp.text))
+    if resp.tool_calls:
+        parts.append(Content.from_markup("[b $warning]tool calls[/] ($n)", n=str(len(resp.tool_calls))))
+        parts += [_call_content(c) for c in resp.tool_calls]
+    if not (resp.reasoning or resp.text or resp.tool_calls):
+        parts.append(Content.from_markup("[dim]no text, reasoning or tool call in the response[/]"))
+    if resp.errors:
+        parts.append(Content.from_markup("[b $error]errors in the response[/]"))
+        parts += [Content(e) for e in resp.errors]
+    if resp.usage is not None:
+        parts.append(Content.from_markup("[b]usage[/] $u", u=json.dumps(resp.usage)))
+    return Content("\n").join(parts)
 
 
 class ModelCallScreen(ModalScreen[None]):
-    """One model call: the event's fields, and its redacted request/response from model_calls.jsonl."""
+    """One model call: the event's fields; the request as a conversation and the response assembled
+    from the stream (``r``: the raw bodies as recorded), from model_calls.jsonl."""
 
     BINDINGS = [
-        Binding("escape,q", "dismiss", "Close"),
-        Binding("y", "copy", "Copy"),
+        Binding("escape,q", "dismiss", "Close", id="call.close"),
+        Binding("y", "copy", "Copy", id="call.copy"),
+        Binding("r", "toggle_raw", "Raw/readable", id="call.raw"),
+        # End/Home reach the end/start of the tab's content, whatever has the focus inside it
+        Binding("end", "scroll_end", "End", show=False, priority=True, id="call.end"),
+        Binding("home", "scroll_home", "Home", show=False, priority=True, id="call.home"),
     ]
+
+    raw: reactive[bool] = reactive(False, init=False)
 
     def __init__(self, call: ModelCall, run_dir: Path | None) -> None:
         super().__init__(classes="modal")
         self.call = call
         self.run_dir = run_dir
-        self.record: dict[str, Any] | None = None
+        self.record: ModelCallRecord | None = None
         self.loaded = False
 
     def compose(self) -> ComposeResult:
         c = self.call
         with Vertical(id="dialog", classes="dialog detail") as dialog:
             dialog.border_title = f"Model call {c.call_id}"
-            dialog.border_subtitle = "y copy · esc close"
+            dialog.border_subtitle = self._subtitle()
             with TabbedContent(id="call-tabs"):
-                with TabPane("Call", id="tab-call"), VerticalScroll():
+                with TabPane("Call", id="tab-call"), VerticalScroll(id="call-view"):
                     yield Static(self._summary(), id="call-summary")
                 with TabPane("Request", id="tab-request"):
-                    yield TextArea("loading…", read_only=True, id="request", soft_wrap=True)
+                    yield VerticalScroll(Static("loading…"), id="request-view", classes="readable")
+                    yield TextArea("loading…", read_only=True, id="request", soft_wrap=True, classes="raw")
                 with TabPane("Response", id="tab-response"):
-                    yield TextArea("loading…", read_only=True, id="response", soft_wrap=True)
+                    yield VerticalScroll(Static("loading…"), id="response-view", classes="readable")
+                    yield TextArea("loading…", read_only=True, id="response", soft_wrap=True, classes="raw")
+
+    def _subtitle(self) -> str:
+        view = "raw bodies" if self.raw else "readable"
+        return f"{view} · r {'readable' if self.raw else 'raw'} · end/home · y copy · esc close"
+
+    @property
+    def session_id(self) -> str | None:
+        """The event's, or (runs recorded before the proxy read OpenCode's header) the request's."""
+        if self.call.session_id:
+            return self.call.session_id
+        if self.record is not None:
+            return self.record.session_id or _header(
+                self.record.request_headers, "x-opencode-session", "x-session-id"
+            )
+        return None
 
     def _summary(self) -> Content:
         c = self.call
         fields = [
             ("call id", c.call_id),
             ("kind", c.kind),
-            ("method / path", f"{c.method} {c.path}"),
             ("status", fmt.DASH if c.status is None else str(c.status)),
-            ("started", c.started_at.isoformat()),
             ("latency", fmt.seconds(c.latency_s, 3)),
             ("TTFT", fmt.seconds(c.ttft_s, 3)),
-            ("session id", c.session_id or fmt.DASH),
-            ("message id", c.message_id or "none (not attributed)"),
             ("tokens in / out", f"{fmt.count(c.tokens_in)} / {fmt.count(c.tokens_out)}"),
             ("cache read / reasoning", f"{fmt.count(c.tokens_cache_read)} / {fmt.count(c.tokens_reasoning)}"),
+            ("method / path", f"{c.method} {c.path}"),
+            ("started", c.started_at.isoformat()),
+            ("session id", self.session_id or fmt.DASH),
+            ("message id", c.message_id or "none (not attributed)"),
             ("error", c.error or fmt.DASH),
         ]
         if self.loaded:
@@ -129,19 +257,84 @@ class ModelCallScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         for area in self.query(TextArea):
             area.cursor_blink = False
+        self._show_mode()
         self._load()
 
     @work(thread=True, exclusive=True)
     def _load(self) -> None:
-        record = find_model_call(self.run_dir, self.call.call_id)
+        record = None
+        if self.run_dir is not None:
+            record = RunDirReader(self.run_dir, check=False).model_call(self.call.call_id)
         self.app.call_from_thread(self._loaded, record)
 
-    def _loaded(self, record: dict[str, Any] | None) -> None:
+    def _loaded(self, record: ModelCallRecord | None) -> None:
         self.record = record
         self.loaded = True
         self.query_one("#request", TextArea).load_text(_body(record, "request"))
         self.query_one("#response", TextArea).load_text(_body(record, "response"))
         self.query_one("#call-summary", Static).update(self._summary())
+        self._fill_readable()
+
+    def _fill_readable(self) -> None:
+        request = self.query_one("#request-view", VerticalScroll)
+        response = self.query_one("#response-view", VerticalScroll)
+        request.remove_children()
+        response.remove_children()
+        record = self.record
+        if record is None or record.request_body is None:
+            request.mount(Static(NOT_RECORDED))
+        else:
+            conv = conversation(record.request_body)
+            if not conv.understood:
+                request.mount(Static("Not a chat request this view understands: r shows it raw."))
+            blocks = conversation_content(conv) if conv.understood else []
+            for i, block in enumerate(blocks):
+                if isinstance(block, tuple):
+                    title, body = block
+                    request.mount(Collapsible(Static(body), title=title, collapsed=True))
+                else:  # the first block is the model and settings line, then one per message
+                    request.mount(Static(block, classes="settings" if i == 0 else "message"))
+        if record is None or record.response_body is None:
+            response.mount(Static(NOT_RECORDED))
+        else:
+            resp = assemble_response(record.response_body)
+            if resp.understood:
+                response.mount(Static(response_content(resp), id="response-assembled"))
+            else:
+                response.mount(Static("Not a response this view understands: r shows it raw."))
+
+    def watch_raw(self) -> None:
+        self._show_mode()
+
+    def _show_mode(self) -> None:
+        for widget in self.query(".readable"):
+            widget.display = not self.raw
+        for widget in self.query(".raw"):
+            widget.display = self.raw
+        self.query_one("#dialog").border_subtitle = self._subtitle()
+
+    def action_toggle_raw(self) -> None:
+        self.raw = not self.raw
+
+    def _active_view(self) -> Widget:
+        active = self.query_one(TabbedContent).active
+        if active == "tab-request":
+            return self.query_one("#request" if self.raw else "#request-view")
+        if active == "tab-response":
+            return self.query_one("#response" if self.raw else "#response-view")
+        return self.query_one("#call-view")
+
+    def action_scroll_end(self) -> None:
+        view = self._active_view()
+        if isinstance(view, TextArea):
+            view.move_cursor(view.document.end)
+        view.scroll_end(animate=False, immediate=True)
+
+    def action_scroll_home(self) -> None:
+        view = self._active_view()
+        if isinstance(view, TextArea):
+            view.move_cursor((0, 0))
+        view.scroll_home(animate=False, immediate=True)
 
     def copy_text(self) -> str:
         active = self.query_one(TabbedContent).active
@@ -151,7 +344,7 @@ class ModelCallScreen(ModalScreen[None]):
             return _body(self.record, "response")
         data = json.loads(self.call.model_dump_json())
         if self.record is not None:
-            data["record"] = self.record
+            data["record"] = self.record.model_dump(mode="json")
         return json.dumps(data, indent=2)
 
     def action_copy(self) -> None:
@@ -161,25 +354,56 @@ class ModelCallScreen(ModalScreen[None]):
         self.notify("Copied to the clipboard (OSC 52)", timeout=2)
 
 
-class FailureScreen(ModalScreen[None]):
-    """One failure event in full: decision, message, cause chain, evidence, typed details."""
+def failure_call_ids(failure: FailureEvent) -> list[str]:
+    """The model calls a failure names: its details' call id, and any ``call_id`` in its evidence."""
+    ids: list[str] = []
+    if isinstance(failure.details, ModelCallDetails):
+        ids.append(failure.details.call_id)
+    for ev in failure.evidence:
+        cid = ev.data.get("call_id") if isinstance(ev.data, dict) else None
+        if isinstance(cid, str) and cid:
+            ids.append(cid)
+    return list(dict.fromkeys(ids))
+
+
+class FailureScreen(ModalScreen[str | None]):
+    """One failure event in full: decision, message, cause chain, evidence, typed details.
+
+    A failure that names a model call shows its call id as a button: Enter on it closes this screen
+    with that call id (the run screen then opens the call)."""
 
     BINDINGS = [
-        Binding("escape,q", "dismiss", "Close"),
-        Binding("y", "copy", "Copy"),
+        Binding("escape,q", "dismiss", "Close", id="failure.close"),
+        Binding("y", "copy", "Copy", id="failure.copy"),
     ]
 
     def __init__(self, record: FailureRecorded | FailureRecovered) -> None:
         super().__init__(classes="modal")
         self.record = record
+        self.call_ids = failure_call_ids(record.failure)
 
     def compose(self) -> ComposeResult:
         f = self.record.failure
         with Vertical(id="dialog", classes="dialog detail") as dialog:
             dialog.border_title = f"Failure {f.kind}"
-            dialog.border_subtitle = "y copy · esc close"
+            opens = " · enter opens the model call" if self.call_ids else ""
+            dialog.border_subtitle = f"y copy{opens} · esc close"
             with VerticalScroll(id="failure-body"):
+                for i, cid in enumerate(self.call_ids):
+                    label = "model call" if i == 0 else "also"
+                    with Horizontal(classes="call-row"):
+                        yield Label(Content.from_markup("[b]$k[/]", k=f"{label:<16}"))
+                        yield Button(f"{cid} ⏎", id=f"call-link-{i}", classes="call-link", compact=True)
                 yield Static(self.render_detail(), id="failure-detail")
+
+    def on_mount(self) -> None:
+        if self.call_ids:
+            self.query_one("#call-link-0", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id and event.button.id.startswith("call-link-"):
+            event.stop()
+            self.dismiss(self.call_ids[int(event.button.id.removeprefix("call-link-"))])
 
     def render_detail(self) -> Content:
         f = self.record.failure
@@ -260,7 +484,7 @@ class FailureScreen(ModalScreen[None]):
 class CleanupWaitScreen(ModalScreen[None]):
     """Shown after a confirmed quit/cancel while the engine closes the episode; cannot be dismissed."""
 
-    BINDINGS = [Binding("q,escape,ctrl+q", "still_waiting", "Waiting…", show=False)]
+    BINDINGS = [Binding("q,escape,ctrl+q", "still_waiting", "Waiting…", show=False, id="wait.still-waiting")]
 
     def __init__(self, budget_s: float | None) -> None:
         super().__init__(classes="modal")

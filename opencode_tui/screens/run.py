@@ -21,17 +21,20 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer
 
-from core.artifacts import RunInfo
+from core.artifacts import Cast, RunDirReader, RunInfo
 from core.events import (
+    CleanupObserved,
     CleanupStep,
     Compaction,
     Event,
     FailureRecorded,
     FailureRecovered,
+    HealthWarning,
     ModelCall,
     ShellClosed,
     ShellOpened,
@@ -40,12 +43,14 @@ from core.events import (
     ToolCall,
 )
 from opencode_tui import format as fmt
-from opencode_tui.feeds import Cast, EventIndex, LoadStats, find_model_call, iter_event_batches, read_cast
-from opencode_tui.messages import EventsReceived, ReplayLoaded
+from opencode_tui.feeds import EventIndex, LoadStats, iter_event_batches
+from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted, ReplayLoaded, ShellWanted
+from opencode_tui.screens.inspect import InspectScreen
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.state import RunState
 from opencode_tui.widgets.cleanup import CleanupPanel
 from opencode_tui.widgets.failures import FailuresTable
+from opencode_tui.widgets.findbar import FindBar
 from opencode_tui.widgets.header import RunHeader
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.progress import InstallProgressBar, WarningsBar
@@ -56,6 +61,7 @@ from opencode_tui.widgets.timeline import Timeline
 
 if TYPE_CHECKING:
     from core.control import EpisodeControl
+    from opencode_tui.app import OpenCodeTUI
 
 LIVE_BATCH_INTERVAL = 1 / 30  # at most this often a live batch is delivered (events are coalesced)
 LIVE_BATCH_CHARS = 2_000_000  # a batch stops growing here, so one batch never stalls the screen long
@@ -74,15 +80,34 @@ REPLAY_ONLY = {"step", "key_event", "next_failure", "prev_failure", "play", "fas
 
 class RunScreen(Screen[None]):
     BINDINGS = [
-        Binding("s", "open_shell", "Shell", tooltip="Interactive shell in the sandbox (ctrl+] to return)"),
-        Binding("c", "cancel_episode", "Cancel", tooltip="Cancel the episode (cleanup is still confirmed)"),
-        Binding("k", "toggle_keep", "Keep sandbox", tooltip="Keep the sandbox after the run for debugging"),
+        Binding(
+            "s",
+            "open_shell",
+            "Shell",
+            tooltip="Interactive shell in the sandbox (ctrl+] to return)",
+            id="run.shell",
+        ),
+        Binding(
+            "c",
+            "cancel_episode",
+            "Cancel",
+            tooltip="Cancel the episode (cleanup is still confirmed)",
+            id="run.cancel",
+        ),
+        Binding(
+            "k",
+            "toggle_keep",
+            "Keep sandbox",
+            tooltip="Keep the sandbox after the run for debugging",
+            id="run.keep",
+        ),
         Binding(
             "left_square_bracket",
             "step(-1)",
             "◀ Event",
             key_display="[",
             tooltip="Replay: step the timeline one event back",
+            id="run.step-back",
         ),
         Binding(
             "right_square_bracket",
@@ -90,23 +115,63 @@ class RunScreen(Screen[None]):
             "Event ▶",
             key_display="]",
             tooltip="Replay: step the timeline one event forward",
-        ),
-        Binding("left_curly_bracket", "key_event(-1)", "Prev key event", show=False, key_display="{"),
-        Binding("right_curly_bracket", "key_event(1)", "Next key event", show=False, key_display="}"),
-        Binding("n", "next_failure", "Next failure", tooltip="Replay: jump the timeline to the next failure"),
-        Binding("N", "prev_failure", "Prev failure", show=False),
-        Binding(
-            "p", "play", "Play/pause", tooltip="Replay: play/pause the terminal recording (terminal.cast)"
+            id="run.step-forward",
         ),
         Binding(
-            "f", "fast", "Fast", tooltip=f"Replay: toggle 1{fmt.TIMES} / fast playback (idle gaps skipped)"
+            "left_curly_bracket",
+            "key_event(-1)",
+            "Prev key event",
+            show=False,
+            key_display="{",
+            id="run.prev-key-event",
         ),
-        Binding("escape", "back", "Back", show=False),
+        Binding(
+            "right_curly_bracket",
+            "key_event(1)",
+            "Next key event",
+            show=False,
+            key_display="}",
+            id="run.next-key-event",
+        ),
+        Binding(
+            "n",
+            "next_failure",
+            "Next failure",
+            tooltip="Replay: jump the timeline to the next failure",
+            id="run.next-failure",
+        ),
+        Binding("N", "prev_failure", "Prev failure", show=False, id="run.prev-failure"),
+        Binding(
+            "p",
+            "play",
+            "Play/pause",
+            tooltip="Replay: play/pause the terminal recording (terminal.cast)",
+            id="run.play",
+        ),
+        Binding(
+            "f",
+            "fast",
+            "Fast",
+            tooltip=f"Replay: toggle 1{fmt.TIMES} / fast playback (idle gaps skipped)",
+            id="run.fast",
+        ),
+        Binding("escape", "back", "Back", show=False, id="run.back"),
+        Binding("ctrl+f", "find", "Search", show=False, tooltip="Search the terminal pane", id="run.find"),
+        Binding(
+            "v",
+            "inspect",
+            "Inspect",
+            tooltip="Cleanup detail with the receipt, verifier output, prompt and instructions as sent, task.yaml",
+            id="run.inspect",
+        ),
         *(
             Binding(str(i), f"panel('{pid}')", title, show=False, id=f"panel-{pid}")
             for i, (pid, title) in enumerate(PANELS, 1)
         ),
     ]
+
+    # Live: bound to the app's one keep state (``OpenCodeTUI.keep``); None in a replay (nothing to keep).
+    keep: reactive[bool | None] = reactive(None, init=False)
 
     def __init__(
         self,
@@ -120,6 +185,7 @@ class RunScreen(Screen[None]):
             raise ValueError("RunScreen needs a live EpisodeControl or a run directory")
         self.control = control
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.reader = RunDirReader(self.run_dir, check=False) if self.run_dir is not None else None
         self.mode = "live" if control is not None else "replay"
         self.from_browser = from_browser
         self.info: RunInfo | None = self._read_info()
@@ -135,6 +201,7 @@ class RunScreen(Screen[None]):
             "tool_call": [],
             "compaction": [],
             "shell": [],
+            "health": [],
         }
         self._marked_calls: set[tuple[str, str]] = set()  # a call is marked where it first appears
         self.cursor: int | None = None
@@ -143,8 +210,8 @@ class RunScreen(Screen[None]):
         self.load_seconds: float | None = None
         self.index: EventIndex | None = None
         if self.run_dir is not None and self.mode == "replay":
-            self.index = EventIndex(self.run_dir / "events.jsonl")
-        self.keep = False
+            assert self.reader is not None
+            self.index = EventIndex(self.reader.events_path)
         self.compact: bool | None = None  # one panel at a time (a small terminal); None: not laid out yet
         self.panel = PANELS[0][0]  # the panel shown when compact
         self._action_key: tuple[bool, bool] | None = None
@@ -161,27 +228,31 @@ class RunScreen(Screen[None]):
         self.play_source: str | None = None  # "cast" | "events"
 
     def _read_info(self) -> RunInfo | None:
-        if self.run_dir is None:
-            return None
-        try:
-            return RunInfo.model_validate_json((self.run_dir / "run.json").read_text())
-        except (OSError, ValueError):
-            return None
+        return self.reader.info_or_none() if self.reader is not None else None
 
     # -- layout --------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield RunHeader(id="header")
+        yield RunHeader(id="header").data_bind(keep=RunScreen.keep)
         yield WarningsBar(id="warnings")
         yield InstallProgressBar(id="install")
         yield PanelTabs(id="tabs")
         with Horizontal(id="main"):
-            yield TerminalView(id="terminal")
+            with Vertical(id="terminal-pane"):
+                yield TerminalView(id="terminal")
+                yield FindBar(
+                    placeholder="search the terminal · Enter: find · Esc: close", id="terminal-find"
+                )
             with Vertical(id="side"):
                 yield StatsPanel(id="stats")
                 yield CleanupPanel(id="cleanup")
         with Horizontal(id="bottom"):
-            yield ModelCallsTable(id="calls")
+            with Vertical(id="calls-pane"):
+                yield ModelCallsTable(id="calls")
+                yield FindBar(
+                    placeholder="filter calls: status:error|ok|4xx|5xx|429 kind:agent|title|compaction, or words",
+                    id="calls-filter",
+                )
             yield FailuresTable(id="failures")
         if self.mode == "replay":
             yield Timeline(id="timeline")
@@ -201,6 +272,8 @@ class RunScreen(Screen[None]):
         self.query_one(InstallProgressBar).show(self.view_state, compact=compact)
         for pid, _title in PANELS:
             self.query_one(f"#{pid}").display = not compact or pid == self.panel
+        self.query_one("#terminal-pane").display = not compact or self.panel == "terminal"
+        self.query_one("#calls-pane").display = not compact or self.panel == "calls"
         self.query_one("#main").display = not compact or self.panel in ("terminal", "stats", "cleanup")
         self.query_one("#side").display = not compact or self.panel in ("stats", "cleanup")
         self.query_one("#bottom").display = not compact or self.panel in ("calls", "failures")
@@ -211,7 +284,10 @@ class RunScreen(Screen[None]):
         state = self.view_state
         badges = {"calls": str(len(state.model_calls)) if state.model_calls else ""}
         failed = sum(1 for f in state.failures if isinstance(f, FailureRecorded))
-        badges["failures"] = f"✗{failed}" if failed else ""
+        warned = len(state.health)  # [health] warnings live in the same tab
+        badges["failures"] = " ".join(
+            b for b in (f"✗{failed}" if failed else "", f"⚠{warned}" if warned else "") if b
+        )
         self.query_one(PanelTabs).show(self.panel, badges)
 
     def action_panel(self, panel: str) -> None:
@@ -221,6 +297,47 @@ class RunScreen(Screen[None]):
         if widget.focusable:
             widget.focus()
 
+    # -- search and filter -----------------------------------------------------------------------
+
+    def action_find(self) -> None:
+        """ctrl+f (and ``/`` in the terminal pane): the terminal's search bar."""
+        if self.compact and self.panel != "terminal":
+            self.action_panel("terminal")
+        self.query_one("#terminal-find", FindBar).open(self.terminal.query)
+
+    @on(TerminalView.FindWanted)
+    def on_terminal_find_wanted(self) -> None:
+        self.action_find()
+
+    @on(FindBar.Applied, "#terminal-find")
+    def on_terminal_find_applied(self, message: FindBar.Applied) -> None:
+        found = self.terminal.search(message.query)
+        self.terminal.focus()
+        if message.query and not found:
+            self.notify(f"Not found in the {self.terminal.border_title}: {message.query}", timeout=3)
+
+    @on(FindBar.Closed, "#terminal-find")
+    def on_terminal_find_closed(self) -> None:
+        self.terminal.clear_search()
+        self.terminal.focus()
+
+    @on(ModelCallsTable.FilterWanted)
+    def on_calls_filter_wanted(self) -> None:
+        table = self.query_one(ModelCallsTable)
+        self.query_one("#calls-filter", FindBar).open(table.filter_text)
+
+    @on(FindBar.Applied, "#calls-filter")
+    def on_calls_filter_applied(self, message: FindBar.Applied) -> None:
+        table = self.query_one(ModelCallsTable)
+        table.set_filter(message.query)
+        table.focus()
+
+    @on(FindBar.Closed, "#calls-filter")
+    def on_calls_filter_closed(self) -> None:
+        table = self.query_one(ModelCallsTable)
+        table.set_filter("")
+        table.focus()
+
     @on(PanelTabs.Selected)
     def on_panel_selected(self, message: PanelTabs.Selected) -> None:
         self.action_panel(message.panel)
@@ -229,8 +346,38 @@ class RunScreen(Screen[None]):
     def terminal(self) -> TerminalView:
         return self.query_one(TerminalView)
 
+    @property
+    def tui(self) -> OpenCodeTUI:
+        """The app, typed: the run screen only runs inside ``OpenCodeTUI``."""
+        from opencode_tui.app import OpenCodeTUI
+
+        app = self.app
+        assert isinstance(app, OpenCodeTUI), app
+        return app
+
+    @property
+    def bodies_dir(self) -> Path | None:
+        """Where ``model_calls.jsonl`` is: the replayed run directory, or the live episode's (the control's
+        ``run_dir``: a path, or a ``core.artifacts.RunDir`` once the episode has created it)."""
+        if self.run_dir is not None:
+            return self.run_dir
+        found = getattr(self.control, "run_dir", None)
+        if found is None or isinstance(found, str | Path):
+            return Path(found) if found is not None else None
+        path = getattr(found, "path", None)
+        return Path(path) if path is not None else None
+
+    def watch_keep(self) -> None:
+        self.refresh_bindings()
+
+    def _on_episode_done(self, done: bool) -> None:
+        if done:
+            self._show_header()
+            self._refresh_action_states()
+
     def on_mount(self) -> None:
-        self.keep = bool(getattr(self.app, "keep", False))
+        if self.mode == "live":
+            self.watch(self.tui, "episode_done", self._on_episode_done, init=False)
         self.query_one("#stats").border_title = "Stats"
         self.query_one("#cleanup").border_title = "Cleanup"
         self.app.theme_changed_signal.subscribe(self, self._on_theme_changed)
@@ -249,14 +396,14 @@ class RunScreen(Screen[None]):
         self.query_one(ModelCallsTable).sync(
             self.view_state.model_calls, self.view_state.start_time, force=True
         )
-        self.query_one(FailuresTable).sync(self.view_state.failures, force=True)
+        self.query_one(FailuresTable).sync(self.view_state.problems, force=True)
 
     # -- sources -------------------------------------------------------------------------------
 
     @work(exclusive=True, group="live-feed")
     async def _live_feed(self) -> None:
         """Drain the bus queue into batches: at most one batch per LIVE_BATCH_INTERVAL."""
-        queue = self.app.live_queue()  # type: ignore[attr-defined]
+        queue = self.tui.live_queue()
         while True:
             first = await queue.get()
             batch = [first]
@@ -271,7 +418,7 @@ class RunScreen(Screen[None]):
 
     def flush_live(self) -> None:
         """Ingest whatever is still queued right now (before exiting, so the last state is shown)."""
-        queue = self.app.live_queue()  # type: ignore[attr-defined]
+        queue = self.tui.live_queue()
         batch: list[Event] = []
         while not queue.empty():
             batch.append(queue.get_nowait())
@@ -289,10 +436,9 @@ class RunScreen(Screen[None]):
         every wake-up of the event loop wait for the interpreter lock: on the loop, in small batches,
         the whole load is faster and the screen stays responsive.)
         """
-        assert self.run_dir is not None and self.index is not None
+        assert self.reader is not None and self.index is not None
         start = time.perf_counter()
-        path = self.run_dir / "events.jsonl"
-        for batch in iter_event_batches(path, self.index, REPLAY_BATCH, self.load_stats):
+        for batch in iter_event_batches(self.reader.events_path, self.index, REPLAY_BATCH, self.load_stats):
             self.post_message(EventsReceived(batch, "replay"))
             await asyncio.sleep(0)
         self.post_message(
@@ -324,6 +470,8 @@ class RunScreen(Screen[None]):
                 self.markers["compaction"].append(index)
             elif kind is ShellOpened or kind is ShellClosed:
                 self.markers["shell"].append(index)
+            elif kind is HealthWarning:
+                self.markers["health"].append(index)
             elif kind is ModelCall or kind is ToolCall:
                 marker = "model_call" if kind is ModelCall else "tool_call"
                 if (marker, ev.call_id) not in self._marked_calls:
@@ -387,7 +535,7 @@ class RunScreen(Screen[None]):
         self.query_one(StatsPanel).show(state)
         self.query_one(CleanupPanel).show(state)
         self.query_one(ModelCallsTable).sync(state.model_calls, state.start_time)
-        self.query_one(FailuresTable).sync(state.failures)
+        self.query_one(FailuresTable).sync(state.problems)
         if self.compact:
             self._show_tabs()
 
@@ -399,9 +547,7 @@ class RunScreen(Screen[None]):
         mode = (
             "LIVE" if self.mode == "live" else f"REPLAY {self.run_dir.name if self.run_dir else ''}".strip()
         )
-        self.query_one(RunHeader).show(
-            state, mode=mode, keep=self.keep if self.mode == "live" else None, now=live_now
-        )
+        self.query_one(RunHeader).show(state, mode=mode, now=live_now)
 
     def refresh_timeline(self) -> None:
         if self.mode != "replay":
@@ -515,8 +661,8 @@ class RunScreen(Screen[None]):
             if self.play_source is not None and self.at_end():
                 self.notify("At the end of the run: playing again from the start.", timeout=3)
                 self.play_source = None
-            if not self.cast_checked and self.run_dir is not None:
-                self.cast = read_cast(self.run_dir / "terminal.cast")
+            if not self.cast_checked and self.reader is not None:
+                self.cast = self.reader.cast()
                 self.cast_checked = True
             if self.cast is not None and self.cast.frames:
                 if self.play_source != "cast" or self.play_frame >= len(self.cast.frames):
@@ -621,26 +767,61 @@ class RunScreen(Screen[None]):
 
     @on(ModelCallsTable.Open)
     def open_call(self, message: ModelCallsTable.Open) -> None:
-        self.app.push_screen(ModelCallScreen(message.call, self.app.bodies_dir(self)))  # type: ignore[attr-defined]
+        self.app.push_screen(ModelCallScreen(message.call, self.bodies_dir))
+
+    def action_inspect(self, tab: str = "cleanup") -> None:
+        """The inspect screen, as of the timeline's cursor (live: now)."""
+        view = self.view_state
+        pos = self.total if self.cursor is None else self.cursor + 1
+        cleanup = [
+            e
+            for i, e in zip(self.key_idx, self.key_evs, strict=True)
+            if i < pos and isinstance(e, CleanupObserved)
+        ]
+        self.app.push_screen(
+            InspectScreen(
+                self.bodies_dir, cleanup=cleanup, verification=view.verification, info=self.info, tab=tab
+            )
+        )
+
+    @on(CleanupPanel.Open)
+    def on_cleanup_open(self) -> None:
+        self.action_inspect("cleanup")
 
     @on(FailuresTable.Open)
     def open_failure(self, message: FailuresTable.Open) -> None:
-        self.app.push_screen(FailureScreen(message.record))
+        if isinstance(message.record, HealthWarning):  # a warning has no cause chain: its words say it all
+            w = message.record
+            self.notify(w.message, title=f"health: {w.kind.value}", severity="warning", timeout=8)
+            return
+        self.app.push_screen(FailureScreen(message.record), self.open_call_id)
+
+    def open_call_id(self, call_id: str | None) -> None:
+        """Open the model call ``call_id`` (a failure named it): the latest event for it."""
+        if not call_id:
+            return
+        call = next((c for c in reversed(self.state.model_calls) if c.call_id == call_id), None)
+        if call is None:
+            self.notify(f"Model call {call_id} is not among this run's calls.", severity="warning", timeout=4)
+            return
+        self.query_one(ModelCallsTable).select_call(call_id)
+        self.app.push_screen(ModelCallScreen(call, self.bodies_dir))
 
     def copy_target(self) -> tuple[str, str] | None:
         """What ``y`` copies here: the selected call's bodies, the selected failure, or the terminal."""
         focused = self.focused
         if isinstance(focused, ModelCallsTable) and focused.selected is not None:
             call = focused.selected
-            record = find_model_call(self.app.bodies_dir(self), call.call_id)  # type: ignore[attr-defined]
+            where = self.bodies_dir
+            record = RunDirReader(where, check=False).model_call(call.call_id) if where is not None else None
             data = json.loads(call.model_dump_json())
-            data["record"] = record if record is not None else "not recorded"
+            data["record"] = record.model_dump(mode="json") if record is not None else "not recorded"
             return "model call", json.dumps(data, indent=2)
         if isinstance(focused, FailuresTable) and focused.selected is not None:
             return "failure", json.dumps(json.loads(focused.selected.model_dump_json()), indent=2)
         return "terminal", self.terminal.visible_text()
 
-    # -- actions (the app routes shell/cancel/keep to the control) -----------------------------
+    # -- actions (shell/cancel/keep are asked of the app, which routes them to the control) -----
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in LIVE_ONLY and self.mode != "live":
@@ -652,7 +833,7 @@ class RunScreen(Screen[None]):
         if action == "back":
             return self.from_browser or self.play_source is not None
         if action == "toggle_keep":
-            control = getattr(self.app, "control", None)
+            control = self.control
             return None if control is not None and not control.keep_changeable else True  # None: greyed
         if action == "cancel_episode":
             # None greys it: after the outcome there is nothing left to cancel
@@ -662,14 +843,14 @@ class RunScreen(Screen[None]):
         return True
 
     def _episode_ended(self) -> bool:
-        return self.state.finished or not getattr(self.app, "episode_running", True)
+        return self.state.finished or not self.tui.episode_running
 
     def _sandbox_released(self) -> bool:
         """The sandbox is gone (released and not kept): no shell can be opened in it any more."""
         seen = self.state.cleanup.get(CleanupStep.SANDBOX_RELEASED)
         if seen is None or seen.state is not StepState.OK:  # a failed release may have left it
             return False
-        control = getattr(self.app, "control", None)
+        control = self.control
         return not (control is not None and control.kept)
 
     def _refresh_action_states(self) -> None:
@@ -680,13 +861,13 @@ class RunScreen(Screen[None]):
             self.refresh_bindings()
 
     def action_open_shell(self) -> None:
-        self.app.open_shell(self)  # type: ignore[attr-defined]
+        self.post_message(ShellWanted(self.state.sandbox_id))
 
     def action_cancel_episode(self) -> None:
-        self.app.request_cancel()  # type: ignore[attr-defined]
+        self.post_message(CancelWanted())
 
     def action_toggle_keep(self) -> None:
-        self.app.toggle_keep(self)  # type: ignore[attr-defined]
+        self.post_message(KeepToggleWanted())
 
     def action_back(self) -> None:
         if self.play_source is not None:

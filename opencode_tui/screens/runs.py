@@ -1,109 +1,407 @@
-"""The runs browser: every run directory under ``runs_dir`` with its outcome; Enter replays one."""
+"""The runs browser: every run directory under ``runs_dir`` with its outcome; Enter replays one.
+
+Sort (``s`` cycles the key, ``S`` reverses) and filter (``/``: ``outcome:count kind:oom task:fix
+provider:local date:2026-12-01`` or bare words matching any field); ``space`` marks runs and ``d`` diffs
+the two marked; ``r`` re-runs the selected run with its recorded task and configuration.
+
+The list is virtual (``RunsList`` draws only the rows on screen) and lazy (``opencode_tui.runs_index``:
+run.json is read for visible rows only, or for all of them in a thread when a sort or filter needs it),
+so 10,000 run directories show at once.
+"""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC
 from pathlib import Path
 
+from rich.style import Style
 from rich.text import Text
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.content import Content
+from textual.geometry import Size
+from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Footer, Input, Static
 
 from core.artifacts import RunInfo
 from core.failures import Outcome
 from opencode_tui import format as fmt
-from opencode_tui.feeds import run_rows
+from opencode_tui.runs_index import SORTS, RunEntry, RunsIndex
 
-COLUMNS = (
-    "run",
-    "task",
-    "outcome",
-    "reward",
-    "failure kind",
-    "cleanup",
-    "human",
-    "duration",
-    "started (UTC)",
+# (title, width); cells in this order (tests read them by position). The run column (0) takes what the
+# others leave, between RUN_MIN and RUN_MAX; below that the list scrolls sideways.
+COLUMNS: tuple[tuple[str, int], ...] = (
+    ("run", 0),
+    ("task", 14),
+    ("outcome", 21),
+    ("reward", 6),
+    ("failure kind", 20),
+    ("duration", 8),
+    ("started (UTC)", 19),
+    ("cleanup", 11),
+    ("human", 5),
+    ("provider", 8),
 )
+RUN_MIN, RUN_MAX = 12, 44
+_FIXED = sum(w for _, w in COLUMNS) + len(COLUMNS) + 2  # the cells, a space after each, the mark
 
 
-class RunsTable(DataTable):
-    BINDINGS = [Binding("enter", "select_cursor", "Open run", tooltip="Replay the run in the run screen")]
+def column_widths(width: int) -> list[int]:
+    run = min(max(width - _FIXED, RUN_MIN), RUN_MAX)
+    return [run, *(w for _, w in COLUMNS[1:])]
+
+
+MARK = "●"
+
+
+def row_cells(entry: RunEntry, colors: dict[str, str]) -> list[Text]:
+    info = entry.info()
+    if info is None:
+        return [
+            Text(entry.name),
+            Text("run.json unreadable", style="italic"),
+            *[Text("") for _ in COLUMNS[2:]],
+        ]
+    out = info.outcome
+    action = out.action if out else ("interrupted" if info.orphaned else "running/unknown")
+    style = colors.get("success", "") if action == Outcome.SCORED else colors.get("error", "")
+    return [
+        Text(entry.name),
+        Text(info.task_id, style="bold"),
+        Text(str(action), style=style if out else "italic"),
+        Text(fmt.DASH if not out or out.reward is None else f"{out.reward:g}", justify="right"),
+        Text((out.failure_kind if out else None) or fmt.DASH),
+        Text(fmt.duration(info.duration_s), justify="right"),
+        Text(info.started_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")),
+        _cleanup_cell(info),
+        Text("yes", style=colors.get("error", "")) if info.human_intervened else Text(""),
+        Text(info.provider),
+    ]
+
+
+class RunsList(ScrollView, can_focus=True):
+    """A virtual table: a header line that stays, then one line per run, drawn only when on screen."""
+
+    BINDINGS = [
+        Binding("up", "cursor(-1)", "Up", show=False),
+        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "cursor_to(0)", "First", show=False),
+        Binding("end", "cursor_to(-1)", "Last", show=False),
+        Binding("enter", "select", "Open run", tooltip="Replay the run in the run screen"),
+        Binding("space", "mark", "Mark", tooltip="Mark the run (two marked runs: d shows their diff)"),
+    ]
+
+    class Selected(Message):
+        def __init__(self, row: int) -> None:
+            self.row = row
+            super().__init__()
+
+    def __init__(self, index: RunsIndex, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.index = index
+        self.cursor_row = 0
+        self.marked: list[Path] = []  # in marking order (A, then B)
+        self.widths = column_widths(0)
+
+    def reset(self) -> None:
+        self.cursor_row = min(self.cursor_row, max(len(self.index) - 1, 0))
+        self.widths = column_widths(self.size.width)
+        self.virtual_size = Size(sum(self.widths) + len(COLUMNS) + 2, len(self.index) + 1)
+        self.refresh()
+
+    def on_mount(self) -> None:
+        self.reset()
+
+    def on_resize(self) -> None:
+        self.reset()
+
+    @property
+    def _rows_shown(self) -> int:
+        return max(self.scrollable_content_region.height - 1, 1)  # the header line is not a row
+
+    @property
+    def row_count(self) -> int:
+        return len(self.index)
+
+    def get_row_at(self, row: int) -> list[str]:
+        """The row's cells as text (what the screen shows, for tests and copying)."""
+        entry = self.index.entry(row)
+        if entry is None:
+            raise IndexError(row)
+        return [c.plain for c in row_cells(entry, self.app.theme_variables)]
+
+    def move_cursor(self, row: int, animate: bool = False) -> None:
+        if not len(self.index):
+            return
+        self.cursor_row = min(max(row, 0), len(self.index) - 1)
+        self.scroll_to_region_row(self.cursor_row, animate)
+        self.refresh()
+
+    def scroll_to_region_row(self, row: int, animate: bool) -> None:
+        top = round(self.scroll_y)
+        height = self._rows_shown
+        if row < top:
+            self.scroll_to(y=row, animate=animate)
+        elif row >= top + height:
+            self.scroll_to(y=row - height + 1, animate=animate)
+
+    def action_cursor(self, delta: int) -> None:
+        self.move_cursor(self.cursor_row + delta)
+
+    def action_page(self, direction: int) -> None:
+        self.move_cursor(self.cursor_row + direction * max(self._rows_shown - 1, 1))
+
+    def action_cursor_to(self, row: int) -> None:
+        self.move_cursor(row if row >= 0 else len(self.index) - 1)
+
+    def action_select(self) -> None:
+        if len(self.index):
+            self.post_message(self.Selected(self.cursor_row))
+
+    def action_mark(self) -> None:
+        entry = self.index.entry(self.cursor_row)
+        if entry is None:
+            return
+        if entry.path in self.marked:
+            self.marked.remove(entry.path)
+        else:
+            self.marked.append(entry.path)
+            del self.marked[:-2]  # two at most: a third mark lets go of the oldest
+        self.refresh()
+        self.screen.refresh_title()  # type: ignore[attr-defined]
+
+    def on_click(self, event) -> None:
+        row = round(self.scroll_y) + event.y - 1
+        if 0 <= row < len(self.index):
+            self.focus()
+            if row == self.cursor_row and event.chain == 2:
+                self.action_select()
+            self.move_cursor(row)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        if y == 0:
+            return self._strip(self._header(), self.rich_style + Style(bold=True, dim=True), width)
+        row = round(self.scroll_y) + y - 1
+        entry = self.index.entry(row)
+        if entry is None:
+            return Strip.blank(width, self.rich_style)
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(MARK if entry.path in self.marked else " ", style="bold")
+        line.append(" ")
+        for cell, w in zip(row_cells(entry, self.app.theme_variables), self.widths, strict=True):
+            cell.truncate(w, overflow="ellipsis", pad=True)
+            line.append_text(cell)
+            line.append(" ")
+        base = self.rich_style
+        if row == self.cursor_row:
+            base = base + Style(reverse=True) if self.has_focus else base + Style(bold=True, underline=True)
+        return self._strip(line, base, width)
+
+    def _header(self) -> Text:
+        return Text(
+            "  " + " ".join(title.ljust(w)[:w] for (title, _), w in zip(COLUMNS, self.widths, strict=True))
+        )
+
+    def _strip(self, line: Text, base: Style, width: int) -> Strip:
+        strip = Strip(list(line.render(self.app.console))).apply_style(base)
+        return strip.crop_extend(round(self.scroll_x), round(self.scroll_x) + width, base)
 
 
 class RunsScreen(Screen[None]):
-    BINDINGS = [Binding("g", "reload", "Reload")]
+    BINDINGS = [
+        Binding("g", "reload", "Reload"),
+        Binding("s", "sort", "Sort", tooltip="Sort by the next key: " + ", ".join(SORTS)),
+        Binding("S", "reverse", "Reverse", show=False),
+        Binding("slash", "filter", "Filter", key_display="/", tooltip="Filter: outcome:X kind:X task:X …"),
+        Binding("d", "diff", "Diff", tooltip="Compare the two marked runs (space marks)"),
+        Binding("r", "rerun", "Re-run", tooltip="Run the selected run's task again with its recorded config"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
 
     def __init__(self, runs_dir: Path) -> None:
         super().__init__()
         self.runs_dir = Path(runs_dir)
-        self.rows: list[tuple[Path, RunInfo | None]] = []
+        self.index = RunsIndex(self.runs_dir)
+        self._loading: str | None = None  # "reading run.json 500/10000" while a sort/filter waits
+        self._stop = threading.Event()
+
+    @property
+    def rows(self) -> list[tuple[Path, RunInfo | None]]:
+        """The view as (path, info) (reads run.json for every row: for tests and small lists)."""
+        return [(e.path, e.info()) for e in (self.index.entry(i) for i in range(len(self.index))) if e]
 
     def compose(self) -> ComposeResult:
         yield Static(id="runs-title")
-        yield RunsTable(id="runs", cursor_type="row", zebra_stripes=True)
+        yield Input(
+            placeholder="filter: outcome:X kind:X task:X provider:X date:X date>=X or words", id="runs-filter"
+        )
+        yield RunsList(self.index, id="runs")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for name in COLUMNS:
-            table.add_column(name, key=name)
-        self.action_reload()
-        table.focus()
+        self.query_one("#runs-filter").display = False
+        self.refresh_title()
+        self.query_one(RunsList).focus()
 
-    def action_reload(self) -> None:
-        table = self.query_one(DataTable)
-        table.clear()
-        self.rows = run_rows(self.runs_dir)
-        colors = self.app.theme_variables
-        for path, info in self.rows:
-            if info is None:
-                table.add_row(
-                    Text(path.name),
-                    Text("run.json unreadable", style="italic"),
-                    *[Text("")] * (len(COLUMNS) - 2),
+    def on_unmount(self) -> None:
+        self._stop.set()
+
+    def refresh_title(self) -> None:
+        lst = self.query_one(RunsList)
+        n, total = len(self.index), len(self.index.entries)
+        if not total:
+            self.query_one("#runs-title", Static).update(
+                Content.from_markup(
+                    "[b]No run directories[/] in $dir (run one with `opencode-tui run TASK`)",
+                    dir=str(self.runs_dir),
                 )
-                continue
-            out = info.outcome
-            action = out.action if out else ("interrupted" if info.orphaned else "running/unknown")
-            style = colors.get("success", "") if action == Outcome.SCORED else colors.get("error", "")
-            table.add_row(
-                Text(path.name),
-                Text(info.task_id, style="bold"),
-                Text(action, style=style if out else "italic"),
-                Text(fmt.DASH if not out or out.reward is None else f"{out.reward:g}", justify="right"),
-                Text((out.failure_kind if out else None) or fmt.DASH),
-                Text(fmt.duration(info.duration_s), justify="right"),
-                Text(info.started_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")),
-                _cleanup_cell(info),
-                Text("yes", style=colors.get("error", "")) if info.human_intervened else Text(""),
             )
+            return
+        shown = f"{n} of {total}" if self.index.query else str(total)
+        order = f"{self.index.sort_key} {'↓' if self.index.reverse else '↑'}"
+        extra = f" · filter “{self.index.query}”" if self.index.query else ""
+        marks = f" · marked {len(lst.marked)}/2" if lst.marked else ""
+        loading = f" · {self._loading}" if self._loading else ""
         self.query_one("#runs-title", Static).update(
             Content.from_markup(
-                "[b]Runs[/] in $dir · $n run(s) · [dim]enter opens a run (replay) · esc returns here[/]",
+                "[b]Runs[/] in $dir · $shown run(s) · by $order$extra$marks$loading · "
+                "[dim]enter opens · space marks · d diffs · r re-runs[/]",
                 dir=str(self.runs_dir),
-                n=str(len(self.rows)),
-            )
-            if self.rows
-            else Content.from_markup(
-                "[b]No run directories[/] in $dir (run one with `opencode-tui run TASK`)",
-                dir=str(self.runs_dir),
+                shown=shown,
+                order=order,
+                extra=extra,
+                marks=marks,
+                loading=loading,
             )
         )
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    # -- sort and filter -------------------------------------------------------------------------
+
+    def _reapply(self) -> None:
+        if self.index.needs_all_infos:
+            self._load_then_apply()
+            return
+        self.index.apply()
+        self._loading = None
+        self.query_one(RunsList).reset()
+        self.refresh_title()
+
+    @work(thread=True, exclusive=True, group="runs-load")
+    def _load_then_apply(self) -> None:
+        total = len(self.index.entries)
+
+        def progress(n: int) -> None:
+            self.app.call_from_thread(self._set_loading, f"reading run.json {n}/{total}…")
+
+        self.app.call_from_thread(self._set_loading, f"reading run.json 0/{total}…")
+        self.index.load_all(self._stop, progress)
+        if not self._stop.is_set():
+            self.app.call_from_thread(self._reapply)
+
+    def _set_loading(self, words: str) -> None:
+        self._loading = words
+        self.refresh_title()
+
+    def action_sort(self) -> None:
+        i = SORTS.index(self.index.sort_key)
+        self.index.sort_key = SORTS[(i + 1) % len(SORTS)]
+        self.index.reverse = self.index.sort_key == "date"  # newest first; the rest A→Z
+        self._reapply()
+
+    def action_reverse(self) -> None:
+        self.index.reverse = not self.index.reverse
+        self._reapply()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#runs-filter", Input)
+        box.display = True
+        box.value = self.index.query
+        box.focus()
+
+    @on(Input.Submitted, "#runs-filter")
+    def on_filter(self, event: Input.Submitted) -> None:
         event.stop()
-        self._open(event.cursor_row)
+        self.set_filter(event.value)
+        event.input.display = bool(event.value.strip())
+        self.query_one(RunsList).focus()
+
+    def set_filter(self, query: str) -> None:
+        self.index.query = query.strip()
+        self._reapply()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#runs-filter", Input)
+        box.value = ""
+        box.display = False
+        self.set_filter("")
+        self.query_one(RunsList).focus()
+
+    def action_reload(self) -> None:
+        lst = self.query_one(RunsList)
+        query, key, reverse = self.index.query, self.index.sort_key, self.index.reverse
+        self.index = lst.index = RunsIndex(self.runs_dir)
+        self.index.query, self.index.sort_key, self.index.reverse = query, key, reverse
+        self._reapply()
+
+    # -- open, diff, re-run ----------------------------------------------------------------------
+
+    @on(RunsList.Selected)
+    def on_selected(self, event: RunsList.Selected) -> None:
+        event.stop()
+        self._open(event.row)
 
     def _open(self, row: int) -> None:
-        if not 0 <= row < len(self.rows):
+        entry = self.index.entry(row)
+        if entry is None:
             return
         from opencode_tui.screens.run import RunScreen
 
-        self.app.push_screen(RunScreen(run_dir=self.rows[row][0], from_browser=True))
+        self.app.push_screen(RunScreen(run_dir=entry.path, from_browser=True))
+
+    def action_diff(self) -> None:
+        marked = self.query_one(RunsList).marked
+        if len(marked) != 2:
+            self.notify("Mark two runs with space first (A, then B), then press d.", timeout=4)
+            return
+        self.notify("Comparing the two marked runs…", timeout=2)
+        self._diff(*marked)
+
+    @work(thread=True, exclusive=True, group="runs-diff")
+    def _diff(self, a: Path, b: Path) -> None:
+        """Read both runs off the UI thread (a long run's events take a moment), then show the diff."""
+        from core.diff import diff_runs
+        from opencode_tui.screens.diff import DiffScreen
+
+        try:
+            diff = diff_runs(a, b)
+        except (OSError, ValueError) as exc:
+            self.app.call_from_thread(self.notify, f"Cannot compare: {exc}", severity="error")
+            return
+        self.app.call_from_thread(self.app.push_screen, DiffScreen(a, b, diff=diff))
+
+    def action_rerun(self) -> None:
+        entry = self.index.entry(self.query_one(RunsList).cursor_row)
+        if entry is None:
+            return
+        from opencode_tui.run_command import RerunError, rerun_inputs
+
+        try:
+            rerun_inputs(entry.info(), entry.path)
+        except RerunError as exc:
+            self.notify(str(exc), severity="error", timeout=6)
+            return
+        # The run starts after the browser has closed: the app ends with the request and the command
+        # that started the browser runs it in the live TUI (one episode per app, like `run`).
+        self.app.rerun_request = entry.path  # type: ignore[attr-defined]
+        self.app.exit()
 
 
 def _cleanup_cell(info: RunInfo) -> Text:

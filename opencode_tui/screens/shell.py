@@ -17,7 +17,11 @@ from opencode_tui.widgets.pty import OpenPty, PtyTerminal
 
 
 class ShellScreen(Screen[None]):
-    BINDINGS = [Binding("ctrl+right_square_bracket", "leave", "Back to the run (ctrl+])", priority=True)]
+    BINDINGS = [
+        Binding(
+            "ctrl+right_square_bracket", "leave", "Back to the run (ctrl+])", priority=True, id="shell.leave"
+        )
+    ]
 
     def __init__(self, open_pty: OpenPty, sandbox: str) -> None:
         super().__init__()

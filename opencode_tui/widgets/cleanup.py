@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from textual.binding import Binding
 from textual.content import Content
+from textual.message import Message
 
 from core.events import CleanupStep
 from opencode_tui.state import CLEANUP_ORDER, RunState
@@ -17,8 +19,28 @@ LABELS = {
 ICONS = {"pending": "○", "running": "◐", "ok": "✓", "failed": "✗", "skipped": "\u2013"}
 
 
-class CleanupPanel(Panel):
-    """Each step pending / running / ok / failed / skipped, with the engine's reason."""
+class CleanupPanel(Panel, can_focus=True):
+    """Each step pending / running / ok / failed / skipped, with the engine's reason; Enter shows each
+    step's detail (the receipt's fields, what was destroyed or disconnected)."""
+
+    BINDINGS = [
+        Binding(
+            "enter",
+            "open",
+            "Cleanup detail",
+            tooltip="Each step's detail, with the receipt",
+            id="cleanup.open",
+        )
+    ]
+
+    class Open(Message):
+        """Enter (or a click) on the panel: the screen shows the cleanup detail."""
+
+    def action_open(self) -> None:
+        self.post_message(self.Open())
+
+    def on_click(self) -> None:
+        self.post_message(self.Open())
 
     def show(self, state: RunState) -> None:
         rows = []

@@ -1,5 +1,6 @@
-"""Failure events with their classification and the policy's action, and the failures a provider
-recovered from (a "recovered" row: no class, never the outcome); Enter opens the detail."""
+"""Failure events with their classification and the policy's action, the failures a provider
+recovered from (a "recovered" row: no class, never the outcome) and episode-health warnings (a
+"health" row: a warning, never the outcome); Enter opens the detail."""
 
 from __future__ import annotations
 
@@ -8,23 +9,33 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
-from core.events import FailureRecorded, FailureRecovered
+from core.events import FailureRecorded, FailureRecovered, HealthWarning
 from opencode_tui.format import recovery_label
+
+Problem = FailureRecorded | FailureRecovered | HealthWarning
 
 COLUMNS = ("kind", "stage", "class", "action", "evidence")
 
 
 class FailuresTable(DataTable):
-    BINDINGS = [Binding("enter", "select_cursor", "Failure detail", tooltip="Message, cause chain, evidence")]
+    BINDINGS = [
+        Binding(
+            "enter",
+            "select_cursor",
+            "Failure detail",
+            tooltip="Message, cause chain, evidence",
+            id="failures.open",
+        )
+    ]
 
     class Open(Message):
-        def __init__(self, record: FailureRecorded | FailureRecovered) -> None:
+        def __init__(self, record: Problem) -> None:
             self.record = record
             super().__init__()
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.records: list[FailureRecorded | FailureRecovered] = []
+        self.records: list[Problem] = []
 
     def on_mount(self) -> None:
         for name in COLUMNS:
@@ -32,8 +43,16 @@ class FailuresTable(DataTable):
         self.border_title = "Failures"
         self.border_subtitle = "0"
 
-    def _row(self, rec: FailureRecorded | FailureRecovered) -> list[Text]:
+    def _row(self, rec: Problem) -> list[Text]:
         colors = self.app.theme_variables
+        if isinstance(rec, HealthWarning):
+            return [
+                Text(rec.kind.value, style=colors.get("warning", "")),
+                Text("agent"),
+                Text("health", style="dim"),
+                Text("warning", style=colors.get("warning", "")),
+                Text(rec.message),
+            ]
         if isinstance(rec, FailureRecovered):
             f = rec.failure
             sources = ", ".join(dict.fromkeys(e.source for e in f.evidence)) or "none"
@@ -58,7 +77,7 @@ class FailuresTable(DataTable):
             Text(sources),
         ]
 
-    def sync(self, records: list[FailureRecorded | FailureRecovered], force: bool = False) -> None:
+    def sync(self, records: list[Problem], force: bool = False) -> None:
         mine = self.records
         rebuild = force or len(records) < len(mine) or any(records[i] is not r for i, r in enumerate(mine))
         if rebuild:
@@ -70,7 +89,7 @@ class FailuresTable(DataTable):
         self.border_subtitle = str(len(records))
 
     @property
-    def selected(self) -> FailureRecorded | FailureRecovered | None:
+    def selected(self) -> Problem | None:
         if not self.records or not 0 <= self.cursor_row < len(self.records):
             return None
         return self.records[self.cursor_row]

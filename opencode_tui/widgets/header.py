@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from textual.content import Content
+from textual.reactive import reactive
 from textual.widget import Widget
 
 from core.failures import Outcome
@@ -48,11 +49,22 @@ def phase_words(state: RunState) -> tuple[str, str]:
 class RunHeader(Widget):
     """One line: phase/outcome · elapsed · mode · keep · task · provider · version · model · sandbox."""
 
+    # Bound to the run screen's keep (itself bound to the app's): None when there is nothing to keep.
+    keep: reactive[bool | None] = reactive(None, init=False)
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.line = Content("")
+        self._shown: tuple[RunState, str, datetime | None] | None = None
 
-    def show(self, state: RunState, *, mode: str, keep: bool | None, now: datetime | None = None) -> None:
+    def watch_keep(self) -> None:
+        if self._shown is not None:
+            state, mode, now = self._shown
+            self.show(state, mode=mode, now=now)
+
+    def show(self, state: RunState, *, mode: str, now: datetime | None = None) -> None:
+        self._shown = (state, mode, now)
+        keep = self.keep
         words, style = phase_words(state)
         elapsed = state.elapsed_s(now)
         budget = state.run_budget_s

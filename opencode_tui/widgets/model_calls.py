@@ -1,4 +1,10 @@
-"""Model calls seen by the recording proxy, one row per call; Enter opens the call's request/response."""
+"""Model calls seen by the recording proxy, one row per call; Enter opens the call's request/response.
+
+``/`` filters the rows (:func:`call_matches`): ``status:error`` (no response, or HTTP >= 400),
+``status:ok``, ``status:4xx``, ``status:429``, ``status:pending``; ``kind:agent``, ``kind:title``,
+``kind:compaction``; alternatives with ``|`` (``status:429|5xx``); other words match the kind, status,
+call id, message id, session id or error. All terms must match.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +18,75 @@ from textual.widgets import DataTable
 from core.events import ModelCall
 from opencode_tui import format as fmt
 
-COLUMNS = ("time", "kind", "message id", "status", "tok in", "tok out", "latency", "TTFT")
+# latency and TTFT before the long ids, so they stay on screen at 120 columns
+COLUMNS = ("time", "kind", "status", "latency", "TTFT", "tok in", "tok out", "message id")
+
+
+def status_word(call: ModelCall) -> str:
+    if call.status is None:
+        return "error" if call.error else "pending"
+    return str(call.status)
+
+
+def _status_is(call: ModelCall, want: str) -> bool:
+    status = call.status
+    if want == "error":
+        return (status is None and bool(call.error)) or (status is not None and status >= 400)
+    if want == "ok":
+        return status is not None and status < 400
+    if want == "pending":
+        return status is None and not call.error
+    if len(want) == 3 and want.endswith("xx") and want[0].isdigit():
+        return status is not None and str(status)[0] == want[0]
+    return status is not None and str(status) == want
+
+
+def call_matches(call: ModelCall, query: str) -> bool:
+    """Does ``call`` pass the filter ``query`` (see the module docstring)?"""
+    for term in query.lower().split():
+        field, _, value = term.partition(":")
+        if value and field == "status":
+            if not any(_status_is(call, v) for v in value.split("|") if v):
+                return False
+        elif value and field == "kind":
+            if not any(call.kind.startswith(v) for v in value.split("|") if v):
+                return False
+        else:
+            hay = " ".join(
+                x or ""
+                for x in (
+                    call.kind,
+                    status_word(call),
+                    call.call_id,
+                    call.message_id,
+                    call.session_id,
+                    call.error,
+                )
+            ).lower()
+            if term not in hay:
+                return False
+    return True
 
 
 class ModelCallsTable(DataTable):
     """Rows follow ``RunState.model_calls`` (a prefix of it when the replay cursor is in the past)."""
 
     BINDINGS = [
-        Binding("enter", "select_cursor", "Call detail", tooltip="Show the call's request and response")
+        Binding(
+            "enter",
+            "select_cursor",
+            "Call detail",
+            tooltip="Show the call's request and response",
+            id="calls.open",
+        ),
+        Binding(
+            "slash",
+            "filter",
+            "Filter",
+            key_display="/",
+            tooltip="Filter the calls: status:error|ok|4xx|5xx|429, kind:agent|title|compaction, words",
+            id="calls.filter",
+        ),
     ]
 
     class Open(Message):
@@ -27,10 +94,15 @@ class ModelCallsTable(DataTable):
             self.call = call
             super().__init__()
 
+    class FilterWanted(Message):
+        """``/`` was pressed: the screen opens the filter bar under the table."""
+
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.calls: list[ModelCall] = []
+        self.all_calls: list[ModelCall] = []  # what the state holds (the rows before filtering)
+        self.calls: list[ModelCall] = []  # the rows shown
         self.start: datetime | None = None
+        self.filter_text = ""
 
     def on_mount(self) -> None:
         for name in COLUMNS:
@@ -40,7 +112,7 @@ class ModelCallsTable(DataTable):
     def _row(self, call: ModelCall) -> list[Text]:
         colors = self.app.theme_variables
         if call.status is None:
-            status = Text("error" if call.error else "pending", style=colors.get("warning", ""))
+            status = Text(status_word(call), style=colors.get("warning", ""))
         elif call.status >= 400:
             status = Text(str(call.status), style=colors.get("error", ""))
         else:
@@ -49,39 +121,53 @@ class ModelCallsTable(DataTable):
         return [
             Text(fmt.offset(call.started_at, self.start)),
             Text(call.kind),
-            Text(call.message_id or fmt.DASH),
             status,
-            Text(fmt.count(call.tokens_in), **right),
-            Text(fmt.count(call.tokens_out), **right),
             Text(fmt.seconds(call.latency_s), **right),
             Text(fmt.seconds(call.ttft_s), **right),
+            Text(fmt.count(call.tokens_in), **right),
+            Text(fmt.count(call.tokens_out), **right),
+            Text(call.message_id or fmt.DASH),
         ]
 
     def sync(self, calls: list[ModelCall], start: datetime | None, force: bool = False) -> None:
-        """Make the rows match ``calls``: append new ones; rebuild if rows went away or changed."""
-        mine = self.calls
-        rebuild = force or start != self.start or len(calls) < len(mine)
+        """Make the rows match ``calls`` (filtered): append new ones; rebuild if rows went away or changed."""
+        seen = self.all_calls
+        rebuild = force or start != self.start or len(calls) < len(seen)
         if not rebuild:
-            for i, old in enumerate(mine):
+            for i, old in enumerate(seen):
                 if calls[i] is not old:
                     rebuild = True
                     break
         self.start = start
+        query = self.filter_text
+        new = calls if rebuild else calls[len(seen) :]
+        self.all_calls = list(calls)
         if rebuild:
             row = self.cursor_row
             self.clear()
-            mine = self.calls = []
-            for call in calls:
+            self.calls = []
+        for call in new:
+            if not query or call_matches(call, query):
                 self.add_row(*self._row(call), key=call.call_id)
-                mine.append(call)
-            if calls:
-                self.move_cursor(row=min(row, len(calls) - 1), animate=False)
-            self.border_subtitle = str(len(calls))
-            return
-        for call in calls[len(mine) :]:
-            self.add_row(*self._row(call), key=call.call_id)
-            mine.append(call)
-        self.border_subtitle = str(len(calls))
+                self.calls.append(call)
+        if rebuild and self.calls:
+            self.move_cursor(row=min(row, len(self.calls) - 1), animate=False)
+        self._subtitle()
+
+    def _subtitle(self) -> None:
+        total = len(self.all_calls)
+        if self.filter_text:
+            self.border_subtitle = f"{len(self.calls)}/{total} · filter {self.filter_text} (/ to change)"
+        else:
+            self.border_subtitle = str(total)
+
+    def set_filter(self, query: str) -> None:
+        """Show only the calls that match ``query`` (empty: all)."""
+        self.filter_text = " ".join(query.split())
+        self.sync(self.all_calls, self.start, force=True)
+
+    def action_filter(self) -> None:
+        self.post_message(self.FilterWanted())
 
     @property
     def selected(self) -> ModelCall | None:

@@ -47,15 +47,28 @@ class InstallProgressBar(Horizontal):
 
 
 class WarningsBar(Panel):
-    """Warnings the engine raised (e.g. ripgrep unavailable); hidden when there are none."""
+    """Warnings the engine raised (e.g. ripgrep unavailable) and episode-health warnings, the latest
+    one shown (a health warning wins: it is about the agent, not the set-up); hidden when none."""
 
     def show(self, state: RunState) -> None:
-        if self.display != bool(state.warnings):
-            self.display = bool(state.warnings)
-        if not state.warnings:
+        n = len(state.warnings) + len(state.health)
+        if self.display != bool(n):
+            self.display = bool(n)
+        if not n:
+            return
+        more = f" (+{n - 1} more)" if n > 1 else ""
+        if state.health:
+            last_health = state.health[-1]
+            self.show_content(
+                Content.from_markup(
+                    "[b $warning]⚠ health $code[/] $message$more",
+                    code=last_health.kind.value,
+                    message=fmt.short(last_health.message, 160),
+                    more=more,
+                )
+            )
             return
         last = state.warnings[-1]
-        more = f" (+{len(state.warnings) - 1} more)" if len(state.warnings) > 1 else ""
         self.show_content(
             Content.from_markup(
                 "[b $warning]⚠ $code[/] $message$more",

@@ -8,13 +8,20 @@ only when drawn, through a small LRU cache (Textual's Line API: ``render_line``)
 - ``cast``: the run directory's ``terminal.cast`` played back (replay only).
 
 ``follow`` keeps the view at the bottom as output arrives; scrolling up pauses it (scroll lock).
+
+Search (``/``; the run screen's ctrl+f): the matches of a query in the shown view (rendered or raw), all
+highlighted, ``n``/``N`` moving to the next/previous one. Only lines that can hold the query are decoded
+(a cheap test on the raw text first), so searching a million lines stays quick.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from array import array
-from typing import Literal
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from typing import ClassVar, Literal
 
 from rich.style import Style
 from textual.binding import Binding
@@ -27,23 +34,103 @@ from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
 
+from core.artifacts import RunFiles
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
+from core.runtime.stream import EventRenderer
 from opencode_tui.linebuffer import LineBuffer, ansi_line, raw_line
-from opencode_tui.transcript import RENDERED_STREAMS, TranscriptWriter
 
 View = Literal["rendered", "raw", "cast"]
 
+# What a person would have seen: the engine's rendering (``display``), a shell's pty and stderr. The
+# harness's machine-readable stdout (OpenCode's JSON lines) is for the raw view only.
+RENDERED_STREAMS = frozenset({"pty", "display", "stderr"})
+
+
+class TranscriptFeed:
+    """Fills the rendered view: terminal output as it is, and the engine's rendering of the transcript.
+
+    The engine renders every tool call and text on the ``display`` stream (``core.runtime.stream``),
+    starting with a header, and that is what is shown. Events recorded without such a rendering (an
+    older engine, a scripted event stream) are rendered by the engine's own :class:`EventRenderer`; since
+    an older engine rendered right after the event without a header, a renderable event is held back
+    until the next event says whether a ``display`` rendering of it follows.
+    """
+
+    def __init__(self, buffer: LineBuffer) -> None:
+        self.buffer = buffer
+        self.renderer = EventRenderer()
+        self.engine_renders = False  # set by the first display chunk: from then on only it is shown
+        self.pending: Event | None = None  # a renderable event waiting to see what follows it
+        self.pending_since = 0.0
+        self.on_flush: Callable[[], None] | None = None  # told right after a held-back event is rendered
+        self.owner: str | None = None  # who wrote the open line last ("term" or "events")
+
+    def feed(self, event: Event) -> None:
+        if isinstance(event, TerminalOutput):
+            if event.stream == "display":
+                self.engine_renders = True  # the engine renders (a held-back event included)
+                self.pending = None
+            elif self.pending is not None and event.stream in RENDERED_STREAMS:
+                self.flush_pending()
+            if event.stream in RENDERED_STREAMS:
+                self.owner = "term"
+                self.buffer.append(event.data)
+            return
+        if self.engine_renders or not isinstance(event, ToolCall | OpenCodeEvent):
+            return
+        if self.pending is not None:
+            self.flush_pending()
+        if EventRenderer.renders(event):
+            self.pending = event
+            self.pending_since = time.monotonic()
+
+    def flush_pending(self) -> None:
+        """Render the held-back event (no engine rendering of it followed)."""
+        event, self.pending = self.pending, None
+        if event is None:
+            return
+        text = self.renderer.render(event)
+        if text:
+            if self.owner == "term":
+                self.buffer.ensure_line_start()
+            self.owner = "events"
+            self.buffer.append(text)
+        if self.on_flush is not None:
+            self.on_flush()
+
+
 RAW_CATCH_UP_CHARS = 4_000_000  # raw view is built lazily, at most this much per refresh
 MAX_SELECTION_LINES = 200_000
+MAX_MATCHES = 100_000  # a search stops counting here (the status says so)
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class TerminalView(ScrollView, can_focus=True):
     """Line-API log of the episode's terminal."""
 
     BINDINGS = [
-        Binding("l", "toggle_follow", "Follow", tooltip="Follow new output / pause (scroll lock)"),
-        Binding("r", "toggle_raw", "Raw", tooltip="Show the harness's raw stdout/stderr bytes"),
+        Binding(
+            "l",
+            "toggle_follow",
+            "Follow",
+            tooltip="Follow new output / pause (scroll lock)",
+            id="terminal.follow",
+        ),
+        Binding(
+            "r", "toggle_raw", "Raw", tooltip="Show the harness's raw stdout/stderr bytes", id="terminal.raw"
+        ),
+        Binding("slash", "find", "Search", key_display="/", tooltip="Search this view", id="terminal.find"),
+        # n/N only while a search is active; otherwise they fall through to the screen (failures)
+        Binding("n", "find_next(1)", "Next match", id="terminal.next-match"),
+        Binding("N", "find_next(-1)", "Prev match", show=False, id="terminal.prev-match"),
+        Binding("escape", "clear_search", "Clear search", show=False, id="terminal.clear-search"),
     ]
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"terminal--match", "terminal--match-current"}
+    DEFAULT_CSS = """
+    TerminalView > .terminal--match { background: $warning 40%; }
+    TerminalView > .terminal--match-current { background: $accent; color: $background; text-style: bold; }
+    """
 
     view: reactive[View] = reactive("rendered", init=False)
     follow: reactive[bool] = reactive(True, init=False)
@@ -53,6 +140,9 @@ class TerminalView(ScrollView, can_focus=True):
             self.follow = follow
             super().__init__()
 
+    class FindWanted(Message):
+        """``/`` was pressed: the screen opens its search bar for this pane."""
+
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.rendered = LineBuffer()
@@ -60,14 +150,22 @@ class TerminalView(ScrollView, can_focus=True):
         self.cast = LineBuffer()
         self.raw_chunks: list[str] = []
         self._raw_pos = 0
-        self.writer = TranscriptWriter(self.rendered)
+        self.writer = TranscriptFeed(self.rendered)
         self.writer.on_flush = self._pending_rendered
         self._pending_at = 0  # index (in marks) of the event the writer holds back
         self.marks = array("q")  # rendered line count after each event (timeline)
         self.limit: int | None = None  # timeline cursor: show only this many rendered lines
-        self._cache: LRUCache[tuple[int, int, int, int], Strip] = LRUCache(1024)
+        self._cache: LRUCache[tuple[int, ...], Strip] = LRUCache(1024)
         self.cast_status = ""
         self.border_title = "Terminal"
+        # search: matches as (line, start, end) in the shown view's plain text, in order
+        self.query = ""
+        self.matches: list[tuple[int, int, int]] = []
+        self._match_lines = array("q")  # the line of each match (bisect)
+        self._by_line: dict[int, list[tuple[int, int]]] = {}
+        self.current = -1  # index in matches of the current one
+        self._searched: tuple[int, int, int] = (0, 0, 0)  # (buffer id, version, lines) searched
+        self._search_key = 0  # bumped when matches change (part of the line cache key)
 
     # -- ingest --------------------------------------------------------------------------------
 
@@ -166,6 +264,9 @@ class TerminalView(ScrollView, can_focus=True):
         """Update the scroll extent after new lines (or a new limit/view) and follow the end."""
         if self.view == "raw":
             self._catch_up_raw()
+        if self.query:  # new output is searched as it arrives (only the new lines)
+            self._search_new_lines()
+            self._update_title()
         self._set_virtual_size(Size(self.buffer.width, self.line_count))
         if self.follow:
             self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
@@ -208,8 +309,10 @@ class TerminalView(ScrollView, can_focus=True):
 
     def watch_view(self) -> None:
         self._cache.clear()
-        self._update_title()
         self.refresh_content()
+        if self.query:  # the same query in the other view
+            self._run_search(keep_position=True)
+        self._update_title()
 
     def watch_follow(self, follow: bool) -> None:
         self._update_title()
@@ -218,12 +321,148 @@ class TerminalView(ScrollView, can_focus=True):
             self.refresh_content()
 
     def _update_title(self) -> None:
-        names = {"rendered": "Terminal", "raw": "Raw stdout/stderr", "cast": "terminal.cast"}
+        names = {"rendered": "Terminal", "raw": "Raw stdout/stderr", "cast": RunFiles.CAST}
         self.border_title = names[self.view]
         status = "following" if self.follow else "paused (l: follow)"
         if self.view == "cast" and self.cast_status:
             status = f"{self.cast_status} · {status}"
+        if self.query:
+            status = f"{self.search_status} · {status}"
         self.border_subtitle = status
+
+    # -- search --------------------------------------------------------------------------------
+
+    @property
+    def search_status(self) -> str:
+        if not self.query:
+            return ""
+        if not self.matches:
+            return f"/{self.query}: no match"
+        more = "+" if len(self.matches) >= MAX_MATCHES else ""
+        at = "–" if self.current < 0 else str(self.current + 1)  # none chosen yet: n picks one
+        return f"/{self.query}: {at}/{len(self.matches)}{more} (n/N)"
+
+    def search(self, query: str) -> int:
+        """Find ``query`` (case-insensitive) in the shown view; go to the first match from the top of the
+        view down. Returns the number of matches (an empty query clears the search)."""
+        self.query = query
+        self._run_search(keep_position=False)
+        self._update_title()
+        return len(self.matches)
+
+    def clear_search(self) -> None:
+        self.search("")
+
+    def _line_text(self, index: int) -> str:
+        """Line ``index`` of the shown view as plain text, as drawn (the match offsets are into this)."""
+        raw = self.buffer.lines[index]
+        return raw_line(raw).plain if self.view == "raw" else ansi_line(raw).plain
+
+    def _scan(self, start: int, end: int) -> None:
+        needle = self.query.lower()
+        lines = self.buffer.lines
+        raw_view = self.view == "raw"
+        for i in range(start, end):
+            raw = lines[i]
+            # cheap test first: the query must be in the line once colours are stripped
+            probe = raw if raw_view or "\x1b" not in raw else _SGR.sub("", raw)
+            if needle not in probe.lower():
+                continue
+            text = self._line_text(i).lower()
+            at = text.find(needle)
+            while at != -1:
+                self.matches.append((i, at, at + len(needle)))
+                self._match_lines.append(i)
+                self._by_line.setdefault(i, []).append((at, at + len(needle)))
+                if len(self.matches) >= MAX_MATCHES:
+                    return
+                at = text.find(needle, at + len(needle))
+
+    def _run_search(self, keep_position: bool) -> None:
+        old_line = (
+            self.matches[self.current][0] if keep_position and 0 <= self.current < len(self.matches) else None
+        )
+        self.matches, self._match_lines, self._by_line = [], array("q"), {}
+        self.current = -1
+        self._search_key += 1
+        self._cache.clear()
+        if self.view == "raw":
+            self._catch_up_raw()
+        count = self.line_count
+        self._searched = (id(self.buffer), self.buffer.version, count)
+        if self.query:
+            self._scan(0, count)
+        self.refresh()
+        if not self.matches:
+            return
+        top = old_line if old_line is not None else self.scroll_offset.y
+        self.current = min(bisect_left(self._match_lines, top), len(self.matches) - 1)
+        self._show_current()
+
+    def _search_new_lines(self) -> None:
+        """Output arrived since the search: scan what is new (the open line again, it may have grown)."""
+        buf_id, version, done = self._searched
+        if (buf_id, version) != (id(self.buffer), self.buffer.version):
+            self._run_search(keep_position=True)
+            return
+        count = self.line_count
+        if count == done and (
+            count == 0 or not self.buffer.lines[count - 1] or count < len(self.buffer.lines)
+        ):
+            return  # nothing new, and the last searched line is complete
+        start = max(min(done, count) - 1, 0)  # fewer lines: the timeline moved back
+        cut = bisect_left(self._match_lines, start)
+        for i in range(cut, len(self.matches)):
+            self._by_line.pop(self.matches[i][0], None)
+        del self.matches[cut:]
+        del self._match_lines[cut:]
+        self._scan(start, count)
+        self._searched = (buf_id, version, count)
+        self._search_key += 1
+        self.current = min(self.current, len(self.matches) - 1)
+
+    def action_find(self) -> None:
+        self.post_message(self.FindWanted())
+
+    def action_find_next(self, direction: int) -> None:
+        if not self.query:
+            return
+        self._search_new_lines()
+        if not self.matches:
+            self._update_title()
+            return
+        line = self.matches[self.current][0] if self.current >= 0 else self.scroll_offset.y
+        if direction > 0:
+            nxt = self.current + 1 if self.current >= 0 else bisect_left(self._match_lines, line)
+            self.current = nxt % len(self.matches)
+        else:
+            prv = self.current - 1 if self.current >= 0 else bisect_right(self._match_lines, line) - 1
+            self.current = prv % len(self.matches)
+        self._show_current()
+
+    def action_clear_search(self) -> None:
+        self.clear_search()
+
+    def _show_current(self) -> None:
+        line, start, end = self.matches[self.current]
+        self._pause()
+        height = self.scrollable_content_region.height
+        width = self.scrollable_content_region.width
+        y = self.scroll_offset.y
+        if not y <= line < y + height:
+            y = max(line - height // 3, 0)
+        x = self.scroll_offset.x
+        if not x <= start and end <= x + width:
+            x = max(end - width + 1, 0) if end > width else 0
+        self.scroll_to(x=x, y=y, animate=False, immediate=True)
+        self._search_key += 1
+        self.refresh()
+        self._update_title()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("find_next", "clear_search"):
+            return bool(self.query)
+        return True
 
     def set_cast_status(self, status: str) -> None:
         self.cast_status = status
@@ -317,12 +556,22 @@ class TerminalView(ScrollView, can_focus=True):
         buf = self.buffer
         line = buf.lines[index]
         selection = self.text_selection
-        key = (id(buf), buf.version, index, len(line))
+        found = self._by_line.get(index) if self.query else None
+        key = (id(buf), buf.version, index, len(line), self._search_key if found else 0)
         if selection is None:
             cached = self._cache.get(key)
             if cached is not None:
                 return cached
         text = raw_line(line) if self.view == "raw" else ansi_line(line)
+        if found:
+            match_style = self.get_component_rich_style("terminal--match")
+            current = self.matches[self.current] if 0 <= self.current < len(self.matches) else None
+            for start, end in found:
+                is_current = current is not None and current == (index, start, end)
+                style = (
+                    self.get_component_rich_style("terminal--match-current") if is_current else match_style
+                )
+                text.stylize(style, start, end)
         if selection is not None:
             span = selection.get_span(index)
             if span is not None:

@@ -20,6 +20,7 @@ MARKERS: dict[str, tuple[str, str, str, str, str]] = {
     "tool_call": ("o", "$foreground-muted", "o", "tool call", "Tool"),
     "shell": ("$", "bold $warning", "h", "shell", "Shell"),
     "compaction": ("C", "bold $warning", "c", "compaction", "Compaction"),
+    "health": ("!", "bold $warning", "w", "health warning", "Health"),
     "failure": ("✗", "bold $error", "x", "failure", "Failure"),
 }
 
@@ -28,12 +29,12 @@ class Timeline(Widget, can_focus=True):
     """Displays the cursor the run screen owns; keys ask the screen to move it (``Timeline.Seek``)."""
 
     BINDINGS = [
-        Binding("left", "step(-1)", "Back", show=False),
-        Binding("right", "step(1)", "Forward", show=False),
-        Binding("shift+left", "step(-100)", "Back 100", show=False),
-        Binding("shift+right", "step(100)", "Forward 100", show=False),
-        Binding("home", "seek_start", "Start", show=False),
-        Binding("end", "seek_end", "End", show=False),
+        Binding("left", "step(-1)", "Back", show=False, id="timeline.back"),
+        Binding("right", "step(1)", "Forward", show=False, id="timeline.forward"),
+        Binding("shift+left", "step(-100)", "Back 100", show=False, id="timeline.back-100"),
+        Binding("shift+right", "step(100)", "Forward 100", show=False, id="timeline.forward-100"),
+        Binding("home", "seek_start", "Start", show=False, id="timeline.start"),
+        Binding("end", "seek_end", "End", show=False, id="timeline.end"),
         *(
             b
             for kind, (_g, _s, key, words, label) in MARKERS.items()

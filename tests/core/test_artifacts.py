@@ -5,7 +5,15 @@ import stat
 
 import pytest
 
-from core.artifacts import DIAGNOSTICS_CAP, RunDir, RunDirReader, RunInfo, cap_diagnostics, list_runs
+from core.artifacts import (
+    DIAGNOSTICS_CAP,
+    RunDir,
+    RunDirReader,
+    RunFiles,
+    RunInfo,
+    cap_diagnostics,
+    list_runs,
+)
 from core.events import TerminalOutput
 from core.redaction import REDACTED, redact, redact_text
 
@@ -35,7 +43,7 @@ def test_run_dir_is_private_and_redacts_everything(tmp_path):
     events = list(reader.events())
     assert len(events) == 2 and REDACTED in events[0].data
     assert reader.info().task_id == "t"
-    cast = (rd.path / "terminal.cast").read_text().splitlines()
+    cast = (rd.path / RunFiles.CAST).read_text().splitlines()
     assert json.loads(cast[0])["version"] == 2
     assert json.loads(cast[1])[1] == "o"
     assert [p for p, _ in list_runs(tmp_path / "runs")] == [rd.path]
@@ -114,9 +122,72 @@ def test_diagnostics_file_on_disk_stays_under_the_cap_when_redaction_grows_it(tm
     parts = [("failure agent_nonzero_exit", "exit 1 with s3cr\n"), ("opencode/output.log", text)]
     rd.write_diagnostics(parts)
     rd.close()
-    on_disk = (rd.path / "diagnostics.txt").read_text(encoding="utf-8")
+    on_disk = (rd.path / RunFiles.DIAGNOSTICS).read_text(encoding="utf-8")
     assert len(on_disk) <= DIAGNOSTICS_CAP
     assert "s3cr" not in on_disk and "token=abcd" not in on_disk
     assert REDACTED in on_disk
     if fill >= 16_000:  # grown past the cap by redaction: cut to exactly the cap, marker included
         assert len(on_disk) == DIAGNOSTICS_CAP and "characters truncated" in on_disk
+
+
+def test_events_writer_fault_is_reported_once_and_never_raises(tmp_path):
+    """events.jsonl on a device that refuses every write (/dev/full: ENOSPC, a real full disk as far as
+    the writer can tell): appending never raises into the bus, the first fault is reported through
+    on_write_error (the episode turns it into artifacts_write_failed), later ones are not repeated,
+    and the other consumers of the bus go on receiving every event."""
+    from core.events import EventBus
+
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / RunFiles.EVENTS).symlink_to("/dev/full")
+    rd = RunDir(run)
+    reported: list[str] = []
+    rd.on_write_error = reported.append
+    bus = EventBus()
+    seen: list = []
+    bus.subscribe(rd.append_event)
+    bus.subscribe(seen.append)
+    for i in range(3):
+        bus.emit(TerminalOutput(stream="stdout", data=f"line {i}\n"))
+    assert len(reported) == 1 and RunFiles.EVENTS in reported[0] and "No space left" in reported[0]
+    assert rd.write_error == reported[0]
+    assert [e.data for e in seen] == ["line 0\n", "line 1\n", "line 2\n"]  # nobody was dropped
+    assert not bus.errors
+    rd.write_run_info(RunInfo(run_id="r1", task_id="t", provider="local"))  # other files still written
+    assert RunDirReader(run).info().run_id == "r1"
+    rd.close()
+
+
+def test_reader_reads_every_file_through_runfiles(tmp_path):
+    """The typed reader: run info, events, failures, model calls by id (a torn last line skipped),
+    the verifier's output, the inputs as sent, the cast."""
+    from datetime import UTC, datetime
+
+    from core.calls.records import ModelCallRecord
+
+    rd = RunDir.create(tmp_path, "r2")
+    rd.append_event(TerminalOutput(stream="stdout", data="x\n"))
+    rd.write_run_info(RunInfo(run_id="r2", task_id="t", provider="docker"))
+    rd.write_text(RunFiles.VERIFY_STDOUT, "1 passed\n")
+    rd.write_text(RunFiles.PROMPT, "Fix the bug.\n")
+    rd.cast().output("hello\r\n")
+    rd.close()
+    when = datetime.now(UTC)
+    with (rd.path / RunFiles.MODEL_CALLS).open("w") as f:
+        for cid in ("c1", "c2"):
+            f.write(
+                ModelCallRecord(call_id=cid, method="POST", path="/v1/x", started_at=when).model_dump_json()
+            )
+            f.write("\n")
+        f.write('{"call_id": "c3", "meth')  # a live run's torn last line
+    reader = RunDirReader(rd.path)
+    assert reader.info().provider == "docker"
+    assert [e.data for e in reader.events()] == ["x\n"]
+    assert reader.failures() == [] and reader.shells() == []
+    assert [r.call_id for r in reader.model_calls()] == ["c1", "c2"]
+    assert reader.model_call("c2").call_id == "c2" and reader.model_call("c3") is None
+    assert reader.verifier_output() == ("1 passed\n", "")
+    assert reader.prompt() == "Fix the bug.\n" and reader.instructions() is None
+    assert reader.transcript() is None and reader.task_yaml() is None
+    cast = reader.cast()
+    assert cast is not None and cast.frames[0][1] == "hello\r\n"

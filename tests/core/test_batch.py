@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from core.artifacts import RunFiles
 from core.batch import RESULTS_FILE, run_batch
 from core.config import AgentConfig
 from core.tasks import load_task
@@ -34,7 +35,7 @@ async def test_rerun_skips_scored_and_retries_the_rest(tmp_path):
     retried = again["model-flaky-500"]
     assert not retried.resumed and retried.attempt == 2
     assert retried.previous_attempts == [by_task["model-flaky-500"].run_dir]
-    assert Path(by_task["model-flaky-500"].run_dir, "events.jsonl").exists()  # failed attempt kept
+    assert Path(by_task["model-flaky-500"].run_dir, RunFiles.EVENTS).exists()  # failed attempt kept
     lines = [json.loads(line) for line in (runs / RESULTS_FILE).read_text().splitlines()]
     assert [(line["task_id"], line["attempt"]) for line in lines].count(("model-flaky-500", 2)) == 1
     assert sum(1 for line in lines if line["task_id"] == "hello-file") == 1

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDirReader
+from core.artifacts import RunDirReader, RunFiles
 from core.batch import run_batch
 from core.config import AgentConfig
 from core.events import CleanupObserved, ModelCall, OutcomeDecided, PhaseChanged, VerificationFinished
-from core.tasks import load_task
+from core.tasks import load_task, render_prompt
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
@@ -126,10 +126,17 @@ def test_run_directory_layout(batch):
         "opencode.db",
         "diagnostics.txt",
         "verify/stdout.log",
+        RunFiles.PROMPT,
+        RunFiles.TASK_YAML,
     ):
         assert (d / name).exists(), name
+    # what OpenCode was given, exactly as sent (the prompt on its stdin), and the task it came from
+    reader = RunDirReader(d)
+    assert reader.prompt() == render_prompt(load_task(SAMPLES / "fix-bug"))
+    assert reader.task_yaml() == (SAMPLES / "fix-bug" / "task.yaml").read_text()
+    assert reader.instructions() is None  # the task has none
     assert oct(d.stat().st_mode & 0o777) == "0o700"
-    cast = (d / "terminal.cast").read_text().splitlines()
+    cast = (d / RunFiles.CAST).read_text().splitlines()
     assert json.loads(cast[0])["version"] == 2
     assert any("python3 -m unittest" in line for line in cast[1:])
 
@@ -138,10 +145,10 @@ def test_every_model_call_recorded_and_attributed(batch):
     _, _, results = batch
     result = results["fix-bug"]
     d = Path(result.run_dir)
-    calls = [json.loads(line) for line in (d / "model_calls.jsonl").read_text().splitlines()]
+    calls = [json.loads(line) for line in (d / RunFiles.MODEL_CALLS).read_text().splitlines()]
     events = [e for e in _events(result) if isinstance(e, ModelCall)]
     assert len(calls) == len(events) == result.model_calls
-    export = json.loads((d / "opencode" / "export.json").read_text())
+    export = json.loads((d / RunFiles.OPENCODE_EXPORT).read_text())
     assistant_ids = {m["info"]["id"] for m in export["messages"] if m["info"]["role"] == "assistant"}
     agent_calls = [c for c in calls if c["kind"] == "agent"]
     assert agent_calls
@@ -222,7 +229,7 @@ def test_model_faults_recorded_classified_and_acted_on(batch):
     _, _, results = batch
     flaky = results["model-flaky-429"]
     calls = [
-        json.loads(line) for line in (Path(flaky.run_dir) / "model_calls.jsonl").read_text().splitlines()
+        json.loads(line) for line in (Path(flaky.run_dir) / RunFiles.MODEL_CALLS).read_text().splitlines()
     ]
     assert [c["status"] for c in calls if c["kind"] == "agent"][:2] == [429, 200]
     broken = results["model-flaky-500"]
@@ -262,7 +269,7 @@ def test_batch_lines_carry_the_recorded_token_totals(batch):
     for r in results.values():
         usage = [
             json.loads(line)["usage"] or {}
-            for line in (Path(r.run_dir) / "model_calls.jsonl").read_text().splitlines()
+            for line in (Path(r.run_dir) / RunFiles.MODEL_CALLS).read_text().splitlines()
         ]
         known_in = [u["tokens_in"] for u in usage if u.get("tokens_in") is not None]
         known_out = [u["tokens_out"] for u in usage if u.get("tokens_out") is not None]
@@ -276,4 +283,4 @@ def test_every_diagnostics_file_is_within_its_cap(batch):
     _, _, results = batch
     for r in results.values():
         for d in [r.run_dir, *r.previous_attempts]:
-            assert len((Path(d) / "diagnostics.txt").read_text()) <= 16_000, d
+            assert len((Path(d) / RunFiles.DIAGNOSTICS).read_text()) <= 16_000, d

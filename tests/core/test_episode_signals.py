@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader
+from core.artifacts import RunDirReader, RunFiles
 from core.batch import BatchControl, run_batch
 from core.config import AgentConfig
 from core.events import Event, Phase, PhaseChanged, ToolCall
@@ -147,7 +147,7 @@ def test_signal_in_each_phase_closes_with_confirmed_cleanup(request, tmp_path, p
     assert cancel.failure.stage == phase
     if phase in ("agent", "closing", "transcript", "verification", "release"):
         assert result.cleanup_proof == "receipt"
-        assert (Path(result.run_dir) / "opencode" / "export.json").exists(), "transcript snapshot missing"
+        assert (Path(result.run_dir) / RunFiles.OPENCODE_EXPORT).exists(), "transcript snapshot missing"
     else:
         assert result.cleanup_proof == "nothing_launched"
     # A grade taken in a cancelled run is never reported.

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader
+from core.artifacts import RunDirReader, RunFiles
 from core.config import AgentConfig
 from core.episode import Episode
 from core.failures import Outcome
@@ -77,7 +77,7 @@ def test_verifier_exit_code_is_still_the_grade(tmp_path, episode_provider):
     assert (result.action, result.reward, result.failure_kind) == (Outcome.SCORED, 0.0, None)
     tokens = [
         json.loads(line)["usage"]
-        for line in (Path(result.run_dir) / "model_calls.jsonl").read_text().splitlines()
+        for line in (Path(result.run_dir) / RunFiles.MODEL_CALLS).read_text().splitlines()
     ]
     assert result.tokens_in == sum(u["tokens_in"] for u in tokens) > 0
     assert result.agent_tokens_in is not None

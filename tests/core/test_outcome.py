@@ -53,6 +53,14 @@ def cgroup_oom(count: int = 1, baseline: int = 0) -> Evidence:
     )
 
 
+def cgroup_pids(count: int = 3, baseline: int = 0) -> Evidence:
+    return Evidence(
+        source="cgroup.pids",
+        scope=SCOPE,
+        data={"pids_max": 1024, "pids_current": 1024, "max_events": count, "max_events_baseline": baseline},
+    )
+
+
 def model_500() -> FailureEvent:
     return FailureEvent(
         kind="model_server_error",
@@ -149,6 +157,30 @@ ROWS: dict[str, Row] = {
         stage="agent",
         rule="oom_survived",
         exit=ExitCode.MODEL_FAILURE,
+    ),
+    "process limit hit and OpenCode failed → the limit explains it: the agent's doing": Row(
+        agent=agent(evidence=[cgroup_pids()], receipt=receipt(1), finished_cleanly=False),
+        verifier=verifier(1),
+        outcome=Outcome.COUNT_AS_ZERO,
+        reward=0.0,
+        kind="provider_pids_limit_reached",
+        stage="agent",
+        rule="provider_pids_limit_reached@agent",
+        exit=ExitCode.MODEL_FAILURE,
+    ),
+    "process limit hit by a command OpenCode survived: no failure, the verifier decides": Row(
+        agent=agent(evidence=[cgroup_pids()]),
+        verifier=verifier(0),
+        reward=1.0,
+    ),
+    "refused-fork counter not above its baseline (borrowed): not evidence": Row(
+        agent=agent(evidence=[cgroup_pids(3, 3)], receipt=receipt(1), finished_cleanly=False),
+        verifier=verifier(1),
+        outcome=Outcome.KEEP_UNKNOWN,
+        kind="agent_nonzero_exit",
+        stage="agent",
+        rule="unknown",
+        exit=ExitCode.INFRA,
     ),
     "sample exit-137: SIGKILL without memory pressure is not an OOM": Row(
         agent=agent(evidence=[cgroup_oom(count=0)]), verifier=verifier(0), reward=1.0

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from core.artifacts import RunDirReader
+from core.artifacts import RunDirReader, RunFiles
 from core.config import AgentConfig
 from core.episode import Episode
 from core.events import VerificationFinished
@@ -123,7 +123,7 @@ def test_unreadable_input_fails_in_the_seed_phase_with_exit_code_3(tmp_path: Pat
         "mark_evaluation_error",
     )
     run_dir = Path(line["run_dir"])
-    diagnostics = (run_dir / "diagnostics.txt").read_text()
+    diagnostics = (run_dir / RunFiles.DIAGNOSTICS).read_text()
     assert "agent (uid 1000, gid 1000) cannot read /app/secret.txt (mode 000, owner 1000:1000)" in diagnostics
     events = list(RunDirReader(run_dir).events())
     assert not [e for e in events if isinstance(e, VerificationFinished)]  # the verifier never ran

@@ -13,13 +13,15 @@ written to a temporary directory and never mixed with the recorded fixtures.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
+from core.artifacts import RunFiles
+from core.calls.records import ModelCallRecord
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE_RUNS = FIXTURES / "runs"
@@ -29,7 +31,7 @@ FIXTURE_RUNS = FIXTURES / "runs"
 def fixture_runs() -> Path:
     """``tests/fixtures/runs``: the recorded run directories (committed files)."""
     for name in ("hello-file", "oom"):
-        assert (FIXTURE_RUNS / name / "events.jsonl").is_file(), (
+        assert (FIXTURE_RUNS / name / RunFiles.EVENTS).is_file(), (
             f"missing recorded run {name}: re-record with scripts/record-fixture-runs"
         )
     return FIXTURE_RUNS
@@ -206,12 +208,19 @@ def write_constructed_run(runs_dir: Path, run_id: str = "constructed-oom") -> Pa
             evidence=failure.evidence,
         )
     )
-    with (rd.path / "model_calls.jsonl").open("w", encoding="utf-8") as f:
-        for call_id, status, _error, request, response in calls:
-            record = {"call_id": call_id, "status": status, "request_body": request}
-            if response is not None:
-                record["response_body"] = response
-            f.write(json.dumps(record) + "\n")
+    with (rd.path / RunFiles.MODEL_CALLS).open("w", encoding="utf-8") as f:
+        for i, (call_id, status, error, request, response) in enumerate(calls):
+            record = ModelCallRecord(
+                call_id=call_id,
+                method="POST",
+                path="/v1/chat/completions",
+                status=status,
+                started_at=at(3.5 + i),
+                error=error,
+                request_body=request,
+                response_body=response,
+            )
+            f.write(record.model_dump_json() + "\n")
     rd.write_run_info(
         RunInfo(
             run_id=run_id,

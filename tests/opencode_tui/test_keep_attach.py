@@ -21,6 +21,8 @@ import pexpect
 import pytest
 import yaml
 
+from core.artifacts import RunFiles
+
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 CLI = [sys.executable, "-m", "opencode_tui.cli"]
 
@@ -101,7 +103,7 @@ def test_attach_to_a_kept_local_sandbox_after_the_run_exited(env, tmp_path):
     line = run_kept(env, tmp_path, "local", "--keep-sandbox")
     sid, run_dir = line["sandbox_id"], line["run_dir"]
     assert line["sandbox_kept"] is True
-    info = json.loads((Path(run_dir) / "run.json").read_text())
+    info = json.loads((Path(run_dir) / RunFiles.RUN_INFO).read_text())
     assert (info["provider"], info["sandbox_id"], info["sandbox_kept"]) == ("local", sid, True)
     state_dir = tmp_path / "state" / "opencode-tui" / "local" / sid
     keeper = json.loads((state_dir / "sandbox.json").read_text())["keeper"]
@@ -113,7 +115,7 @@ def test_attach_to_a_kept_local_sandbox_after_the_run_exited(env, tmp_path):
     seen = shell_roundtrip(env, sid)  # by id as well
     assert "Hello from OpenCode" in seen
     # Both shells are recorded in the run directory, post-mortem: they mark nothing.
-    events = [json.loads(x) for x in (Path(run_dir) / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in (Path(run_dir) / RunFiles.EVENTS).read_text().splitlines()]
     opened = [e for e in events if e["type"] == "shell_opened"]
     assert [(e["shell"], e["phase"], e["marks_sample"]) for e in opened] == [
         (1, "done", False),
@@ -121,7 +123,7 @@ def test_attach_to_a_kept_local_sandbox_after_the_run_exited(env, tmp_path):
     ]
     assert len([e for e in events if e["type"] == "shell_closed"]) == 2
     assert "MARK" in (Path(run_dir) / opened[0]["cast"]).read_text()
-    assert json.loads((Path(run_dir) / "run.json").read_text())["human_intervened"] is False
+    assert json.loads((Path(run_dir) / RunFiles.RUN_INFO).read_text())["human_intervened"] is False
 
     # A bare sweep leaves a kept sandbox alone; naming it removes exactly it.
     r = cli(env, "sweep", "--provider", "local")
@@ -235,6 +237,6 @@ def _sandbox_in_agent_phase(runs: Path, proc: subprocess.Popen, timeout: float =
         for events in runs.glob("*/events.jsonl"):
             lines = [json.loads(x) for x in events.read_text().splitlines() if x.strip()]
             if any(e["type"] == "phase" and e["phase"] == "agent" for e in lines):
-                return json.loads((events.parent / "run.json").read_text())["sandbox_id"]
+                return json.loads((events.parent / RunFiles.RUN_INFO).read_text())["sandbox_id"]
         time.sleep(0.05)
     raise AssertionError("the agent phase was never reached")

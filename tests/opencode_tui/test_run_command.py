@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.artifacts import RunFiles
+
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 CLI = [sys.executable, "-m", "opencode_tui.cli"]
 
@@ -200,9 +202,9 @@ def test_signal_closes_and_releases_at_any_phase(phase, sig, code, task_copy, tm
             proc.kill()
     assert proc.returncode == code, err
     assert _containers(test_owner) == []
-    info = json.loads((run_dir / "run.json").read_text())
+    info = json.loads((run_dir / RunFiles.RUN_INFO).read_text())
     assert info["outcome"]["failure_kind"] == "run_cancelled"
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (run_dir / RunFiles.EVENTS).read_text().splitlines()]
     cancelled = [e for e in events if e["type"] == "failure" and e["failure"]["kind"] == "run_cancelled"][0]
     assert cancelled["failure"]["operation"] == f"{phase} phase"
     released = [e for e in events if e["type"] == "cleanup" and e["step"] == "sandbox_released"]
@@ -286,8 +288,8 @@ def test_runs_directory_full_is_one_line_exit_3_and_keeps_what_was_written(small
     assert line["failure_kind"] == "artifacts_write_failed" and line["artifacts_error"]
     assert line["cleanup_confirmed"] is True
     run_dir = Path(line["run_dir"])
-    assert (run_dir / "events.jsonl").stat().st_size > 0, "what was written before the fault is kept"
-    assert json.loads((run_dir / "run.json").read_text())["run_id"] == line["run_id"]
+    assert (run_dir / RunFiles.EVENTS).stat().st_size > 0, "what was written before the fault is kept"
+    assert json.loads((run_dir / RunFiles.RUN_INFO).read_text())["run_id"] == line["run_id"]
     left = subprocess.run(["pgrep", "-af", line["run_id"]], capture_output=True, text=True).stdout
     assert [x for x in left.splitlines() if "pgrep" not in x] == []
 
@@ -316,14 +318,14 @@ def test_next_run_reports_what_a_kill_9_interrupted(task_copy, tmp_path, test_ow
     finally:
         proc.kill()
         proc.wait(30)
-    assert json.loads((run_dir / "run.json").read_text())["outcome"] is None
+    assert json.loads((run_dir / RunFiles.RUN_INFO).read_text())["outcome"] is None
     r = run_cli(
         "run", str(SAMPLES / "hello-file"), "--batch", "--provider", "docker", "--runs-dir", str(runs)
     )
     assert r.returncode == 0, r.stderr
     said = [line for line in r.stderr.splitlines() if run_dir.name in line]
     assert len(said) == 1 and "interrupted during agent" in said[0] and "sweep --run" in said[0], r.stderr
-    outcome = json.loads((run_dir / "run.json").read_text())["outcome"]
+    outcome = json.loads((run_dir / RunFiles.RUN_INFO).read_text())["outcome"]
     assert (outcome["action"], outcome["failure_kind"]) == ("keep_unknown", "run_interrupted")
     # Only SIGKILL leaves a sandbox behind, and sweep finds it.
     assert _containers(test_owner)

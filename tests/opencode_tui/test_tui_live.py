@@ -287,7 +287,7 @@ async def test_live_cancel_and_keep(engine, wait, fixture_runs):
     app = OpenCodeTUI(control=engine, run_episode=engine._play)
     async with app.run_test(size=(140, 40), message_hook=messages.append) as pilot:
         screen = _screen(app)
-        assert app.bodies_dir(screen) == fixture_runs / "hello-file"
+        assert screen.bodies_dir == fixture_runs / "hello-file"
         await wait(pilot, lambda: screen.state.sandbox is not None, what="sandbox ready")
         await pilot.press("k")
         assert engine.keep_calls == [True]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 
-from core.artifacts import RunDirReader
+from core.artifacts import RunDirReader, RunFiles
 from core.events import FailureRecovered, OutcomeDecided, encode
 from core.failures import CommandDetails, Delivery, FailureEvent, FailureStage
 from core.sandbox.base import Recovery
@@ -47,7 +47,7 @@ def _with_recovered(fixture_runs, tmp_path):
         recovered,
         *(e.model_copy(update={"seq": e.seq + 1}) for e in events[at:]),
     ]
-    (run / "events.jsonl").write_text("".join(encode(e) + "\n" for e in renumbered))
+    (run / RunFiles.EVENTS).write_text("".join(encode(e) + "\n" for e in renumbered))
     return run, recovered
 
 

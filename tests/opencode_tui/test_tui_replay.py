@@ -13,7 +13,7 @@ import json
 import re
 import shutil
 
-from core.artifacts import RunDirReader
+from core.artifacts import RunDirReader, RunFiles
 from core.events import (
     CleanupObserved,
     FailureRecorded,
@@ -25,21 +25,19 @@ from core.events import (
 )
 from opencode_tui import format as fmt
 from opencode_tui.app import OpenCodeTUI
-from opencode_tui.feeds import read_cast
 from opencode_tui.messages import Copied, EventsReceived, ReplayLoaded, ShellStateChanged
 from opencode_tui.screens.help import HelpScreen
 from opencode_tui.screens.modals import NOT_RECORDED, FailureScreen, ModelCallScreen, _body
 from opencode_tui.screens.run import RunScreen
 from opencode_tui.screens.runs import RunsScreen
 from opencode_tui.state import CLEANUP_ORDER
-from opencode_tui.transcript import RENDERED_STREAMS
 from opencode_tui.widgets.cleanup import CleanupPanel
 from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.header import RunHeader
-from opencode_tui.widgets.model_calls import ModelCallsTable
+from opencode_tui.widgets.model_calls import COLUMNS, ModelCallsTable
 from opencode_tui.widgets.progress import WarningsBar
 from opencode_tui.widgets.stats import StatsPanel
-from opencode_tui.widgets.terminal import TerminalView
+from opencode_tui.widgets.terminal import RENDERED_STREAMS, TerminalView
 from opencode_tui.widgets.timeline import Timeline
 
 SIZE = (160, 45)
@@ -218,14 +216,14 @@ async def test_constructed_failure_with_cause_chain_failed_receipt_and_tool_erro
         # the header names the user the sandbox ran as (SandboxReady)
         assert "user agent (uid 1000, gid 1000)" in screen.query_one(RunHeader).plain
         assert _cell_texts(screen.query_one(FailuresTable))[0][4] == "docker.state"
-        # no engine rendering here: the TUI renders the bash call itself, progress lines collapsed
+        # no display rendering recorded: the engine's EventRenderer renders the bash call, progress collapsed
         lines = screen.terminal.rendered.plain(0, screen.terminal.rendered.count)
         assert lines == [
             "$ python3 sort_all.py",
             "loading data/big.txt",
             "memory 91%",
             "Killed",
-            "✗ command failed",
+            "✖ command failed",  # the engine's rendering (core.runtime.stream.EventRenderer)
         ]
         screen.query_one(FailuresTable).focus()
         await pilot.press("enter")
@@ -248,7 +246,7 @@ async def test_constructed_failure_with_cause_chain_failed_receipt_and_tool_erro
 async def test_model_call_modal_reads_bodies_by_call_id(fixture_runs, replay_loaded, wait):
     run = fixture_runs / "oom"
     events = _events(run)
-    records = {r["call_id"]: r for r in RunDirReader(run).model_calls()}
+    records = {r.call_id: r.model_dump(mode="json") for r in RunDirReader(run).model_calls()}
     calls = [e for e in events if isinstance(e, ModelCall)]
     assert set(records) == {c.call_id for c in calls}  # the proxy recorded every call
     # the call whose response asked for the memory hog
@@ -266,7 +264,7 @@ async def test_model_call_modal_reads_bodies_by_call_id(fixture_runs, replay_loa
         assert isinstance(modal, ModelCallScreen) and modal.call.call_id == calls[row].call_id
         await wait(pilot, lambda: modal.loaded, what="the call's bodies")
         record = records[modal.call.call_id]
-        assert modal.record == record
+        assert modal.record is not None and modal.record.model_dump(mode="json") == record
         # the recorder's key names: request_body (JSON) and response_body (the raw SSE stream)
         assert isinstance(record["request_body"], dict) and isinstance(record["response_body"], str)
         assert json.loads(modal.query_one("#request").text) == record["request_body"]
@@ -292,14 +290,14 @@ async def test_model_call_modal_reads_bodies_by_call_id(fixture_runs, replay_loa
 
 async def test_model_call_without_recorded_response_shows_not_recorded(constructed_run, replay_loaded, wait):
     """CONSTRUCTED run: a call whose response never arrived (the client went away)."""
-    records = {r["call_id"]: r for r in RunDirReader(constructed_run).model_calls()}
+    records = {r.call_id: r.model_dump(mode="json") for r in RunDirReader(constructed_run).model_calls()}
     app = OpenCodeTUI(run_dir=constructed_run)
     async with app.run_test(size=SIZE) as pilot:
         await replay_loaded(pilot)
         table = app.screen.query_one(ModelCallsTable)
-        missing = [i for i, c in enumerate(table.calls) if "response_body" not in records[c.call_id]]
+        missing = [i for i, c in enumerate(table.calls) if records[c.call_id]["response_body"] is None]
         assert len(missing) == 1
-        assert str(table.get_row_at(missing[0])[3]) == "error"
+        assert str(table.get_row_at(missing[0])[COLUMNS.index("status")]) == "error"
         table.focus()
         table.move_cursor(row=missing[0])
         await pilot.press("enter")
@@ -315,7 +313,7 @@ async def test_model_call_without_recorded_response_shows_not_recorded(construct
 async def test_model_call_without_any_record_is_tolerated(tmp_path, fixture_runs, replay_loaded, wait):
     run = tmp_path / "no-bodies"
     shutil.copytree(fixture_runs / "hello-file", run)
-    (run / "model_calls.jsonl").unlink()
+    (run / RunFiles.MODEL_CALLS).unlink()
     app = OpenCodeTUI(run_dir=run)
     async with app.run_test(size=SIZE) as pilot:
         await replay_loaded(pilot)
@@ -390,7 +388,7 @@ async def test_timeline_steps_and_jumps_to_failures(fixture_runs, replay_loaded)
 async def test_cast_playback_fast(fixture_runs, replay_loaded, wait):
     run = fixture_runs / "oom"
     events = _events(run)
-    cast = read_cast(run / "terminal.cast")
+    cast = RunDirReader(run).cast()
     assert cast is not None and cast.frames
     played = ANSI.sub("", "".join(text for _, text in cast.frames).replace("\r\n", "\n")).splitlines()
     last_display = max(
@@ -492,7 +490,7 @@ async def test_help_and_theme_cycle(fixture_runs, replay_loaded):
 async def test_copy_terminal_and_call(fixture_runs, replay_loaded):
     run = fixture_runs / "hello-file"
     events = _events(run)
-    records = {r["call_id"]: r for r in RunDirReader(run).model_calls()}
+    records = {r.call_id: r.model_dump(mode="json") for r in RunDirReader(run).model_calls()}
     first_call = next(e for e in events if isinstance(e, ModelCall))
     messages: list = []
     app = OpenCodeTUI(run_dir=run)
@@ -550,7 +548,7 @@ async def test_bad_lines_in_events_jsonl_are_skipped(tmp_path, fixture_runs, rep
     run = tmp_path / "torn"
     shutil.copytree(fixture_runs / "hello-file", run)
     good = len(_events(run))
-    with (run / "events.jsonl").open("a") as f:
+    with (run / RunFiles.EVENTS).open("a") as f:
         f.write('{"type": "from_a_newer_engine", "seq": 999}\n{"type": "terminal", "str')
     messages: list = []
     app = OpenCodeTUI(run_dir=run)
@@ -584,16 +582,24 @@ async def test_command_palette_runs_app_actions(fixture_runs, replay_loaded, wai
         assert isinstance(app.screen.view_state.failures[-1], FailureRecorded)
 
 
-def test_call_bodies_accept_both_key_names():
-    recorder_style = {
-        "call_id": "c",
-        "request_body": {"model": "m"},
-        "response_body": "data: {}\n\ndata: [DONE]\n",
-    }
-    assert json.loads(_body(recorder_style, "request")) == {"model": "m"}
-    assert _body(recorder_style, "response").startswith("data: {}")
-    assert json.loads(_body({"request": '{"model": "m"}'}, "request")) == {"model": "m"}
-    assert _body({"call_id": "c"}, "response") == NOT_RECORDED
+def test_call_bodies_from_the_typed_record():
+    from datetime import UTC, datetime
+
+    from core.calls.records import ModelCallRecord
+
+    when = datetime.now(UTC)
+    recorded = ModelCallRecord(
+        call_id="c",
+        method="POST",
+        path="/v1/chat/completions",
+        started_at=when,
+        request_body={"model": "m"},
+        response_body="data: {}\n\ndata: [DONE]\n",
+    )
+    assert json.loads(_body(recorded, "request")) == {"model": "m"}
+    assert _body(recorded, "response").startswith("data: {}")
+    bare = ModelCallRecord(call_id="c", method="POST", path="/v1/x", started_at=when)
+    assert _body(bare, "response") == NOT_RECORDED
     assert _body(None, "request") == NOT_RECORDED
 
 
@@ -601,7 +607,7 @@ def test_cast_origin_takes_the_fraction_from_the_run_start(fixture_runs):
     """asciinema's header timestamp is whole seconds; run.json's started_at supplies the fraction."""
     from datetime import UTC, datetime
 
-    from opencode_tui.feeds import Cast
+    from core.artifacts import Cast
 
     cast = Cast({"timestamp": 1_700_000_000}, [(1.0, "x")])
     assert cast.origin(None) == 1_700_000_000.0
@@ -612,6 +618,6 @@ def test_cast_origin_takes_the_fraction_from_the_run_start(fixture_runs):
     assert Cast({}, []).origin(within) is None
     # the recorded runs: the recording started within the second run.json says the run started
     for name in ("hello-file", "oom"):
-        recorded = read_cast(fixture_runs / name / "terminal.cast")
+        recorded = RunDirReader(fixture_runs / name).cast()
         started = RunDirReader(fixture_runs / name).info().started_at
         assert recorded.origin(started) == started.timestamp() != recorded.start_epoch

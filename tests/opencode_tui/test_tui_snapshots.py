@@ -85,6 +85,54 @@ def test_model_call_detail_modal(snap_compare, fixture_runs, replay_loaded, wait
     assert snap_compare(OpenCodeTUI(run_dir=run), terminal_size=SIZE, run_before=run_before)
 
 
+def test_model_call_response_assembled_120x40(snap_compare, fixture_runs, replay_loaded, wait):
+    """The last agent call of the oom run: the response as the client assembled it from the stream
+    (a tool call with its arguments parsed), latency and TTFT in view at 120 columns."""
+    run = fixture_runs / "oom"
+
+    async def run_before(pilot) -> None:
+        await replay_loaded(pilot)
+        table = pilot.app.screen.query_one(ModelCallsTable)
+        table.focus()
+        table.move_cursor(row=1)
+        await pilot.press("enter")
+        modal = pilot.app.screen
+        assert isinstance(modal, ModelCallScreen)
+        await wait(pilot, lambda: modal.loaded, what="the call's bodies")
+        await pilot.press("right", "right")  # Response tab
+        await pilot.pause()
+
+    assert snap_compare(OpenCodeTUI(run_dir=run), terminal_size=(120, 40), run_before=run_before)
+
+
+def test_terminal_search_120x40(snap_compare, fixture_runs, replay_loaded):
+    """/ in the terminal pane: every match highlighted, the current one in its own colour, the count
+    in the pane's subtitle."""
+
+    async def run_before(pilot) -> None:
+        await replay_loaded(pilot)
+        pilot.app.screen.terminal.focus()
+        await pilot.press("slash", *"hello", "enter", "n")
+        await pilot.pause()
+
+    run = fixture_runs / "hello-file"
+    assert snap_compare(OpenCodeTUI(run_dir=run), terminal_size=(120, 40), run_before=run_before)
+
+
+def test_inspect_cleanup_80x24(snap_compare, fixture_runs, replay_loaded, wait):
+    """v on a small terminal: each cleanup step's detail with the receipt's fields."""
+
+    async def run_before(pilot) -> None:
+        await replay_loaded(pilot)
+        await pilot.press("v")
+        await wait(pilot, lambda: getattr(pilot.app.screen, "loaded", False), what="the run's files")
+        await pilot.pause()
+
+    assert snap_compare(
+        OpenCodeTUI(run_dir=fixture_runs / "oom"), terminal_size=(80, 24), run_before=run_before
+    )
+
+
 def test_runs_browser(snap_compare, fixture_runs, monkeypatch):
     async def run_before(pilot) -> None:
         await pilot.pause()
@@ -202,3 +250,12 @@ def test_replay_80x24_failures_tab(snap_compare, fixture_runs, replay_loaded):
     assert snap_compare(
         OpenCodeTUI(run_dir=fixture_runs / "oom"), terminal_size=(80, 24), run_before=run_before
     )
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_diff_screen(snap_compare, fixture_runs, size):
+    """``opencode-tui diff`` of the recorded oom and exit-137 runs: drift, steps side by side with the
+    first divergence marked, deltas."""
+    exit_137 = fixture_runs.parent / "more-runs" / "exit-137"
+    app = OpenCodeTUI(diff=(fixture_runs / "oom", exit_137))
+    assert snap_compare(app, terminal_size=size)

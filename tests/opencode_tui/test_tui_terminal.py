@@ -1,4 +1,4 @@
-"""The terminal pane: line buffer, transcript rendering, and drawing only the visible lines."""
+"""The terminal pane: line buffer, the engine's transcript rendering in it, and drawing only the visible lines."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from textual.app import App, ComposeResult
 from core.events import OpenCodeEvent, TerminalOutput, ToolCall
 from opencode_tui import linebuffer
 from opencode_tui.linebuffer import LineBuffer, ansi_line, collapse_cr, raw_line
-from opencode_tui.transcript import TranscriptWriter
-from opencode_tui.widgets.terminal import TerminalView
+from opencode_tui.widgets.terminal import TerminalView, TranscriptFeed
 
 
 def test_line_buffer_joins_chunks_and_keeps_an_open_line():
@@ -49,7 +48,7 @@ def _tool(call_id, status, command="ls", output=None, tool="bash", **inp):
 
 def test_bash_calls_render_as_prompt_and_streamed_output():
     buf = LineBuffer()
-    w = TranscriptWriter(buf)
+    w = TranscriptFeed(buf)
     w.feed(_tool("t1", "running", "make test", output=""))
     w.feed(_tool("t1", "running", "make test", output="step 1\n"))
     w.feed(_tool("t1", "running", "make test", output="step 1\nstep 2\n"))
@@ -61,7 +60,7 @@ def test_bash_calls_render_as_prompt_and_streamed_output():
 
 def test_failed_command_and_edits_and_other_tools():
     buf = LineBuffer()
-    w = TranscriptWriter(buf)
+    w = TranscriptFeed(buf)
     w.feed(_tool("t1", "error", "false", output="boom"))
     w.feed(
         ToolCall(
@@ -74,14 +73,15 @@ def test_failed_command_and_edits_and_other_tools():
     w.feed(ToolCall(call_id="t3", tool="read", status="completed", input={"filePath": "b.py"}, title="b.py"))
     w.flush_pending()
     lines = buf.plain(0, buf.count)
-    assert lines[:3] == ["$ false", "boom", "✗ command failed"]
-    assert "✎ edit a.py" in lines and "-y = 2" in lines and "+y = 3" in lines
-    assert lines[-1] == "⚙ read b.py"
+    # the engine's rendering (core.runtime.stream.render_tool), not one of the TUI's own
+    assert lines[:3] == ["$ false", "boom", "✖ command failed"]
+    assert "--- a.py" in lines and "-y = 2" in lines and "+y = 3" in lines
+    assert lines[-1] == "• read b.py"
 
 
 def test_assistant_text_from_run_json_and_server_events():
     buf = LineBuffer()
-    w = TranscriptWriter(buf)
+    w = TranscriptFeed(buf)
     w.feed(OpenCodeEvent(event_type="text", payload={"part": {"id": "p1", "type": "text", "text": "Hello."}}))
     w.feed(
         OpenCodeEvent(
@@ -112,14 +112,14 @@ def test_assistant_text_from_run_json_and_server_events():
     )
     w.feed(OpenCodeEvent(event_type="step_finish", payload={"part": {"type": "step-finish"}}))
     assert not w.engine_renders
-    assert buf.plain(0, buf.count) == ["Hello.", "Streaming done.", "✗ opencode error: nope"]
+    assert buf.plain(0, buf.count) == ["Hello.", "Streaming done.", "✖ nope"]
 
 
 def test_engine_rendering_on_the_display_stream_is_used_instead_of_our_own():
     """core.runtime.stream renders each tool call/text on the display stream (older runs: right after the
-    event): the TUI then shows that rendering once, not a second one of its own."""
+    event): the TUI then shows that rendering once, not a second one."""
     buf = LineBuffer()
-    w = TranscriptWriter(buf)
+    w = TranscriptFeed(buf)
     w.feed(TerminalOutput(stream="display", data="[supervisor] starting\n"))
     w.feed(OpenCodeEvent(event_type="tool_use", payload={"part": {"type": "tool"}}))
     w.feed(_tool("t1", "completed", "cat a", output="A\n"))
@@ -133,7 +133,7 @@ def test_engine_rendering_on_the_display_stream_is_used_instead_of_our_own():
 
 def test_malformed_payloads_never_break_the_stream():
     buf = LineBuffer()
-    w = TranscriptWriter(buf)
+    w = TranscriptFeed(buf)
     w.feed(OpenCodeEvent(event_type="message.part.updated", payload={"properties": "not a dict"}))
     w.feed(ToolCall(call_id="x", tool="edit", status="completed", input={"edits": [{"oldString": 5}]}))
     w.feed(TerminalOutput(stream="stdout", data="machine readable\n"))  # raw view only

@@ -94,3 +94,44 @@ def read_memory_cgroup(path: Path, version: int) -> dict[str, Any]:
 def _cgroup_present(found: tuple[Path, int]) -> bool:
     path, version = found
     return (path / ("memory.oom_control" if version == 1 else "memory.events")).is_file()
+
+
+def find_pids_cgroup(container_id: str, pid: int | None) -> Path | None:
+    """The pids cgroup directory of a container (v1 ``pids`` hierarchy or v2), or ``None``; found as
+    ``find_memory_cgroup`` finds the memory one, and it must contain the full container id too."""
+    candidates: list[Path] = []
+    if pid:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
+                if "pids" in controllers.split(","):
+                    candidates.append(CGROUP_ROOT / "pids" / path.lstrip("/"))
+                elif hierarchy == "0" and controllers == "":
+                    candidates.append(CGROUP_ROOT / path.lstrip("/"))
+    candidates += [
+        CGROUP_ROOT / "pids" / "docker" / container_id,
+        CGROUP_ROOT / "pids" / "system.slice" / f"docker-{container_id}.scope",
+        CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope",
+        CGROUP_ROOT / "docker" / container_id,
+    ]
+    for cand in candidates:
+        if container_id in str(cand) and (cand / "pids.max").is_file():
+            return cand
+    return None
+
+
+# Storage drivers whose ``--storage-opt size=`` limits a container's writable layer (overlay2 only on
+# xfs mounted with pquota, which the engine checks itself at create).
+_SIZED_DRIVERS = {"btrfs", "zfs", "devicemapper", "windowsfilter"}
+
+
+def disk_limit_support(info: dict[str, Any]) -> tuple[bool, str]:
+    """Can this engine limit a container's writable space (``docker info`` → (yes, why/why not))?"""
+    driver = info.get("Driver") or "?"
+    backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "?")
+    if driver in _SIZED_DRIVERS or (driver == "overlay2" and backing == "xfs"):
+        return True, f"storage driver {driver} (backing {backing}) takes --storage-opt size"
+    return False, (
+        f"storage driver {driver} on {backing} cannot limit a container's size "
+        "(--storage-opt size needs overlay2 on xfs with pquota, btrfs, zfs or devicemapper)"
+    )

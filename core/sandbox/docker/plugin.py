@@ -6,14 +6,14 @@ Cheap to import (the CLI loads every plug-in for its choices): the SDK is import
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from core.provider_registry import Capabilities, Check, ProviderPlugin
 from core.sandbox.docker.settings import DockerSettings
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
-from core.sandbox.registry import Capabilities, Check, ProviderPlugin
 
 if TYPE_CHECKING:
     from core.config import AgentConfig
@@ -42,6 +42,7 @@ class DockerPlugin(ProviderPlugin):
         oom_evidence=frozenset({SOURCE_STATE, SOURCE_EVENTS, SOURCE_CGROUP}),
         borrowed=True,
         images=True,
+        image_build=True,
         users=True,
         host_mounts=True,
         listing=True,
@@ -54,6 +55,13 @@ class DockerPlugin(ProviderPlugin):
         s = self.settings(settings)
         assert isinstance(s, DockerSettings)
         return DockerProvider(base_url=s.base_url, api_timeout=s.api_timeout_s)
+
+    async def build_image(self, task: Any, config: AgentConfig, log: Callable[[str], None]) -> str:
+        from core.sandbox.docker.image_build import build_task_image
+
+        settings = config.sandbox.settings_for(self.name)
+        assert isinstance(settings, DockerSettings)
+        return await build_task_image(task, settings, log)
 
     async def preflight(self, config: AgentConfig) -> list[Check]:
         return await asyncio.to_thread(self._preflight, config)
@@ -75,6 +83,25 @@ class DockerPlugin(ProviderPlugin):
                 )
             ]
         out = [Check(name="docker engine", status="ok", detail=f"version {version}")]
+        from core.sandbox.docker.cgroup import disk_limit_support
+
+        try:
+            info = client.info()
+            can, why = disk_limit_support(info)
+            out.append(
+                Check(
+                    name="docker disk limit",
+                    status="ok" if can else "warn",
+                    detail=why if can else f"not enforced: {why}",
+                )
+            )
+            pids = info.get("PidsLimit")
+            detail = (
+                "pids_limit supported" if pids else "not enforced: the engine reports no pids cgroup support"
+            )
+            out.append(Check(name="docker process limit", status="ok" if pids else "warn", detail=detail))
+        except Exception as exc:
+            out.append(Check(name="docker limits", status="warn", detail=f"docker info failed: {exc}"))
         image = config.sandbox.image or DEFAULT_IMAGE
         try:
             client.images.get(image)

@@ -15,6 +15,9 @@ Design notes
   stays up; evidence comes from the ``oom`` event and the cgroup counter); if the main process
   itself is OOM-killed, tini exits with its status and the engine records ``State.OOMKilled``.
   ``memswap_limit`` equals ``mem_limit`` so the limit cannot be dodged by swapping: OOM is real.
+  ``pids_limit`` caps processes and threads (evidence: the container's pids cgroup counters);
+  ``storage_opt size`` caps the writable layer only on storage drivers that can (``disk_limit_support``;
+  otherwise ``status()`` says why it is not enforced).
 * **Exec streaming** uses the exec's attach socket (``exec_start(socket=True)``) and parses
   Docker's multiplexed frames ourselves: the SDK's ``stream=True`` generator keeps the client's read
   timeout, so a command quiet for longer than that would break, and the socket lets us write stdin
@@ -59,6 +62,7 @@ from core.sandbox.base import (
     default_owner,
     invocation_id,
 )
+from core.sandbox.docker.cgroup import disk_limit_support
 from core.sandbox.docker.common import (
     API_TIMEOUT_S,
     BUILD_HINT,
@@ -98,6 +102,7 @@ class DockerProvider(SandboxProvider):
         api_timeout: float = API_TIMEOUT_S,
     ):
         self._client = client
+        self._disk_support_cache: tuple[bool, str] | None = None
         self._base_url = base_url
         self.owner = owner or default_owner()
         self.default_image = default_image
@@ -193,6 +198,15 @@ class DockerProvider(SandboxProvider):
             kwargs["memswap_limit"] = spec.memory_bytes  # no swap: the limit is real and OOM is real
         if spec.cpus:
             kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+        if spec.pids_limit:
+            kwargs["pids_limit"] = spec.pids_limit
+        disk_note = None
+        if spec.disk_bytes:
+            can, why = await self._disk_support(client)
+            if can:
+                kwargs["storage_opt"] = {"size": str(spec.disk_bytes)}
+            else:
+                disk_note = f"disk limit not enforced: {why}"
 
         since = time.time() - 1.0
         try:
@@ -223,6 +237,7 @@ class DockerProvider(SandboxProvider):
         sandbox = DockerSandbox(
             client, container.id, owned=True, since=since, name=name, memory_bytes=spec.memory_bytes
         )
+        sandbox._disk_note = disk_note
         try:
             await sandbox._record_baseline(attrs=attrs)
             reason = await sandbox._wait_ready(spec.ready_timeout_s)
@@ -245,6 +260,16 @@ class DockerProvider(SandboxProvider):
                 ),
             )
         return sandbox
+
+    async def _disk_support(self, client: docker.DockerClient) -> tuple[bool, str]:
+        """``disk_limit_support`` of this engine, asked once per provider."""
+        if self._disk_support_cache is None:
+            try:
+                info = await _blocking(client.info, within=CALL_DEADLINE_S)
+                self._disk_support_cache = disk_limit_support(info)
+            except Exception as exc:
+                return False, f"docker info failed: {exc}"
+        return self._disk_support_cache
 
     async def _remove_quietly(self, client: docker.DockerClient, ref: str) -> None:
         try:

@@ -35,7 +35,12 @@ from core.sandbox.base import (
     check_exec_args,
     new_execution_id,
 )
-from core.sandbox.docker.cgroup import _cgroup_present, find_memory_cgroup, read_memory_cgroup
+from core.sandbox.docker.cgroup import (
+    _cgroup_present,
+    find_memory_cgroup,
+    find_pids_cgroup,
+    read_memory_cgroup,
+)
 from core.sandbox.docker.common import (
     _STATE_MAP,
     CALL_DEADLINE_S,
@@ -55,6 +60,7 @@ from core.sandbox.docker.common import (
 from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _Tail
 from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
+from core.sandbox.pids import pids_evidence, read_pids_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +94,9 @@ class DockerSandbox(Sandbox):
         self._cgroup: tuple[Path, int] | None = None
         self._oom_baseline: int | None = None
         self._oom_killed_at_connect: bool | None = None
+        self._pids_cgroup: Path | None = None
+        self._pids_baseline: int | None = None
+        self._disk_note: str | None = None  # why a requested disk limit is not enforced
         self._release_lock = asyncio.Lock()
 
     @property
@@ -113,6 +122,11 @@ class DockerSandbox(Sandbox):
         state = attrs.get("State") or {}
         found = await _blocking(find_memory_cgroup, self.sandbox_id, state.get("Pid"), within=5.0)
         self._cgroup = found
+        # The process limit's refused-fork counter as found now (0 for a container we created).
+        pids_cg = await _blocking(find_pids_cgroup, self.sandbox_id, state.get("Pid"), within=5.0)
+        self._pids_cgroup = pids_cg
+        if pids_cg is not None:
+            self._pids_baseline = (await _blocking(read_pids_cgroup, pids_cg, within=5.0)).get("max_events")
         if self.owned:
             # We created it: its cgroup is fresh, so every OOM kill it ever counts is ours.
             self._oom_baseline = 0
@@ -331,27 +345,29 @@ class DockerSandbox(Sandbox):
         if not PurePosixPath(dest_dir).is_absolute():
             raise ValueError(f"dest_dir must be an absolute path inside the sandbox, got {dest_dir!r}")
         members = tarsafe.check_archive(archive)  # raises UnsafeArchiveError before anything is written
+        archive = tarsafe.without_special_bits(archive)  # put_archive keeps setuid/setgid as given
         target = PurePosixPath(dest_dir)
         if target.name and any(m.isdir() and PurePosixPath(m.name) == PurePosixPath(".") for m in members):
             # The engine skips a "." entry when the target exists; extracted from the parent, the
             # target's own owner and mode come from the archive (and "." is the target by name).
             archive = tarsafe.reroot(archive, target.name)
             dest_dir = str(target.parent)
-        # As root, whatever the image's user: the engine extracts as root with the archive's owners.
-        made = await self.exec(["mkdir", "-p", "--", dest_dir], timeout=CALL_DEADLINE_S, user="0")
-        if not made.ok:
-            detail = made.stderr.decode("utf-8", "replace").strip() or made.error or f"exit {made.exit_code}"
-            message = f"upload: cannot create {dest_dir!r} in the sandbox: {detail}"
-            raise SandboxError(
-                message,
-                failure=_failure(
-                    "sandbox_file_failed", stage=FailureStage.SEED, operation="upload", message=message
-                ),
-            )
         try:
-            ok = await _blocking(
-                self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
-            )
+            try:
+                ok = await _blocking(
+                    self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
+                )
+            except docker.errors.NotFound:
+                # The destination does not exist yet (the engine refused before writing anything):
+                # create it, as root whatever the image's user (the engine extracts as root with the
+                # archive's owners), and put the archive once more. Usually it exists (the workdir,
+                # /tmp): then no exec is spent on it.
+                await self._mkdir_as_root(dest_dir)
+                ok = await _blocking(
+                    self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
+                )
+        except SandboxError:
+            raise
         except Exception as exc:
             raise _engine_error(
                 exc,
@@ -362,6 +378,18 @@ class DockerSandbox(Sandbox):
             ) from exc
         if not ok:
             message = f"upload into {dest_dir!r}: the engine refused the archive"
+            raise SandboxError(
+                message,
+                failure=_failure(
+                    "sandbox_file_failed", stage=FailureStage.SEED, operation="upload", message=message
+                ),
+            )
+
+    async def _mkdir_as_root(self, dest_dir: str) -> None:
+        made = await self.exec(["mkdir", "-p", "--", dest_dir], timeout=CALL_DEADLINE_S, user="0")
+        if not made.ok:
+            detail = made.stderr.decode("utf-8", "replace").strip() or made.error or f"exit {made.exit_code}"
+            message = f"upload: cannot create {dest_dir!r} in the sandbox: {detail}"
             raise SandboxError(
                 message,
                 failure=_failure(
@@ -447,6 +475,12 @@ class DockerSandbox(Sandbox):
             evidence.append(Evidence(source=SOURCE_STATE, scope=cid, data=data))
         evidence.extend(await self._events_evidence(min(EVENTS_DEADLINE_S, max(deadline - loop.time(), 0.5))))
         evidence.append(await self._cgroup_evidence(attrs, max(deadline - loop.time(), 0.5)))
+        if self._pids_cgroup is not None:
+            with contextlib.suppress(OSError, TimeoutError):
+                cg, base = self._pids_cgroup, self._pids_baseline
+                evidence.append(
+                    await _blocking(pids_evidence, cg, base, cid, within=max(deadline - loop.time(), 0.5))
+                )
         return attrs, evidence
 
     async def _events_evidence(self, budget_s: float) -> list[Evidence]:
@@ -561,17 +595,24 @@ class DockerSandbox(Sandbox):
                 notes.append(f"docker status {raw!r}")
             host = attrs.get("HostConfig") or {}
             limit = host.get("Memory") or None
+            pids_limited = bool(host.get("PidsLimit")) or None
+            disk_limited = True if (host.get("StorageOpt") or {}).get("size") else None
             notes.append(f"network_mode={host.get('NetworkMode')}")
             if host.get("Init"):
                 notes.append("init=docker-init")
         if not limit:
             notes.append("no memory limit set")
+        if self._disk_note:
+            disk_limited = False
+            notes.append(self._disk_note)
         return SandboxStatus(
             sandbox_id=self.sandbox_id,
             provider=self.provider,
             owned=self.owned,
             state=state,
             memory_limit_enforced=True if limit else None,
+            pids_limit_enforced=pids_limited if attrs is not None else None,
+            disk_limit_enforced=disk_limited if attrs is not None else None,
             notes=notes,
             evidence=evidence,
         )

@@ -24,13 +24,19 @@ log = logging.getLogger(__name__)
 
 
 def _memory_cgroup_mount() -> Path | None:
+    return _cgroup_v1_mount("memory")
+
+
+def _cgroup_v1_mount(controller: str) -> Path | None:
+    """Where the cgroup v1 hierarchy with ``controller`` is mounted (the pids one serves limits.pids,
+    with the same ``_Cgroup`` helpers: its cgroup.procs, kill-all and removal work alike)."""
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
         parts = line.split()
-        if len(parts) >= 4 and parts[2] == "cgroup" and "memory" in parts[3].split(","):
+        if len(parts) >= 4 and parts[2] == "cgroup" and controller in parts[3].split(","):
             return Path(parts[1])
     return None
 

@@ -21,6 +21,7 @@ from core.failures import (
 )
 from core.sandbox.errors import SandboxError, UnsafeArchiveError
 from core.sandbox.local.common import _error
+from core.sandbox.local.disk import _unmount_disk
 
 # ---------------------------------------------------------------------------------------------
 # fd-pinned file transfer (see "Files" in the module docstring)
@@ -290,6 +291,8 @@ def _archive_pinned(root: Path, rel: Sequence[str], arcname: str, shown: str) ->
 
 
 def _rmtree(path: Path) -> None:
+    _unmount_disk(path)  # a sized filesystem (limits.disk) is unmounted first, never emptied in place
+
     def onerror(func: Any, p: str, exc_info: Any) -> None:
         # A directory made read-only inside the sandbox: make it writable and retry once.
         parent = os.path.dirname(p)

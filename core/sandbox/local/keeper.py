@@ -25,6 +25,8 @@ _KEEPER_SCRIPT = (
     "while :; do sleep 3600 & wait; done"
 )
 _CGROUP_WRAPPER = 'echo $$ > "$0" && exec "$@"'
+# The same into two cgroups (memory, pids): $0 and $1 are their cgroup.procs files.
+_CGROUPS_WRAPPER = 'echo $$ > "$0" && echo $$ > "$1" && shift && exec "$@"'
 # The keeper's parent (see the module docstring). argv: control fd, status fd, then the keeper's argv.
 # Stdlib only and run with -I -S: it starts in a few milliseconds and reads no site or environment.
 _HOLDER_SCRIPT = r"""

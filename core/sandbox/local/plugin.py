@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from core.provider_registry import Capabilities, Check, ProviderPlugin
 from core.sandbox.local.settings import LocalSettings
 from core.sandbox.oom import SOURCE_CGROUP
-from core.sandbox.registry import Capabilities, Check, ProviderPlugin
 
 if TYPE_CHECKING:
     from core.config import AgentConfig
@@ -47,6 +47,7 @@ class LocalPlugin(ProviderPlugin):
 
     async def preflight(self, config: AgentConfig) -> list[Check]:
         """bwrap found and usable, then one real sandbox created, used and released."""
+        from core.config import DEFAULT_PIDS_LIMIT
         from core.sandbox.base import SandboxSpec
         from core.sandbox.local.bwrap import resolve_bwrap
 
@@ -62,7 +63,12 @@ class LocalPlugin(ProviderPlugin):
         started = time.monotonic()
         try:
             sb = await provider.create(
-                SandboxSpec(run_id=f"doctor-{uuid.uuid4().hex[:6]}", memory_bytes=64 << 20)
+                SandboxSpec(
+                    run_id=f"doctor-{uuid.uuid4().hex[:6]}",
+                    memory_bytes=64 << 20,
+                    pids_limit=DEFAULT_PIDS_LIMIT,
+                    disk_bytes=16 << 20,
+                )
             )
             try:
                 r = await sb.exec(["/bin/sh", "-c", "echo ok"], timeout=30)
@@ -87,6 +93,21 @@ class LocalPlugin(ProviderPlugin):
                     else "; ".join(status.notes) or "not enforced",
                 )
             )
+            for what, ok, how, word in (
+                ("process", status.pids_limit_enforced, "enforced through a pids cgroup", "process limit"),
+                (
+                    "disk",
+                    status.disk_limit_enforced,
+                    "enforced by a loop-mounted ext4 of that size",
+                    "disk limit",
+                ),
+            ):
+                why = "; ".join(n for n in status.notes if word in n) or "not enforced"
+                out.append(
+                    Check(
+                        name=f"local {what} limit", status="ok" if ok else "warn", detail=how if ok else why
+                    )
+                )
         except Exception as exc:
             out.append(Check(name="local sandbox", status="fail", detail=str(exc)))
         return out

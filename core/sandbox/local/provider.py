@@ -96,8 +96,16 @@ Files
     path component is opened relative to a pinned directory fd with ``O_NOFOLLOW``; a symlink in the
     way is refused. Member symlinks are created as links, never followed.
 
+Limits beyond memory
+    ``spec.pids_limit``: a second cgroup in the v1 pids hierarchy (same layout), ``pids.max`` set;
+    every bwrap enters both cgroups before exec'ing; ``inspect()`` reports ``cgroup.pids`` evidence
+    (``pids.events``' refused-fork counter against its value at create/connect, core.sandbox.pids).
+    ``spec.disk_bytes``: a loop-mounted ext4 of that size under the writable overlays
+    (core/sandbox/local/disk.py), unmounted before the state dir is removed.
+
 Not enforced here (``status().notes`` says so): ``spec.image`` (the host's own system is used),
-``spec.cpus``, a memory limit without a cgroup, and (non-root) a loopback shared between execs.
+``spec.cpus``, a memory, process or disk limit without root/cgroups, and (non-root) a loopback shared
+between execs.
 """
 
 from __future__ import annotations
@@ -129,7 +137,7 @@ from core.sandbox.base import (
 )
 from core.sandbox.errors import SandboxError
 from core.sandbox.local.bwrap import ETC_ALLOW, BwrapBinary, probe_bwrap, resolve_bwrap
-from core.sandbox.local.cgroup import _Cgroup, _memory_cgroup_mount
+from core.sandbox.local.cgroup import _Cgroup, _cgroup_v1_mount, _memory_cgroup_mount
 from core.sandbox.local.common import (
     _HOST_ENV,
     _ID_RE,
@@ -142,9 +150,11 @@ from core.sandbox.local.common import (
     _home_for,
     _resolve_user,
 )
+from core.sandbox.local.disk import _mount_disk
 from core.sandbox.local.files import _rmtree
 from core.sandbox.local.keeper import _Keeper, _stop_keeper
 from core.sandbox.local.sandbox import LocalSandbox
+from core.sandbox.pids import read_pids_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -268,11 +278,19 @@ class LocalProvider(SandboxProvider):
             "bwrap": {"path": self.bwrap.path, "source": self.bwrap.source, "version": self.bwrap.version},
             "cgroup": None,
             "oom_kill_baseline": None,
+            "pids_cgroup": None,
+            "pids_max_events_baseline": None,
             "notes": notes,
         }
         sandbox: LocalSandbox | None = None
         try:
             overlays = state_dir / OVERLAYS_DIR
+            if spec.disk_bytes is not None:
+                why_not_disk = await _mount_disk(state_dir, spec.disk_bytes)
+                if why_not_disk is None:
+                    meta["disk_mount"] = str(overlays)
+                else:
+                    notes.append(f"disk limit not enforced: {why_not_disk}")
             for target, mode in (
                 (spec.workdir, 0o755),
                 (home, 0o700),
@@ -293,6 +311,13 @@ class LocalProvider(SandboxProvider):
                     )
             elif spec.memory_bytes is not None:
                 notes.append(f"memory limit not enforced: {why_not}")
+            if spec.pids_limit is not None:
+                pids_cg, why_not_pids = self._make_pids_cgroup(sandbox_id, spec.pids_limit)
+                if pids_cg is not None:
+                    meta["pids_cgroup"] = str(pids_cg.path)
+                    meta["pids_max_events_baseline"] = read_pids_cgroup(pids_cg.path).get("max_events")
+                else:
+                    notes.append(f"process limit not enforced: {why_not_pids}")
             else:
                 notes.append(
                     f"no cgroup ({why_not}): release kills the sandbox's PID namespace and our bwrap processes"
@@ -365,6 +390,37 @@ class LocalProvider(SandboxProvider):
             return None, f"cannot set the memory limit in {path}: {exc.strerror or exc}"
         return cg, None
 
+    def _pids_parent(self) -> tuple[Path | None, str | None]:
+        """(parent dir for this base dir's pids cgroups, or None and why not)."""
+        if self._cgroup_arg is False:
+            return None, "cgroups disabled by configuration"
+        mount = _cgroup_v1_mount("pids")
+        if mount is None:
+            return None, "no cgroup v1 pids controller is mounted on this host"
+        return mount / "opencode-tui" / self._base_key(), None
+
+    def _make_pids_cgroup(self, sandbox_id: str, limit: int) -> tuple[_Cgroup | None, str | None]:
+        parent, why = self._pids_parent()
+        if parent is None:
+            return None, why
+        path = parent / sandbox_id
+        for attempt in range(3):
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileNotFoundError:
+                if attempt == 2:  # the (empty) parent removed by a concurrent release, thrice
+                    return None, f"cannot create the cgroup {path}: its parent keeps disappearing"
+            except OSError as exc:
+                return None, f"cannot create the cgroup {path} ({exc.strerror or exc}; cgroups need root)"
+        try:
+            (path / "pids.max").write_text(str(limit))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return None, f"cannot set pids.max in {path}: {exc.strerror or exc}"
+        return _Cgroup(path), None
+
     async def connect(self, sandbox_id: str) -> LocalSandbox:
         await self.check()
         try:
@@ -389,6 +445,11 @@ class LocalProvider(SandboxProvider):
                 sandbox._oom_baseline = sandbox._cgroup.oom_control().get("oom_kill")
             else:
                 sandbox._cgroup = None
+        if sandbox._pids_cgroup is not None:
+            if sandbox._pids_cgroup.exists():
+                sandbox._pids_baseline = read_pids_cgroup(sandbox._pids_cgroup.path).get("max_events")
+            else:
+                sandbox._pids_cgroup = None
         return sandbox
 
     async def sweep(self, *, dry_run: bool = False, owner: str | None = None) -> list[str]:
@@ -414,6 +475,15 @@ class LocalProvider(SandboxProvider):
             for entry in sorted(parent.iterdir()):
                 if entry.is_dir() and _ID_RE.fullmatch(entry.name) and entry.name not in known:
                     found.append((entry.name, self.base_dir / entry.name, {"cgroup": str(entry)}))
+        pids_parent, _ = self._pids_parent()
+        if owner is None and pids_parent is not None and pids_parent.is_dir():
+            known = {sid: meta for sid, _, meta in found}
+            for entry in sorted(pids_parent.iterdir()):
+                if entry.is_dir() and _ID_RE.fullmatch(entry.name):
+                    if entry.name not in known:
+                        found.append((entry.name, self.base_dir / entry.name, {"pids_cgroup": str(entry)}))
+                    elif not known[entry.name].get("pids_cgroup"):
+                        known[entry.name]["pids_cgroup"] = str(entry)
         ids = [sid for sid, _, _ in found]
         if dry_run:
             return ids
@@ -481,10 +551,11 @@ async def _destroy(state_dir: Path, meta: Mapping[str, Any]) -> None:
             pid=k["pid"], start_time=k["start_time"], pidns=k["pidns"], bwrap_pid=k.get("bwrap_pid")
         )
         await _stop_keeper(keeper)
-    cg = meta.get("cgroup")
-    if cg:
-        cgroup = _Cgroup(Path(cg))
-        if cgroup.exists():
-            await cgroup.kill_all()
-            await cgroup.remove()
+    for key in ("cgroup", "pids_cgroup"):
+        cg = meta.get(key)
+        if cg:
+            cgroup = _Cgroup(Path(cg))
+            if cgroup.exists():
+                await cgroup.kill_all()
+                await cgroup.remove()
     await asyncio.to_thread(_rmtree, state_dir)

@@ -66,6 +66,7 @@ from core.sandbox.local.files import (
 )
 from core.sandbox.local.keeper import (
     _CGROUP_WRAPPER,
+    _CGROUPS_WRAPPER,
     _KEEPER_SCRIPT,
     _Keeper,
     _Launch,
@@ -82,6 +83,7 @@ from core.sandbox.local.procs import (
     _protect_from_oom_killer,
 )
 from core.sandbox.oom import oom_confirmed
+from core.sandbox.pids import pids_evidence
 from core.sandbox.tarsafe import check_archive
 
 if TYPE_CHECKING:
@@ -126,6 +128,10 @@ class LocalSandbox(Sandbox):
         cg = meta.get("cgroup")
         self._cgroup = _Cgroup(Path(cg)) if cg else None
         self._oom_baseline: int | None = meta.get("oom_kill_baseline")
+        # The pids cgroup (``limits.pids``) and its refused-fork counter at create/connect.
+        pcg = meta.get("pids_cgroup")
+        self._pids_cgroup = _Cgroup(Path(pcg)) if pcg else None
+        self._pids_baseline: int | None = meta.get("pids_max_events_baseline")
         self._keeper: _Keeper | None = None
         k = meta.get("keeper")
         if k:
@@ -459,9 +465,10 @@ class LocalSandbox(Sandbox):
         self._meta["nested_userns_disabled"] = ok
 
     def _wrap_cgroup(self, argv: list[str]) -> list[str]:
-        if self._cgroup is None:
+        files = [str(c.procs_file) for c in (self._cgroup, self._pids_cgroup) if c is not None]
+        if not files:
             return argv
-        return ["/bin/sh", "-c", _CGROUP_WRAPPER, str(self._cgroup.procs_file), *argv]
+        return ["/bin/sh", "-c", _CGROUP_WRAPPER if len(files) == 1 else _CGROUPS_WRAPPER, *files, *argv]
 
     async def _live_keeper(self, operation: str) -> _Keeper:
         async with self._lock:
@@ -576,6 +583,8 @@ class LocalSandbox(Sandbox):
         enforced: bool | None = None
         if self.spec.memory_bytes is not None:
             enforced = self._cgroup is not None
+        pids_enforced = None if self.spec.pids_limit is None else self._pids_cgroup is not None
+        disk_enforced = None if self.spec.disk_bytes is None else bool(self._meta.get("disk_mount"))
         evidence = [] if state in (SandboxState.RELEASED, SandboxState.GONE) else await self.inspect()
         return SandboxStatus(
             sandbox_id=self.sandbox_id,
@@ -583,6 +592,8 @@ class LocalSandbox(Sandbox):
             owned=self.owned,
             state=state,
             memory_limit_enforced=enforced,
+            pids_limit_enforced=pids_enforced,
+            disk_limit_enforced=disk_enforced,
             notes=notes,
             evidence=evidence,
         )
@@ -593,6 +604,8 @@ class LocalSandbox(Sandbox):
         out: list[Evidence] = []
         if self._cgroup is not None and self._cgroup.exists():
             out.append(self._cgroup.evidence(self._oom_baseline))
+        if self._pids_cgroup is not None and self._pids_cgroup.exists():
+            out.append(pids_evidence(self._pids_cgroup.path, self._pids_baseline))
         k = self._keeper
         out.append(
             Evidence(
@@ -822,11 +835,13 @@ class LocalSandbox(Sandbox):
             if proc.returncode is None:  # not reaped: its pid (and group) cannot have been reused
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
-        if self._cgroup is not None:
-            if not await self._cgroup.kill_all():
-                problems.append(f"processes still in cgroup {self._cgroup.path}: {self._cgroup.pids()}")
-            elif not await self._cgroup.remove():
-                problems.append(f"cannot remove cgroup {self._cgroup.path}")
+        for cgroup in (self._cgroup, self._pids_cgroup):
+            if cgroup is None:
+                continue
+            if not await cgroup.kill_all():
+                problems.append(f"processes still in cgroup {cgroup.path}: {cgroup.pids()}")
+            elif not await cgroup.remove():
+                problems.append(f"cannot remove cgroup {cgroup.path}")
         try:
             await asyncio.to_thread(_rmtree, self.state_dir)
         except OSError as exc:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from core.provider_registry import Capabilities, Check, ProviderPlugin
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
 from core.sandbox.opensandbox.settings import OpenSandboxSettings
-from core.sandbox.registry import Capabilities, Check, ProviderPlugin
 
 if TYPE_CHECKING:
     from core.config import AgentConfig

@@ -291,6 +291,7 @@ class OpenSandboxProvider(SandboxProvider):
             memory_bytes=spec.memory_bytes,
             oom_at_connect=False,
         )
+        sandbox.pids_limit, sandbox.disk_bytes = spec.pids_limit, spec.disk_bytes
         try:
             reason, evidence = await sandbox._become_ready(spec.ready_timeout_s)
             if reason is None and spec.user:

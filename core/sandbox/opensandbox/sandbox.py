@@ -96,6 +96,8 @@ class OpenSandboxSandbox(Sandbox):
         self.owned = owned
         self.workdir = workdir
         self.memory_bytes = memory_bytes
+        self.pids_limit: int | None = None  # as asked for at create (not enforceable per sandbox)
+        self.disk_bytes: int | None = None
         # The spec's user as execd's uid/gid (None: ``command_uid``/``command_gid``, else execd's own).
         self.user_ids: tuple[int, int | None] | None = None
         self.failures: list[FailureEvent] = []  # every failure seen here, recovered ones included
@@ -845,7 +847,7 @@ class OpenSandboxSandbox(Sandbox):
     async def _upload_bytes(
         self, path: str, data: bytes, mode: int, *, operation: str = "upload", deadline: float | None = None
     ) -> None:
-        metadata = json.dumps({"path": path, "mode": int(f"{mode & 0o7777:o}")})
+        metadata = json.dumps({"path": path, "mode": int(f"{mode & 0o7777 & ~tarsafe.SPECIAL_BITS:o}")})
         try:
             await self._execd_request(
                 "upload",
@@ -918,6 +920,7 @@ class OpenSandboxSandbox(Sandbox):
         if not PurePosixPath(dest_dir).is_absolute():
             raise ValueError(f"dest_dir must be an absolute path inside the sandbox, got {dest_dir!r}")
         tarsafe.check_archive(archive)  # raises UnsafeArchiveError before anything is written
+        archive = tarsafe.without_special_bits(archive)  # tar as root keeps setuid/setgid as given
         tmp = f"/tmp/.opencode-tui-upload-{uuid.uuid4().hex[:16]}.tar"
         await self._upload_bytes(tmp, archive, 0o600)
         script = 'mkdir -p -- "$1" && tar -xf "$2" -C "$1"; rc=$?; rm -f -- "$2"; exit $rc'
@@ -1085,6 +1088,8 @@ class OpenSandboxSandbox(Sandbox):
             "provider": self.provider,
             "owned": self.owned,
             "memory_limit_enforced": bool(self.memory_bytes) or None,
+            "pids_limit_enforced": False if self.pids_limit else None,
+            "disk_limit_enforced": False if self.disk_bytes else None,
         }
         if self._closed:
             return SandboxStatus(state=SandboxState.RELEASED, **base)
@@ -1098,6 +1103,15 @@ class OpenSandboxSandbox(Sandbox):
         ]
         if self.memory_bytes:
             notes.append(f"memory limit requested from the server: {self.memory_bytes} bytes")
+        if self.pids_limit:
+            # OpenSandbox 1.1's lifecycle API takes cpu and memory only; its Docker runtime applies
+            # the server's own ``pids_limit`` setting to every sandbox.
+            notes.append(
+                f"process limit {self.pids_limit} not set per sandbox: the OpenSandbox API has no such field; "
+                "the server's own docker pids_limit setting applies"
+            )
+        if self.disk_bytes:
+            notes.append("disk limit not enforced: the OpenSandbox API has no per-sandbox disk size")
         if gone:
             sandbox_state = SandboxState.GONE
         else:

@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
+from core.artifacts import RunDirReader, RunFiles
+from core.calls.records import ModelCallRecord, parse_usage
 from core.events import ModelCall
 from core.model.proxy import MESSAGE_ID_HEADER, ModelProxy, ProxyConfigError
-from core.model.records import ModelCallRecord, parse_usage, read_model_calls
 from core.model.scripted import ScriptedModel
 from core.model.trajectory import Trajectory
 
@@ -69,7 +70,7 @@ class Rig:
         self.model, self.proxy, self.events, self.dir = model, proxy, events, path
 
     def lines(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in (self.dir / "model_calls.jsonl").read_text().splitlines()]
+        return [json.loads(line) for line in (self.dir / RunFiles.MODEL_CALLS).read_text().splitlines()]
 
 
 async def rig(
@@ -96,6 +97,18 @@ async def make_rig(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 # -- normal calls, usage, events -----------------------------------------------------------------------
+
+
+async def test_session_id_from_opencodes_own_header(make_rig) -> None:  # type: ignore[no-untyped-def]
+    """OpenCode 1.18.32 sends its session as ``x-opencode-session`` (tests/fixtures/runs/*/model_calls.jsonl
+    recorded it on every call while ``session_id`` stayed empty): the record and the event carry it."""
+    r = await make_rig(one_step())
+    sent = {"x-opencode-session": "ses_dd88", "Authorization": f"Bearer {CLIENT_KEY}"}
+    async with httpx.AsyncClient(timeout=10) as c:
+        resp = await c.post(f"{r.proxy.url}/chat/completions", json=agent_body(), headers=sent)
+        assert resp.status_code == 200
+    [rec] = r.proxy.records
+    assert rec.session_id == "ses_dd88" and r.events[0].session_id == "ses_dd88"
 
 
 async def test_streamed_call_recorded_with_usage_event_and_ids(make_rig) -> None:  # type: ignore[no-untyped-def]
@@ -144,7 +157,7 @@ async def test_streamed_call_recorded_with_usage_event_and_ids(make_rig) -> None
     )
     [line] = r.lines()
     assert ModelCallRecord.model_validate(line) == rec
-    assert list(read_model_calls(r.dir)) == [rec]
+    assert list(RunDirReader(r.dir, check=False).model_calls()) == [rec]
 
 
 async def test_unknown_usage_stays_none_and_json_usage_is_parsed(make_rig) -> None:  # type: ignore[no-untyped-def]
@@ -279,7 +292,7 @@ async def test_upstream_down_answers_502_and_records_the_error(tmp_path: Path) -
     assert rec.error is not None and "ConnectError" in rec.error
     assert rec.usage.tokens_in is None and rec.kind == "agent"
     assert events[0].status is None and events[0].error == rec.error
-    assert json.loads((tmp_path / "model_calls.jsonl").read_text())["status"] is None
+    assert json.loads((tmp_path / RunFiles.MODEL_CALLS).read_text())["status"] is None
 
 
 # -- secrets -------------------------------------------------------------------------------------------
@@ -296,14 +309,14 @@ async def test_api_key_injected_upstream_and_never_on_disk(make_rig, monkeypatch
     assert resp.status_code == 200
     # Upstream saw the configured key, not the sandbox's dummy key.
     assert r.model.calls[0].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
-    text = (tmp_path / "model_calls.jsonl").read_text()
+    text = (tmp_path / RunFiles.MODEL_CALLS).read_text()
     for secret in (UPSTREAM_KEY, CLIENT_KEY, "plain-looking-secret-value", "Bearer sk-"):
         assert secret not in text
     rec = json.loads(text)
     assert rec["request_headers"]["Authorization"] == "[REDACTED]"
     assert rec["request_body"]["api_key"] == "[REDACTED]"
     assert rec["request_headers"]["x-session-id"] == "ses_test1"
-    assert (tmp_path / "model_calls.jsonl").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / RunFiles.MODEL_CALLS).stat().st_mode & 0o777 == 0o600
     assert UPSTREAM_KEY not in repr(r.proxy.records) and UPSTREAM_KEY not in repr(r.events)
 
 
@@ -334,7 +347,7 @@ async def test_proxy_over_unix_socket_and_keep_alive(tmp_path: Path) -> None:
                 )
                 assert resp.status_code == 200 and "call_s0_0" in resp.text
     assert [x.status for x in proxy.records] == [200, 200, 200]
-    assert len((tmp_path / "rec" / "model_calls.jsonl").read_text().splitlines()) == 3
+    assert len((tmp_path / "rec" / RunFiles.MODEL_CALLS).read_text().splitlines()) == 3
     assert os.stat(tmp_path / "rec").st_mode & 0o777 == 0o700
     assert not sock.exists()
 
@@ -444,7 +457,7 @@ steps:
     assert tools == ["write"]
     assert any(e["type"] == "text" and e["part"]["text"] == "I wrote hello.txt." for e in out)
 
-    records = list(read_model_calls(dirs["run"]))
+    records = list(RunDirReader(dirs["run"], check=False).model_calls())
     kinds = sorted(r.kind for r in records)
     assert kinds == ["agent", "agent", "title"], kinds
     assert len(records) == len(model.calls) == len(events)
@@ -455,5 +468,5 @@ steps:
     assert all(r.usage.tokens_in is not None and r.usage.tokens_out is not None for r in agent)
     assert [c.outcome for c in model.calls if c.kind == "agent"] == ["step", "step"]
     assert all(c.headers["authorization"] == f"Bearer {UPSTREAM_KEY}" for c in model.calls)
-    on_disk = (dirs["run"] / "model_calls.jsonl").read_text()
+    on_disk = (dirs["run"] / RunFiles.MODEL_CALLS).read_text()
     assert UPSTREAM_KEY not in on_disk and CLIENT_KEY not in on_disk

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from core.calls.classify import classify, classify_body
 from core.config import ConfigError
-from core.model.classify import classify, classify_body
 from core.model.scripted import PROGRESS_MARKER, ScriptedModel, compaction_progress, progress_of
 from core.model.trajectory import Trajectory, fill_placeholders, load_trajectory
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from core.artifacts import RunFiles
 from core.events import CleanupObserved
 
 pytestmark = pytest.mark.slow
@@ -108,7 +109,7 @@ async def test_a_stalled_close_ends_within_one_budget_and_keeps_the_streamed_out
     assert result.cleanup_proof == "destroyed"
     assert ep.close_deadline is not None and ep.close_deadline.spent_s <= CLOSE_S + 1.0
     run_dir = Path(result.run_dir)
-    events = (run_dir / "events.jsonl").read_text().splitlines()
+    events = (run_dir / RunFiles.EVENTS).read_text().splitlines()
     receipts = [
         e for e in map(json.loads, events) if e.get("type") == CleanupObserved.model_fields["type"].default
     ]
@@ -116,9 +117,9 @@ async def test_a_stalled_close_ends_within_one_budget_and_keeps_the_streamed_out
     await _until(lambda: not _pgrep(f"sleep {marker}"), "the destroyed sandbox's processes to end", 15)
 
     # OpenCode's output reached the run directory while it ran, though nothing was collected.
-    lines = (run_dir / "opencode" / "stdout.jsonl").read_text().splitlines()
+    lines = (run_dir / RunFiles.OPENCODE_STDOUT).read_text().splitlines()
     assert lines and all(json.loads(line) is not None for line in lines)
     assert any(marker in line for line in lines)  # the running command, as OpenCode streamed it
-    assert "listening on" in (run_dir / "opencode" / "stderr.log").read_text()
-    assert not (run_dir / "opencode" / "output.log").exists()  # collected after confirmed cleanup only
-    assert len((run_dir / "diagnostics.txt").read_text()) <= 16_000
+    assert "listening on" in (run_dir / RunFiles.OPENCODE_STDERR).read_text()
+    assert not (run_dir / RunFiles.OPENCODE_OUTPUT_LOG).exists()  # collected after confirmed cleanup only
+    assert len((run_dir / RunFiles.DIAGNOSTICS).read_text()) <= 16_000

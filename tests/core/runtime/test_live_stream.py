@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from core.artifacts import RunFiles
 from core.events import Event, FailureRecorded, TerminalOutput, ToolCall
 
 pytestmark = [pytest.mark.slow, pytest.mark.bwrap]
@@ -39,7 +40,7 @@ def _display(seen) -> str:
 
 def _cast_text(run_dir: str) -> str:
     """The recorded terminal as plain text (colours dropped)."""
-    lines = (Path(run_dir) / "terminal.cast").read_text().splitlines()[1:]
+    lines = (Path(run_dir) / RunFiles.CAST).read_text().splitlines()[1:]
     text = "".join(json.loads(line)[2] for line in lines).replace("\r\n", "\n")
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core.artifacts import RunFiles
 from core.config import ModelSettings
 from core.events import Warning_
 from core.runtime.opencode import build_config
@@ -29,7 +30,7 @@ def test_output_cap_does_not_touch_context_window():
 
 def _calls(result) -> list[dict]:
     return [
-        json.loads(line) for line in (Path(result.run_dir) / "model_calls.jsonl").read_text().splitlines()
+        json.loads(line) for line in (Path(result.run_dir) / RunFiles.MODEL_CALLS).read_text().splitlines()
     ]
 
 
@@ -51,7 +52,7 @@ async def test_max_tokens_follows_the_output_cap_on_the_wire(task_copy, episode_
         for c in calls
     }
     assert sent == {("agent", cap), ("title", cap)}, sent
-    config = json.loads((Path(result.run_dir) / "run.json").read_text())["config"]
+    config = json.loads((Path(result.run_dir) / RunFiles.RUN_INFO).read_text())["config"]
     assert config["model"]["context_window"] == 262144
 
 
@@ -109,7 +110,7 @@ async def test_image_without_python_fails_with_the_preinstall_message(task_copy,
     assert (result.failure_kind, result.failure_stage) == ("install_prerequisite_missing", "install")
     assert (
         "Preinstall python3" in result.summary
-        or "python3" in (Path(result.run_dir) / "diagnostics.txt").read_text()
+        or "python3" in (Path(result.run_dir) / RunFiles.DIAGNOSTICS).read_text()
     )
     assert result.action == "mark_evaluation_error"
 

@@ -17,6 +17,7 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
+from core.artifacts import RunFiles
 from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, FailureRecorded, TerminalOutput, ToolCall
 from core.failures import DEFAULT_CLASSIFICATION, FailureClass, PermissionDetails, classify, is_registered
@@ -122,7 +123,7 @@ async def test_default_profile_names_the_rejected_permission_and_pattern(
     assert calls["read"].status == "error" and "rejected" in (calls["read"].output or "")
     assert "write" not in calls
     # The same failure, as recorded on disk.
-    lines = (Path(result.run_dir) / "events.jsonl").read_text().splitlines()
+    lines = (Path(result.run_dir) / RunFiles.EVENTS).read_text().splitlines()
     (on_disk,) = [e for e in map(json.loads, lines) if e.get("type") == "failure"]
     assert on_disk["failure"]["details"]["patterns"] == ["/etc/*"]
     if harness == "serve":  # live: the display says so as it happens
@@ -144,5 +145,5 @@ async def test_allow_all_profile_lets_the_read_through_and_scores(task_copy, epi
     assert calls["read"].status == "completed" and "root:" in (calls["read"].output or "")
     assert calls["write"].status == "completed"
     assert not any(isinstance(e, FailureRecorded) for e in seen)
-    stdout = (Path(result.run_dir) / "opencode" / "stdout.jsonl").read_text()
+    stdout = (Path(result.run_dir) / RunFiles.OPENCODE_STDOUT).read_text()
     assert '"permission.asked"' not in stdout

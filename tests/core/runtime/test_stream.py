@@ -3,6 +3,8 @@ tests/core/runtime/test_live_stream.py): the live window, gaps, repeats and the 
 
 from __future__ import annotations
 
+import json
+
 from core.events import TerminalOutput, ToolCall
 from core.runtime.stream import LIVE_WINDOW, LIVE_WINDOW_MARK, ServeStreamTranslator
 
@@ -164,3 +166,43 @@ def test_summary_found_without_its_flags_after_a_compaction_part():
     compaction part is the summary."""
     shown = _compaction_run({})
     assert "▸ summary: ## Objective" in shown and "Sort the file." not in shown
+
+
+def test_event_renderer_renders_recorded_events_as_the_translator_did():
+    """One renderer: a tool call or text recorded without its display rendering is rendered by
+    EventRenderer exactly as the translator rendered it live (what the TUI shows for such events)."""
+    from core.events import TerminalOutput, ToolCall
+    from core.runtime.stream import EventRenderer, RunStreamTranslator
+
+    lines = [
+        {
+            "type": "tool_use",
+            "part": {
+                "type": "tool",
+                "callID": "c1",
+                "tool": "edit",
+                "state": {
+                    "status": "completed",
+                    "input": {"filePath": "/app/a.py", "oldString": "x = 1", "newString": "x = 2"},
+                    "output": "ok",
+                },
+            },
+        },
+        {"type": "text", "part": {"id": "p1", "type": "text", "text": "All done.\n"}},
+    ]
+    events = RunStreamTranslator("/app").feed(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+    shown = [e.data for e in events if isinstance(e, TerminalOutput)][1:]  # after the header
+    renderer = EventRenderer("/app")
+    rendered = [renderer.render(e) for e in events if not isinstance(e, TerminalOutput)]
+    assert [r for r in rendered if r] == shown
+    assert "--- a.py" in shown[0]
+    # a bash call streamed in pieces: the prompt once, then only what is new
+    r = EventRenderer()
+    call = {"call_id": "b1", "tool": "bash", "input": {"command": "make"}}
+    out = [
+        r.render(ToolCall(status="running", output="", **call)),
+        r.render(ToolCall(status="running", output="a\n", **call)),
+        r.render(ToolCall(status="completed", output="a\nb\n", **call)),
+        r.render(ToolCall(status="completed", output="a\nb\n", **call)),
+    ]
+    assert out[1:] == ["a\n", "b\n", ""] and "make" in out[0]

@@ -7,6 +7,7 @@ session no container with that label may remain (leftovers are removed, then the
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -145,13 +146,31 @@ def opensandbox_settings_factory(opensandbox_server: Any) -> Callable[..., Any]:
     return lambda **overrides: opensandbox_settings(opensandbox_server, **overrides)
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("docker", marks=pytest.mark.docker),
-        pytest.param("local", marks=pytest.mark.bwrap),
-        pytest.param("opensandbox", marks=[pytest.mark.docker, pytest.mark.opensandbox]),
-    ]
-)
+# The contract suite runs against every registered provider (core/provider_registry.py), the built-in
+# ones and any plug-in on the path; OPENCODE_TUI_CONTRACT_PROVIDERS (comma-separated names) narrows it.
+# The built-ins need a test environment (a Docker engine, bwrap, the OpenSandbox server fixture); a
+# plug-in is made from its default settings.
+_BUILTIN_MARKS: dict[str, list[Any]] = {
+    "docker": [pytest.mark.docker],
+    "local": [pytest.mark.bwrap],
+    "opensandbox": [pytest.mark.docker, pytest.mark.opensandbox],
+}
+
+
+def _contract_providers() -> list[str]:
+    from core import provider_registry as registry
+
+    chosen = os.environ.get("OPENCODE_TUI_CONTRACT_PROVIDERS")
+    names = registry.names()
+    if chosen:
+        wanted = [n.strip() for n in chosen.split(",") if n.strip()]
+        for name in wanted:
+            registry.check_name(name)
+        names = wanted
+    return names
+
+
+@pytest.fixture(params=[pytest.param(n, marks=_BUILTIN_MARKS.get(n, [])) for n in _contract_providers()])
 async def provider(request: pytest.FixtureRequest) -> AsyncIterator[SandboxProvider]:
     if request.param == "docker":
         request.getfixturevalue("docker_client")
@@ -169,29 +188,47 @@ async def provider(request: pytest.FixtureRequest) -> AsyncIterator[SandboxProvi
         finally:
             await os_provider.aclose()
         return
-    try:
+    if request.param == "local":
         from core.sandbox.local.provider import LocalProvider
-    except ImportError:
-        pytest.skip("local provider not implemented yet")
-    yield LocalProvider()
+
+        yield LocalProvider()
+        return
+    from core import provider_registry as registry
+
+    plugin = registry.get(request.param)
+    made = plugin.provider(plugin.settings())
+    try:
+        yield made
+    finally:
+        aclose = getattr(made, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
-# Contract tests a provider cannot meet by design, with the reason (skipped, never silently passed).
-_NOT_APPLICABLE = {
-    ("opensandbox", "test_model_only_network_reaches_the_model_socket_only"): (
-        "OpenSandbox sandboxes use the server's network mode (host here); per DESIGN they reach the "
-        "model proxy by URL, so the model-only socket policy does not apply"
-    ),
-}
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "requires(*capabilities): a contract test that needs these provider capabilities "
+        "(core.provider_registry.Capabilities); skipped for a provider that does not declare them",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip, by capability and never by name, the contract tests a provider does not claim to meet."""
+    from core import provider_registry as registry
+
     for item in items:
         callspec = getattr(item, "callspec", None)
-        param = callspec.params.get("provider") if callspec is not None else None
-        reason = _NOT_APPLICABLE.get((param, getattr(item, "originalname", item.name)))
-        if reason:
-            item.add_marker(pytest.mark.skip(reason=reason))
+        name = callspec.params.get("provider") if callspec is not None else None
+        if name is None:
+            continue
+        caps = registry.get(name).capabilities
+        for marker in item.iter_markers("requires"):
+            missing = [c for c in marker.args if not getattr(caps, c)]
+            if missing:
+                item.add_marker(
+                    pytest.mark.skip(reason=f"the {name} provider does not declare {', '.join(missing)}")
+                )
 
 
 def sandbox_spec(**overrides: Any) -> SandboxSpec:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.model.records import assembled_tool_calls, read_model_calls
+from core.artifacts import RunDirReader
+from core.calls.records import assembled_tool_calls
 
 RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 
 
 def test_streamed_tool_call_fragments_are_assembled():
-    agent = [r for r in read_model_calls(RUNS / "oom") if r.kind == "agent"]
+    agent = [r for r in RunDirReader(RUNS / "oom").model_calls() if r.kind == "agent"]
     calls = [assembled_tool_calls(r.response_body) for r in agent]
     [(name, args)] = calls[0]
     assert name == "bash"

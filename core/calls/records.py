@@ -1,4 +1,4 @@
-"""``model_calls.jsonl``: one ModelCallRecord per model call seen by the recording proxy.
+"""``model_calls.jsonl`` (read back with ``core.artifacts.RunDirReader.model_calls``): one ModelCallRecord per model call seen by the recording proxy.
 
 Token counts are parsed from the response (the streamed usage chunk or the JSON body). A count the
 response did not report stays ``None``; it is never written as 0.
@@ -7,17 +7,13 @@ response did not report stays ``None``; it is never written as 0.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.calls.classify import CallKind
 from core.events import ModelCall
-from core.model.classify import CallKind
-
-MODEL_CALLS_FILE = "model_calls.jsonl"
 
 
 class TokenUsage(BaseModel):
@@ -146,17 +142,6 @@ class ModelCallRecord(BaseModel):
             tokens_reasoning=self.usage.tokens_reasoning,
             error=self.error,
         )
-
-
-def read_model_calls(path: str | Path) -> Iterator[ModelCallRecord]:
-    """Records from a ``model_calls.jsonl`` file (or the directory holding one), in call-completion order."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / MODEL_CALLS_FILE
-    with p.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield ModelCallRecord.model_validate(json.loads(line))
 
 
 def assembled_tool_calls(body: Any) -> list[tuple[str, str]]:

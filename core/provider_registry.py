@@ -13,7 +13,7 @@ import abc
 import functools
 import importlib.metadata
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -52,6 +52,8 @@ class Capabilities(BaseModel):
     oom_evidence: frozenset[str] = frozenset()
     borrowed: bool = False  # connect() to a sandbox it did not create (sandbox.mode: borrowed)
     images: bool = False  # spec.image is what runs (False: the host's own system)
+    # A task's image can be built from its Dockerfile on the provider's engine (core/image_build.py).
+    image_build: bool = False
     users: bool = False  # spec.user and exec(user=...) run as another uid than the provider's own
     host_mounts: bool = False  # spec.mounts: host paths appear inside (else files are uploaded)
     listing: bool = False  # listed()/remove(): sweep and attach can find its sandboxes
@@ -97,6 +99,12 @@ class ProviderPlugin(abc.ABC):
         """Quick checks before a run of owned sandboxes from ``images`` (a ``fail`` refuses the run)."""
         return []
 
+    async def build_image(self, task: Any, config: AgentConfig, log: Callable[[str], None]) -> str:
+        """Build ``task.image`` from ``task.build`` (only for ``capabilities.image_build``): the tag.
+        ``log`` takes the build's output as it comes (from any thread). Raises
+        ``core.sandbox.errors.ImageBuildFailed`` (``image_build_failure``) with the log's end as evidence."""
+        raise NotImplementedError(f"the {self.name} provider builds no images")
+
     def short_id(self, sandbox_id: str) -> str:
         """How a sandbox id is shown to a person (``sweep`` accepts any unique prefix)."""
         return sandbox_id
@@ -106,8 +114,9 @@ class UnknownProviderError(ValueError):
     """A provider name no plug-in registers; the message lists the registered ones."""
 
 
-class PluginLoadError(RuntimeError):
-    """A registered plug-in could not be loaded or is not a ProviderPlugin."""
+class PluginLoadError(ValueError):
+    """A registered plug-in could not be loaded or is not a ProviderPlugin (a ValueError so that a
+    config naming it fails validation with this message)."""
 
 
 @functools.cache
@@ -154,5 +163,15 @@ def plugins() -> list[ProviderPlugin]:
 
 
 def swept_by_default() -> list[str]:
-    """The providers a bare ``sweep`` (``--provider all``) covers: those listing without configuration."""
-    return [p.name for p in plugins() if p.capabilities.listing and p.capabilities.sweep_by_default]
+    """The providers a bare ``sweep`` (``--provider all``) covers: those listing without configuration.
+
+    A plug-in that cannot be loaded is left out here (the command that names it reports why)."""
+    out = []
+    for name in names():
+        try:
+            caps = get(name).capabilities
+        except PluginLoadError:
+            continue
+        if caps.listing and caps.sweep_by_default:
+            out.append(name)
+    return out

@@ -1,0 +1,381 @@
+"""The difference between two runs (``opencode-tui diff RUN_A RUN_B``): pure functions of two run
+directories, no Textual.
+
+Drift first (what differed before the agent took a step: the task, the configuration, the versions),
+then the two episodes' steps aligned (model calls and tool calls in the order they happened), the first
+step where they part, and the deltas of outcome, tokens and durations.
+
+Steps are ordered by what caused them: model calls by their request's start, each followed by the tool
+calls its answer asked for (same ``message_id``). Neither the event order nor the tool events' times
+will do: the proxy records a call when it ends, and OpenCode's events reach the engine later than the
+next request (a write's event was seen after the following call had begun). A tool call whose model
+call is unknown goes by the time of its first event. Title calls run beside the agent at no fixed point and are left out of the steps
+(their tokens are still in the totals).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.artifacts import RunDirReader, RunInfo
+from core.events import (
+    EpisodeStarted,
+    Event,
+    HealthWarning,
+    ModelCall,
+    OutcomeDecided,
+    ToolCall,
+    TranscriptStats,
+    decode,
+)
+from core.tokens import token_totals
+
+# A run directory written by a test or a newer engine may hold a task file; compared when both have it.
+TASK_FILES = ("task.yaml",)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Step(_Model):
+    """One model call or tool call of an episode, as the diff compares it."""
+
+    kind: Literal["model_call", "tool_call"]
+    name: str
+    message_id: str | None = None  # the tool, or the model call's kind (agent, compaction, other)
+    call_id: str
+    started_at: datetime
+    seq: int
+    status: str  # HTTP status / "error" for a model call; running, completed, error for a tool call
+    args: dict[str, Any] = Field(default_factory=dict)  # a tool call's input
+    title: str | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    duration_s: float | None = None
+
+    @property
+    def key(self) -> str:
+        """What must be equal for two steps to be the same step."""
+        if self.kind == "model_call":
+            return f"model {self.name} {self.status}"
+        return f"tool {self.name} {json.dumps(self.args, sort_keys=True, default=str)}"
+
+    def label(self) -> str:
+        if self.kind == "model_call":
+            tokens = "" if self.tokens_in is None else f" {self.tokens_in}→{self.tokens_out}"
+            return f"model {self.name} [{self.status}]{tokens}"
+        return f"{self.name} {short_args(self.args)}"
+
+
+def short_args(args: dict[str, Any], width: int = 80) -> str:
+    """A tool call's arguments on one line: the command or path first (what a reader looks for)."""
+    for key in ("command", "filePath", "pattern", "path", "url"):
+        if isinstance(args.get(key), str):
+            text = args[key]
+            break
+    else:
+        text = json.dumps(args, sort_keys=True, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def episode_steps(events: list[Event]) -> list[Step]:
+    """Model calls (not title calls) and tool calls in the order they began."""
+    steps: dict[str, Step] = {}
+    for ev in events:
+        if isinstance(ev, ModelCall):
+            if ev.kind == "title":
+                continue
+            status = str(ev.status) if ev.status is not None else "error"
+            steps["m:" + ev.call_id] = Step(
+                kind="model_call",
+                name=ev.kind,
+                call_id=ev.call_id,
+                started_at=ev.started_at,
+                seq=ev.seq,
+                status=status,
+                tokens_in=ev.tokens_in,
+                tokens_out=ev.tokens_out,
+                duration_s=ev.latency_s,
+                message_id=ev.message_id,
+            )
+        elif isinstance(ev, ToolCall):
+            key = "t:" + ev.call_id
+            prior = steps.get(key)
+            if prior is None:
+                steps[key] = Step(
+                    kind="tool_call",
+                    name=ev.tool,
+                    call_id=ev.call_id,
+                    started_at=ev.ts,
+                    seq=ev.seq,
+                    status=ev.status,
+                    args=ev.input,
+                    title=ev.title,
+                    message_id=ev.message_id,
+                )
+            else:
+                steps[key] = prior.model_copy(
+                    update={
+                        "status": ev.status,
+                        "args": ev.input or prior.args,
+                        "title": ev.title or prior.title,
+                        "duration_s": (ev.ts - prior.started_at).total_seconds(),
+                    }
+                )
+    calls = sorted((s for s in steps.values() if s.kind == "model_call"), key=lambda s: (s.started_at, s.seq))
+    by_message: dict[str, datetime] = {c.message_id: c.started_at for c in calls if c.message_id}
+    tools = [s for s in steps.values() if s.kind == "tool_call"]
+    # A tool call sorts right after its model call (rank 1 within the same instant), in stream order.
+    keyed = [((c.started_at, 0, c.seq), c) for c in calls]
+    keyed += [
+        ((by_message[t.message_id], 1, t.seq) if t.message_id in by_message else (t.started_at, 1, t.seq), t)
+        for t in tools
+    ]
+    return [s for _, s in sorted(keyed, key=lambda item: item[0])]
+
+
+class Drift(_Model):
+    """One setting that differed between the runs before the episode began."""
+
+    area: Literal["task", "config", "version"]
+    key: str
+    a: Any = None
+    b: Any = None
+
+
+class AlignedStep(_Model):
+    a: Step | None = None
+    b: Step | None = None
+    same: bool
+
+
+class Delta(_Model):
+    key: str
+    a: Any = None
+    b: Any = None
+    delta: float | None = None  # b - a, for numbers both runs know
+
+    @property
+    def changed(self) -> bool:
+        return self.a != self.b
+
+
+class RunSide(_Model):
+    run_dir: str
+    run_id: str
+    task_id: str | None
+    steps: int
+
+
+class RunDiff(_Model):
+    a: RunSide
+    b: RunSide
+    drift: list[Drift]
+    steps: list[AlignedStep]
+    first_divergence: int | None  # index into ``steps``; None: the steps are the same
+    deltas: list[Delta]
+
+    @property
+    def identical_steps(self) -> bool:
+        return self.first_divergence is None
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out or {prefix: {}}
+    return {prefix: value}
+
+
+def _drift(a: _Run, b: _Run) -> list[Drift]:
+    out: list[Drift] = []
+    ia, ib = a.info, b.info
+    for key, va, vb in (
+        ("task_id", a.task_id, b.task_id),
+        ("task_dir", ia.task_dir if ia else None, ib.task_dir if ib else None),
+    ):
+        if va != vb:
+            out.append(Drift(area="task", key=key, a=va, b=vb))
+    for name in TASK_FILES:
+        ta, tb = a.reader.text(name), b.reader.text(name)
+        if ta is not None and tb is not None and ta != tb:
+            out.append(Drift(area="task", key=name, a=_first_difference(ta, tb), b=_first_difference(tb, ta)))
+    ca = _flatten(ia.config if ia else {})
+    cb = _flatten(ib.config if ib else {})
+    for key in sorted(set(ca) | set(cb)):
+        if ca.get(key) != cb.get(key):
+            out.append(Drift(area="config", key=key, a=ca.get(key), b=cb.get(key)))
+    va_ = dict(ia.versions) if ia else {}
+    vb_ = dict(ib.versions) if ib else {}
+    if a.started is not None:
+        va_.setdefault("opencode", a.started.opencode_version)
+    if b.started is not None:
+        vb_.setdefault("opencode", b.started.opencode_version)
+    for key in sorted(set(va_) | set(vb_)):
+        if va_.get(key) != vb_.get(key):
+            out.append(Drift(area="version", key=key, a=va_.get(key), b=vb_.get(key)))
+    # OpenCode's version leads: it changes behaviour most; then the task, then the config.
+    order = {"version": 0, "task": 1, "config": 2}
+    out.sort(key=lambda d: (order[d.area], d.key != "opencode"))
+    return out
+
+
+def _first_difference(text: str, other: str) -> str:
+    """The first line of ``text`` that ``other`` does not have at the same place (for the drift row)."""
+    for i, (x, y) in enumerate(zip(text.splitlines(), other.splitlines(), strict=False)):
+        if x != y:
+            return f"line {i + 1}: {x}"
+    return f"{len(text.splitlines())} lines"
+
+
+def align(a: list[Step], b: list[Step]) -> tuple[list[AlignedStep], int | None]:
+    """The two step lists aligned (same steps side by side, extra steps against a gap); the index of
+    the first row that is not the same step, or None."""
+    matcher = difflib.SequenceMatcher(a=[s.key for s in a], b=[s.key for s in b], autojunk=False)
+    rows: list[AlignedStep] = []
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            rows += [AlignedStep(a=a[i1 + k], b=b[j1 + k], same=True) for k in range(i2 - i1)]
+            continue
+        # replace / delete / insert: pair what is there by order, the longer side against gaps
+        n = max(i2 - i1, j2 - j1)
+        for k in range(n):
+            sa = a[i1 + k] if i1 + k < i2 else None
+            sb = b[j1 + k] if j1 + k < j2 else None
+            rows.append(AlignedStep(a=sa, b=sb, same=False))
+    first = next((i for i, r in enumerate(rows) if not r.same), None)
+    return rows, first
+
+
+def _delta(key: str, a: Any, b: Any) -> Delta:
+    numeric = isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool)
+    return Delta(key=key, a=a, b=b, delta=(b - a) if numeric else None)
+
+
+def _deltas(a: _Run, b: _Run) -> list[Delta]:
+    out = [
+        _delta("outcome", a.outcome_action, b.outcome_action),
+        _delta("failure_kind", a.failure_kind, b.failure_kind),
+        _delta("reward", a.reward, b.reward),
+        _delta("duration_s", a.duration_s, b.duration_s),
+    ]
+    ta, tb = token_totals(a.model_calls), token_totals(b.model_calls)
+    out += [
+        _delta("tokens_in", ta.tokens_in, tb.tokens_in),
+        _delta("tokens_out", ta.tokens_out, tb.tokens_out),
+        _delta("agent_tokens_in", a.agent_tokens("tokens_in"), b.agent_tokens("tokens_in")),
+        _delta("agent_tokens_out", a.agent_tokens("tokens_out"), b.agent_tokens("tokens_out")),
+        _delta("model_calls", len(a.model_calls), len(b.model_calls)),
+        _delta("tool_calls", a.tool_calls, b.tool_calls),
+        _delta("compactions", a.compactions, b.compactions),
+    ]
+    pa = a.info.phase_durations_s if a.info else {}
+    pb = b.info.phase_durations_s if b.info else {}
+    for phase in list(dict.fromkeys([*pa, *pb])):
+        out.append(_delta(f"phase.{phase}_s", pa.get(phase), pb.get(phase)))
+    for kind in sorted(set(a.health) | set(b.health)):
+        out.append(_delta(f"health.{kind}", a.health.get(kind, 0), b.health.get(kind, 0)))
+    return out
+
+
+# Terminal output and OpenCode's raw events are most of a long run and nothing the diff compares: their
+# lines are skipped before decoding. (A JSON string inside another event escapes its quotes, so these
+# exact bytes only occur as an event's own type.)
+_SKIPPED_TYPES = (b'"type":"terminal"', b'"type":"opencode"')
+
+
+def _step_events(path: Path) -> Iterator[Event]:
+    if not path.exists():
+        return
+    with path.open("rb") as f:
+        for line in f:
+            if not line.strip() or any(t in line for t in _SKIPPED_TYPES):
+                continue
+            try:
+                yield decode(line)
+            except ValueError:
+                continue  # a torn last line of a live run, or an event from a newer engine
+
+
+class _Run:
+    """What the diff needs from one run directory, read once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.reader = RunDirReader(self.path)
+        self.info: RunInfo | None = self.reader.info()
+        self.events: list[Event] = list(_step_events(self.path / "events.jsonl"))
+        self.started = next((e for e in self.events if isinstance(e, EpisodeStarted)), None)
+        self.outcome = next((e for e in reversed(self.events) if isinstance(e, OutcomeDecided)), None)
+        self.transcript = next((e for e in reversed(self.events) if isinstance(e, TranscriptStats)), None)
+        self.model_calls = [e for e in self.events if isinstance(e, ModelCall)]
+        self.tool_calls = len({e.call_id for e in self.events if isinstance(e, ToolCall)})
+        self.compactions = self.transcript.compactions if self.transcript else None
+        self.health: dict[str, int] = {}
+        for e in self.events:
+            if isinstance(e, HealthWarning):
+                self.health[e.kind.value] = self.health.get(e.kind.value, 0) + 1
+        self.steps = episode_steps(self.events)
+
+    @property
+    def run_id(self) -> str:
+        return self.info.run_id if self.info else (self.started.run_id if self.started else self.path.name)
+
+    @property
+    def task_id(self) -> str | None:
+        return self.info.task_id if self.info else (self.started.task_id if self.started else None)
+
+    @property
+    def outcome_action(self) -> str | None:
+        if self.outcome is not None:
+            return self.outcome.action.value
+        return self.info.outcome.action.value if self.info and self.info.outcome else None
+
+    @property
+    def failure_kind(self) -> str | None:
+        if self.outcome is not None:
+            return self.outcome.failure_kind
+        return self.info.outcome.failure_kind if self.info and self.info.outcome else None
+
+    @property
+    def reward(self) -> float | None:
+        if self.outcome is not None:
+            return self.outcome.reward
+        return self.info.outcome.reward if self.info and self.info.outcome else None
+
+    @property
+    def duration_s(self) -> float | None:
+        return self.info.duration_s if self.info else None
+
+    def agent_tokens(self, attr: str) -> int | None:
+        return getattr(self.transcript, attr) if self.transcript else None
+
+    def side(self) -> RunSide:
+        return RunSide(
+            run_dir=str(self.path), run_id=self.run_id, task_id=self.task_id, steps=len(self.steps)
+        )
+
+
+def diff_runs(path_a: Path, path_b: Path) -> RunDiff:
+    """Compare two run directories (raises FileNotFoundError for a path that is not one)."""
+    a, b = _Run(path_a), _Run(path_b)
+    rows, first = align(a.steps, b.steps)
+    return RunDiff(
+        a=a.side(),
+        b=b.side(),
+        drift=_drift(a, b),
+        steps=rows,
+        first_divergence=first,
+        deltas=_deltas(a, b),
+    )

@@ -1,0 +1,648 @@
+"""One episode end to end: seed → install → agent → close (confirmed cleanup) → transcript → verify
+→ release → outcome. Each phase is a function in its own module that returns a typed result; this
+orchestrator holds what lives across phases: the events, the cancel and keep state, the close deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from core import invocation
+from core.artifacts import RunDir, RunFiles, RunInfo, versions
+from core.config import AgentConfig
+from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
+from core.episode import agent, close, install, release, seed, transcript, verify
+from core.episode.common import UNEXPECTED_KIND, PhaseIO, StageFailure, failure_from, stage_of
+from core.episode.record import EpisodeResult, Tally, new_run_id, outcome_event, result_of, write_record
+from core.events import (
+    CleanupObserved,
+    CleanupProof,
+    CleanupStep,
+    EpisodeStarted,
+    Event,
+    EventBus,
+    FailureRecorded,
+    FailureRecovered,
+    Phase,
+    PhaseChanged,
+    ShellClosed,
+    ShellOpened,
+    StepState,
+    TerminalOutput,
+    Warning_,
+)
+from core.failures import (
+    DEFAULT_CLASSIFICATION,
+    DEFAULT_POLICY,
+    Decision,
+    FailureEvent,
+    FailureStage,
+    GenericDetails,
+    decide,
+    merged,
+    merged_classification,
+)
+from core.health import HealthMonitor
+from core.image_build import ensure_task_image
+from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
+from core.runtime import access
+from core.sandbox.base import ExpectedRefusal, PtyHandle, Sandbox, SandboxClosedError, SandboxProvider
+from core.session import CloseDeadline, SandboxSession
+from core.shells import RecordedShell
+from core.tasks import Task
+
+
+class Episode(EpisodeControl):
+    """Runs one attempt of one task. Use ``await Episode(...).run()``; front ends use the control API."""
+
+    def __init__(
+        self,
+        task: Task,
+        config: AgentConfig,
+        *,
+        attempt: int = 1,
+        run_id: str | None = None,
+        runs_dir: Path | None = None,
+        provider: SandboxProvider | None = None,
+        installer: Any = None,
+        bus: EventBus | None = None,
+    ) -> None:
+        self.task = task
+        self.config = config
+        self.attempt = attempt
+        self.run_id = run_id or new_run_id(task.id, attempt)
+        self.runs_dir = Path(runs_dir or config.runs_dir)
+        self.bus = bus or EventBus(attempt=attempt)
+        self._provider = provider
+        self._installer = installer
+        self.policy = merged(DEFAULT_POLICY, config.policy)
+        self.classification = merged_classification(DEFAULT_CLASSIFICATION, config.classification)
+        # What the phases hand on, set as each one returns.
+        self.run_dir: RunDir | None = None
+        self.info: RunInfo | None = None
+        self.endpoint: Any = None  # ModelEndpoint, once the seed phase started it
+        self.sandbox: Sandbox | None = None
+        self.sandbox_user: Any = None  # SandboxUser, decided once in the seed phase (core.runtime.access)
+        self.installed: install.Installed | None = None
+        self.session: SandboxSession | None = None
+        self.agent_run: agent.AgentRun | None = None
+        self.closed: close.Closed | None = None
+        self.reward: float | None = None
+        self.refusal: str | None = None  # set when the provider refused before launch (no failure)
+        self.cleanup_proof: CleanupProof | None = None
+        self.failures: list[RecordedFailure] = []
+        self.tally = Tally()
+        # The cancel and keep state, and the close deadline (fixed when the close starts).
+        self._keep = config.sandbox.keep_sandbox
+        self._cancel: CancelRequest | None = None
+        self._graceful_stop: asyncio.Future[Any] | None = None
+        self._destroyed_in_hurry = False
+        self._release_started = False
+        self.close_deadline: CloseDeadline | None = None  # [close budget]
+        self._shells = 0
+        self.human_intervened = False
+        self._agent_task: asyncio.Task[Any] | None = None
+        self._verify_task: asyncio.Task[Any] | None = None
+        self._done = asyncio.Event()
+        self._result: EpisodeResult | None = None
+        self._phase_started: dict[str, float] = {}
+        self.durations: dict[str, float] = {}
+        self._phase: Phase = Phase.ADMISSION
+        self.health: HealthMonitor | None = None  # [health] once the run directory exists
+        self._health_watch: asyncio.Future[None] | None = None
+
+    # ---- control API ---------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    async def cancel(self, by: str = CANCELLED_BY_USER) -> None:
+        """A graceful close, whatever the phase; a second request hurries it (see ``_hurry``).
+
+        During the agent the supervisor stops OpenCode, drains its descendants and writes the
+        receipt: cancelling the exec instead would kill the supervisor with it and lose the receipt.
+        Seed and install are simply interrupted (nothing runs yet); verification is abandoned (its
+        grade would mean nothing); closing, transcript and release carry on to the end.
+        """
+        if self._cancel is not None:
+            await self._hurry(by)
+            return
+        self._cancel = CancelRequest(by=by, phase=self._phase)
+        self.emit(
+            Warning_(
+                code="cancel_requested",
+                message=f"{self._cancel.words}: stopping the agent and closing the sandbox "
+                "(cleanup is still confirmed; a second request hurries)",
+            )
+        )
+        launched = self.session is not None and self.session.launch_started
+        if self._phase is Phase.AGENT and launched:
+            assert self.session is not None
+            self._graceful_stop = asyncio.ensure_future(self.session.finalize())
+            self._graceful_stop.add_done_callback(self._after_graceful_stop)
+        elif self._phase in (Phase.ADMISSION, Phase.SEED, Phase.INSTALL, Phase.AGENT):
+            if self._agent_task is not None and not self._agent_task.done():
+                self._agent_task.cancel()
+        elif self._verify_task is not None and not self._verify_task.done():
+            self._verify_task.cancel()
+
+    def _after_graceful_stop(self, stop: asyncio.Future[Any]) -> None:
+        """The supervisor could not confirm the stop: stop waiting for the harness's exec (it may
+        never end by itself); the close records the unconfirmed cleanup."""
+        failed = stop.cancelled() or stop.exception() is not None
+        if failed and self._agent_task is not None and not self._agent_task.done():
+            self._agent_task.cancel()
+
+    async def _hurry(self, by: str) -> None:
+        """A second request: destroy an owned sandbox now (its death ends every process in it);
+        a borrowed one is never destroyed: its harness is stopped by the close already under way."""
+        assert self._cancel is not None
+        if self._cancel.hurry:
+            return
+        self._cancel = self._cancel.model_copy(update={"hurry": True, "hurried_by": by})
+        self.emit(Warning_(code="cancel_hurried", message=f"{by} again: hurrying the close"))
+        for task in (self._agent_task, self._verify_task):
+            if task is not None and not task.done():
+                task.cancel()
+        if self.sandbox is not None and self.sandbox.owned and not self._keep:
+            # Said before the destruction starts: the close under way sees its receipt fail because of it.
+            self._destroyed_in_hurry = True
+            try:
+                await asyncio.wait_for(self.sandbox.release(), self.config.budgets.close_s)
+            except Exception as exc:
+                self._destroyed_in_hurry = False
+                self.emit(
+                    Warning_(code="hurry_release_failed", message=f"could not destroy the sandbox: {exc}")
+                )
+
+    @property
+    def kept(self) -> bool:
+        return self._keep
+
+    @property
+    def keep_changeable(self) -> bool:
+        return not self._release_started
+
+    def keep_sandbox(self, keep: bool = True) -> None:
+        if self._release_started and keep != self._keep:
+            state = "kept" if self._keep else "released"
+            raise SandboxClosedError(f"the sandbox was already {state}; keep can no longer change")
+        self._keep = keep
+
+    async def open_shell(self, cols: int = 80, rows: int = 24) -> PtyHandle:
+        """A recorded shell; opened before verification has finished, it marks the sample."""
+        if self.sandbox is None or (self.session is not None and self.session.released):
+            raise SandboxClosedError("the sandbox is not available (not created yet, or already released)")
+        handle = await self.sandbox.pty(["/bin/bash", "-l"], cols=cols, rows=rows, cwd=self.task.workdir)
+        assert self.run_dir is not None
+        self._shells += 1
+        n, phase = self._shells, self._phase
+        marks = phase not in (Phase.RELEASE, Phase.DONE)
+        cast_name, cast = self.run_dir.shell_cast(n, cols, rows)
+        self.emit(ShellOpened(shell=n, phase=phase, marks_sample=marks, cast=cast_name))
+        if marks:
+            self._human_intervened(phase)
+
+        def closed(duration_s: float, bytes_in: int, bytes_out: int) -> None:
+            self.emit(ShellClosed(shell=n, duration_s=duration_s, bytes_in=bytes_in, bytes_out=bytes_out))
+
+        return RecordedShell(handle, cast, closed)
+
+    def _human_intervened(self, phase: Phase) -> None:
+        """Once per episode: the run.json flag, and a failure (or, if the policy scores such runs, a
+        warning) so the outcome cannot be a clean sample without saying so."""
+        if self.human_intervened:
+            return
+        self.human_intervened = True
+        if self.info is not None and self.run_dir is not None:
+            self.info.human_intervened = True
+            self.run_dir.write_run_info(self.info)
+        message = f"a person opened a shell in the sandbox during {phase.value}, before verification finished"
+        if self.policy.score_human_intervened:
+            self.emit(
+                Warning_(
+                    code="human_intervened",
+                    message=f"{message}; scored anyway (policy.score_human_intervened)",
+                )
+            )
+            return
+        self.record_failure(
+            FailureEvent(
+                kind="human_intervened",
+                stage=stage_of(phase),
+                operation="interactive shell",
+                message=message,
+            )
+        )
+
+    async def wait(self) -> EpisodeResult:
+        await self._done.wait()
+        assert self._result is not None
+        return self._result
+
+    # ---- events and bookkeeping -----------------------------------------------------------------
+
+    def emit(self, event: Event) -> Event:
+        return self.bus.emit(event)
+
+    def _enter(self, phase: Phase, detail: str | None = None, state: StepState = StepState.RUNNING) -> None:
+        now = time.monotonic()
+        prev = self._phase
+        if prev.value in self._phase_started:
+            self.durations[prev.value] = round(now - self._phase_started[prev.value], 3)
+        self._phase = phase
+        self._phase_started[phase.value] = now
+        self.emit(PhaseChanged(phase=phase, state=state, detail=detail))
+        self._write_info(phase=phase.value, phase_durations_s=dict(self.durations))
+
+    def _write_info(self, **fields: Any) -> None:
+        """Update run.json (once it exists) with what a phase learned."""
+        if self.info is not None and self.run_dir is not None:
+            for name, value in fields.items():
+                setattr(self.info, name, value)
+            self.run_dir.write_run_info(self.info)
+
+    def record_failure(self, failure: FailureEvent) -> Decision:
+        decision = self._decide(failure)
+        self.failures.append(RecordedFailure(failure=failure, decision=decision))
+        self.emit(FailureRecorded(failure=failure, decision=decision))
+        return decision
+
+    def _decide(self, failure: FailureEvent) -> Decision:
+        return decide(failure, attempt=self.attempt, policy=self.policy, classification=self.classification)
+
+    def _io(self) -> PhaseIO:
+        assert self.run_dir is not None
+        return PhaseIO(self.emit, self.record_failure, self.run_dir)
+
+    # ---- the episode ---------------------------------------------------------------------------
+
+    async def run(self) -> EpisodeResult:
+        try:
+            self._result = await self._run()
+            return self._result
+        finally:
+            if self._health_watch is not None:  # [health]
+                self._health_watch.cancel()
+            self._done.set()
+
+    def _secrets(self) -> tuple[str, ...]:
+        env = self.config.model.api_key_env
+        value = os.environ.get(env) if env else None
+        return (value,) if value else ()
+
+    def _start_run_dir(self) -> None:
+        self.run_dir = RunDir.create(self.runs_dir, self.run_id, secrets=self._secrets())
+        self.run_dir.on_write_error = self._artifacts_failed
+        self.bus.subscribe(self.run_dir.append_event)
+        self.bus.subscribe(self.tally.count)
+        # [health] warnings derived from the same stream (core/health.py); the clock part runs in _run
+        self.health = HealthMonitor(self.config.health, self.config.model.context_window)
+        self.health.attach(self.bus)
+        cast = self.run_dir.cast()
+
+        def to_cast(event: Event) -> None:
+            if isinstance(event, TerminalOutput) and event.stream == "display":
+                cast.output(event.data.replace("\r\n", "\n").replace("\n", "\r\n"))
+
+        self.bus.subscribe(to_cast)
+        self.info = RunInfo(
+            run_id=self.run_id,
+            task_id=self.task.id,
+            task_dir=str(self.task.root),
+            attempt=self.attempt,
+            provider=self.config.sandbox.provider,
+            config=self.config.model_dump(mode="json"),
+            versions=versions(self.config.runtime.opencode_version),
+            controller=invocation.invocation_id(),
+        )
+        self.run_dir.write_run_info(self.info)
+
+    @property
+    def run_budget_s(self) -> float:
+        cap = self.task.limits.run_s
+        return min(self.config.budgets.run_s, cap) if cap else self.config.budgets.run_s
+
+    def _artifacts_failed(self, message: str) -> None:
+        """The run directory stopped taking writes (a full or read-only disk): the episode goes on
+        and closes its sandbox; the record it could not finish is not a trustworthy sample."""
+        self.record_failure(
+            FailureEvent(
+                kind="artifacts_write_failed",
+                stage=stage_of(self._phase),
+                operation="write the run directory",
+                message=message,
+            )
+        )
+
+    def _unrecorded(self, exc: OSError) -> EpisodeResult:
+        """The run directory could not even be created: nothing started, nothing to release."""
+        message = f"cannot create the run directory {self.runs_dir / self.run_id}: {exc.strerror or exc}"
+        failure = FailureEvent(
+            kind="artifacts_write_failed",
+            stage=FailureStage.ADMISSION,
+            operation="create run directory",
+            message=message,
+        )
+        self.failures.append(RecordedFailure(failure=failure, decision=self._decide(failure)))
+        verdict = decide_outcome(EpisodeFacts(failures=self.failures))
+        return EpisodeResult(
+            run_id=self.run_id,
+            task_id=self.task.id,
+            attempt=self.attempt,
+            provider=self.config.sandbox.provider,
+            action=verdict.outcome,
+            failure_kind=failure.kind,
+            failure_stage=failure.stage.value,
+            failure_class=verdict.deciding.decision.failure_class.value if verdict.deciding else None,
+            exit_code=verdict.exit_code,
+            run_dir=str(self.runs_dir / self.run_id),
+            summary=message,
+            artifacts_error=message,
+        )
+
+    async def _run(self) -> EpisodeResult:
+        try:
+            self._start_run_dir()
+        except OSError as exc:
+            return self._unrecorded(exc)
+        self.emit(
+            EpisodeStarted(
+                run_id=self.run_id,
+                task_id=self.task.id,
+                provider=self.config.sandbox.provider,
+                opencode_version=self.config.runtime.opencode_version,
+                run_budget_s=self.run_budget_s,
+                close_budget_s=self.config.budgets.close_s,
+                model=self.config.model.name,
+                model_url=self.config.model.url,
+            )
+        )
+        # [health] silent commands are noticed on a clock; it ends with the episode or its run budget
+        self._health_watch = asyncio.ensure_future(
+            self.health.watch(self.bus, self.run_budget_s + self.config.budgets.close_s)
+        )
+        stack = contextlib.AsyncExitStack()
+        self._agent_task = asyncio.ensure_future(self._work(stack))
+        try:
+            await self._agent_task
+        except asyncio.CancelledError:
+            if self._cancel is None:  # the caller's task was cancelled, not through cancel()
+                self._cancel = CancelRequest(by=CANCELLED_BY_CALLER, phase=self._phase)
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        except StageFailure as sf:
+            self.record_failure(sf.failure)
+        except ExpectedRefusal as exc:
+            # A provider-confirmed refusal before anything ran is control flow, not a failure.
+            self.refusal = str(exc)
+            self.emit(Warning_(code="provider_refused", message=f"the provider refused before launch: {exc}"))
+        except Exception as exc:  # a provider's typed failure, or an unexpected bug: still close and release
+            self.record_failure(
+                failure_from(
+                    exc,
+                    UNEXPECTED_KIND.get(self._phase, "agent_bootstrap_failed"),
+                    stage_of(self._phase),
+                    f"{self._phase.value} phase",
+                )
+            )
+        if self._cancel is not None and self._cancel.phase is not Phase.VERIFICATION:
+            self._record_cancel()
+        # Closing must finish even if the caller is cancelled again (a second Ctrl-C): every step
+        # below has its own deadline, so this loop is bounded.
+        finish = asyncio.ensure_future(self._finish(stack))
+        while True:
+            try:
+                return await asyncio.shield(finish)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                # The caller was cancelled while closing: a cancel like any other (a second hurries).
+                await self.cancel(self._cancel.by if self._cancel else CANCELLED_BY_CALLER)
+                if finish.done():
+                    return finish.result()
+
+    def _record_cancel(self) -> None:
+        """``run_cancelled``, naming the phase and what asked for it (once)."""
+        assert self._cancel is not None
+        if any(r.failure.kind == "run_cancelled" for r in self.failures):
+            return
+        c = self._cancel
+        self.record_failure(
+            FailureEvent(
+                kind="run_cancelled",
+                stage=stage_of(c.phase),
+                operation=f"{c.phase.value} phase",
+                message=f"{c.words} during {c.phase.value}",
+                details=GenericDetails(data={"by": c.by, "phase": c.phase.value}),
+            )
+        )
+
+    async def _work(self, stack: contextlib.AsyncExitStack) -> None:
+        """Seed, install, agent: interrupted as a whole by a cancel before the agent launched."""
+        from core.model.endpoint import ModelEndpoint
+        from core.sandbox.providers import get_provider
+
+        assert self.run_dir is not None
+        sb = self.config.sandbox
+        self._enter(Phase.SEED)
+        self.endpoint = await stack.enter_async_context(
+            ModelEndpoint(self.task, self.config.model, self.run_dir.path, on_call=self.emit)
+        )
+        provider = self._provider or get_provider(sb.provider, self.config)
+        installer = self._installer = self._installer or seed.default_installer(self.config)
+        # sandbox user (issue 17): asked for by the config or the task, else the image's.
+        requested, user_source = access.requested_user(sb.user, self.task.user)
+        if sb.mode == "owned":  # a task's image built from its Dockerfile (Harbor tasks)
+            await ensure_task_image(self.task, self.config, self.run_dir, self.emit)
+        self.sandbox = await seed.allocate(
+            provider,
+            self.config,
+            self.task,
+            self.run_id,
+            endpoint=self.endpoint,
+            cache_dir=installer.config.cache_dir,
+            requested_user=requested,
+        )
+        # Failures the provider recovered from without raising go to the event stream (shown, never
+        # the outcome).
+        self.sandbox.on_recovered = lambda failure, how: self.emit(
+            FailureRecovered(failure=failure, recovery=how)
+        )
+        seeded = await seed.identify(
+            self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
+        )
+        self.sandbox_user = seeded.user
+        self._write_info(
+            sandbox_user=seeded.user.model_dump(mode="json"),
+            sandbox_id=self.sandbox.sandbox_id,
+            sandbox_owned=self.sandbox.owned,
+        )
+        self.emit(seed.ready(self.sandbox, seeded, self.config))
+        await seed.stage(self.sandbox, self.config, self.task, seeded.user, self.endpoint)
+
+        self._enter(Phase.INSTALL)
+        self.installed = await install.install(
+            self.sandbox,
+            installer,
+            run_id=self.run_id,
+            task=self.task,
+            config=self.config,
+            endpoint=self.endpoint,
+            user=seeded.user,
+            emit=self.emit,
+        )
+
+        self._enter(Phase.AGENT)
+        self.session = agent.open_session(
+            self.sandbox,
+            self.installed,
+            run_budget_s=self.run_budget_s,
+            close_budget_s=self.config.budgets.close_s,
+            user=seeded.user,
+            emit=self.emit,
+        )
+        await agent.run_agent(
+            self.session, self.installed, task=self.task, run_dir=self.run_dir, emit=self.emit
+        )
+
+    # ---- closing, transcript, verification, release, outcome -------------------------------------
+
+    async def _finish(self, stack: contextlib.AsyncExitStack) -> EpisodeResult:
+        # [close budget] one deadline for the whole close, shared with the session (which started it
+        # already when a cancel asked the supervisor to stop); each step below gets what remains.
+        deadline = self.close_deadline = (
+            self.session.begin_close()
+            if self.session is not None
+            else CloseDeadline(self.config.budgets.close_s)
+        )
+        confirmed: bool | None = None
+        if self.session is not None:
+            assert self.sandbox is not None and self.installed is not None
+            self._enter(Phase.CLOSING)
+            self.closed = await close.close(
+                self.session,
+                self.sandbox,
+                deadline=deadline,
+                check=close.AgentCheck(
+                    run_id=self.run_id,
+                    endpoint=self.endpoint,
+                    harness=self.installed.harness,
+                    run_budget_s=self.run_budget_s,
+                    elapsed_s=self.durations.get("agent"),
+                    memory_limit_bytes=self.task.limits.memory_bytes,
+                ),
+                cancelled_agent=self._cancel is not None and self._cancel.phase is Phase.AGENT,
+                keep=lambda: self._keep,
+                hurried=lambda: self._destroyed_in_hurry,
+                last_command=lambda: self.tally.last_command,
+                io=self._io(),
+            )
+            confirmed, self.cleanup_proof = self.closed.confirmed, self.closed.proof
+        else:
+            self.cleanup_proof = CleanupProof.NOTHING_LAUNCHED
+        if confirmed:
+            assert self.installed is not None
+            self._enter(Phase.TRANSCRIPT)
+            await transcript.export_transcript(self.installed.harness, deadline=deadline, io=self._io())
+        else:
+            self.emit(
+                CleanupObserved(
+                    step=CleanupStep.TRANSCRIPT_SNAPSHOT,
+                    state=StepState.SKIPPED,
+                    reason="cleanup was not confirmed" if confirmed is False else "OpenCode never ran",
+                )
+            )
+        if confirmed and self.sandbox is not None and self._cancel is None:
+            self._enter(Phase.VERIFICATION)
+            self._verify_task = asyncio.ensure_future(self._verify(deadline))
+            # [close budget] verification has its own deadline: the close budget's clock stops.
+            with contextlib.suppress(asyncio.CancelledError), deadline.suspended():
+                await self._verify_task
+        self._enter(Phase.RELEASE)
+        await self._release(deadline)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(stack.aclose(), 10)
+        if self._cancel is not None:
+            self._record_cancel()
+        self._enter(Phase.DONE, state=StepState.OK)
+        return self._outcome()
+
+    async def _verify(self, deadline: CloseDeadline) -> None:
+        assert self.sandbox is not None and self.installed is not None and self.closed is not None
+        self._write_info(verifier_user=verify.verifier_user(self.task, self.sandbox_user))
+        verified = await verify.verify(
+            self.sandbox,
+            task=self.task,
+            run_id=self.run_id,
+            python=self.installed.runtime.python,
+            sandbox_user=self.sandbox_user,
+            agent_oom=self.closed.agent_oom,
+            deadline=deadline,
+            io=self._io(),
+        )
+        self.reward = verified.reward
+
+    async def _release(self, deadline: CloseDeadline) -> None:
+        self._release_started = True
+        if self.sandbox is None:
+            return
+        if self._keep:
+            # keep (issue 18): outlive this process, recorded for `attach` and `sweep`.
+            run_dir = self.run_dir.path if self.run_dir else None
+            if (await release.keep(self.sandbox, self.run_id, run_dir, self._io())).kept and self.info:
+                self.info.sandbox_kept = True
+            return
+        await release.release(self.sandbox, self.session, deadline=deadline, io=self._io())
+
+    def _outcome(self) -> EpisodeResult:
+        assert self.run_dir is not None and self.info is not None
+        proxy = getattr(self.endpoint, "proxy", None)
+        if proxy is not None and proxy.write_error and self.run_dir.write_error is None:
+            self.run_dir.note_write_error(proxy.write_error)
+        receipt_confirmed = self.cleanup_proof is not None
+        cancelled_by = self._cancel.by if self._cancel else None
+        verdict = decide_outcome(
+            EpisodeFacts(
+                failures=self.failures,
+                refusal=self.refusal,
+                reward=self.reward,
+                cleanup_confirmed=receipt_confirmed,
+                cancelled_by=cancelled_by,
+            )
+        )
+        self.emit(outcome_event(verdict))
+        result = result_of(
+            verdict,
+            self.tally,
+            run_id=self.run_id,
+            task_id=self.task.id,
+            attempt=self.attempt,
+            provider=self.config.sandbox.provider,
+            sandbox_id=self.sandbox.sandbox_id if self.sandbox else None,
+            cleanup_confirmed=receipt_confirmed,
+            cleanup_proof=self.cleanup_proof,
+            cancelled_by=cancelled_by,
+            durations_s=dict(self.durations),
+            sandbox_kept=self._keep and self.sandbox is not None,
+            health=self.health.summary() if self.health else {},
+            human_intervened=self.human_intervened,
+            artifacts_error=self.run_dir.write_error,
+            run_dir=str(self.run_dir.path),
+        )
+        diagnostic_files = (
+            RunFiles.OPENCODE_OUTPUT_LOG,
+            RunFiles.OPENCODE_STDERR,
+            RunFiles.VERIFY_STDOUT,
+            RunFiles.VERIFY_STDERR,
+        )
+        write_record(self.run_dir, self.info, result, self.tally, self.failures, diagnostic_files, self.emit)
+        return result

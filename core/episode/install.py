@@ -1,0 +1,67 @@
+"""The install phase: the pinned OpenCode placed in the sandbox and checked there, within its budget."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.config import AgentConfig
+from core.episode.common import StageFailure, failure_from
+from core.events import Event
+from core.failures import DeadlineDetails, FailureEvent, FailureStage
+from core.sandbox.base import Sandbox, SandboxUser
+from core.tasks import Task
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The harness that will run OpenCode, and the runtime it runs on (binary, python, layout)."""
+
+    harness: Any  # OpenCodeHarness
+    runtime: Any  # PreparedRuntime
+
+
+async def install(
+    sandbox: Sandbox,
+    installer: Any,
+    *,
+    run_id: str,
+    task: Task,
+    config: AgentConfig,
+    endpoint: Any,
+    user: SandboxUser,
+    emit: Callable[[Event], Any],
+) -> Installed:
+    """Build the harness and prepare its runtime; a timeout or a provider's failure ends the episode's
+    agent part (``StageFailure``), keeping the provider's kind, cause and evidence."""
+    from core.runtime.opencode import OpenCodeHarness
+    from core.runtime.prepare import RuntimeNotReady, prepare_runtime
+
+    harness = OpenCodeHarness(run_id, task, config, endpoint)
+    harness.owner = user.ids  # sandbox user (issue 17)
+    budget = config.budgets.install_s
+    try:
+        runtime = await asyncio.wait_for(
+            prepare_runtime(
+                sandbox, installer, harness.layout, emit=emit, version=config.runtime.opencode_version
+            ),
+            budget,
+        )
+    except TimeoutError as exc:
+        raise StageFailure(
+            FailureEvent(
+                kind="install_timeout",
+                stage=FailureStage.INSTALL,
+                operation="install opencode",
+                message=f"installing OpenCode did not finish within {budget:g}s",
+                details=DeadlineDetails(budget_s=budget),
+            )
+        ) from exc
+    except RuntimeNotReady as exc:
+        # [install causes] a provider's failure keeps its kind, cause and evidence; stage: install.
+        raise StageFailure(
+            failure_from(exc, "install_failed", FailureStage.INSTALL, "install opencode")
+        ) from exc
+    return Installed(harness=harness, runtime=runtime)

@@ -1,0 +1,206 @@
+"""What an episode leaves behind: its result (the batch JSON line), run.json's outcome and counts,
+and diagnostics.txt. The outcome itself is ``core.outcome.decide_outcome``, a pure function."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.artifacts import OutcomeSummary, RunDir, RunInfo
+from core.events import (
+    CleanupProof,
+    Compaction,
+    Event,
+    ModelCall,
+    OutcomeDecided,
+    ToolCall,
+    TranscriptStats,
+    Warning_,
+)
+from core.failures import Outcome
+from core.outcome import RecordedFailure, Verdict
+from core.tokens import token_totals
+
+
+class EpisodeResult(BaseModel):
+    """One episode's result; also the batch JSON line."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    task_id: str
+    attempt: int
+    provider: str
+    sandbox_id: str | None = None
+    reward: float | None = None
+    action: Outcome
+    failure_kind: str | None = None
+    failure_stage: str | None = None
+    failure_class: str | None = None
+    cleanup_confirmed: bool | None = None
+    cleanup_proof: CleanupProof | None = None
+    cancelled_by: str | None = None
+    model_calls: int = 0
+    tool_calls: int = 0
+    compactions: int = 0
+    # tokens: every model call the proxy recorded (title included); agent tokens: the transcript's.
+    # Unknown is null, never 0.
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    agent_tokens_in: int | None = None
+    agent_tokens_out: int | None = None
+    exit_code: int = 0
+    durations_s: dict[str, float] = Field(default_factory=dict)
+    run_dir: str
+    summary: str = ""
+    previous_attempts: list[str] = Field(default_factory=list)
+    resumed: bool = False
+    started: bool = True  # false: a queued episode a cancelled batch never started
+    human_intervened: bool = False  # a person used a shell in the sandbox before verification finished
+    artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
+    sandbox_kept: bool = False
+    health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
+
+    @property
+    def scored(self) -> bool:
+        return self.action.is_sample
+
+
+def new_run_id(task_id: str, attempt: int = 1) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{task_id}-{stamp}-{uuid.uuid4().hex[:6]}-a{attempt}"
+
+
+@dataclass
+class Tally:
+    """Counts taken from the event stream as it passes (a bus subscriber)."""
+
+    model_calls: list[ModelCall] = field(default_factory=list)
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    compactions: int = 0
+    agent_tokens_in: int | None = None
+    agent_tokens_out: int | None = None
+    last_command: str | None = None  # the agent's last bash command (for the record)
+
+    def count(self, event: Event) -> None:
+        if isinstance(event, ModelCall):
+            self.model_calls.append(event)
+        elif isinstance(event, ToolCall) and event.status == "running":
+            command = event.input.get("command")
+            if isinstance(command, str):
+                self.last_command = command[:200]
+        elif isinstance(event, ToolCall):
+            self.tool_calls[event.tool] = self.tool_calls.get(event.tool, 0) + 1
+        elif isinstance(event, Compaction):
+            self.compactions = max(self.compactions, event.count)
+        elif isinstance(event, TranscriptStats):
+            # The transcript snapshot is the source of truth for counts.
+            self.tool_calls = dict(event.tool_calls)
+            self.compactions = event.compactions
+            self.agent_tokens_in = event.tokens_in
+            self.agent_tokens_out = event.tokens_out
+
+
+def outcome_event(verdict: Verdict) -> OutcomeDecided:
+    deciding = verdict.deciding
+    failure = deciding.failure if deciding else None
+    return OutcomeDecided(
+        action=verdict.outcome,
+        reward=verdict.reward,
+        failure_kind=failure.kind if failure else None,
+        failure_class=deciding.decision.failure_class if deciding else None,
+        summary=verdict.summary,
+        evidence=list(failure.evidence) if failure else [],
+    )
+
+
+def result_of(verdict: Verdict, tally: Tally, **fields: Any) -> EpisodeResult:
+    """The result line: the verdict, the deciding failure, the counts, and the episode's ``fields``."""
+    deciding = verdict.deciding
+    tokens = token_totals(tally.model_calls)
+    return EpisodeResult(
+        reward=verdict.reward,
+        action=verdict.outcome,
+        failure_kind=deciding.failure.kind if deciding else None,
+        failure_stage=deciding.failure.stage.value if deciding else None,
+        failure_class=deciding.decision.failure_class.value if deciding else None,
+        model_calls=len(tally.model_calls),
+        tool_calls=sum(tally.tool_calls.values()),
+        compactions=tally.compactions,
+        tokens_in=tokens.tokens_in,
+        tokens_out=tokens.tokens_out,
+        agent_tokens_in=tally.agent_tokens_in,
+        agent_tokens_out=tally.agent_tokens_out,
+        exit_code=verdict.exit_code,
+        summary=verdict.summary,
+        **fields,
+    )
+
+
+def write_record(
+    run_dir: RunDir,
+    info: RunInfo,
+    result: EpisodeResult,
+    tally: Tally,
+    failures: list[RecordedFailure],
+    diagnostic_files: tuple[str, ...],
+    emit: Callable[[Event], Any],
+) -> None:
+    """run.json's outcome and counts, diagnostics.txt; then the run directory is closed."""
+    info.ended_at = datetime.now(UTC)
+    info.phase_durations_s = dict(result.durations_s)
+    info.outcome = OutcomeSummary(
+        action=result.action,
+        reward=result.reward,
+        failure_kind=result.failure_kind,
+        failure_stage=result.failure_stage,
+        failure_class=result.failure_class,
+        summary=result.summary,
+    )
+    info.counts = {
+        "model_calls": result.model_calls,
+        "tool_calls": tally.tool_calls,
+        "compactions": result.compactions,
+        "cleanup_confirmed": result.cleanup_confirmed,
+        "cleanup_proof": result.cleanup_proof,
+        "cancelled_by": result.cancelled_by,
+        "tokens_in": result.tokens_in,
+        "tokens_out": result.tokens_out,
+        "agent_tokens_in": result.agent_tokens_in,
+        "agent_tokens_out": result.agent_tokens_out,
+        "health": result.health,
+    }
+    run_dir.write_run_info(info)
+    write_trajectory(run_dir, emit)
+    parts = []
+    for recorded in failures:
+        failure, decision = recorded.failure, recorded.decision
+        parts.append(
+            (
+                f"failure {failure.kind}",
+                f"{failure.message}\nstage={failure.stage.value} "
+                f"class={decision.failure_class.value} action={decision.action.value}\n",
+            )
+        )
+    for name in diagnostic_files:
+        text = run_dir.path / name
+        if text.exists():
+            parts.append((name, text.read_text(errors="replace")))
+    run_dir.write_diagnostics(parts)
+    run_dir.close()
+
+
+def write_trajectory(run_dir: RunDir, emit: Callable[[Event], Any]) -> None:
+    """ATIF ``trajectory.json``, built from what is written above; one that cannot be built is a
+    recorded warning: the outcome stands."""
+    from core.export.atif import TRAJECTORY_FILE, build_trajectory
+
+    try:
+        run_dir.write_text(TRAJECTORY_FILE, build_trajectory(run_dir.path).to_json())
+    except Exception as exc:
+        emit(Warning_(code="trajectory_failed", message=f"{TRAJECTORY_FILE} not written: {exc}"))

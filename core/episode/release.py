@@ -1,0 +1,66 @@
+"""The release phase: destroy an owned sandbox, detach from a borrowed one, or keep it for ``attach``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.episode.common import PhaseIO
+from core.events import CleanupObserved, CleanupStep, StepState, Warning_
+from core.failures import FailureEvent, FailureStage
+from core.sandbox.base import Sandbox
+from core.session import CloseDeadline, SandboxSession
+
+
+@dataclass(frozen=True)
+class Released:
+    """``kept``: the sandbox outlives this process, recorded for ``attach`` and ``sweep``."""
+
+    kept: bool
+    failures: tuple[FailureEvent, ...]
+
+
+async def keep(sandbox: Sandbox, run_id: str, run_dir: Path | None, io: PhaseIO) -> Released:
+    """Keep (issue 18): the sandbox outlives this process; a failure to record it is a warning."""
+    from core.sandbox.kept import keep_for_later
+
+    kept = False
+    try:
+        await keep_for_later(sandbox, run_id, run_dir)
+        kept = True
+    except Exception as exc:
+        io.emit(Warning_(code="keep_failed", message=f"the sandbox could not be kept: {exc}"))
+    io.emit(
+        CleanupObserved(
+            step=CleanupStep.SANDBOX_RELEASED,
+            state=StepState.SKIPPED,
+            reason=f"kept for debugging: {sandbox.provider} {sandbox.sandbox_id}",
+        )
+    )
+    return Released(kept=kept, failures=())
+
+
+async def release(
+    sandbox: Sandbox, session: SandboxSession | None, *, deadline: CloseDeadline, io: PhaseIO
+) -> Released:
+    """Release through the session when one ran (it emits its own cleanup events), else directly;
+    either way within what the close budget has left (the release's reserve included)."""
+    try:
+        if session is not None:
+            await session.release()  # [close budget] bounded by the session's close deadline
+        else:
+            await deadline.run(sandbox.release(), step="release", for_release=True)  # [close budget]
+            io.emit(
+                CleanupObserved(
+                    step=CleanupStep.SANDBOX_RELEASED, state=StepState.OK, data={"owned": sandbox.owned}
+                )
+            )
+    except Exception as exc:
+        io.step_failed(
+            CleanupStep.SANDBOX_RELEASED,
+            exc,
+            "sandbox_release_failed",
+            FailureStage.RELEASE,
+            "release sandbox",
+        )
+    return Released(kept=False, failures=tuple(io.recorded))

@@ -1,0 +1,1 @@
+"""Run directories in other people's formats: ATIF trajectories and OpenAI-style chat messages."""

@@ -1,0 +1,67 @@
+"""``opencode-tui export RUN_DIR... --format atif|messages [-o PATH]``.
+
+- ``atif`` without ``-o``: (re)writes ``RUN_DIR/trajectory.json`` for each run and prints its path;
+  with ``-o PATH``: one run → that file, several → PATH is a directory of ``<run_id>.json``;
+  ``-o -``: the document(s) on stdout (one JSON document per line when several).
+- ``messages``: one JSON line per run, ``{"run_id", "task_id", "outcome", "messages"}``, on stdout
+  or into ``-o PATH``.
+Exit 2 when a RUN_DIR is not a run directory or cannot be exported (the others are still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from core.exit_codes import ExitCode
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from core.export.atif import TRAJECTORY_FILE, AtifTrajectory, build_trajectory, to_messages
+
+    out = args.output
+    several = len(args.run_dirs) > 1
+    if args.format == "atif" and out not in (None, "-") and several:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    status = ExitCode.OK
+    for name in args.run_dirs:
+        run_dir = Path(name)
+        try:
+            traj: AtifTrajectory = build_trajectory(run_dir)
+        except (OSError, ValueError) as exc:
+            print(f"opencode-tui export: {run_dir}: {exc}", file=sys.stderr)
+            status = ExitCode.USAGE
+            continue
+        if args.format == "messages":
+            extra = traj.extra or {}
+            record = {
+                "run_id": extra.get("run_id") or traj.trajectory_id,
+                "task_id": extra.get("task_id"),
+                "outcome": extra.get("outcome"),
+                "messages": to_messages(traj),
+            }
+            lines.append(json.dumps(record, ensure_ascii=False))
+            continue
+        text = traj.to_json()
+        if out == "-":
+            lines.append(json.dumps(json.loads(text), ensure_ascii=False) if several else text.rstrip("\n"))
+            continue
+        if out is None:
+            target = run_dir / TRAJECTORY_FILE
+        elif several:
+            target = Path(out) / f"{traj.trajectory_id or run_dir.name}.json"
+        else:
+            target = Path(out)
+        target.write_text(text, encoding="utf-8")
+        print(target)
+    if lines:
+        body = "\n".join(lines) + "\n"
+        if out in (None, "-"):
+            sys.stdout.write(body)
+        else:
+            Path(out).write_text(body, encoding="utf-8")
+            print(out)
+    return status

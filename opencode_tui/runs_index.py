@@ -1,0 +1,246 @@
+"""The runs browser's data (no Textual here): run directories listed without reading them, run.json read
+only for the rows on screen (or, in a background thread, for all of them once a sort or filter needs a
+field only run.json holds).
+
+A run directory's name says its task and start time (``core.episode.new_run_id``:
+``<task>-<YYYYmmdd-HHMMSS>-<hex>-a<attempt>``), so the default view (newest first) and a task filter need
+no file read at all: listing 10,000 runs is one ``scandir``. Names that do not follow the pattern (copied
+or hand-made run directories) are read at once: their start time comes from run.json.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from core.artifacts import RunInfo
+
+NAME = re.compile(r"^(?P<task>.+)-(?P<stamp>\d{8}-\d{6})-[0-9a-f]{6}-a(?P<attempt>\d+)$")
+
+# Sort keys, in the order ``s`` cycles through them; which need run.json.
+SORTS = ("date", "task", "outcome", "kind", "provider")
+FIELDS = ("task", "outcome", "kind", "provider", "date")
+NEEDS_INFO = frozenset({"outcome", "kind", "provider"})
+_UNSET = object()
+
+
+@dataclass
+class RunEntry:
+    root: Path  # the runs directory (shared: a Path per entry costs more than the whole scan)
+    name: str
+    task_hint: str | None = None
+    stamp: str | None = None  # YYYYmmdd-HHMMSS from the name: sorts like the time it names
+    _info: object = field(default=_UNSET, repr=False)
+
+    @property
+    def started_hint(self) -> datetime | None:
+        return _stamp(self.stamp) if self.stamp else None
+
+    @property
+    def sort_stamp(self) -> str:
+        """The start as ``YYYYmmdd-HHMMSS.ffffff`` (from the name, else run.json; "" when unknown)."""
+        if self.stamp is not None:
+            return self.stamp
+        info = self.info()
+        return info.started_at.astimezone(UTC).strftime("%Y%m%d-%H%M%S.%f") if info else ""
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def loaded(self) -> bool:
+        return self._info is not _UNSET
+
+    def info(self) -> RunInfo | None:
+        """run.json, read once (None when missing or unreadable)."""
+        if self._info is _UNSET:
+            try:
+                self._info = RunInfo.model_validate_json((self.path / "run.json").read_bytes())
+            except (OSError, ValueError):
+                self._info = None
+        return self._info  # type: ignore[return-value]
+
+    @property
+    def started(self) -> datetime | None:
+        if self.started_hint is not None:
+            return self.started_hint
+        info = self.info()
+        return info.started_at if info else None
+
+    @property
+    def task(self) -> str:
+        if self.task_hint is not None:
+            return self.task_hint
+        info = self.info()
+        return info.task_id if info else ""
+
+    def value(self, name: str) -> str:
+        """A field as text, for sorting and filtering (reads run.json for outcome, kind, provider)."""
+        if name == "task":
+            return self.task
+        if name == "date":
+            started = self.started
+            return started.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if started else ""
+        info = self.info()
+        if info is None:
+            return ""
+        if name == "provider":
+            return info.provider
+        out = info.outcome
+        if name == "outcome":
+            if out is not None:
+                return str(out.action)
+            return "interrupted" if info.orphaned else "running/unknown"
+        if name == "kind":
+            return (out.failure_kind if out else None) or ""
+        raise KeyError(name)
+
+
+def _stamp(stamp: str) -> datetime | None:
+    """``YYYYmmdd-HHMMSS`` (strptime is ten times slower, and this runs for every run directory)."""
+    try:
+        return datetime(
+            int(stamp[0:4]), int(stamp[4:6]), int(stamp[6:8]),
+            int(stamp[9:11]), int(stamp[11:13]), int(stamp[13:15]), tzinfo=UTC,
+        )  # fmt: skip
+    except ValueError:
+        return None
+
+
+def scan_runs(runs_dir: Path) -> list[RunEntry]:
+    """Every run directory under ``runs_dir`` (one with run.json or events.jsonl), unread."""
+    out: list[RunEntry] = []
+    try:
+        it = os.scandir(runs_dir)
+    except OSError:
+        return out
+    root = Path(runs_dir)
+    with it:
+        for d in it:
+            if not d.is_dir():
+                continue
+            m = NAME.match(d.name)
+            if m is not None:
+                # A named run has its events.jsonl from its first moment; skip the second check.
+                entry = RunEntry(
+                    root,
+                    d.name,
+                    task_hint=m["task"],
+                    stamp=m["stamp"],
+                )
+                out.append(entry)
+            elif (root / d.name / "run.json").exists() or (root / d.name / "events.jsonl").exists():
+                out.append(RunEntry(root, d.name))
+    return out
+
+
+@dataclass
+class Term:
+    field: str | None  # None: any field
+    text: str
+    op: str = ":"  # ":" contains; for dates also >=, <=, >, < (compared as "YYYY-mm-dd HH:MM:SS" text)
+
+    def matches(self, value: str) -> bool:
+        if self.op == ":":
+            return self.text in value.lower()
+        if not value:
+            return False
+        # A date prefix compares with the same prefix of the run's start: date<2026-12 is before December.
+        head = value[: len(self.text)]
+        return {
+            ">=": head >= self.text,
+            "<=": head <= self.text,
+            ">": head > self.text,
+            "<": head < self.text,
+        }[self.op]
+
+
+_DATE_OP = re.compile(r"^date(>=|<=|>|<)(.+)$")
+
+
+def parse_query(query: str) -> list[Term]:
+    """``outcome:count task:oom local date>=2026-12-01`` → terms (``field:text``, a date comparison, or
+    bare text matching any field)."""
+    terms = []
+    for word in query.split():
+        m = _DATE_OP.match(word)
+        if m is not None:
+            terms.append(Term("date", m[2], m[1]))
+            continue
+        name, sep, text = word.partition(":")
+        if sep and name in FIELDS:
+            terms.append(Term(name, text.lower()))
+        else:
+            terms.append(Term(None, word.lower()))
+    return terms
+
+
+class RunsIndex:
+    """All entries, and the view: the indices of the entries shown, filtered and sorted."""
+
+    def __init__(self, runs_dir: Path) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.entries = scan_runs(self.runs_dir)
+        self.sort_key = "date"
+        self.reverse = True  # newest first
+        self.query = ""
+        self.view: list[int] = []
+        self.apply()
+
+    def fields_needed(self) -> set[str]:
+        needed = {self.sort_key}
+        for t in parse_query(self.query):
+            needed |= set(FIELDS) if t.field is None else {t.field}
+        return needed
+
+    @property
+    def needs_all_infos(self) -> bool:
+        return bool(self.fields_needed() & NEEDS_INFO) and not all(e.loaded for e in self.entries)
+
+    def apply(self) -> None:
+        """Recompute the view (reads run.json for every entry when the sort or filter needs it: call
+        ``load_all`` in a thread first to keep that off the UI thread)."""
+        terms = parse_query(self.query)
+        idx = range(len(self.entries))
+        if terms:
+            idx = [i for i in idx if self._matches(self.entries[i], terms)]
+        key = self.sort_key
+
+        def sort_value(i: int) -> tuple:
+            e = self.entries[i]
+            if key == "date":
+                # unreadable runs ("" stamp) last when newest first; ties by name
+                return (e.sort_stamp, e.name)
+            return (e.value(key), e.sort_stamp, e.name)
+
+        self.view = sorted(idx, key=sort_value, reverse=self.reverse)
+
+    @staticmethod
+    def _matches(e: RunEntry, terms: list[Term]) -> bool:
+        for t in terms:
+            names = FIELDS if t.field is None else (t.field,)
+            if not any(t.matches(e.value(n)) for n in names):
+                return False
+        return True
+
+    def load_all(
+        self, stop: threading.Event | None = None, progress: Callable[[int], None] | None = None
+    ) -> None:
+        for n, e in enumerate(self.entries):
+            if stop is not None and stop.is_set():
+                return
+            e.info()
+            if progress is not None and n % 500 == 0:
+                progress(n)
+
+    def entry(self, row: int) -> RunEntry | None:
+        return self.entries[self.view[row]] if 0 <= row < len(self.view) else None
+
+    def __len__(self) -> int:
+        return len(self.view)

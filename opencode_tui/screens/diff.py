@@ -1,0 +1,179 @@
+"""Two runs side by side (``opencode-tui diff RUN_A RUN_B``, or ``d`` on two marked runs in the browser):
+drift first, then the steps aligned with the first divergence highlighted, then the deltas.
+
+The comparison itself is core/diff.py (pure); this screen only shows a ``RunDiff``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from core.diff import AlignedStep, Delta, RunDiff, Step, diff_runs
+from opencode_tui import format as fmt
+
+STEP_COLUMNS = ("#", "A", "A time", "B", "B time")
+
+
+def _value(v: object) -> str:
+    if v is None:
+        return fmt.DASH
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def delta_words(d: Delta) -> str:
+    """``a → b (+delta)`` for one delta row."""
+    change = ""
+    if d.delta is not None and d.delta != 0:
+        change = f" ({d.delta:+.3g})" if isinstance(d.delta, float) else f" ({d.delta:+,})"
+    return f"{_value(d.a)} → {_value(d.b)}{change}"
+
+
+def step_cell(step: Step | None, width: int) -> Text:
+    if step is None:
+        return Text("—", style="dim")
+    text = Text(step.label(), no_wrap=True)
+    text.truncate(width, overflow="ellipsis")
+    return text
+
+
+def step_time(step: Step | None) -> Text:
+    if step is None or step.duration_s is None:
+        return Text("")
+    return Text(f"{step.duration_s:.2f}s", justify="right")
+
+
+class StepsTable(DataTable):
+    BINDINGS = [
+        Binding("f", "first_divergence", "First divergence", tooltip="Move to the first step that differs")
+    ]
+
+    def action_first_divergence(self) -> None:
+        screen = self.screen
+        if isinstance(screen, DiffScreen) and screen.diff.first_divergence is not None:
+            self.move_cursor(row=screen.diff.first_divergence)
+
+
+class DiffScreen(Screen[None]):
+    BINDINGS = [Binding("escape", "back", "Back", tooltip="Back to the runs browser")]
+
+    def __init__(self, run_a: Path, run_b: Path, diff: RunDiff | None = None) -> None:
+        super().__init__()
+        self.run_a = Path(run_a)
+        self.run_b = Path(run_b)
+        self.diff = diff if diff is not None else diff_runs(self.run_a, self.run_b)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="diff-title")
+        with Vertical(id="diff-body"):
+            yield Static(id="diff-drift")
+            yield StepsTable(id="diff-steps", cursor_type="row", zebra_stripes=True)
+            yield Static(id="diff-step")
+            yield Static(id="diff-deltas")
+        yield Footer()
+
+    @property
+    def compact(self) -> bool:
+        return self.app.size.width < 100 or self.app.size.height < 30
+
+    def on_mount(self) -> None:
+        d = self.diff
+        # A and B share the width: each step cell gets half of what the number and time columns leave.
+        self.cell_width = max((self.app.size.width - 4 - 2 * 8 - 8) // 2, 12)
+        self.set_class(self.compact, "-compact")
+        self.query_one("#diff-title", Static).update(
+            Content.from_markup(
+                "[b]Diff[/]  A [b]$a[/] ($na steps)  ·  B [b]$b[/] ($nb steps)",
+                a=fmt.short(d.a.run_id, max((self.app.size.width - 36) // 2, 12)),
+                b=fmt.short(d.b.run_id, max((self.app.size.width - 36) // 2, 12)),
+                na=str(d.a.steps),
+                nb=str(d.b.steps),
+            )
+        )
+        self.query_one("#diff-drift", Static).update(self.drift_text())
+        table = self.query_one(StepsTable)
+        for name in STEP_COLUMNS:
+            table.add_column(name, key=name)
+        colors = self.app.theme_variables
+        for i, row in enumerate(d.steps):
+            table.add_row(*self._row(i, row, colors), key=str(i))
+        table.border_title = "Steps"
+        if d.first_divergence is None:
+            table.border_subtitle = "the same steps in both runs"
+        else:
+            table.border_subtitle = f"first divergence at step {d.first_divergence + 1}"
+            table.move_cursor(row=d.first_divergence, animate=False)
+        self.query_one("#diff-deltas", Static).update(self.deltas_text())
+        table.focus()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """The highlighted step in full below the table: each side's tool and arguments (or call)."""
+        if not 0 <= event.cursor_row < len(self.diff.steps):
+            return
+        row = self.diff.steps[event.cursor_row]
+        width = max(self.app.size.width - 8, 20)
+
+        def side(name: str, step: Step | None) -> str:
+            if step is None:
+                return f"{name}: (no step here)"
+            if step.kind == "model_call":
+                what = f"model call {step.call_id} {step.name} status {step.status}"
+            else:
+                what = f"{step.name} {json.dumps(step.args, sort_keys=True, default=str)}"
+            return f"{name}: {fmt.short(what, width)}"
+
+        verdict = "same" if row.same else "differs"
+        self.query_one("#diff-step", Static).update(
+            Content(f"step {event.cursor_row + 1} ({verdict})\n{side('A', row.a)}\n{side('B', row.b)}")
+        )
+
+    def _row(self, i: int, row: AlignedStep, colors: dict[str, str]) -> list[Text]:
+        first = i == self.diff.first_divergence
+        # ▶ the first divergence, ≠ any other step that differs (readable without colours too)
+        sign = "▶" if first else ("" if row.same else "≠")
+        mark = Text(f"{sign}{i + 1}", justify="right")
+        w = self.cell_width
+        cells = [mark, step_cell(row.a, w), step_time(row.a), step_cell(row.b, w), step_time(row.b)]
+        if not row.same:
+            style = f"bold {colors.get('error', '')}" if first else colors.get("warning", "")
+            for c in (cells[0], cells[1], cells[3]):
+                c.stylize(style)
+        return cells
+
+    def drift_text(self) -> Content:
+        if not self.diff.drift:
+            return Content.from_markup("[b]Drift[/] none: same task, config and versions")
+        shown = 3 if self.compact else 8
+        half = max((self.app.size.width - 30) // 2, 12)
+        lines = [f"Drift ({len(self.diff.drift)})"]
+        for d in self.diff.drift[:shown]:
+            lines.append(
+                f"  {d.area} {d.key}: {fmt.short(_value(d.a), half)} → {fmt.short(_value(d.b), half)}"
+            )
+        if len(self.diff.drift) > shown:
+            lines.append(f"  … {len(self.diff.drift) - shown} more (opencode-tui diff --json)")
+        return Content("\n".join(lines))
+
+    def deltas_text(self) -> Content:
+        changed = [d for d in self.diff.deltas if d.changed]
+        if self.compact:  # per-phase durations only where there is room
+            changed = [d for d in changed if not d.key.startswith("phase.")]
+        if not changed:
+            return Content.from_markup("[b]Deltas[/] none")
+        return Content("Deltas  " + "  ·  ".join(f"{d.key} {delta_words(d)}" for d in changed))
+
+    def action_back(self) -> None:
+        if len(self.app.screen_stack) > 1:
+            self.app.pop_screen()
+        else:
+            self.app.exit()
