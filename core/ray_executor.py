@@ -43,17 +43,16 @@ from core.batch import (
     ExecutorError,
     borrowed_sandbox_is_clean,
     not_started,
-    stage_of_phase,
 )
 from core.config import AgentConfig, RaySettings
 from core.control import CANCELLED_BY_CALLER
 from core.episode import Episode, EpisodeResult, new_run_id
+from core.episode.common import stage_of
 from core.events import CleanupProof, EventBus
 from core.failures import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
     FailureEvent,
-    FailureStage,
     Outcome,
     decide,
     merged,
@@ -206,7 +205,7 @@ def _probe_task(
     if not storage and not problems and config.sandbox.mode == "owned":
         # The provider's own admission checks (its engine is up, the images exist), here on a node:
         # the driver's machine may have no Docker at all.
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
         problems += [c.detail for c in checks if c.status == "fail"]
@@ -505,7 +504,7 @@ class RayExecutor(Executor):
         except (OSError, ValueError):
             info = None
         phase = info.phase if info is not None else "admission"
-        stage = FailureStage(stage_of_phase(phase))
+        stage = stage_of(phase)
         reason = _words(exc)
         if where is None:
             # The worker died before asking to start: no sandbox of this attempt was ever created.
@@ -571,7 +570,7 @@ class RayExecutor(Executor):
             return None, None, f"its sandbox is kept (remove it with `opencode-tui sweep --run {run_id}`)"
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         # A provider whose listing needs a configured server (OpenSandbox) keeps its sandboxes there,
         # reachable from any node: any node may sweep them. The others' live on the lost node.

@@ -280,11 +280,12 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
     assert not list((tmp_path / "ray").glob(".ray-probe-*"))  # the probe is removed at the end
     assert _our_sandboxes(test_owner) == []
 
-    # Resume is the local executor's: scored episodes are skipped, the others run again on Ray.
+    # Resume is the local executor's, across executors too: the batch run here resumes on Ray,
+    # skipping what scored and running the rest again as the next attempt.
     again = _run(
         *tasks,
         *common,
-        *("--config", str(config), "--runs-dir", str(tmp_path / "ray"), "--attempts", "1"),
+        *("--config", str(config), "--runs-dir", str(tmp_path / "local"), "--attempts", "1"),
         env=ray_head.env,
     )
     lines = _lines(again.stdout)
