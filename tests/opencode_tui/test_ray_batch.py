@@ -269,7 +269,7 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
     assert all(Path(p, "events.jsonl").is_file() for p in flaky["previous_attempts"])
     # The summary line is the local executor's.
     assert local.stderr.splitlines()[-1] == on_ray.stderr.splitlines()[-1]
-    assert on_ray.stderr.splitlines()[-1] == (
+    assert on_ray.stderr.splitlines()[-1].startswith(  # (then the health warnings, the same on both)
         "opencode-tui: 5 of 6 scored; failures: model_server_error x1, provider_oom_killed x1"
     )
     # results.jsonl as the local executor writes it: one line per finished episode.
