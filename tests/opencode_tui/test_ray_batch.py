@@ -280,12 +280,13 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
     assert not list((tmp_path / "ray").glob(".ray-probe-*"))  # the probe is removed at the end
     assert _our_sandboxes(test_owner) == []
 
-    # Resume is the local executor's, across executors too: the batch run here resumes on Ray,
-    # skipping what scored and running the rest again as the next attempt.
+    # Resume is the local executor's, across executors too: the batch run here resumes on Ray (the
+    # same configuration but for the executor), skipping what scored and running the rest again as
+    # the next attempts.
     again = _run(
         *tasks,
         *common,
-        *("--config", str(config), "--runs-dir", str(tmp_path / "local"), "--attempts", "1"),
+        *("--config", str(config), "--runs-dir", str(tmp_path / "local")),
         env=ray_head.env,
     )
     lines = _lines(again.stdout)
@@ -293,7 +294,8 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
         [f"hello-{i}" for i in range(1, 5)] + ["oom"]
     )
     rerun = next(x for x in lines if x["task_id"] == "model-flaky-500")
-    assert not rerun["resumed"] and rerun["attempt"] == 4 and rerun["action"] == "mark_evaluation_error"
+    assert not rerun["resumed"] and rerun["attempt"] == 6 and rerun["action"] == "mark_evaluation_error"
+    assert len(rerun["previous_attempts"]) == 5  # the local batch's three, then Ray's 4 and 5
     assert _our_sandboxes(test_owner) == []
 
 
