@@ -88,8 +88,9 @@ class BatchSummary(BaseModel):
 
 def config_hash(config: AgentConfig) -> str:
     """The effective configuration, hashed: everything that can change an episode's result (where
-    run directories go and the TUI's theme cannot)."""
-    data = config.model_dump(mode="json", exclude={"runs_dir", "theme"})
+    run directories go, the TUI's theme and the executor that runs the episodes cannot: a batch
+    started here resumes on a Ray cluster)."""
+    data = config.model_dump(mode="json", exclude={"runs_dir", "theme", "executor"})
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

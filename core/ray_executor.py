@@ -43,17 +43,16 @@ from core.batch import (
     ExecutorError,
     borrowed_sandbox_is_clean,
     not_started,
-    stage_of_phase,
 )
 from core.config import AgentConfig, RaySettings
 from core.control import CANCELLED_BY_CALLER
 from core.episode import Episode, EpisodeResult, new_run_id
+from core.episode.common import stage_of
 from core.events import CleanupProof, EventBus
 from core.failures import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
     FailureEvent,
-    FailureStage,
     Outcome,
     decide,
     merged,
@@ -87,6 +86,16 @@ async def _get(ref: Any, timeout: float | None = None) -> Any:
     """Await a Ray ObjectRef from any event loop (the driver's or a worker's ``asyncio.run``)."""
     fut = asyncio.wrap_future(ref.future())
     return await (asyncio.wait_for(fut, timeout) if timeout is not None else fut)
+
+
+def node_address(ray: Any, node_id: str) -> str:
+    """The address a node registered with the cluster (``ray start --node-ip-address``), also for a
+    node that has died; the same key ``ray.nodes()`` reports, so a node that comes back matches."""
+    with contextlib.suppress(Exception):
+        for node in ray.nodes():
+            if node.get("NodeID") == node_id:
+                return str(node.get("NodeManagerAddress") or node_id[:12])
+    return node_id[:12]
 
 
 # ---- the coordinator: cancels reach running workers; who runs which attempt where ----------------
@@ -155,27 +164,30 @@ class WorkerReport:
 @dataclass
 class ProbeReport:
     node_ip: str
-    problems: list[str] = field(default_factory=list)
+    storage: list[str] = field(default_factory=list)  # the runs directory is not shared
+    problems: list[str] = field(default_factory=list)  # anything else (version, tasks, provider)
 
 
-def probe_problems(runs_dir: str, probe: str, token: str, task_roots: list[str], version: str) -> list[str]:
-    """What keeps this node from running the batch: the probe file unseen, a task directory missing,
-    another engine version."""
-    problems = []
+def probe_problems(
+    runs_dir: str, probe: str, token: str, task_roots: list[str], version: str
+) -> tuple[list[str], list[str]]:
+    """What keeps this node from running the batch: (the probe file unseen, the rest: a task
+    directory missing, another engine version)."""
+    storage, problems = [], []
     path = Path(runs_dir) / probe
     try:
         seen = path.read_text().strip()
     except OSError as exc:
         seen = None
-        problems.append(f"cannot read the probe file {path} ({exc.strerror or exc})")
+        storage.append(f"cannot read the probe file {path} ({exc.strerror or exc})")
     if seen is not None and seen != token:
-        problems.append(f"the probe file {path} holds another batch's token")
+        storage.append(f"the probe file {path} holds another batch's token")
     missing = sorted({r for r in task_roots if not Path(r).is_dir()})
     if missing:
         problems.append(f"task directories not found: {', '.join(missing[:3])}")
     if version != __version__:
         problems.append(f"opencode-tui {__version__} is installed here, the driver runs {version}")
-    return problems
+    return storage, problems
 
 
 def _probe_task(
@@ -189,15 +201,16 @@ def _probe_task(
 ) -> ProbeReport:
     import ray
 
-    problems = probe_problems(runs_dir, probe, token, task_roots, version)
-    if not problems and config.sandbox.mode == "owned":
+    storage, problems = probe_problems(runs_dir, probe, token, task_roots, version)
+    if not storage and not problems and config.sandbox.mode == "owned":
         # The provider's own admission checks (its engine is up, the images exist), here on a node:
         # the driver's machine may have no Docker at all.
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
         problems += [c.detail for c in checks if c.status == "fail"]
-    return ProbeReport(node_ip=ray.util.get_node_ip_address(), problems=problems)
+    node_id = ray.get_runtime_context().get_node_id()
+    return ProbeReport(node_ip=node_address(ray, node_id), storage=storage, problems=problems)
 
 
 def _episode_task(
@@ -229,15 +242,15 @@ async def _episode_in_worker(
 
     from core.invocation import invocation_id
 
-    ip = ray.util.get_node_ip_address()
+    node_id = ray.get_runtime_context().get_node_id()
     # Every node checks, not only the first: a node that joined without the shared mount must not
     # write run directories nobody else sees.
-    problems = probe_problems(str(runs_dir), probe[0], probe[1], [str(task.root)], __version__)
-    if problems:
-        return WorkerReport(unusable=f"node {ip} cannot run episodes: {'; '.join(problems)}")
+    storage, problems = probe_problems(str(runs_dir), probe[0], probe[1], [str(task.root)], __version__)
+    if storage or problems:
+        where = node_address(ray, node_id)
+        return WorkerReport(unusable=f"node {where} cannot run episodes: {'; '.join(storage + problems)}")
     where = {
-        "node_id": ray.get_runtime_context().get_node_id(),
-        "ip": ip,
+        "node_id": node_id,
         "pid": os.getpid(),
         "invocation": invocation_id(),
     }
@@ -392,11 +405,17 @@ class RayExecutor(Executor):
                 f"no Ray worker with {self.settings.num_cpus_per_episode:g} free CPU(s) ran the "
                 f"shared-storage probe within {PROBE_DEADLINE_S:.0f} s; check the cluster's resources"
             ) from exc
+        except Exception as exc:  # the probe itself failed on the worker (a missing package, ...)
+            raise ExecutorError(f"the probe failed on a Ray worker: {_words(exc)}") from exc
         self.probe_s = time.monotonic() - started
-        if report.problems:
+        if report.storage:
             raise ExecutorError(
                 f"the runs directory {runs_dir} must be shared storage mounted at the same path on every "
-                f"Ray node: node {report.node_ip}: {'; '.join(report.problems)}"
+                f"Ray node: node {report.node_ip}: {'; '.join(report.storage)}"
+            )
+        if report.problems:
+            raise ExecutorError(
+                f"Ray node {report.node_ip} cannot run this batch: {'; '.join(report.problems)}"
             )
 
     async def close(self) -> None:
@@ -485,13 +504,14 @@ class RayExecutor(Executor):
         except (OSError, ValueError):
             info = None
         phase = info.phase if info is not None else "admission"
-        stage = FailureStage(stage_of_phase(phase))
+        stage = stage_of(phase)
         reason = _words(exc)
         if where is None:
             # The worker died before asking to start: no sandbox of this attempt was ever created.
             confirmed, proof = True, CleanupProof.NOTHING_LAUNCHED
             place, note = "a Ray worker", "it had not started the episode"
         else:
+            where["ip"] = node_address(self._ray, where["node_id"])  # looked up only when needed
             place = f"the Ray worker (pid {where['pid']}) on node {where['ip']}"
             confirmed, proof, note = await self._sweep_after_loss(config, run_id, where, info)
         failure = FailureEvent(
@@ -550,7 +570,7 @@ class RayExecutor(Executor):
             return None, None, f"its sandbox is kept (remove it with `opencode-tui sweep --run {run_id}`)"
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from core.sandbox import registry
+        from core import provider_registry as registry
 
         # A provider whose listing needs a configured server (OpenSandbox) keeps its sandboxes there,
         # reachable from any node: any node may sweep them. The others' live on the lost node.

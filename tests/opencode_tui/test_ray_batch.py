@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -268,7 +269,7 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
     assert all(Path(p, "events.jsonl").is_file() for p in flaky["previous_attempts"])
     # The summary line is the local executor's.
     assert local.stderr.splitlines()[-1] == on_ray.stderr.splitlines()[-1]
-    assert on_ray.stderr.splitlines()[-1] == (
+    assert on_ray.stderr.splitlines()[-1].startswith(  # (then the health warnings, the same on both)
         "opencode-tui: 5 of 6 scored; failures: model_server_error x1, provider_oom_killed x1"
     )
     # results.jsonl as the local executor writes it: one line per finished episode.
@@ -279,11 +280,13 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
     assert not list((tmp_path / "ray").glob(".ray-probe-*"))  # the probe is removed at the end
     assert _our_sandboxes(test_owner) == []
 
-    # Resume is the local executor's: scored episodes are skipped, the others run again on Ray.
+    # Resume is the local executor's, across executors too: the batch run here resumes on Ray (the
+    # same configuration but for the executor), skipping what scored and running the rest again as
+    # the next attempts.
     again = _run(
         *tasks,
         *common,
-        *("--config", str(config), "--runs-dir", str(tmp_path / "ray"), "--attempts", "1"),
+        *("--config", str(config), "--runs-dir", str(tmp_path / "local")),
         env=ray_head.env,
     )
     lines = _lines(again.stdout)
@@ -291,8 +294,27 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
         [f"hello-{i}" for i in range(1, 5)] + ["oom"]
     )
     rerun = next(x for x in lines if x["task_id"] == "model-flaky-500")
+    # The policy bounds retries by the attempt number: attempt 4 is past max_attempts, its failure is final.
     assert not rerun["resumed"] and rerun["attempt"] == 4 and rerun["action"] == "mark_evaluation_error"
+    assert len(rerun["previous_attempts"]) == 3  # the local batch's three attempts
     assert _our_sandboxes(test_owner) == []
+
+
+def test_the_providers_checks_run_on_a_node_before_anything_starts(ray_head, tmp_path):
+    """With Ray the sandboxes live on the nodes: the provider's admission checks (here Docker's: the
+    image exists on the node's engine) run there, in the probe; a failure is one line, exit 2."""
+    task = _task(tmp_path, "hello-file", image="opencode-tui/no-such-image:latest")
+    runs = tmp_path / "runs"
+    args = ["--batch", "--provider", "docker", "--executor", "ray", "--ray-address", ray_head.address]
+    r = _run(*args, "--runs-dir", str(runs), str(task), env=ray_head.env)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    errors = [line for line in r.stderr.splitlines() if line.startswith("opencode-tui")]
+    assert len(errors) == 1, r.stderr
+    # The node as the cluster knows it (the address it registered), then the provider's own words.
+    assert re.match(r"opencode-tui run: Ray node [0-9.]+ cannot run this batch: image ", errors[0])
+    assert "opencode-tui/no-such-image:latest" in errors[0]
+    assert list(runs.iterdir()) == []  # nothing started: no run, no results.jsonl, the probe removed
 
 
 # ---- a worker lost mid-episode ---------------------------------------------------------------
@@ -327,7 +349,7 @@ def test_a_killed_worker_is_worker_lost_swept_and_retried(ray_head, tmp_path, te
     lost = json.loads((runs / lost_dir / "run.json").read_text())
     assert lost["outcome"]["failure_kind"] == "executor_worker_lost"
     assert lost["outcome"]["failure_stage"] == "agent" and lost["outcome"]["action"] == "retry"
-    assert f"pid {worker}" in lost["outcome"]["summary"]
+    assert re.search(rf"the Ray worker \(pid {worker}\) on node [0-9.]+ ", lost["outcome"]["summary"])
     assert info["sandbox_id"] in lost["outcome"]["summary"]  # swept by name
     assert lost["counts"]["cleanup_confirmed"] is True and lost["counts"]["cleanup_proof"] == "destroyed"
     assert _our_sandboxes(test_owner) == []
