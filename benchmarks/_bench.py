@@ -501,7 +501,7 @@ class RawOpenCode:
         import asyncio
         import shutil
 
-        from core.sandbox.local.provider import _system_fs_args, resolve_bwrap
+        from core.sandbox.local.bwrap import _system_fs_args, resolve_bwrap
         from core.tasks import render_prompt
 
         model = await self._model()

@@ -6,6 +6,7 @@ Builds a synthetic run directory from the recorded ``tests/fixtures/runs/hello-f
 call per turn carrying the fixture's full request/response bodies. Then times the export.
 
     python3 benchmarks/atif_export.py [--events 100000] [--turns 3000] [--repeat 3] [--json]
+    python3 benchmarks/atif_export.py --quick     # 20,000 events, 600 turns, once (CI: it still runs)
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=3_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="20,000 events, 600 turns, one repetition (for CI)")
     args = ap.parse_args()
+    if args.quick:
+        args.events, args.turns, args.repeat = min(args.events, 20_000), min(args.turns, 600), 1
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         sizes = make_run_dir(run, args.events, args.turns)

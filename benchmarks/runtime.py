@@ -332,8 +332,6 @@ async def cli_first_call(runs_dir: Path, provider: str, tag: str) -> dict[str, A
     import json
     import os
 
-    from core.model.records import MODEL_CALLS_FILE
-
     out = runs_dir / tag
     argv = [sys.executable, "-m", "opencode_tui.cli", "run", str(TASK_DIR), "--batch"]
     argv += ["--provider", provider, "--runs-dir", str(out)]
@@ -350,7 +348,7 @@ async def cli_first_call(runs_dir: Path, provider: str, tag: str) -> dict[str, A
         raise RuntimeError(f"opencode-tui run ({provider}) did not finish in 300 s") from None
     t_end = time.time()
     firsts = []
-    for calls in out.glob(f"*/{MODEL_CALLS_FILE}"):
+    for calls in out.glob(f"*/{RunFiles.MODEL_CALLS}"):
         for line in calls.read_text().splitlines():
             with contextlib.suppress(ValueError, KeyError):
                 firsts.append(_iso(json.loads(line)["started_at"]))

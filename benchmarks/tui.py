@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -475,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.events is None:
         args.events = 100_000 if args.quick else 1_000_000
 
+    # Wall-clock figures depend on what else runs: the machine's load is printed with them.
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f} (1 min)")
     r = asyncio.run(run_stream(args.mb, args.rate))
     pace = f"emitted at {args.rate:g} MB/s" if args.rate else "emitted as fast as possible"
     print(

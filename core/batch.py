@@ -23,7 +23,7 @@ from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
 from core.config import AgentConfig
 from core.episode import Episode, EpisodeResult
 from core.episode.common import stage_of
-from core.events import EventBus
+from core.events import EventBus, FailureRecorded
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
 from core.invocation import pid_of
@@ -218,6 +218,15 @@ class LocalExecutor(Executor):
         control: BatchControl,
     ) -> Attempt:
         episode = Episode(task, config, attempt=attempt, runs_dir=runs_dir, bus=EventBus(attempt=attempt))
+        # The runs directory stopped taking writes: no further episode starts from this moment (the
+        # running ones, this one included, finish and close as usual).
+        episode.bus.subscribe(
+            lambda event: (
+                control.halt(event.failure.message)
+                if isinstance(event, FailureRecorded) and event.failure.kind == "artifacts_write_failed"
+                else None
+            )
+        )
         if self.on_episode is not None:
             self.on_episode(episode)
         control.running.add(episode)
@@ -261,7 +270,12 @@ async def run_episode_with_retries(
         )
         result = done.result
         result.previous_attempts = list(previous)
-        if result.action is not Outcome.RETRY or not may_retry or control.cancelled_by is not None:
+        if (
+            result.action is not Outcome.RETRY
+            or not may_retry
+            or control.cancelled_by is not None
+            or control.halted is not None
+        ):
             return result
         if done.blocked is not None:
             result.summary += f"; {done.blocked}"

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.artifacts import RunDirReader, RunInfo
+from core.artifacts import RunDirReader, RunFiles, RunInfo
 from core.events import (
     EpisodeStarted,
     Event,
@@ -37,8 +37,8 @@ from core.events import (
 )
 from core.tokens import token_totals
 
-# A run directory written by a test or a newer engine may hold a task file; compared when both have it.
-TASK_FILES = ("task.yaml",)
+# What the agent was given, as recorded in the run directory: compared when both runs have the file.
+TASK_FILES = (RunFiles.TASK_YAML, RunFiles.PROMPT, RunFiles.INSTRUCTIONS)
 
 
 class _Model(BaseModel):
@@ -315,7 +315,7 @@ class _Run:
         self.path = Path(path)
         self.reader = RunDirReader(self.path)
         self.info: RunInfo | None = self.reader.info()
-        self.events: list[Event] = list(_step_events(self.path / "events.jsonl"))
+        self.events: list[Event] = list(_step_events(self.path / RunFiles.EVENTS))
         self.started = next((e for e in self.events if isinstance(e, EpisodeStarted)), None)
         self.outcome = next((e for e in reversed(self.events) if isinstance(e, OutcomeDecided)), None)
         self.transcript = next((e for e in reversed(self.events) if isinstance(e, TranscriptStats)), None)

@@ -39,6 +39,9 @@ class CleanupProof(StrEnum):
     RECEIPT = "receipt"
     DESTROYED = "destroyed"
     NOTHING_LAUNCHED = "nothing_launched"  # the harness never started: no process of the run existed
+    # the engine, asked again after it went away, reports the sandbox dead (an exited container, a
+    # PID namespace whose pid 1 is gone): no process of the run can be left, receipt or not
+    FOUND_DEAD = "found_dead"
 
 
 class StepState(StrEnum):

@@ -310,9 +310,18 @@ class Verdict(BaseModel):
     exit_code: ExitCode
 
 
+# Kinds that explain the failures recorded around them: the engine under the sandbox went away, so
+# the commands that went through it failed with it (their failures stay recorded, as symptoms).
+ROOT_CAUSE_KINDS = frozenset({"sandbox_engine_lost"})
+
+
 def primary_failure(failures: Iterable[RecordedFailure]) -> RecordedFailure | None:
-    """The failure that decides the outcome: the first not about closing the sandbox, else the first."""
+    """The failure that decides the outcome: a root cause (``ROOT_CAUSE_KINDS``), else the first not
+    about closing the sandbox, else the first."""
     items = list(failures)
+    for item in items:
+        if item.failure.kind in ROOT_CAUSE_KINDS:
+            return item
     for item in items:
         if not item.failure.stage.after_agent_cleanup:
             return item

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from core.artifacts import RunInfo
+from core.artifacts import RunFiles, RunInfo
 
 NAME = re.compile(r"^(?P<task>.+)-(?P<stamp>\d{8}-\d{6})-[0-9a-f]{6}-a(?P<attempt>\d+)$")
 
@@ -61,7 +61,7 @@ class RunEntry:
         """run.json, read once (None when missing or unreadable)."""
         if self._info is _UNSET:
             try:
-                self._info = RunInfo.model_validate_json((self.path / "run.json").read_bytes())
+                self._info = RunInfo.model_validate_json((self.path / RunFiles.RUN_INFO).read_bytes())
             except (OSError, ValueError):
                 self._info = None
         return self._info  # type: ignore[return-value]
@@ -135,7 +135,7 @@ def scan_runs(runs_dir: Path) -> list[RunEntry]:
                     stamp=m["stamp"],
                 )
                 out.append(entry)
-            elif (root / d.name / "run.json").exists() or (root / d.name / "events.jsonl").exists():
+            elif (root / d.name / RunFiles.RUN_INFO).exists() or (root / d.name / RunFiles.EVENTS).exists():
                 out.append(RunEntry(root, d.name))
     return out
 

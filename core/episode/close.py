@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.episode import engine_lost
 from core.episode.common import PhaseIO, evidence_key, failure_from
 from core.events import CleanupProof, Warning_
 from core.failures import CleanupDetails, Evidence, FailureEvent, FailureStage
@@ -37,7 +38,7 @@ class Closed:
     """How cleanup was confirmed (or not), and what the agent's end meant."""
 
     confirmed: bool  # a positive receipt arrived
-    proof: CleanupProof | None  # RECEIPT, DESTROYED, or None (unconfirmed)
+    proof: CleanupProof | None  # RECEIPT, DESTROYED, FOUND_DEAD, or None (unconfirmed)
     receipt: CleanupReceipt | None
     # OOM evidence already seen for the agent, so one during verification is told apart.
     agent_oom: frozenset[tuple[str, str]]
@@ -104,7 +105,15 @@ async def close(
     except CleanupUnconfirmed as exc:
         confirmed = False
         proof = await _confirm_by_destruction(
-            session, sandbox, exc, keep=keep(), hurried=hurried, last_command=last_command, check=check, io=io
+            session,
+            sandbox,
+            exc,
+            keep=keep(),
+            hurried=hurried,
+            last_command=last_command,
+            check=check,
+            io=io,
+            deadline=deadline,
         )
     agent_oom: frozenset[tuple[str, str]] = frozenset()
     if session.launch_started and (not cancelled_agent or receipt is None):
@@ -133,23 +142,32 @@ async def _confirm_by_destruction(
     last_command: Callable[[], str | None],
     check: AgentCheck,
     io: PhaseIO,
+    deadline: CloseDeadline,
 ) -> CleanupProof | None:
     """No positive receipt: an owned sandbox is destroyed now, and its death is the proof (a
     destroyed container or PID namespace holds no process). A borrowed or kept one stays
-    unconfirmed, and the record says so."""
+    unconfirmed, and the record says so. When the engine under the sandbox went away, it is waited
+    for first, and a sandbox it reports dead is proof already (engine_lost.py)."""
     hurry = hurried()
     records = check.endpoint.records if check.endpoint is not None else []
     last = None if hurry else (last_command() or last_requested_command(records))
     why = why_unconfirmed(exc, hurried=hurry, last_command=last)
     proof: CleanupProof | None = None
+    lost = None if hurry else await engine_lost.probe_engine(sandbox, exc, deadline, io)  # [engine lost]
+    if lost is not None and lost.dead:
+        proof = engine_lost.found_dead(lost, io)
     if sandbox.owned and not keep:
         try:
             await session.release()  # [close budget] bounded by the session's close deadline
         except Exception as release_exc:
             why = f"{why}; destroying the sandbox failed too: {release_exc}"
         else:
-            proof = CleanupProof.DESTROYED
-    if proof is CleanupProof.DESTROYED:
+            proof = proof or CleanupProof.DESTROYED  # [engine lost] found dead first
+    if lost is not None:  # [engine lost] a session ran: the engine went while the agent did
+        io.fail(engine_lost.failure(sandbox, lost, why, proof, FailureStage.AGENT, "stop and confirm"))
+        if proof is not None:
+            return proof
+    elif proof is CleanupProof.DESTROYED:
         if not hurried():
             io.fail(
                 FailureEvent.from_exception(

@@ -16,7 +16,7 @@ from core import invocation
 from core.artifacts import RunDir, RunFiles, RunInfo, versions
 from core.config import AgentConfig
 from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
-from core.episode import agent, close, install, release, seed, transcript, verify
+from core.episode import agent, close, engine_lost, install, release, seed, transcript, verify
 from core.episode.common import UNEXPECTED_KIND, PhaseIO, StageFailure, failure_from, stage_of
 from core.episode.record import EpisodeResult, Tally, new_run_id, outcome_event, result_of, write_record
 from core.events import (
@@ -601,7 +601,16 @@ class Episode(EpisodeControl):
             if (await release.keep(self.sandbox, self.run_id, run_dir, self._io())).kept and self.info:
                 self.info.sandbox_kept = True
             return
-        await release.release(self.sandbox, self.session, deadline=deadline, io=self._io())
+        await release.release(
+            self.sandbox,
+            self.session,
+            deadline=deadline,
+            io=self._io(),
+            # [engine lost] for the record of an engine that the release finds gone
+            proof=self.cleanup_proof,
+            lost_in=engine_lost.lost_in(list(self._phase_started)),
+            engine_lost_recorded=any(r.failure.kind == engine_lost.KIND for r in self.failures),
+        )
 
     def _outcome(self) -> EpisodeResult:
         assert self.run_dir is not None and self.info is not None

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.episode import engine_lost
 from core.episode.common import PhaseIO
-from core.events import CleanupObserved, CleanupStep, StepState, Warning_
+from core.events import CleanupObserved, CleanupProof, CleanupStep, StepState, Warning_
 from core.failures import FailureEvent, FailureStage
 from core.sandbox.base import Sandbox
 from core.session import CloseDeadline, SandboxSession
@@ -41,10 +42,19 @@ async def keep(sandbox: Sandbox, run_id: str, run_dir: Path | None, io: PhaseIO)
 
 
 async def release(
-    sandbox: Sandbox, session: SandboxSession | None, *, deadline: CloseDeadline, io: PhaseIO
+    sandbox: Sandbox,
+    session: SandboxSession | None,
+    *,
+    deadline: CloseDeadline,
+    io: PhaseIO,
+    proof: CleanupProof | None = None,
+    lost_in: FailureStage = FailureStage.AGENT,
+    engine_lost_recorded: bool = False,
 ) -> Released:
     """Release through the session when one ran (it emits its own cleanup events), else directly;
-    either way within what the close budget has left (the release's reserve included)."""
+    either way within what the close budget has left (the release's reserve included). An engine
+    that cannot be reached is waited for within that budget, and the release tried again
+    (engine_lost.py; ``proof``, ``lost_in`` and ``engine_lost_recorded`` are for its record)."""
     try:
         if session is not None:
             await session.release()  # [close budget] bounded by the session's close deadline
@@ -56,6 +66,17 @@ async def release(
                 )
             )
     except Exception as exc:
+        if await engine_lost.release_after_engine(  # [engine lost]
+            sandbox,
+            session,
+            exc,
+            deadline=deadline,
+            io=io,
+            proof=proof,
+            stage=lost_in,
+            already_recorded=engine_lost_recorded,
+        ):
+            return Released(kept=False, failures=tuple(io.recorded))
         io.step_failed(
             CleanupStep.SANDBOX_RELEASED,
             exc,

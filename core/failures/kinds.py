@@ -32,6 +32,7 @@ _REGISTRY: dict[str, str] = {
     "sandbox_allocation_failed": "creating the sandbox failed",
     "sandbox_not_ready": "the sandbox never became ready within its deadline",
     "sandbox_lost": "the sandbox failed, terminated or disappeared while in use",
+    "sandbox_engine_lost": "the engine under the sandbox (Docker daemon, OpenSandbox server, the local keeper) went away or restarted while the sandbox was in use",
     "sandbox_file_failed": "an upload or download failed",
     "sandbox_pty_failed": "an interactive terminal failed",
     "sandbox_release_failed": "releasing or destroying the sandbox failed",
@@ -49,6 +50,7 @@ _REGISTRY: dict[str, str] = {
     "install_integrity_mismatch": "the downloaded package does not match the registry's digest",
     "install_prerequisite_missing": "the sandbox lacks a required program (shell, python3)",
     "install_timeout": "the install did not finish within its budget",
+    "install_registry_unreachable": "the package registry could not be reached or stopped answering (refused, DNS, reset, read timeout)",
     # agent: the OpenCode run itself
     "agent_timeout": "the run deadline fired (observed by the supervisor)",
     "agent_nonzero_exit": "OpenCode exited non-zero",

@@ -181,6 +181,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         # The task's Dockerfile did not build: the set-up, never the model.
         "image_build_failed": FailureClass.EVALUATION,
         "artifacts_write_failed": FailureClass.EVALUATION,
+        # The engine under the sandbox went away: the apparatus failed, whatever the agent was doing.
+        "sandbox_engine_lost": FailureClass.EVALUATION,
         # Infrastructure whatever the phase: the agent did not make the Ray worker die.
         "executor_worker_lost": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
@@ -205,6 +207,12 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "agent_timeout@agent": Action.COUNT_AS_ZERO,
         "agent_context_limit": Action.COUNT_AS_ZERO,
         "cleanup_unconfirmed": Action.KEEP_UNKNOWN,
+        # A fresh attempt gets a fresh sandbox once the engine is back (bounded by max_attempts).
+        "sandbox_engine_lost": Action.RETRY,
+        # A registry that cannot be reached or stalls may answer the next attempt (a partial download is
+        # resumed); bounded by max_attempts, then an evaluation error.
+        "install_registry_unreachable": Action.RETRY,
+        "install_timeout": Action.RETRY,
         "supervisor_lost": Action.KEEP_UNKNOWN,
         "human_intervened": Action.KEEP_UNKNOWN,
         "run_interrupted": Action.KEEP_UNKNOWN,

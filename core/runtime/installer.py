@@ -46,7 +46,9 @@ from core.runtime.targets import Target
 
 log = logging.getLogger(__name__)
 
-InstallErrorKind = Literal["install_failed", "install_integrity_mismatch", "install_timeout"]
+InstallErrorKind = Literal[
+    "install_failed", "install_integrity_mismatch", "install_timeout", "install_registry_unreachable"
+]
 ProgressCallback = Callable[[int, int | None], None]
 
 BINARY_MEMBER = "package/bin/opencode"
@@ -179,6 +181,31 @@ def _version_key(version: str) -> tuple[int, int, int, int, str]:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3)), 0 if m.group(4) else 1, m.group(4) or "")
 
 
+# Cache entries whose digest was checked, by the file's identity: a write changes its mtime and
+# ctime, so a binary is hashed once per process until something touches it.
+_VERIFIED: dict[tuple[str, int, int, int, int], str] = {}
+_VERIFIED_LOCK = threading.Lock()
+
+
+def _digest_matches(binary: Path, st: os.stat_result, expected: str) -> bool:
+    key = (str(binary), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _VERIFIED_LOCK:
+        if _VERIFIED.get(key) == expected:
+            return True
+    digest = hashlib.sha256()
+    try:
+        with binary.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return False
+    if digest.hexdigest() != expected:
+        return False
+    with _VERIFIED_LOCK:
+        _VERIFIED[key] = expected
+    return True
+
+
 class _Metadata(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -243,6 +270,9 @@ class Installer:
     _flights: dict[tuple[str, ...], _Flight] = {}
     _flights_lock = threading.Lock()
 
+    # Set when cached() found an entry whose bytes do not match its recorded digest (issue 19).
+    corrupt: str | None = None
+
     def __init__(self, config: InstallerConfig | None = None) -> None:
         self.config = config or InstallerConfig()
 
@@ -280,7 +310,9 @@ class Installer:
                     os.chmod(d, 0o755)
 
     def cached(self, target: Target) -> InstalledBinary | None:
-        """The cached binary for ``target`` if a complete entry exists (cheap check: no hashing)."""
+        """The cached binary for ``target`` if a complete entry exists and its bytes still hash to the
+        digest recorded when it was installed (hashed once per process while the file is unchanged).
+        A corrupted entry is never handed out: ``corrupt`` says why, and an install replaces it."""
         entry = self.entry_dir(target)
         binary = entry / BINARY_NAME
         try:
@@ -297,6 +329,13 @@ class Installer:
                 and os.access(binary, os.X_OK)
             )
             if not ok:
+                return None
+            if not _digest_matches(binary, st, str(meta["sha256"])):
+                self.corrupt = (
+                    f"the cached OpenCode binary {binary} does not match the sha256 recorded at install "
+                    f"({str(meta['sha256'])[:16]}…): it was not used and is fetched again"
+                )
+                log.warning("%s", self.corrupt)
                 return None
             return InstalledBinary(
                 path=binary,
@@ -499,10 +538,14 @@ class Installer:
         if time.monotonic() >= deadline:
             err = self._timeout_error(target, url, doing)
         else:
-            err = self._failed(
-                target,
+            # The registry could not be reached or stopped answering (refused, DNS, reset, a read
+            # that timed out): a condition of the network, so its own kind, which the policy retries.
+            err = InstallError(
+                "install_registry_unreachable",
                 f"Could not {doing} from {url}: {type(exc).__name__}: {str(exc) or 'no detail'}. Check the "
                 "network or proxy settings, or set registry_url to a reachable mirror, then retry.",
+                package=target.package_name,
+                version=self.config.version,
                 url=url,
             )
         err.__cause__ = exc

@@ -166,6 +166,26 @@ class SandboxStatus(BaseModel):
     evidence: list[Evidence] = Field(default_factory=list)
 
 
+class SandboxProbe(BaseModel):
+    """What a sandbox's engine says about it now (``Sandbox.probe``), for a close that lost it.
+
+    ``engine_reachable``: the engine (Docker daemon, OpenSandbox server; for local, the host itself)
+    answered. ``dead``: every process of the sandbox is proven gone (an exited or removed container,
+    a PID namespace whose pid 1 died and holds no process); None when it cannot be told.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine_reachable: bool
+    # The probe itself saw the engine go away: a restart already over (Docker's emptied event log),
+    # the local keeper killed from outside. None: it cannot tell.
+    engine_lost: bool | None = None
+    dead: bool | None = None
+    state: SandboxState = SandboxState.UNKNOWN
+    detail: str = ""
+    evidence: list[Evidence] = Field(default_factory=list)
+
+
 class OutputChunk(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -322,6 +342,13 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def release(self) -> None:
         """Owned: destroy. Borrowed: disconnect only. Idempotent."""
+
+    async def probe(self, timeout: float) -> SandboxProbe:
+        """Ask the engine, within ``timeout``, whether it answers and whether the sandbox is dead.
+
+        Allowed after ``release()`` (a close that lost its engine asks it again); never raises for an
+        unreachable engine (that is the answer). The default knows nothing."""
+        return SandboxProbe(engine_reachable=True, detail="this provider cannot probe its sandboxes")
 
     async def identify(self, user: str | None = None) -> SandboxUser:
         """Who commands run as (``user`` None: the sandbox's own user), asked inside the sandbox."""

@@ -88,3 +88,20 @@ def test_config_and_version_drift(tmp_path):
 def test_not_a_run_directory(tmp_path):
     with pytest.raises(FileNotFoundError):
         diff_runs(tmp_path, EXIT_137)
+
+
+def test_what_the_agent_was_given_is_task_drift(tmp_path):
+    """The task file and the prompt as recorded in the run directory (input/): a changed line is drift."""
+    from core.artifacts import RunFiles
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(EXIT_137, a)
+    shutil.copytree(EXIT_137, b)
+    for run, limit in ((a, "1g"), (b, "2g")):
+        (run / RunFiles.TASK_YAML).parent.mkdir(parents=True, exist_ok=True)
+        (run / RunFiles.TASK_YAML).write_text(f"id: exit-137\nlimits:\n  memory: {limit}\n")
+        (run / RunFiles.PROMPT).write_text("## Problem statement\nRun a command.\n")
+    d = diff_runs(a, b)
+    assert [(x.area, x.key, x.a, x.b) for x in d.drift] == [
+        ("task", RunFiles.TASK_YAML, "line 3:   memory: 1g", "line 3:   memory: 2g")
+    ]

@@ -401,6 +401,29 @@ ROWS: dict[str, Row] = {
         rule="run_cancelled",
         exit=ExitCode.INTERRUPTED,
     ),
+    # ---- issue 19: the engine under the sandbox went away -----------------------------------------
+    "engine lost mid-agent, found dead: retried, cleanup proven (no receipt)": Row(
+        before=[failure("command_status_lost", FailureStage.AGENT)],  # the exec's stream broke first
+        after=[failure("sandbox_engine_lost", FailureStage.AGENT)],  # the root cause decides
+        outcome=Outcome.RETRY,
+        kind="sandbox_engine_lost",
+        stage="agent",
+        rule="sandbox_engine_lost",
+        exit=ExitCode.INFRA,
+    ),
+    "engine lost and never back: unconfirmed cleanup, exit 4": Row(
+        after=[
+            failure("sandbox_engine_lost", FailureStage.AGENT),
+            failure("cleanup_unconfirmed", FailureStage.CLOSING),
+        ],
+        cleanup_confirmed=False,
+        attempt=3,
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="sandbox_engine_lost",
+        stage="agent",
+        rule="evaluation",
+        exit=ExitCode.CLEANUP_UNCONFIRMED,
+    ),
     "nothing failed and nothing was graded: no sample": Row(
         agent=agent(), outcome=Outcome.KEEP_UNKNOWN, exit=ExitCode.INFRA
     ),

@@ -294,6 +294,28 @@ def test_runs_directory_full_is_one_line_exit_3_and_keeps_what_was_written(small
     assert [x for x in left.splitlines() if "pgrep" not in x] == []
 
 
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_runs_directory_full_mid_batch_starts_nothing_more(small_disk):
+    """Issue 19: once an episode's run directory stops taking writes, the batch starts no further
+    episode (they are recorded as not started, for a resume) and still closes the running one."""
+    runs = small_disk("600k")
+    tasks = [str(SAMPLES / name) for name in ("fix-bug", "hello-file", "model-flaky-429")]
+    r = run_cli(
+        "run", *tasks, "--batch", "--jobs", "1", "--provider", "local", "--runs-dir", str(runs), timeout=300
+    )
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["task_id"] for x in lines] == ["fix-bug", "hello-file", "model-flaky-429"]
+    first, *rest = lines
+    assert first["started"] and first["failure_kind"] == "artifacts_write_failed"
+    assert first["cleanup_confirmed"] is True
+    assert [(x["started"], x["failure_kind"], x["exit_code"]) for x in rest] == [
+        (False, "artifacts_write_failed", 3)
+    ] * 2
+
+
 def test_read_only_runs_directory_starts_nothing(small_disk):
     runs = small_disk("1m", read_only=True)
     r = run_cli("run", str(SAMPLES / "hello-file"), "--batch", "--runs-dir", str(runs / "sub"))

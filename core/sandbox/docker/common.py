@@ -26,7 +26,6 @@ from core.sandbox.errors import SandboxError
 
 T = TypeVar("T")
 
-DEFAULT_IMAGE = "opencode-tui/base:bookworm"
 # The idle main process (under docker-init): portable to any image with /bin/sh.
 IDLE_MAIN = ("/bin/sh", "-c", "while :; do sleep 3600; done")
 BUILD_HINT = "build it locally with scripts/build-images (there is no registry to pull from)"

@@ -38,6 +38,8 @@ class DockerPlugin(ProviderPlugin):
         model_socket=True,
         memory_limit=True,
         cpu_limit=True,
+        pids_limit=True,
+        disk_limit=True,  # storage-opt size, only on storage drivers that support it; status() says
         pty=True,
         oom_evidence=frozenset({SOURCE_STATE, SOURCE_EVENTS, SOURCE_CGROUP}),
         borrowed=True,
@@ -67,7 +69,7 @@ class DockerPlugin(ProviderPlugin):
         return await asyncio.to_thread(self._preflight, config)
 
     def _preflight(self, config: AgentConfig) -> list[Check]:
-        from core.sandbox.docker.common import DEFAULT_IMAGE
+        from core.config import DEFAULT_IMAGE
 
         settings = config.sandbox.settings_for(self.name)
         assert isinstance(settings, DockerSettings)

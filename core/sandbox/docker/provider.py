@@ -45,6 +45,7 @@ import docker
 import docker.errors
 from docker.types import Mount as DockerMount
 
+from core.config import DEFAULT_IMAGE
 from core.failures import (
     Evidence,
     FailureStage,
@@ -67,7 +68,6 @@ from core.sandbox.docker.common import (
     API_TIMEOUT_S,
     BUILD_HINT,
     CALL_DEADLINE_S,
-    DEFAULT_IMAGE,
     IDLE_MAIN,
     RELEASE_DEADLINE_S,
     _blocking,

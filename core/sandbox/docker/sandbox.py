@@ -29,6 +29,7 @@ from core.sandbox.base import (
     OutputChunk,
     PtyHandle,
     Sandbox,
+    SandboxProbe,
     SandboxState,
     SandboxStatus,
     SandboxUser,
@@ -616,6 +617,15 @@ class DockerSandbox(Sandbox):
             notes=notes,
             evidence=evidence,
         )
+
+    async def probe(self, timeout: float) -> SandboxProbe:
+        """The engine's answer about this container, also after release (issue 19: engine lost)."""
+        from core.sandbox.docker.probe import probe_container
+
+        # Only a container we created is known to have started after ``_since`` (a borrowed one was
+        # started before we connected).
+        since = self._since if self.owned else None
+        return await probe_container(self._api, self.sandbox_id, timeout, since=since)
 
     # --------------------------------------------------------------------------------- release
 

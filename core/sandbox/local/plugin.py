@@ -24,6 +24,8 @@ class LocalPlugin(ProviderPlugin):
     capabilities = Capabilities(
         model_socket=True,
         memory_limit=True,  # through a cgroup v1 memory controller, as root; status() says otherwise
+        pids_limit=True,  # a pids cgroup, where the host has one; status() says otherwise
+        disk_limit=True,  # a loop-mounted sized filesystem (root, mkfs.ext4); status() says otherwise
         pty=True,
         oom_evidence=frozenset({SOURCE_CGROUP}),
         borrowed=True,

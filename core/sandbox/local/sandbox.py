@@ -34,6 +34,7 @@ from core.sandbox.base import (
     OutputCallback,
     PtyHandle,
     Sandbox,
+    SandboxProbe,
     SandboxSpec,
     SandboxState,
     SandboxStatus,
@@ -813,6 +814,12 @@ class LocalSandbox(Sandbox):
                     ) from exc
             self._meta["kept"] = True
             self._write_meta()
+
+    async def probe(self, timeout: float) -> SandboxProbe:
+        """Whether the keeper lives; a dead keeper is proof that no process is left (issue 19)."""
+        from core.sandbox.local.probe import probe_local
+
+        return await probe_local(self, timeout)
 
     async def release(self) -> None:
         if self._released:

@@ -31,7 +31,6 @@ from core.sandbox.opensandbox.diagnostics import (
 )
 from core.sandbox.opensandbox.http import RequestFailed
 
-DEFAULT_IMAGE = "opencode-tui/base:bookworm"
 LABEL_CREATE = "opencode-tui.create"  # a nonce per create attempt: finds a half-created sandbox
 OUTPUT_CAP_BYTES = 4 << 20  # per stream, tail kept
 INSPECT_DEADLINE_S = 10.0  # the whole of one public inspect()

@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from core.config import DEFAULT_IMAGE
 from core.failures import (
     Delivery,
     Evidence,
@@ -61,7 +62,6 @@ from core.sandbox.errors import SandboxError
 from core.sandbox.opensandbox.common import (
     CLEANUP_DEADLINE_S,
     CONNECT_DEADLINE_S,
-    DEFAULT_IMAGE,
     LABEL_CREATE,
     READY_PING_TIMEOUT_S,
     _cpu_quantity,

@@ -35,6 +35,7 @@ from core.sandbox.base import (
     PtyHandle,
     Recovery,
     Sandbox,
+    SandboxProbe,
     SandboxState,
     SandboxStatus,
     check_exec_args,
@@ -1123,6 +1124,12 @@ class OpenSandboxSandbox(Sandbox):
                 )
         return SandboxStatus(state=sandbox_state, notes=notes, evidence=[ev], **base)
 
+    async def probe(self, timeout: float) -> SandboxProbe:
+        """The server's answer about this sandbox, also after release (issue 19: engine lost)."""
+        from core.sandbox.opensandbox.probe import probe_sandbox
+
+        return await probe_sandbox(self, timeout)
+
     # ------------------------------------------------------------------------------- release
 
     async def release(self) -> None:
@@ -1143,7 +1150,11 @@ class OpenSandboxSandbox(Sandbox):
                     exc.failure(
                         stage=FailureStage.CLEANUP,
                         operation="release",
-                        kind="sandbox_release_failed" if exc.kind != "provider_auth_failed" else exc.kind,
+                        # An unreachable server stays provider_unavailable: the close waits for it.
+                        kind=exc.kind
+                        if exc.kind == "provider_auth_failed"
+                        or (exc.kind == "provider_unavailable" and exc.transport)
+                        else "sandbox_release_failed",
                         message=f"deleting sandbox {self.sandbox_id} failed: {exc}",
                     ),
                     exc,

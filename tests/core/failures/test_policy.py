@@ -161,3 +161,17 @@ def test_register_kind_validates_name():
         kinds_mod.register_kind("NotValid", "x")
     kinds_mod.register_kind("myenv:judge_crashed", "extension kind")
     assert kinds_mod.is_registered("myenv:judge_crashed")
+
+
+def test_engine_lost_and_unreachable_registry_are_retried_then_evaluation_errors():
+    """Issue 19: faults of the world around the episode are retried (a fresh sandbox, a fresh
+    download), bounded by max_attempts, and never become a sample."""
+    for kind, stage in [
+        ("sandbox_engine_lost", "agent"),
+        ("sandbox_engine_lost", "install"),
+        ("install_registry_unreachable", "install"),
+        ("install_timeout", "install"),
+    ]:
+        assert decide(f(kind, stage=stage), attempt=1).action is Action.RETRY, kind
+        last = decide(f(kind, stage=stage), attempt=3)
+        assert (last.action, last.failure_class) == (Action.MARK_EVALUATION_ERROR, FailureClass.EVALUATION)

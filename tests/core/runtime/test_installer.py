@@ -564,7 +564,8 @@ async def test_interrupted_download_resumes_with_range_on_next_call(mirror: Mirr
     installer = make_installer(mirror, cache, download_attempts=1)
     with pytest.raises(InstallError) as info:
         await installer.ensure(X64)
-    assert info.value.kind == "install_failed"
+    # A connection cut mid-body is a network condition: retryable, and the retry resumes.
+    assert info.value.kind == "install_registry_unreachable"
     partial = cache / ".downloads" / f"opencode-linux-x64-{PIN}.tgz.partial"
     assert partial.stat().st_size == cut  # kept for the resume
 
@@ -698,8 +699,61 @@ async def test_unreachable_registry(tmp_path: Path) -> None:
     installer = Installer(InstallerConfig(registry_url="http://127.0.0.1:9", cache_dir=tmp_path / "c"))
     with pytest.raises(InstallError) as info:
         await installer.ensure(X64)
-    assert info.value.kind == "install_failed"
+    assert info.value.kind == "install_registry_unreachable"
     assert "http://127.0.0.1:9" in str(info.value) and "registry_url" in str(info.value)
+    assert "ConnectError" in str(info.value)
+
+
+async def test_stalled_registry_fails_within_the_budget_and_is_retryable(tmp_path: Path) -> None:
+    """A registry that accepts the connection and never answers (a real loopback listener that never
+    reads): the install ends within its budget with an error naming the registry, never a hang."""
+    import socket
+
+    from core.failures import DEFAULT_POLICY, Action, FailureEvent, decide
+
+    stall = socket.socket()
+    stall.bind(("127.0.0.1", 0))
+    stall.listen(8)  # the kernel completes handshakes into the backlog; nobody ever reads
+    url = f"http://127.0.0.1:{stall.getsockname()[1]}"
+    try:
+        installer = Installer(InstallerConfig(registry_url=url, cache_dir=tmp_path / "c", timeout_s=2))
+        started = time.monotonic()
+        with pytest.raises(InstallError) as info:
+            await installer.ensure(X64)
+        assert time.monotonic() - started < 4.0
+    finally:
+        stall.close()
+    assert info.value.kind in ("install_registry_unreachable", "install_timeout"), info.value.kind
+    assert url in str(info.value) or "2 s" in str(info.value)
+    failure = FailureEvent(
+        kind=info.value.kind, stage="install", operation="install", message=str(info.value)
+    )
+    assert decide(failure, attempt=1, policy=DEFAULT_POLICY).action is Action.RETRY
+    assert decide(failure, attempt=3, policy=DEFAULT_POLICY).action is Action.MARK_EVALUATION_ERROR
+
+
+async def test_corrupted_cache_is_detected_refetched_and_never_executed(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    """Wrong bytes in the cached binary (same size, so only the digest can tell): the cache refuses
+    it and the next install fetches it again. (That an episode never runs it is a row of
+    benchmarks/faults.py: the corrupt binary there would report another version.)"""
+    cache = tmp_path / "cache"
+    first = await make_installer(mirror, cache).ensure(X64)
+    good = first.path.read_bytes()
+    evil = good.replace(PIN.encode(), b"6.66.66"[: len(PIN)].ljust(len(PIN), b"6"))
+    assert evil != good and len(evil) == len(good)
+    first.path.write_bytes(evil)
+
+    fresh = make_installer(mirror, cache)
+    assert fresh.cached(X64) is None
+    assert fresh.corrupt is not None and "does not match the sha256" in fresh.corrupt
+    again = await fresh.ensure(X64)
+    assert again.downloaded and mirror.tarball_requests == 2
+    assert again.path.read_bytes() == good and again.sha256 == hashlib.sha256(good).hexdigest()
+    assert check_version_output(run_version(again), PIN)
+    # Verified once, then trusted while unchanged: a third installer hits the cache.
+    assert make_installer(mirror, cache).cached(X64) is not None
 
 
 async def test_unwritable_cache_dir_says_so(mirror: Mirror, tmp_path: Path) -> None:

@@ -33,6 +33,23 @@ ALLOWED_NAMES = {
 # ------------------------------------------------------------------------------- no provider names
 
 
+def _about_the_executor(node: ast.AST, parents: dict[ast.AST, ast.AST], source: str) -> bool:
+    """``local`` is also the name of the batch executor (``executor.name: local|ray``), a homonym:
+    a constant whose own statement, or whose enclosing class or function (by name), is about the
+    executor. (Only the innermost statement's text counts: an ``if`` about the executor does not
+    excuse a provider comparison inside it.)"""
+    innermost = True
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            return "executor" in node.name.lower()
+        if isinstance(node, ast.stmt) and innermost:
+            innermost = False
+            if "executor" in (ast.get_source_segment(source, node) or "").lower():
+                return True
+    return False
+
+
 def _violations(root: Path, packages: tuple[str, ...] = ("core", "opencode_tui")) -> list[str]:
     """Every place outside core/sandbox/ that names a built-in provider: a string constant equal to
     its name (a comparison, a choices list, a default) or an import of its package."""
@@ -42,10 +59,17 @@ def _violations(root: Path, packages: tuple[str, ...] = ("core", "opencode_tui")
             rel = path.relative_to(root).as_posix()
             if rel.startswith("core/sandbox/"):
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), rel)):
+            source = path.read_text()
+            tree = ast.parse(source, rel)
+            parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+            for node in ast.walk(tree):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
                     word = node.value.lower()
-                    if word in BUILTIN_NAMES and (rel, word) not in ALLOWED_NAMES:
+                    if (
+                        word in BUILTIN_NAMES
+                        and (rel, word) not in ALLOWED_NAMES
+                        and not (word == "local" and _about_the_executor(node, parents, source))
+                    ):
                         found.append(f"{rel}:{node.lineno}: {node.value!r}")
                 elif isinstance(node, ast.Import | ast.ImportFrom):
                     modules = (
@@ -74,11 +98,14 @@ def test_the_name_check_finds_a_planted_provider_comparison(tmp_path: Path) -> N
     )
     (tmp_path / "opencode_tui" / "leak.py").write_text(
         "from core.sandbox.local.provider import LocalProvider\nCHOICES = ['docker', 'x']\n"
+        # the executor's "local" is a homonym; the provider's is not, even beside it
+        "def g(config):\n    if config.executor.name == 'local':\n        return config.sandbox.provider == 'local'\n"
     )
     assert _violations(tmp_path) == [
         "core/runtime/leak.py:2: 'opensandbox'",
         "opencode_tui/leak.py:1: imports core.sandbox.local.provider",
         "opencode_tui/leak.py:2: 'docker'",
+        "opencode_tui/leak.py:5: 'local'",
     ]
 
 

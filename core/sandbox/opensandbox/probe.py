@@ -1,0 +1,63 @@
+"""Asking the OpenSandbox server about a sandbox after the server went away (``Sandbox.probe``).
+
+The lifecycle API is the authority: ``Terminated``/``Failed`` or a 404 (deleted, expired) means no
+process of the sandbox runs. A request that gets no HTTP answer at all (refused, reset, timed out)
+means the server is not reachable, which is the probe's answer, not an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from core.failures import Evidence
+from core.sandbox.base import SandboxProbe, SandboxState
+from core.sandbox.opensandbox.http import RequestFailed
+
+if TYPE_CHECKING:
+    from core.sandbox.opensandbox.sandbox import OpenSandboxSandbox
+
+SOURCE_SERVER = "opensandbox.server"
+SOURCE_LIFECYCLE = "opensandbox.lifecycle"
+_DEAD = {"Terminated": SandboxState.EXITED, "Failed": SandboxState.FAILED}
+
+
+async def probe_sandbox(sb: OpenSandboxSandbox, timeout: float) -> SandboxProbe:
+    loop = asyncio.get_running_loop()
+    url = sb._provider.api_url(f"/sandboxes/{sb.sandbox_id}")  # the sandbox's own provider
+    try:
+        response = await sb._http.request(
+            "read", "GET", url, timeout=max(timeout, 0.05), deadline=loop.time() + max(timeout, 0.05)
+        )
+    except RequestFailed as exc:
+        if exc.http_status == 404:
+            return SandboxProbe(
+                engine_reachable=True,
+                dead=True,
+                state=SandboxState.GONE,
+                detail=f"sandbox {sb.sandbox_id} no longer exists on the OpenSandbox server",
+                evidence=[Evidence(source=SOURCE_LIFECYCLE, scope=sb.sandbox_id, data={"exists": False})],
+            )
+        reachable = not exc.transport
+        return SandboxProbe(
+            engine_reachable=reachable,
+            detail=f"the OpenSandbox server {'answered' if reachable else 'is not reachable'}: {exc}"[:500],
+            evidence=[Evidence(source=SOURCE_SERVER, data={"reachable": reachable, "error": str(exc)[:300]})],
+        )
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    status = body.get("status") if isinstance(body, dict) else None
+    state = (status.get("state") if isinstance(status, dict) else status) if status is not None else None
+    dead = state in _DEAD
+    return SandboxProbe(
+        engine_reachable=True,
+        dead=dead,
+        state=_DEAD.get(str(state), SandboxState.RUNNING if state == "Running" else SandboxState.UNKNOWN),
+        detail=f"sandbox {sb.sandbox_id} is {state or 'in an unknown state'} on the OpenSandbox server",
+        evidence=[
+            Evidence(source=SOURCE_SERVER, data={"reachable": True}),
+            Evidence(source=SOURCE_LIFECYCLE, scope=sb.sandbox_id, data={"state": state}),
+        ],
+    )
