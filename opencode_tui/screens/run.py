@@ -4,6 +4,9 @@ Both sources deliver :class:`EventsReceived` batches to :meth:`RunScreen.on_even
 event-handling path: the terminal pane ingests the batch, :class:`RunState` folds it, and the panels are
 redrawn once per batch. Replay adds the timeline: the cursor can be moved to any event; the panels then
 show the state folded up to it and the terminal pane the lines written up to it.
+
+Above 800 lines because it is one Screen whose handlers (live, replay, timeline, keys, panels) share
+the folded state and the cursor; the state itself (RunState) and the widgets are in their own modules.
 """
 
 from __future__ import annotations
