@@ -99,7 +99,13 @@ def _left_behind(provider: str, result) -> list[str]:
     # A local sandbox's keeper and every process in it carry the run's sandbox id on their command line
     # or in their environment; pgrep over the command lines of this machine finds none of them.
     out = subprocess.run(["pgrep", "-af", result.sandbox_id or result.run_id], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+    left = [line for line in out.stdout.splitlines() if "pgrep" not in line]
+    # A released sandbox leaves no state directory either (a release cut short once did).
+    from core.sandbox.local.provider import _default_base_dir
+
+    if result.sandbox_id and (_default_base_dir() / result.sandbox_id).exists():
+        left.append(f"state directory {_default_base_dir() / result.sandbox_id}")
+    return left
 
 
 def _provider(request, name: str) -> str:

@@ -140,6 +140,7 @@ class LocalSandbox(Sandbox):
                 pid=k["pid"], start_time=k["start_time"], pidns=k["pidns"], bwrap_pid=k.get("bwrap_pid")
             )
         self._released = False
+        self._release_task: asyncio.Future[None] | None = None
         self._lock = asyncio.Lock()
         self._ptys: set[_LocalPty] = set()
         # Exec bwrap processes still running (process-group leaders, our children): killed on release.
@@ -822,8 +823,14 @@ class LocalSandbox(Sandbox):
         return await probe_local(self, timeout)
 
     async def release(self) -> None:
-        if self._released:
-            return
+        # One release, however many callers: a second caller (a hurried close racing the episode's
+        # own release) waits for the first instead of returning early, and a caller cancelled
+        # midway does not cut the release short (the state directory would be left behind).
+        if self._release_task is None:
+            self._release_task = asyncio.ensure_future(self._release())
+        await asyncio.shield(self._release_task)
+
+    async def _release(self) -> None:
         self._released = True
         for handle in list(self._ptys):
             with contextlib.suppress(Exception):
