@@ -66,7 +66,7 @@ async def run_agent(
     harness.record_inputs(run_dir)  # the prompt and instructions as sent (run directory)
     result = await session.execute(
         argv,
-        files=harness.staged_files(),  # one upload with the session's own files
+        files=harness.staged_files(installed.runtime),  # one upload with the session's own files
         collect=collect,
         stdin=harness.prompt_bytes(),
         env=env,

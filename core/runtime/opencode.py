@@ -220,12 +220,19 @@ class OpenCodeHarness:
             self.config.runtime.permissions,
         )
 
-    def staged_files(self) -> dict[str, tuple[bytes | None, int]]:
-        """Everything OpenCode needs in the session dir, relative to it (``None``: a directory)."""
+    def staged_files(self, runtime: Any = None) -> dict[str, tuple[bytes | None, int]]:
+        """Everything OpenCode needs in the session dir, relative to it (``None``: a directory);
+        with the prepared ``runtime``, also OpenCode's first-run state (core.runtime.first_run)."""
         rel = len(self.layout.session_dir) + 1
         files: dict[str, tuple[bytes | None, int]] = {
             d[rel:]: (None, 0o700) for d in [self.layout.home, self.layout.bin_dir, *self.layout.xdg.values()]
         }
+        for path in getattr(runtime, "first_run_files", None) or ():
+            # Its database, migrated and empty: OpenCode skips the migrations of a first start.
+            try:
+                files[f"{self.layout.data_dir[rel:]}/{Path(path).name}"] = (Path(path).read_bytes(), 0o600)
+            except OSError:
+                pass  # gone from the cache since the install phase: OpenCode builds its own
         files[self.layout.config_file[rel:]] = (json.dumps(self.config_dict(), indent=2).encode(), 0o600)
         files[self.layout.plugin_file[rel:]] = (PLUGIN_SOURCE.read_bytes(), 0o644)
         if self.task.instructions:

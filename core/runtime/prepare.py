@@ -63,6 +63,8 @@ class PreparedRuntime(BaseModel):
     rg: str | None
     facts: SandboxFacts
     mounted: bool
+    # OpenCode's first-run state (core.runtime.first_run): host files staged into its data directory.
+    first_run_files: list[str] = []
 
 
 def _fail(kind: str, message: str, **data: Any) -> RuntimeNotReady:
@@ -268,11 +270,24 @@ async def prepare_runtime(
         if key is not None:
             await asyncio.to_thread(_record_verified, installed.path, key)
 
+    from core.runtime import first_run
+    from core.runtime.opencode import OPENCODE_ENV
+
+    state = await first_run.ensure(
+        sandbox, python=python, binary=binary, installed=installed, env=OPENCODE_ENV, emit=emit
+    )
     rg = facts.rg
     if rg is None:
         rg = await _provision_ripgrep(sandbox, layout, target, emit, installer.config.cache_dir)
     return PreparedRuntime(
-        binary=binary, version=version, target=target, python=python, rg=rg, facts=facts, mounted=mounted
+        binary=binary,
+        version=version,
+        target=target,
+        python=python,
+        rg=rg,
+        facts=facts,
+        mounted=mounted,
+        first_run_files=state,
     )
 
 
