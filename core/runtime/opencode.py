@@ -54,6 +54,15 @@ OPENCODE_ENV = {
     "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
 }
 
+# OpenCode's model catalogue (models.dev): a file standing for it, holding no provider. Without one, OpenCode
+# builds the snapshot compiled into it (every provider and model, each validated) at the first prompt:
+# measured on 1.18.32 (hello-file, serve, host), about 1.1 CPU-s of its main thread before the first model
+# call and 1.7 CPU-s in all, per episode. The catalogue only fills in providers the config leaves out;
+# ours (``PROVIDER_ID``) is defined in full by ``build_config`` (model, limits, capabilities), and the
+# sandbox holds no other provider's key. An empty JSON object is a catalogue OpenCode accepts as loaded.
+MODELS_PATH_ENV = "OPENCODE_MODELS_PATH"
+EMPTY_CATALOGUE = b"{}\n"
+
 # OpenCode sends ``max_tokens = min(limit.output, this or 32000)`` (agent, title and compaction calls
 # alike; it also reserves that much of the context window before compacting). Set to the configured
 # output cap so the cap reaches the wire unclamped.
@@ -120,6 +129,10 @@ class RuntimeLayout:
     @property
     def output_log(self) -> str:
         return self._p("output.log")
+
+    @property
+    def models_file(self) -> str:
+        return self._p("models.json")
 
 
 def build_config(
@@ -234,6 +247,7 @@ class OpenCodeHarness:
             except OSError:
                 pass  # gone from the cache since the install phase: OpenCode builds its own
         files[self.layout.config_file[rel:]] = (json.dumps(self.config_dict(), indent=2).encode(), 0o600)
+        files[self.layout.models_file[rel:]] = (EMPTY_CATALOGUE, 0o600)
         files[self.layout.plugin_file[rel:]] = (PLUGIN_SOURCE.read_bytes(), 0o644)
         if self.task.instructions:
             files[self.layout.instructions_file[rel:]] = (self.task.instructions.encode(), 0o644)
@@ -300,6 +314,7 @@ class OpenCodeHarness:
             **self.layout.xdg,
             **OPENCODE_ENV,
             "OPENCODE_CONFIG": self.layout.config_file,
+            MODELS_PATH_ENV: self.layout.models_file,
             OUTPUT_TOKEN_MAX_ENV: str(self.config.model.output_cap),
             "PATH": f"{self.layout.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "TERM": "xterm-256color",

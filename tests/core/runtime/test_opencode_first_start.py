@@ -1,11 +1,13 @@
-"""OpenCode's first-run state (core.runtime.first_run): its migrated, empty database, built once per cached
-binary by the in-sandbox builder and staged into each episode's data directory, so OpenCode skips its
-migrations.
+"""What OpenCode is spared at each start: its first-run state (core.runtime.first_run), the migrated, empty
+database built once per cached binary by the in-sandbox builder and staged into each episode's data
+directory, so OpenCode skips its migrations; and its compiled-in models.dev catalogue, replaced by an empty
+one (core.runtime.opencode.MODELS_PATH_ENV) since the config defines our provider in full.
 
 Real parts: the builder program (core/inside/first_run.py) run from its file on this host with the real
 pinned OpenCode binary from the installer cache (skipped when it is not cached yet), a failing binary
-(/bin/false), and a real hello-file episode on each provider whose collected database shows the staged
-migrations were kept (their completion times are the cached file's, not the episode's).
+(/bin/false), a real hello-file episode on each provider whose collected database shows the staged
+migrations were kept (their completion times are the cached file's, not the episode's), and the real
+binary's `opencode models` under the harness's environment.
 """
 
 from __future__ import annotations
@@ -98,3 +100,40 @@ def test_an_episode_starts_opencode_on_the_staged_database(episode_provider, tas
     assert [Path(p).name for p in staged] == ["opencode.db"]
     collected = Path(result.run_dir) / "opencode" / "data" / "opencode" / "opencode.db"
     assert _migrations(collected) == _migrations(Path(staged[0]))
+
+
+@pytest.mark.slow
+def test_the_harness_gives_opencode_a_catalogue_with_our_provider_only(tmp_path: Path) -> None:
+    """With the harness's environment and staged files, the real binary knows the configured model and
+    nothing from its compiled-in models.dev snapshot (which it would otherwise build at the first
+    prompt): `opencode models` lists ours alone."""
+    import shutil
+    from types import SimpleNamespace
+
+    from core.config import AgentConfig
+    from core.runtime.opencode import OpenCodeHarness
+    from core.tasks import load_task
+    from tests.core.runtime.conftest import SAMPLES
+
+    binary = _cached_binary()
+    endpoint = SimpleNamespace(tcp_url="http://127.0.0.1:9", unix_path=None)
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local", "network": "host"}})
+    harness = OpenCodeHarness(f"catalogue-{os.getpid()}", load_task(SAMPLES / "hello-file"), config, endpoint)
+    root = Path(harness.layout.session_dir)
+    try:
+        for rel, (data, mode) in harness.staged_files().items():
+            path = root / rel
+            if data is None:
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                path.chmod(mode)
+        _argv, env = harness.command(SimpleNamespace(python=sys.executable, binary=str(binary)))
+        r = subprocess.run(
+            [str(binary), "models"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert r.stdout.split() == [f"opencode-tui/{config.model.name}"]
