@@ -21,6 +21,12 @@ from core import provider_registry as registry
 from core.config import SandboxConfig
 from core.exit_codes import ExitCode
 
+# httpx imports its own command line (click, rich, pygments: about 0.1 s, on the path from `run` to the
+# first model call) whenever those packages are installed; this process never runs httpx's CLI. A None
+# entry makes that one import fail at once, and httpx falls back to the stub ``main`` it defines for an
+# install without its CLI extras.
+sys.modules.setdefault("httpx._main", None)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
