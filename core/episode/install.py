@@ -45,7 +45,12 @@ async def install(
     try:
         runtime = await asyncio.wait_for(
             prepare_runtime(
-                sandbox, installer, harness.layout, emit=emit, version=config.runtime.opencode_version
+                sandbox,
+                installer,
+                harness.layout,
+                emit=emit,
+                version=config.runtime.opencode_version,
+                budget_s=budget,
             ),
             budget,
         )

@@ -31,6 +31,10 @@ from core.sandbox.base import Sandbox, SandboxError, describe_exit
 
 BUILDER_SOURCE = INSIDE_DIR / "first_run.py"
 BUILD_TIMEOUT_S = 60.0
+# Never started with less than this (1.18.32 needs ~2 s of a loaded machine); the exec's own deadline
+# exceeds the builder's by the slack, so the builder reports a timeout itself.
+BUILD_MIN_S = 10.0
+BUILD_SLACK_S = 5.0
 # A database beyond this is not the empty one (1.18.32's is 250 KB): not cached, not staged.
 MAX_BYTES = 16 * 1024 * 1024
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -105,29 +109,37 @@ async def ensure(
     installed: Any,
     env: dict[str, str],
     emit: Callable[[Event], Any],
+    budget_s: float | None = None,
 ) -> list[str]:
     """Host paths of the state's files, building it in ``sandbox`` first when it is not cached
     (``binary``: the OpenCode binary as the sandbox sees it; ``installed``: its cache entry).
-    [] when it cannot be had: OpenCode then migrates by itself."""
+    [] when it cannot be had: OpenCode then migrates by itself. ``budget_s``: what is left of the
+    install phase's budget; the build never takes it all (it is best effort, the install is not)."""
     host_binary, sha256 = Path(installed.path), str(installed.sha256)
     files = await asyncio.to_thread(cached_files, host_binary, sha256)
     if files:
         return [str(p) for p in files]
-    argv = [python, "-I", "-c", BUILDER_SOURCE.read_text(), binary, json.dumps(env), f"{BUILD_TIMEOUT_S:g}"]
+    timeout = BUILD_TIMEOUT_S if budget_s is None else min(BUILD_TIMEOUT_S, budget_s / 2)
+    if timeout < BUILD_MIN_S:
+        emit(_not_prepared(f"{budget_s:.0f}s of the install budget left"))
+        return []
+    argv = [python, "-I", "-c", BUILDER_SOURCE.read_text(), binary, json.dumps(env), f"{timeout:g}"]
     try:
-        r = await sandbox.exec(argv, cwd="/tmp", timeout=BUILD_TIMEOUT_S + 15)
+        r = await sandbox.exec(argv, cwd="/tmp", timeout=timeout + BUILD_SLACK_S)
         if not r.ok:
             why = r.stderr.decode("utf-8", "replace").strip()[-300:] or describe_exit(r.exit_code, r.signal)
             raise ValueError(why)
         built = _decode(r.stdout)
         files = await asyncio.to_thread(_store, host_binary, sha256, built)
     except (SandboxError, OSError, ValueError, binascii.Error) as exc:
-        emit(
-            Warning_(
-                code="opencode_first_run_state",
-                message=f"OpenCode's empty database could not be prepared ({exc}); OpenCode creates "
-                "it itself in each episode (slower start)",
-            )
-        )
+        emit(_not_prepared(str(exc)))
         return []
     return [str(p) for p in files]
+
+
+def _not_prepared(why: str) -> Warning_:
+    return Warning_(
+        code="opencode_first_run_state",
+        message=f"OpenCode's empty database could not be prepared ({why}); OpenCode creates it itself "
+        "(a slower start)",
+    )

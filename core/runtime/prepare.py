@@ -203,8 +203,12 @@ async def prepare_runtime(
     *,
     emit: Callable[[Event], Any],
     version: str,
+    budget_s: float | None = None,
 ) -> PreparedRuntime:
-    """Probe → python3 check → install on the controller → binary in the sandbox → version check → rg."""
+    """Probe → python3 check → install on the controller → binary in the sandbox → version check →
+    OpenCode's first-run state → rg. ``budget_s``: the install phase's budget (bounds the best-effort
+    steps)."""
+    started = time.monotonic()
     version_dir = f"{RUNTIME_CACHE_MOUNT}/{installer.config.version}"
     facts, executable = await _probe(sandbox, version_dir)
     if not facts.has_shell:
@@ -274,7 +278,13 @@ async def prepare_runtime(
     from core.runtime.opencode import OPENCODE_ENV
 
     state = await first_run.ensure(
-        sandbox, python=python, binary=binary, installed=installed, env=OPENCODE_ENV, emit=emit
+        sandbox,
+        python=python,
+        binary=binary,
+        installed=installed,
+        env=OPENCODE_ENV,
+        emit=emit,
+        budget_s=None if budget_s is None else budget_s - (time.monotonic() - started),
     )
     rg = facts.rg
     if rg is None:

@@ -137,3 +137,26 @@ def test_the_harness_gives_opencode_a_catalogue_with_our_provider_only(tmp_path:
         shutil.rmtree(root, ignore_errors=True)
     assert r.returncode == 0, r.stderr[-1000:]
     assert r.stdout.split() == [f"opencode-tui/{config.model.name}"]
+
+
+async def test_a_short_install_budget_skips_the_build_with_a_warning(tmp_path: Path) -> None:
+    """Best effort never spends the install phase's budget: with 5 s left nothing is started (the
+    sandbox is never asked, hence None here) and the episode is told OpenCode migrates by itself."""
+    from types import SimpleNamespace
+
+    from core.events import Warning_
+
+    binary = tmp_path / "opencode"
+    binary.write_bytes(b"")
+    seen: list[object] = []
+    got = await first_run.ensure(
+        None,  # type: ignore[arg-type]
+        python="python3",
+        binary="/opt/opencode",
+        installed=SimpleNamespace(path=binary, sha256="ef" * 32),
+        env={},
+        emit=seen.append,
+        budget_s=5.0,
+    )
+    assert got == []
+    assert [w.code for w in seen if isinstance(w, Warning_)] == ["opencode_first_run_state"]
