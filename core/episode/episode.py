@@ -115,6 +115,7 @@ class Episode(EpisodeControl):
         self._phase: Phase = Phase.ADMISSION
         self.health: HealthMonitor | None = None  # [health] once the run directory exists
         self._health_watch: asyncio.Future[None] | None = None
+        self._prewarming: asyncio.Future[None] | None = None  # the installer's digest check, early
 
     # ---- control API ---------------------------------------------------------------------------
 
@@ -459,6 +460,12 @@ class Episode(EpisodeControl):
         )
         provider = self._provider or get_provider(sb.provider, self.config)
         installer = self._installer = self._installer or seed.default_installer(self.config)
+        # The cached binary's digest, checked once per process, is computed while the sandbox is made
+        # (best effort; the install phase's own check waits for it rather than hashing twice).
+        prewarm = getattr(installer, "prewarm", None)
+        if prewarm is not None:
+            self._prewarming = asyncio.ensure_future(asyncio.to_thread(prewarm))
+            self._prewarming.add_done_callback(lambda f: f.cancelled() or f.exception())
         # sandbox user (issue 17): asked for by the config or the task, else the image's.
         requested, user_source = access.requested_user(sb.user, self.task.user)
         if sb.mode == "owned":  # a task's image built from its Dockerfile (Harbor tasks)

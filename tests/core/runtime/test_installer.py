@@ -756,6 +756,30 @@ async def test_corrupted_cache_is_detected_refetched_and_never_executed(
     assert make_installer(mirror, cache).cached(X64) is not None
 
 
+async def test_prewarm_checks_every_entry_once_and_never_vouches_for_a_corrupt_one(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    """``prewarm`` (run by the episode while its sandbox is made) hashes each complete entry of the
+    pin, so the install phase's ``cached`` answers from memory; a corrupt entry is not remembered and
+    ``cached`` still refuses it."""
+    from core.runtime import installer as installer_module
+
+    cache = tmp_path / "cache"
+    got = await make_installer(mirror, cache).ensure(X64)
+    installer_module._VERIFIED.clear()  # a fresh process: nothing checked yet
+    make_installer(mirror, cache).prewarm()
+    assert [k[0] for k in installer_module._VERIFIED] == [str(got.path)]
+    assert make_installer(mirror, cache).cached(X64) is not None
+
+    installer_module._VERIFIED.clear()
+    got.path.write_bytes(got.path.read_bytes()[:-1] + b"\0")
+    fresh = make_installer(mirror, cache)
+    fresh.prewarm()
+    assert not installer_module._VERIFIED
+    assert fresh.cached(X64) is None and fresh.corrupt is not None
+    make_installer(mirror, tmp_path / "empty").prewarm()  # no cache at all: nothing to do, no error
+
+
 async def test_unwritable_cache_dir_says_so(mirror: Mirror, tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
