@@ -29,7 +29,7 @@ def test_proxy_address_defaults_to_loopback_and_wildcards_need_an_advertised_add
     assert ModelSettings().proxy_address == "127.0.0.1"
     assert ModelSettings(proxy_host="0.0.0.0", proxy_advertise="10.0.3.7").proxy_address == "10.0.3.7"
     assert ModelSettings(proxy_host="::1").proxy_address == "[::1]"
-    with pytest.raises(ValidationError, match="set model.proxy_advertise"):
+    with pytest.raises(ValidationError, match=r"set model\.proxy_advertise"):
         ModelSettings(proxy_host="0.0.0.0")
     with pytest.raises(ValidationError, match="not an address a sandbox can reach"):
         ModelSettings(proxy_host="0.0.0.0", proxy_advertise="0.0.0.0")

@@ -328,9 +328,7 @@ async def test_access_token_required_on_another_address_and_wrong_ones_never_for
     reach the upstream; the token itself is redacted from the record."""
     token = "episode-token-0123456789abcdef"
     async with ScriptedModel(one_step()) as model:
-        async with ModelProxy(
-            model.url, record_dir=tmp_path, host="127.0.0.2", access_token=token
-        ) as proxy:
+        async with ModelProxy(model.url, record_dir=tmp_path, host="127.0.0.2", access_token=token) as proxy:
             assert proxy.url.startswith("http://127.0.0.2:")
             async with httpx.AsyncClient(timeout=10) as c:
                 url = f"{proxy.url}/chat/completions"
