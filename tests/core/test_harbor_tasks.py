@@ -12,6 +12,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -209,3 +210,33 @@ def test_a_failed_build_is_an_infrastructure_failure_at_seed(harbor_runs):
         text=True,
     ).stdout.split()
     assert left == []
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.timeout(1800)  # the module's batch runs in the first one's setup
+def test_the_next_build_removes_what_an_abandoned_build_tagged_late(harbor_runs):
+    """The slow build was abandoned at its 3 s deadline; the engine goes on and tags it under its
+    scratch name about 30 s later. The next build of any task (here a cached one) removes that tag."""
+    from core.sandbox.docker.image_build import build_task_image
+    from core.sandbox.docker.settings import DockerSettings
+
+    def scratch() -> list[str]:
+        out = subprocess.run(
+            ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", "opencode-tui/task-slow-build"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split()
+        return [t for t in out if ":building-" in t]
+
+    for _ in range(120):  # the abandoned build's `sleep 30`, plus the engine's own time
+        if scratch():
+            break
+        time.sleep(0.5)
+    assert scratch(), "the engine never finished the abandoned build: nothing to remove"
+    lines: list[str] = []
+    task = load_task(HARBOR / "hello-world")
+    assert asyncio.run(build_task_image(task, DockerSettings(), lines.append)) == task.image
+    assert scratch() == []
+    assert any("removed opencode-tui/task-slow-build:building-" in line for line in lines), lines

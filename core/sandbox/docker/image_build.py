@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,55 @@ def _docker_client(settings: DockerSettings, timeout: int) -> Any:
     if settings.base_url:
         return docker.DockerClient(base_url=settings.base_url, timeout=timeout)
     return docker.from_env(timeout=timeout)
+
+
+# A build runs under a scratch tag that carries its deadline: ``<repo>:building-<unix deadline>-<id>``.
+# The engine finishes a build whose client left at the deadline and tags it anyway; such a tag is
+# garbage the moment it exists, so every later build removes scratch tags past their deadline.
+SCRATCH_PREFIX = "building-"
+LEGACY_SCRATCH_AGE_S = 3600.0  # scratch tags from before the deadline was in the name
+
+
+def _scratch_tag(repo: str, deadline: float) -> str:
+    return f"{repo}:{SCRATCH_PREFIX}{int(deadline) + 1}-{uuid.uuid4().hex[:8]}"
+
+
+def scratch_expired(tag: str, now: float, created: float | None = None) -> bool:
+    """Whether ``tag`` is a scratch tag whose build can no longer be waited for by anyone."""
+    name = tag.rpartition(":")[2]
+    if not name.startswith(SCRATCH_PREFIX):
+        return False
+    stamp, sep, _ = name[len(SCRATCH_PREFIX) :].partition("-")
+    if sep and stamp.isdigit():
+        return int(stamp) < now
+    return created is not None and now - created > LEGACY_SCRATCH_AGE_S
+
+
+def remove_expired_scratch(client: Any, now: float | None = None) -> list[str]:
+    """Untag the scratch tags of abandoned task builds (blocking; the removed tags)."""
+    from docker.errors import APIError
+
+    now = time.time() if now is None else now
+    removed = []
+    for image in client.images.list(filters={"label": "opencode-tui.task"}):
+        created = _created(image.attrs.get("Created"))
+        for tag in image.tags:
+            if scratch_expired(tag, now, created):
+                with contextlib.suppress(APIError):  # in use by a container, or gone already
+                    client.api.remove_image(tag)
+                    removed.append(tag)
+    return removed
+
+
+def _created(text: Any) -> float | None:
+    """Docker's ``Created`` (RFC 3339, nanoseconds) as a Unix time; None if unreadable."""
+    from datetime import UTC, datetime
+
+    try:
+        whole = str(text).split(".")[0].removesuffix("Z")
+        return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
 
 
 def _failure(task: Any, message: str, log: str, **data: Any) -> Exception:
@@ -48,6 +98,9 @@ async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[s
     except DockerException as exc:
         raise _failure(task, f"the Docker engine is not reachable to build {task.image}: {exc}", "") from exc
     try:
+        with contextlib.suppress(APIError, DockerException):
+            for tag in await asyncio.to_thread(remove_expired_scratch, client):
+                out(f"removed {tag}: an earlier build finished after its deadline\n")
         with contextlib.suppress(ImageNotFound):
             client.images.get(task.image)
             out(f"image {task.image}: built before from the same context (cached)\n")
@@ -58,7 +111,7 @@ async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[s
         # The engine finishes a build whose client went away (a deadline): it builds under a name of
         # its own, and only a build that ended in time is tagged as the cached image.
         repo, _, final_tag = task.image.rpartition(":")
-        scratch = f"{repo}:building-{uuid.uuid4().hex[:12]}"
+        scratch = _scratch_tag(repo, time.time() + task.build.timeout)
 
         def build() -> None:
             for chunk in client.api.build(
