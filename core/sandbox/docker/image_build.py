@@ -77,6 +77,52 @@ def _created(text: Any) -> float | None:
         return None
 
 
+# The images a task image was built FROM, by ID: the tag hashes the build context only, so a base
+# rebuilt since (scripts/build-images) would otherwise leave every cached task image stale.
+BASES_LABEL = "opencode-tui.bases"
+
+
+def dockerfile_bases(text: str) -> list[str]:
+    """The images a Dockerfile builds FROM, in order (its own stages and ``scratch`` left out)."""
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    stages: set[str] = set()
+    bases: list[str] = []
+    for line in logical:
+        words = line.split()
+        if not words or words[0].upper() != "FROM":
+            continue
+        args = [w for w in words[1:] if not w.startswith("--")]
+        if not args:
+            continue
+        if args[0].lower() not in stages and args[0] != "scratch" and args[0] not in bases:
+            bases.append(args[0])
+        if len(args) >= 3 and args[1].upper() == "AS":
+            stages.add(args[2].lower())
+    return bases
+
+
+def _base_ids(client: Any, bases: list[str]) -> str:
+    from docker.errors import ImageNotFound
+
+    ids = []
+    for base in bases:
+        try:
+            ids.append(f"{base}={client.images.get(base).id}")
+        except ImageNotFound:
+            ids.append(f"{base}=missing")
+    return ",".join(ids)
+
+
 def _failure(task: Any, message: str, log: str, **data: Any) -> Exception:
     return image_build_failure(task, message, log, source="docker.build", **data)
 
@@ -101,11 +147,18 @@ async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[s
         with contextlib.suppress(APIError, DockerException):
             for tag in await asyncio.to_thread(remove_expired_scratch, client):
                 out(f"removed {tag}: an earlier build finished after its deadline\n")
-        with contextlib.suppress(ImageNotFound):
-            client.images.get(task.image)
-            out(f"image {task.image}: built before from the same context (cached)\n")
-            return task.image
         ctx = task.build_context
+        try:
+            bases = dockerfile_bases((ctx / task.build.dockerfile).read_text(errors="replace"))
+        except OSError:
+            bases = []  # the build itself says what is wrong with the file
+        base_ids = await asyncio.to_thread(_base_ids, client, bases)
+        with contextlib.suppress(ImageNotFound):
+            cached = client.images.get(task.image)
+            if (cached.labels or {}).get(BASES_LABEL) == base_ids:
+                out(f"image {task.image}: built before from the same context and base (cached)\n")
+                return task.image
+            out(f"image {task.image}: its base image changed since it was built: rebuilding\n")
         out(f"building {task.image} from {ctx / task.build.dockerfile} (no network, no pull)\n")
         error: list[str] = []
         # The engine finishes a build whose client went away (a deadline): it builds under a name of
@@ -123,7 +176,7 @@ async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[s
                 pull=False,
                 network_mode="none",
                 decode=True,
-                labels={"opencode-tui.task": task.id},
+                labels={"opencode-tui.task": task.id, BASES_LABEL: base_ids},
             ):
                 if "stream" in chunk:
                     out(str(chunk["stream"]))
