@@ -133,7 +133,13 @@ def test_attach_to_a_kept_local_sandbox_after_the_run_exited(env, tmp_path):
     assert json.loads(r.stdout)["sandbox_id"] == sid
     r = cli(env, "sweep", sid, "--provider", "local")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"provider": "local", "sandbox_id": sid, "action": "removed"}
+    # (a run outside a batch: its sandbox carries no batch id)
+    assert json.loads(r.stdout) == {
+        "provider": "local",
+        "sandbox_id": sid,
+        "action": "removed",
+        "batch_id": None,
+    }
     assert not state_dir.exists()
     deadline = time.monotonic() + 10
     while _pid_alive(keeper["pid"]) and time.monotonic() < deadline:
