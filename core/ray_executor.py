@@ -383,9 +383,10 @@ class RayExecutor(Executor):
         remote = ray.remote
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        # On the driver's own node where it can: a lost worker node must not take the coordinator
-        # (the cancels, the sweeps owed) with it.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        # On the driver's own node: a lost worker node must not take the coordinator (the cancels,
+        # the sweeps owed) with it, and that node lives as long as the driver does. Hard: Ray
+        # spreads a soft affinity's 0-CPU actor to other nodes now and then.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._coordinator = remote(num_cpus=0, max_concurrency=100_000, scheduling_strategy=here)(
             Coordinator
         ).remote()
@@ -547,10 +548,11 @@ class RayExecutor(Executor):
         self, task: Task, config: AgentConfig, attempt: int, run_id: str, runs_dir: Path, exc: BaseException
     ) -> EpisodeResult:
         run_path = runs_dir / run_id
+        coordinator_error = None
         try:
             where = await _get(self._coordinator.where.remote(run_id), CONTROL_DEADLINE_S)
-        except Exception:
-            where = None
+        except Exception as error:
+            where, coordinator_error = None, error
         try:
             info = RunDirReader(run_path).info()
         except (OSError, ValueError):
@@ -558,10 +560,20 @@ class RayExecutor(Executor):
         phase = info.phase if info is not None else "admission"
         stage = stage_of(phase)
         reason = _words(exc)
-        if where is None:
-            # The worker died before asking to start: no sandbox of this attempt was ever created.
+        if where is None and (coordinator_error is None or info is None):
+            # The worker died before asking to start (or before the episode wrote its run.json): no
+            # sandbox of this attempt was ever created.
             confirmed, proof = True, CleanupProof.NOTHING_LAUNCHED
             place, note = "a Ray worker", "it had not started the episode"
+        elif where is None:
+            # The episode ran, but where is not known any more: nothing says its sandbox is gone.
+            confirmed, proof = None, None
+            place = "a Ray worker"
+            note = (
+                f"the batch's coordinator is unreachable ({_words(coordinator_error)}), so its node is "
+                f"unknown: cleanup unknown (`opencode-tui sweep --batch {self.batch_id} --run {run_id}` "
+                "on its node)"
+            )
         else:
             where.setdefault("ip", node_address(self._ray, where["node_id"]))
             place = f"the Ray worker (pid {where['pid']}) on node {where['ip']}"
