@@ -389,6 +389,52 @@ def test_the_providers_checks_run_on_a_node_before_anything_starts(ray_head, tmp
     assert list(runs.iterdir()) == []  # nothing started: no run, no results.jsonl, the probe removed
 
 
+def test_a_terminal_shows_each_attempts_live_phase_on_ray(ray_head, tmp_path):
+    """On a terminal (stderr a real pty) the progress row of an attempt on a Ray worker shows the phase
+    its worker reports, not only "on Ray"."""
+    import fcntl
+    import struct
+    import termios
+    import threading
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    proc = subprocess.Popen(
+        [*_ray_cli(ray_head, tmp_path / "runs"), str(_task(tmp_path, "hello-file"))],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+        env={**ray_head.env, "TERM": "xterm-256color", "COLUMNS": "200"},
+    )
+    os.close(slave)
+    seen = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the pty's other end closed
+                return
+            if not data:
+                return
+            seen.extend(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)
+        os.close(master)
+    assert proc.returncode == 0
+    assert _lines(out)[0]["action"] == "scored"
+    text = seen.decode("utf-8", "replace")
+    phases = set(re.findall(r"hello-file a1: (\w+) on Ray", text))
+    assert "agent" in phases and len(phases) >= 3, text[-3000:]
+
+
 # ---- a worker lost mid-episode ---------------------------------------------------------------
 
 
