@@ -328,6 +328,7 @@ class PendingSweep:
     run_id: str
     node_ip: str
     config: AgentConfig
+    run_dir: Path | None = None  # the lost attempt's: its run.json says so once swept
 
 
 class RayExecutor(Executor):
@@ -577,7 +578,7 @@ class RayExecutor(Executor):
         else:
             where.setdefault("ip", node_address(self._ray, where["node_id"]))
             place = f"the Ray worker (pid {where['pid']}) on node {where['ip']}"
-            confirmed, proof, note = await self._sweep_after_loss(config, run_id, where, info)
+            confirmed, proof, note = await self._sweep_after_loss(config, run_id, where, info, run_path)
         failure = FailureEvent(
             kind="executor_worker_lost",
             stage=stage,
@@ -626,7 +627,7 @@ class RayExecutor(Executor):
         return result
 
     async def _sweep_after_loss(
-        self, config: AgentConfig, run_id: str, where: dict[str, Any], info: Any
+        self, config: AgentConfig, run_id: str, where: dict[str, Any], info: Any, run_path: Path
     ) -> tuple[bool | None, CleanupProof | None, str]:
         """(cleanup confirmed, proof, words) after sweeping the lost worker's node."""
         if config.sandbox.mode == "borrowed":
@@ -647,7 +648,9 @@ class RayExecutor(Executor):
                 SWEEP_DEADLINE_S,
             )
         except Exception as exc:
-            self.pending_sweeps.append(PendingSweep(run_id=run_id, node_ip=where["ip"], config=config))
+            self.pending_sweeps.append(
+                PendingSweep(run_id=run_id, node_ip=where["ip"], config=config, run_dir=run_path)
+            )
             with contextlib.suppress(Exception):  # the next task on a node at this address sweeps it
                 await _get(self._coordinator.pend.remote(where["ip"], run_id), CONTROL_DEADLINE_S)
             return (
@@ -678,10 +681,9 @@ class RayExecutor(Executor):
         for ip, run_ids, removed in done:
             for pending in [p for p in self.pending_sweeps if p.node_ip == ip and p.run_id in run_ids]:
                 self.pending_sweeps.remove(pending)
-                self.notes.append(
-                    f"node {ip} is back: the next episode there swept {len(removed)} sandbox(es) "
-                    f"of lost run {pending.run_id}"
-                )
+                words = f"the next episode there swept {len(removed)} sandbox(es)"
+                self.notes.append(f"node {ip} is back: {words} of lost run {pending.run_id}")
+                _swept_later(pending, removed, f"node {ip} came back: {words}")
         if not self.pending_sweeps:
             return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -712,10 +714,27 @@ class RayExecutor(Executor):
                 )
                 continue
             self.pending_sweeps.remove(pending)
-            self.notes.append(
-                f"node {pending.node_ip} is back: swept {len(swept[pending.node_ip])} sandbox(es) "
-                f"of lost run {pending.run_id}"
-            )
+            words = f"swept {len(swept[pending.node_ip])} sandbox(es)"
+            self.notes.append(f"node {pending.node_ip} is back: {words} of lost run {pending.run_id}")
+            _swept_later(pending, swept[pending.node_ip], f"node {pending.node_ip} came back: {words}")
+
+
+def _swept_later(pending: PendingSweep, removed: list[str], words: str) -> None:
+    """The lost attempt's run.json: its cleanup, unknown when it was lost, is confirmed now (the
+    attempt's record in results.jsonl was the batch's word at the time and stays as it was)."""
+    if pending.run_dir is None:
+        return
+    try:
+        info = RunDirReader(pending.run_dir).info()
+    except (OSError, ValueError):
+        return
+    had_sandbox = bool(removed) or info.sandbox_id is not None
+    info.counts["cleanup_confirmed"] = True
+    info.counts["cleanup_proof"] = CleanupProof.DESTROYED if had_sandbox else CleanupProof.NOTHING_LAUNCHED
+    if info.outcome is not None:
+        info.outcome.summary += f"; later, {words}"
+    with contextlib.suppress(OSError):
+        RunDir(pending.run_dir).write_run_info(info)
 
 
 def _words(exc: BaseException) -> str:

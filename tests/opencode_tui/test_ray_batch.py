@@ -562,6 +562,10 @@ def test_a_lost_node_is_swept_when_it_comes_back_by_the_next_task_there(tmp_path
         assert re.search(
             rf"node [0-9.]+ is back: the next episode there swept 1 sandbox\(es\) of lost run {lost_dir}", err
         ), err
+        # The lost attempt's run.json: cleanup unknown when it was lost, confirmed once swept.
+        lost = json.loads((runs / lost_dir / "run.json").read_text())
+        assert lost["counts"]["cleanup_confirmed"] is True and lost["counts"]["cleanup_proof"] == "destroyed"
+        assert "; later, node " in lost["outcome"]["summary"]
         assert _our_sandboxes(test_owner) == [other]
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=10).stdout
         assert info["sandbox_id"] not in ps
