@@ -369,15 +369,21 @@ async def test_live_episode_crash_is_reported_and_quit_does_not_hang(wait):
         await wait(pilot, lambda: app._exit, what="the app to exit")
 
 
-def _enabled(app, action: str) -> bool:
-    """Whether the footer offers ``action`` as usable (check_action None greys it: enabled False)."""
-    found = [b for b in app.active_bindings.values() if b.binding.action == action]
-    assert found, f"no binding for {action}"
-    return all(b.enabled for b in found)
+def _offered(app, action: str) -> bool:
+    """Whether the footer offers ``action`` (check_action False hides it; None would grey it)."""
+    return any(b.enabled for b in app.active_bindings.values() if b.binding.action == action)
 
 
-async def test_live_actions_that_no_longer_apply_are_greyed(engine, wait):
-    """Cancel is greyed once the outcome is decided; the shell once the sandbox has been released."""
+def _footer_keys(app) -> set[str]:
+    """The keys the footer shows right now (its FooterKey widgets)."""
+    from textual.widgets._footer import FooterKey
+
+    return {k.key for k in app.screen.query(FooterKey)}
+
+
+async def test_live_actions_that_no_longer_apply_are_hidden(engine, wait):
+    """Cancel is hidden once the outcome is decided; the shell once the sandbox has been released; keep
+    once the sandbox's fate is decided: the footer of a finished run offers none of them."""
     engine.max_ticks = 5
     app = OpenCodeTUI(control=engine)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -385,13 +391,24 @@ async def test_live_actions_that_no_longer_apply_are_greyed(engine, wait):
         screen = _screen(app)
         await wait(pilot, lambda: screen.state.sandbox is not None, what="sandbox ready")
         await pilot.pause()
-        assert _enabled(app, "cancel_episode") and _enabled(app, "open_shell")
+        assert (
+            _offered(app, "cancel_episode") and _offered(app, "open_shell") and _offered(app, "toggle_keep")
+        )
+        assert {"s", "c", "k"} <= _footer_keys(app)
         await engine.cancel()
         await wait(pilot, lambda: screen.state.outcome is not None, what="the outcome")
-        await wait(pilot, lambda: not _enabled(app, "cancel_episode"), what="cancel greyed")
-        assert not _enabled(app, "open_shell")  # SandboxReleased ok, not kept
-        assert screen.check_action("cancel_episode", ()) is None
-        assert screen.check_action("open_shell", ()) is None
+        await wait(pilot, lambda: not _offered(app, "cancel_episode"), what="cancel hidden")
+        assert not _offered(app, "open_shell")  # SandboxReleased ok, not kept
+        assert screen.check_action("cancel_episode", ()) is False
+        assert screen.check_action("open_shell", ()) is False
+        await wait(pilot, lambda: app.episode_done, what="the episode to finish")
+        await pilot.pause()
+        assert not _offered(app, "toggle_keep")  # the engine no longer takes a change
+        await wait(
+            pilot, lambda: not {"s", "c", "k"} & _footer_keys(app), what="s, c, k gone from the footer"
+        )
+        await pilot.press("c")  # not offered: nothing asks to cancel a finished episode
+        assert not isinstance(app.screen, ConfirmScreen)
         # the header states the outcome, never "done ok"
         await wait(pilot, lambda: app.episode_done, what="the episode to finish")
         await pilot.pause()
