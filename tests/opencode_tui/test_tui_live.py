@@ -415,3 +415,51 @@ async def test_live_actions_that_no_longer_apply_are_hidden(engine, wait):
         header = screen.query_one(RunHeader).plain
         assert header.startswith("done · keep_unknown"), header
         assert "done ok" not in header
+
+
+async def test_a_flood_of_output_reaches_the_screen_one_slice_at_a_time(engine, wait, monkeypatch):
+    """20 MB emitted at once (faster than any pane draws), and the screen busy for 0.3 s in the middle
+    (an awaited handler: it takes no message meanwhile): the screen never has more than one batch
+    waiting (a screen drains its queue in one go, and keys bubble through it: a backlog of batches
+    held them), and batches are cut to the measured ingest rate's slice, far below the old 2 MB."""
+    import opencode_tui.screens.run as run_module
+
+    app = OpenCodeTUI(control=engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = _screen(app)
+        await pilot.pause()
+        waiting = [0]
+        most = [0]
+        sizes: list[int] = []
+        post, ingest = screen.post_message, screen.ingest
+
+        def counting_post(message):
+            if isinstance(message, EventsReceived):
+                waiting[0] += 1
+                most[0] = max(most[0], waiting[0])
+                sizes.append(sum(len(e.data) for e in message.events if isinstance(e, TerminalOutput)))
+            return post(message)
+
+        def counting_ingest(events):
+            waiting[0] -= 1
+            return ingest(events)
+
+        monkeypatch.setattr(screen, "post_message", counting_post)
+        monkeypatch.setattr(screen, "ingest", counting_ingest)
+        chunk = "".join(f"\x1b[32mline {i}\x1b[0m of a flood of output\r\n" for i in range(800))
+        total = 0
+        while total < 20_000_000:
+            engine.bus.emit(TerminalOutput(stream="pty", data=chunk))
+            total += len(chunk)
+        await wait(pilot, lambda: len(sizes) >= 3, what="the first batches")
+
+        async def busy() -> None:
+            await asyncio.sleep(0.3)
+
+        screen.call_later(busy)
+        await wait(pilot, lambda: screen.terminal.rendered.chars >= total, timeout=60, what="the flood")
+        assert most[0] == 1, most[0]
+        assert len(sizes) > 10 and max(sizes) < run_module.LIVE_BATCH_CHARS_MAX
+        assert screen._ingest_rate is not None  # measured from the batches themselves
+        expected = screen._ingest_rate * run_module.LIVE_SLICE_S
+        assert screen._batch_chars <= max(expected * 1.01, run_module.LIVE_BATCH_CHARS_MIN)
