@@ -430,10 +430,11 @@ class RunScreen(Screen[None]):
         sparse; under a flood, one slice of ingest work per turn of the event loop.
 
         Two things keep keys quick while megabytes stream in. A batch is sized to about LIVE_SLICE_S of
-        ingest (the rate is measured by :meth:`ingest`). And only one batch is in the screen's message
-        queue at a time: a screen drains its whole queue in one go, and a key press bubbles through the
-        screen on its way to the bindings, so a backlog of batches queued ahead of it (the feed outran the
-        screen) held the key, and the event loop, for their sum (60-90 ms at 50 MB/s).
+        ingest (the rate is measured by :meth:`on_events_received`; batches of up to 2 MB held the loop
+        10-20 ms each). And only one batch is in the screen's message queue at a time: a screen drains its
+        whole queue in one go, and a key press bubbles through the screen on its way to the bindings, so
+        batches queued while the screen was busy (an awaited handler, a repaint) were ingested back to
+        back, ahead of the key.
         """
         queue = self.tui.live_queue()
         handed = self._batch_taken
