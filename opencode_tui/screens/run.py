@@ -235,6 +235,7 @@ class RunScreen(Screen[None]):
         self.compact: bool | None = None  # one panel at a time (a small terminal); None: not laid out yet
         self.panel = PANELS[0][0]  # the panel shown when compact
         self._action_key: tuple[bool, bool, bool] | None = None
+        self._bindings_pending = False  # a footer update is scheduled (refresh_bindings)
         self._redrawn_at = 0.0
         self._redraw_timer: Timer | None = None
         self._panels_dirty = False
@@ -393,6 +394,18 @@ class RunScreen(Screen[None]):
 
     def watch_keep(self) -> None:
         self.refresh_bindings()
+
+    def refresh_bindings(self) -> None:
+        """One footer update per refresh, however many asked: each request makes the footer recompose
+        (a layout of the whole screen, ~20 ms), and mounting alone asked six times (layout, focus, keep,
+        action states), the last ones landing on the first streamed output."""
+        if not self._bindings_pending:
+            self._bindings_pending = True
+            self.call_after_refresh(self._publish_bindings)
+
+    def _publish_bindings(self) -> None:
+        self._bindings_pending = False
+        super().refresh_bindings()
 
     def _on_episode_done(self, done: bool) -> None:
         if done:

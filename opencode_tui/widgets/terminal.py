@@ -287,10 +287,16 @@ class TerminalView(ScrollView, can_focus=True):
         if size == old:
             return
         view = self.scrollable_content_region.size
-        same_bars = (old.height > view.height) == (size.height > view.height) and (
-            old.width > view.width
-        ) == (size.width > view.width)
-        if not same_bars or not self.is_mounted:
+        overflow_x, overflow_y = self.styles.overflow_x, self.styles.overflow_y
+
+        def bars(extent: Size) -> tuple[bool, bool]:
+            # a scrollbar that is always there (overflow: scroll) never changes the layout
+            return (
+                overflow_x == "scroll" or (overflow_x == "auto" and extent.width > view.width),
+                overflow_y == "scroll" or (overflow_y == "auto" and extent.height > view.height),
+            )
+
+        if bars(old) != bars(size) or not self.is_mounted:
             self.virtual_size = size
             return
         self.set_reactive(TerminalView.virtual_size, size)
