@@ -26,6 +26,8 @@ from core.failures import ClassificationConfig, OutcomePolicyOverrides
 DEFAULT_OPENCODE_VERSION = "1.18.32"
 DEFAULT_REGISTRY_URL = "https://registry.npmjs.org"
 DEFAULT_IMAGE = "opencode-tui/base:bookworm"
+# Listen addresses that mean "every address": a proxy there needs an address to advertise.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
 
 _MEMORY = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$")
@@ -114,6 +116,14 @@ class ModelSettings(_Model):
     thinking: bool = True
     request_timeout_s: float = 600.0  # a whole model request
     stall_timeout_s: float = 300.0  # the longest silence between streamed chunks before OpenCode retries
+    # Where the episode's recording proxy listens for sandboxes that reach it over TCP (providers
+    # without a model socket, such as OpenSandbox), and the host name those sandboxes use for it.
+    # The default suits sandboxes sharing this machine's network. Sandboxes in other pods (OpenSandbox
+    # on Kubernetes, the engine on a Ray worker) need e.g. proxy_host 0.0.0.0 and proxy_advertise the
+    # worker pod's IP. Every call must carry the episode's own token, so an address reachable by
+    # others never lends them the upstream API key.
+    proxy_host: str = "127.0.0.1"
+    proxy_advertise: str | None = None
 
     @field_validator("request_timeout_s", "stall_timeout_s")
     @classmethod
@@ -126,6 +136,40 @@ class ModelSettings(_Model):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"model url {value!r} must start with http:// or https://")
         return value.rstrip("/") if value else value
+
+    @field_validator("proxy_host", "proxy_advertise")
+    @classmethod
+    def _host(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return value
+        host = value.strip().strip("[]")
+        if not host or any(c in host for c in "/ @?#") or (host.count(":") == 1):
+            raise ValueError(
+                f"model.{info.field_name} {value!r} must be a host name or an IP address (no scheme, "
+                "port or path), e.g. 127.0.0.1 or 10.0.3.7"
+            )
+        return host
+
+    @model_validator(mode="after")
+    def _advertised(self) -> ModelSettings:
+        if self.proxy_advertise in WILDCARD_HOSTS:
+            raise ValueError(
+                f"model.proxy_advertise {self.proxy_advertise} is not an address a sandbox can reach: "
+                "give this machine's address as the sandboxes see it (e.g. the pod IP)"
+            )
+        if self.proxy_host in WILDCARD_HOSTS and self.proxy_advertise is None:
+            raise ValueError(
+                f"model.proxy_host {self.proxy_host} listens on every address, so sandboxes cannot be "
+                "told where to reach the proxy: set model.proxy_advertise to this machine's address as "
+                "the sandboxes see it (e.g. the pod IP)"
+            )
+        return self
+
+    @property
+    def proxy_address(self) -> str:
+        """The host part of the proxy URL given to sandboxes (IPv6 in brackets)."""
+        host = self.proxy_advertise or self.proxy_host
+        return f"[{host}]" if ":" in host else host
 
 
 class SandboxConfig(_Model):

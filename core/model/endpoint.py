@@ -4,6 +4,7 @@ recording proxy, reachable from sandboxes over TCP on loopback and over a Unix s
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -63,6 +64,8 @@ class ModelEndpoint:
         self.proxy: ModelProxy | None = None
         self._tmp: str | None = None
         self.compactions = 0
+        # OpenCode's API key for the proxy: only this episode's OpenCode can spend the upstream key.
+        self.access_token = secrets.token_urlsafe(24)
 
     async def __aenter__(self) -> ModelEndpoint:
         # Unix socket paths are limited to ~108 bytes: keep it short, private, and outside the run dir.
@@ -84,6 +87,8 @@ class ModelEndpoint:
                 on_call=self._on_call,
                 api_key_env=self.settings.api_key_env,
                 unix_path=f"{self._tmp}/model.sock",
+                host=self.settings.proxy_host,
+                access_token=self.access_token,
             ).start()
         except BaseException:
             await self.__aexit__(None, None, None)
@@ -100,9 +105,10 @@ class ModelEndpoint:
 
     @property
     def tcp_url(self) -> str:
-        """The proxy's base URL without ``/v1`` (the harness appends it)."""
-        assert self.proxy is not None
-        return self.proxy.url.removesuffix("/v1")
+        """The proxy's base URL as sandboxes reach it (``model.proxy_advertise``), without ``/v1``
+        (the harness appends it)."""
+        assert self.proxy is not None and self.proxy.port is not None
+        return f"http://{self.settings.proxy_address}:{self.proxy.port}"
 
     @property
     def unix_path(self) -> str | None:

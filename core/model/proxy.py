@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import json
 import logging
@@ -218,7 +219,8 @@ class ModelProxy(HttpService):
 
     ``url`` is the base URL to give OpenCode (``http://127.0.0.1:<port>/v1``); ``unix_path`` also (or,
     with ``port=None``, only) listens on a Unix socket. ``upstream_uds`` reaches an upstream that
-    listens on a Unix socket. ``read_timeout`` (None: none) bounds the wait for each upstream read; by
+    listens on a Unix socket. ``access_token``: every request must carry it (``Authorization: Bearer``
+    or ``x-api-key``); others get 401 and are recorded as refused, never forwarded. ``read_timeout`` (None: none) bounds the wait for each upstream read; by
     default the client's own timeouts govern, as they would without the proxy.
     """
 
@@ -240,6 +242,7 @@ class ModelProxy(HttpService):
         verify: bool = True,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         call_id_prefix: str | None = None,
+        access_token: str | None = None,
     ) -> None:
         parts = urlsplit(upstream_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -262,6 +265,7 @@ class ModelProxy(HttpService):
         self._prefix = call_id_prefix if call_id_prefix is not None else f"mc-{secrets.token_hex(3)}-"
         self._counter = itertools.count(1)
         self._api_key: str | None = None
+        self.access_token = access_token
         self._client: httpx.AsyncClient | None = None
         self._server = HttpServer(self._handle, name="model-proxy")
         self._file_lock = threading.Lock()
@@ -302,7 +306,14 @@ class ModelProxy(HttpService):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _secrets(self) -> tuple[str, ...]:
-        return (self._api_key,) if self._api_key else ()
+        return tuple(x for x in (self._api_key, self.access_token) if x)
+
+    def _authorized(self, req: Request) -> bool:
+        if self.access_token is None:
+            return True
+        bearer = req.header("authorization") or ""
+        given = bearer[7:].strip() if bearer[:7].lower() == "bearer " else req.header("x-api-key") or ""
+        return hmac.compare_digest(given.encode(), self.access_token.encode())
 
     def _target(self, req: Request) -> str:
         path, _, query = req.target.partition("?")
@@ -380,6 +391,19 @@ class ModelProxy(HttpService):
             truncated=req_trunc,
         )
         assert self._client is not None
+        if not self._authorized(req):
+            # Recorded, so an OpenCode that lost its token is a visible 401, not a silent gap.
+            rec.status = rec.proxy_status = 401
+            rec.latency_s = loop.time() - t0
+            rec.error = "refused by the recording proxy: the request lacks this episode's token"
+            with contextlib.suppress(ConnectionError):
+                await send_simple(
+                    writer,
+                    401,
+                    {"error": {"message": rec.error, "type": "proxy_unauthorized", "code": 401}},
+                )
+            self._finish(rec)
+            return True
         watch = _Watch(reader)
         resp: httpx.Response | None = None
         head_sent = False

@@ -40,7 +40,8 @@ RUNNER_SOURCE = INSIDE_DIR / "serve_runner.py"
 RELAY_PORT = 47331  # inside the sandbox's own network namespace, so any fixed port is free
 
 PROVIDER_ID = "opencode-tui"
-# The proxy injects the real upstream key; OpenCode only ever sees this placeholder.
+# The proxy injects the real upstream key. OpenCode presents the episode's token (ModelEndpoint);
+# this placeholder only where an endpoint has none.
 PLACEHOLDER_API_KEY = "opencode-tui-proxy"
 
 # OpenCode's environment switches: no self-update, no sharing, no project config, no network fetches.
@@ -128,8 +129,12 @@ def build_config(
     plugin_file: str | None,
     instructions_file: str | None,
     permissions: PermissionProfile = "default",
+    api_key: str = PLACEHOLDER_API_KEY,
 ) -> dict:
-    """OpenCode's config: one provider (the recording proxy), independent context and output limits."""
+    """OpenCode's config: one provider (the recording proxy), independent context and output limits.
+
+    ``api_key`` is what OpenCode presents to the proxy: the episode's token (the real upstream key
+    never enters the sandbox; the proxy adds it)."""
     entry: dict[str, Any] = {
         "name": model.name,
         # Independent on purpose: lowering the output cap never shrinks the context window.
@@ -149,7 +154,7 @@ def build_config(
                 "name": "opencode-tui recording proxy",
                 "options": {
                     "baseURL": base_url,
-                    "apiKey": PLACEHOLDER_API_KEY,
+                    "apiKey": api_key,
                     "timeout": int(model.request_timeout_s * 1000),
                     "chunkTimeout": int(model.stall_timeout_s * 1000),
                 },
@@ -218,6 +223,7 @@ class OpenCodeHarness:
             self.layout.plugin_file,
             instructions,
             self.config.runtime.permissions,
+            getattr(self.endpoint, "access_token", None) or PLACEHOLDER_API_KEY,
         )
 
     def staged_files(self) -> dict[str, tuple[bytes | None, int]]:

@@ -25,6 +25,19 @@ def test_output_cap_is_independent_of_context_window():
     assert m.context_window == 262144
 
 
+def test_proxy_address_defaults_to_loopback_and_wildcards_need_an_advertised_address():
+    assert ModelSettings().proxy_address == "127.0.0.1"
+    assert ModelSettings(proxy_host="0.0.0.0", proxy_advertise="10.0.3.7").proxy_address == "10.0.3.7"
+    assert ModelSettings(proxy_host="::1").proxy_address == "[::1]"
+    with pytest.raises(ValidationError, match=r"set model\.proxy_advertise"):
+        ModelSettings(proxy_host="0.0.0.0")
+    with pytest.raises(ValidationError, match="not an address a sandbox can reach"):
+        ModelSettings(proxy_host="0.0.0.0", proxy_advertise="0.0.0.0")
+    for bad in ("http://10.0.0.1", "10.0.0.1:8080", "host/path", ""):
+        with pytest.raises(ValidationError, match="host name or an IP address"):
+            ModelSettings(proxy_advertise=bad)
+
+
 @pytest.mark.parametrize("field", ["run_s", "install_s", "close_s"])
 @pytest.mark.parametrize("value", [0, -1, math.inf, math.nan])
 def test_budgets_must_be_finite_and_positive(field, value):

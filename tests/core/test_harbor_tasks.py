@@ -12,6 +12,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -209,3 +210,77 @@ def test_a_failed_build_is_an_infrastructure_failure_at_seed(harbor_runs):
         text=True,
     ).stdout.split()
     assert left == []
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.timeout(1800)  # the module's batch runs in the first one's setup
+def test_the_next_build_removes_what_an_abandoned_build_tagged_late(harbor_runs):
+    """The slow build was abandoned at its 3 s deadline; the engine goes on and tags it under its
+    scratch name about 30 s later. The next build of any task (here a cached one) removes that tag."""
+    from core.sandbox.docker.image_build import build_task_image
+    from core.sandbox.docker.settings import DockerSettings
+
+    def scratch() -> list[str]:
+        out = subprocess.run(
+            ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", "opencode-tui/task-slow-build"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split()
+        return [t for t in out if ":building-" in t]
+
+    for _ in range(120):  # the abandoned build's `sleep 30`, plus the engine's own time
+        if scratch():
+            break
+        time.sleep(0.5)
+    assert scratch(), "the engine never finished the abandoned build: nothing to remove"
+    lines: list[str] = []
+    task = load_task(HARBOR / "hello-world")
+    assert asyncio.run(build_task_image(task, DockerSettings(), lines.append)) == task.image
+    assert scratch() == []
+    assert any("removed opencode-tui/task-slow-build:building-" in line for line in lines), lines
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_cached_task_image_is_rebuilt_when_its_base_changed(tmp_path):
+    """The tag hashes the build context; the base is tracked by image ID in a label. Re-pointing the
+    base tag (as scripts/build-images does after a change) makes the next build rebuild."""
+    from core.sandbox.docker.image_build import BASES_LABEL, build_task_image
+    from core.sandbox.docker.settings import DockerSettings
+
+    base = f"opencode-tui/test-base-{uuid.uuid4().hex[:8]}:latest"
+
+    def docker(*args: str) -> str:
+        return subprocess.run(
+            ["docker", *args], capture_output=True, text=True, timeout=120, check=True
+        ).stdout.strip()
+
+    def inspect(ref: str, fmt: str) -> str:
+        return docker("image", "inspect", "--format", fmt, ref)
+
+    docker("tag", BASE_IMAGE, base)
+    task = load_task(
+        _variant(tmp_path, f"base-{uuid.uuid4().hex[:8]}", dockerfile=f"FROM {base}\nRUN true\n")
+    )
+    try:
+        lines: list[str] = []
+        asyncio.run(build_task_image(task, DockerSettings(), lines.append))
+        first = inspect(task.image, "{{.Id}}")
+        assert inspect(task.image, f'{{{{index .Config.Labels "{BASES_LABEL}"}}}}') == (
+            f"{base}={inspect(BASE_IMAGE, '{{.Id}}')}"
+        )
+        lines.clear()
+        asyncio.run(build_task_image(task, DockerSettings(), lines.append))
+        assert any("(cached)" in line for line in lines) and inspect(task.image, "{{.Id}}") == first
+        docker("tag", "opencode-tui/nopython:bookworm", base)  # the base changed under the same name
+        lines.clear()
+        asyncio.run(build_task_image(task, DockerSettings(), lines.append))
+        assert any("base image changed" in line for line in lines), lines
+        assert inspect(task.image, "{{.Id}}") != first
+        assert inspect(task.image, f'{{{{index .Config.Labels "{BASES_LABEL}"}}}}').endswith(
+            inspect("opencode-tui/nopython:bookworm", "{{.Id}}")
+        )
+    finally:
+        subprocess.run(["docker", "rmi", "-f", task.image, base], capture_output=True, timeout=120)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,101 @@ def _docker_client(settings: DockerSettings, timeout: int) -> Any:
     if settings.base_url:
         return docker.DockerClient(base_url=settings.base_url, timeout=timeout)
     return docker.from_env(timeout=timeout)
+
+
+# A build runs under a scratch tag that carries its deadline: ``<repo>:building-<unix deadline>-<id>``.
+# The engine finishes a build whose client left at the deadline and tags it anyway; such a tag is
+# garbage the moment it exists, so every later build removes scratch tags past their deadline.
+SCRATCH_PREFIX = "building-"
+LEGACY_SCRATCH_AGE_S = 3600.0  # scratch tags from before the deadline was in the name
+
+
+def _scratch_tag(repo: str, deadline: float) -> str:
+    return f"{repo}:{SCRATCH_PREFIX}{int(deadline) + 1}-{uuid.uuid4().hex[:8]}"
+
+
+def scratch_expired(tag: str, now: float, created: float | None = None) -> bool:
+    """Whether ``tag`` is a scratch tag whose build can no longer be waited for by anyone."""
+    name = tag.rpartition(":")[2]
+    if not name.startswith(SCRATCH_PREFIX):
+        return False
+    stamp, sep, _ = name[len(SCRATCH_PREFIX) :].partition("-")
+    if sep and stamp.isdigit():
+        return int(stamp) < now
+    return created is not None and now - created > LEGACY_SCRATCH_AGE_S
+
+
+def remove_expired_scratch(client: Any, now: float | None = None) -> list[str]:
+    """Untag the scratch tags of abandoned task builds (blocking; the removed tags)."""
+    from docker.errors import APIError
+
+    now = time.time() if now is None else now
+    removed = []
+    for image in client.images.list(filters={"label": "opencode-tui.task"}):
+        created = _created(image.attrs.get("Created"))
+        for tag in image.tags:
+            if scratch_expired(tag, now, created):
+                with contextlib.suppress(APIError):  # in use by a container, or gone already
+                    client.api.remove_image(tag)
+                    removed.append(tag)
+    return removed
+
+
+def _created(text: Any) -> float | None:
+    """Docker's ``Created`` (RFC 3339, nanoseconds) as a Unix time; None if unreadable."""
+    from datetime import UTC, datetime
+
+    try:
+        whole = str(text).split(".")[0].removesuffix("Z")
+        return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+# The images a task image was built FROM, by ID: the tag hashes the build context only, so a base
+# rebuilt since (scripts/build-images) would otherwise leave every cached task image stale.
+BASES_LABEL = "opencode-tui.bases"
+
+
+def dockerfile_bases(text: str) -> list[str]:
+    """The images a Dockerfile builds FROM, in order (its own stages and ``scratch`` left out)."""
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    stages: set[str] = set()
+    bases: list[str] = []
+    for line in logical:
+        words = line.split()
+        if not words or words[0].upper() != "FROM":
+            continue
+        args = [w for w in words[1:] if not w.startswith("--")]
+        if not args:
+            continue
+        if args[0].lower() not in stages and args[0] != "scratch" and args[0] not in bases:
+            bases.append(args[0])
+        if len(args) >= 3 and args[1].upper() == "AS":
+            stages.add(args[2].lower())
+    return bases
+
+
+def _base_ids(client: Any, bases: list[str]) -> str:
+    from docker.errors import ImageNotFound
+
+    ids = []
+    for base in bases:
+        try:
+            ids.append(f"{base}={client.images.get(base).id}")
+        except ImageNotFound:
+            ids.append(f"{base}=missing")
+    return ",".join(ids)
 
 
 def _failure(task: Any, message: str, log: str, **data: Any) -> Exception:
@@ -48,17 +144,27 @@ async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[s
     except DockerException as exc:
         raise _failure(task, f"the Docker engine is not reachable to build {task.image}: {exc}", "") from exc
     try:
-        with contextlib.suppress(ImageNotFound):
-            client.images.get(task.image)
-            out(f"image {task.image}: built before from the same context (cached)\n")
-            return task.image
+        with contextlib.suppress(APIError, DockerException):
+            for tag in await asyncio.to_thread(remove_expired_scratch, client):
+                out(f"removed {tag}: an earlier build finished after its deadline\n")
         ctx = task.build_context
+        try:
+            bases = dockerfile_bases((ctx / task.build.dockerfile).read_text(errors="replace"))
+        except OSError:
+            bases = []  # the build itself says what is wrong with the file
+        base_ids = await asyncio.to_thread(_base_ids, client, bases)
+        with contextlib.suppress(ImageNotFound):
+            cached = client.images.get(task.image)
+            if (cached.labels or {}).get(BASES_LABEL) == base_ids:
+                out(f"image {task.image}: built before from the same context and base (cached)\n")
+                return task.image
+            out(f"image {task.image}: its base image changed since it was built: rebuilding\n")
         out(f"building {task.image} from {ctx / task.build.dockerfile} (no network, no pull)\n")
         error: list[str] = []
         # The engine finishes a build whose client went away (a deadline): it builds under a name of
         # its own, and only a build that ended in time is tagged as the cached image.
         repo, _, final_tag = task.image.rpartition(":")
-        scratch = f"{repo}:building-{uuid.uuid4().hex[:12]}"
+        scratch = _scratch_tag(repo, time.time() + task.build.timeout)
 
         def build() -> None:
             for chunk in client.api.build(
@@ -70,7 +176,7 @@ async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[s
                 pull=False,
                 network_mode="none",
                 decode=True,
-                labels={"opencode-tui.task": task.id},
+                labels={"opencode-tui.task": task.id, BASES_LABEL: base_ids},
             ):
                 if "stream" in chunk:
                     out(str(chunk["stream"]))

@@ -320,6 +320,32 @@ async def test_api_key_injected_upstream_and_never_on_disk(make_rig, monkeypatch
     assert UPSTREAM_KEY not in repr(r.proxy.records) and UPSTREAM_KEY not in repr(r.events)
 
 
+async def test_access_token_required_on_another_address_and_wrong_ones_never_forwarded(
+    tmp_path: Path,
+) -> None:
+    """A proxy on 127.0.0.2 with an episode token (as a worker pod serving sandboxes in other pods would
+    run it): calls without the token, or with another, get 401, are recorded as refused and never
+    reach the upstream; the token itself is redacted from the record."""
+    token = "episode-token-0123456789abcdef"
+    async with ScriptedModel(one_step()) as model:
+        async with ModelProxy(model.url, record_dir=tmp_path, host="127.0.0.2", access_token=token) as proxy:
+            assert proxy.url.startswith("http://127.0.0.2:")
+            async with httpx.AsyncClient(timeout=10) as c:
+                url = f"{proxy.url}/chat/completions"
+                missing = await c.post(url, json=agent_body(), headers={"x-session-id": "ses_x"})
+                wrong = await c.post(url, json=agent_body(), headers=headers())  # Bearer CLIENT_KEY
+                by_key = await c.post(url, json=agent_body(), headers={"x-api-key": token})
+                right = await c.post(url, json=agent_body(), headers={"Authorization": f"Bearer {token}"})
+    assert [missing.status_code, wrong.status_code] == [401, 401]
+    assert missing.json()["error"]["type"] == "proxy_unauthorized"
+    assert by_key.status_code == 200 and right.status_code == 200
+    assert len(model.calls) == 2  # only the two with the token were forwarded
+    refused = [r for r in proxy.records if r.proxy_status == 401]
+    assert len(refused) == 2 and all(r.status == 401 and "token" in (r.error or "") for r in refused)
+    text = (tmp_path / RunFiles.MODEL_CALLS).read_text()
+    assert token not in text and len(text.splitlines()) == 4
+
+
 async def test_missing_key_variable_is_refused(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("TEST_UPSTREAM_KEY_MISSING", raising=False)
     proxy = ModelProxy("http://127.0.0.1:9/v1", record_dir=tmp_path, api_key_env="TEST_UPSTREAM_KEY_MISSING")

@@ -34,6 +34,7 @@ from core.tasks import load_task
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(600)]
 SAMPLES = Path(__file__).resolve().parents[3] / "sample_tasks"
 KEY_ENV = "OPENCODE_TUI_TEST_OPENSANDBOX_KEY"
+PROXY_HOST = "127.0.0.2"
 
 
 def _config(server: Any) -> AgentConfig:
@@ -57,7 +58,11 @@ def _config(server: Any) -> AgentConfig:
 def os_batch(opensandbox_server: Any, tmp_path_factory: pytest.TempPathFactory, test_run_id: str) -> Any:
     owner = f"os-{test_run_id}"
     runs = tmp_path_factory.mktemp("runs-opensandbox")
-    config = _config(opensandbox_server)
+    # The recording proxy on another loopback address than the default: the sandboxes reach it by the
+    # configured address (as sandboxes in other pods would reach a worker pod's IP), with the token.
+    config = _config(opensandbox_server).model_copy(deep=True)
+    config.model.proxy_host = PROXY_HOST
+    config = AgentConfig.model_validate(config.model_dump())
     tasks = [load_task(SAMPLES / name) for name in ("hello-file", "oom")]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(KEY_ENV, opensandbox_server.api_key)
@@ -80,8 +85,15 @@ def test_hello_file_scores_with_opensandbox(os_batch: Any) -> None:
     r = results["hello-file"]
     assert (r.provider, r.action, r.reward, r.failure_kind) == ("opensandbox", "scored", 1.0, None)
     assert r.cleanup_confirmed is True
-    ready = [e for e in RunDirReader(Path(r.run_dir)).events() if isinstance(e, SandboxReady)]
+    reader = RunDirReader(Path(r.run_dir))
+    ready = [e for e in reader.events() if isinstance(e, SandboxReady)]
     assert ready and ready[0].provider == "opensandbox" and ready[0].owned is True
+    calls = list(reader.model_calls())
+    assert calls and all(c.status == 200 for c in calls)
+    # OpenCode in the sandbox addressed the proxy where model.proxy_host put it, with its token.
+    heads = [{k.lower(): v for k, v in c.request_headers.items()} for c in calls]
+    assert {h.get("host", "").rsplit(":", 1)[0] for h in heads} == {PROXY_HOST}, heads[0]
+    assert {h.get("authorization") for h in heads} == {"[REDACTED]"}
 
 
 def test_oom_sample_runs_and_an_in_command_oom_stays_unconfirmed(os_batch: Any) -> None:
