@@ -112,6 +112,7 @@ class RunInfo(BaseModel):
     task_id: str
     task_dir: str | None = None
     attempt: int = 1
+    batch_id: str | None = None  # the batch (``run --batch``) this attempt belongs to
     provider: str
     sandbox_id: str | None = None
     sandbox_owned: bool | None = None

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,11 +33,18 @@ from core.tasks import Task, task_content_hash
 RESULTS_FILE = "results.jsonl"
 
 
+def new_batch_id() -> str:
+    """A batch's id: on every result line, in every run.json, on every sandbox's labels."""
+    return "b" + uuid.uuid4().hex[:11]
+
+
 class BatchControl:
     """Cancels a running batch: queued episodes are not started (and recorded as such), running ones
     close gracefully and concurrently, each within its close budget. A second cancel hurries them."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_id: str | None = None) -> None:
+        # The batch's id (``sweep --batch ID`` removes its leftovers; see core.sandbox.base.LABEL_BATCH).
+        self.batch_id = batch_id or new_batch_id()
         self.cancelled_by: str | None = None
         self.halted: str | None = None  # why no further episode starts (the runs directory failed)
         self.running: set[Episode] = set()  # the local executor's episodes
@@ -70,6 +78,7 @@ class BatchSummary(BaseModel):
 
     total: int
     scored: int
+    batch_id: str | None = None
     results: list[EpisodeResult] = Field(default_factory=list)
     failures_by_kind: dict[str, int] = Field(default_factory=dict)
     health_by_kind: dict[str, int] = Field(default_factory=dict)  # episode-health warnings, all episodes
@@ -164,6 +173,8 @@ class Executor(abc.ABC):
     """Runs single attempts; ``run_batch`` and ``run_episode_with_retries`` own everything else."""
 
     name: str
+    # Set by ``run_batch`` before ``start`` (the batch control's id); every attempt carries it.
+    batch_id: str | None = None
 
     async def start(self, runs_dir: Path, tasks: list[Task], config: AgentConfig) -> None:
         """Checks before any episode starts (the runs directory exists); raises ExecutorError."""
@@ -218,7 +229,14 @@ class LocalExecutor(Executor):
         may_retry: bool,
         control: BatchControl,
     ) -> Attempt:
-        episode = Episode(task, config, attempt=attempt, runs_dir=runs_dir, bus=EventBus(attempt=attempt))
+        episode = Episode(
+            task,
+            config,
+            attempt=attempt,
+            runs_dir=runs_dir,
+            bus=EventBus(attempt=attempt),
+            batch_id=control.batch_id,
+        )
         # The runs directory stopped taking writes: no further episode starts from this moment (the
         # running ones, this one included, finish and close as usual).
         episode.bus.subscribe(
@@ -337,6 +355,7 @@ async def run_batch(
         runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # noqa: ASYNC240 (once, before any episode)
     except OSError as exc:
         raise RunsDirError(runs_dir, exc) from exc
+    executor.batch_id = control.batch_id
     await executor.start(runs_dir, tasks, config)  # ExecutorError: nothing started, nothing recorded
     if executor.cancel not in control.cancellers:
         control.cancellers.append(executor.cancel)
@@ -376,10 +395,17 @@ async def run_batch(
         first = prior.attempt + 1 if prior is not None else 1
         async with sem:
             if control.cancelled_by is not None:
-                record(task, not_started(task, config, first, cancelled_by=control.cancelled_by))
+                record(
+                    task,
+                    not_started(
+                        task, config, first, cancelled_by=control.cancelled_by, batch_id=control.batch_id
+                    ),
+                )
                 return
             if control.halted is not None:
-                record(task, not_started(task, config, first, halted=control.halted))
+                record(
+                    task, not_started(task, config, first, halted=control.halted, batch_id=control.batch_id)
+                )
                 return
             result = await run_episode_with_retries(
                 task,
@@ -408,6 +434,7 @@ async def run_batch(
         health.update(r.health)
     return BatchSummary(
         total=len(tasks),
+        batch_id=control.batch_id,
         scored=sum(1 for r in results if r.action.is_sample),
         results=results,
         failures_by_kind=dict(failures),
@@ -424,6 +451,7 @@ def not_started(
     *,
     cancelled_by: str | None = None,
     halted: str | None = None,
+    batch_id: str | None = None,
 ) -> EpisodeResult:
     """The record of a queued episode the batch never started (a resume runs it): the batch was
     cancelled, or halted because its runs directory stopped taking writes."""
@@ -437,6 +465,7 @@ def not_started(
         run_id="",
         task_id=task.id,
         attempt=attempt,
+        batch_id=batch_id,
         provider=config.sandbox.provider,
         action=action,
         failure_kind=kind,

@@ -10,9 +10,12 @@ What only a cluster adds:
 
 - A worker process or its node dies mid-episode (killed, OOM-killed by the node, node lost): Ray says
   so, the attempt becomes ``executor_worker_lost`` at the phase its run.json names, that node's
-  sandboxes of the run are swept (a task pinned to the node removes what carries the run's label and
-  whose creating process is gone), and the policy retries it like any infrastructure failure. Ray's
-  own task retries are off: one attempt is one Ray task, and only the policy decides another.
+  sandboxes of the attempt are swept (a task pinned to the node removes what carries the batch's id
+  and the attempt's run id and whose creating process is gone), and the policy retries it like any
+  infrastructure failure. A node that cannot be swept now (it is gone) is swept when it comes back
+  (same address): by the next episode task that lands on it, else by the driver's last pass over
+  every live node at the end of the batch. Ray's own task retries are off: one attempt is one Ray
+  task, and only the policy decides another.
 - Cancelling (Ctrl-C, SIGTERM on the driver): a small coordinator actor tells every running worker,
   which cancels its episode exactly like the local executor does (graceful close, confirmed cleanup,
   the record written); queued tasks are cancelled in Ray and recorded as not started. A worker asks
@@ -27,7 +30,6 @@ import logging
 import os
 import secrets
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,13 +44,14 @@ from core.batch import (
     Executor,
     ExecutorError,
     borrowed_sandbox_is_clean,
+    new_batch_id,
     not_started,
 )
 from core.config import AgentConfig, RaySettings
 from core.control import CANCELLED_BY_CALLER
 from core.episode import Episode, EpisodeResult, new_run_id
 from core.episode.common import stage_of
-from core.events import CleanupProof, EventBus
+from core.events import CleanupProof, EventBus, PhaseChanged
 from core.failures import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
@@ -59,6 +62,7 @@ from core.failures import (
     merged_classification,
 )
 from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
+from core.ray_coordinator import Begin, Coordinator
 from core.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -96,56 +100,6 @@ def node_address(ray: Any, node_id: str) -> str:
             if node.get("NodeID") == node_id:
                 return str(node.get("NodeManagerAddress") or node_id[:12])
     return node_id[:12]
-
-
-# ---- the coordinator: cancels reach running workers; who runs which attempt where ----------------
-
-
-class Coordinator:
-    """A Ray actor (async, no CPU) owned by the driver: dies with it."""
-
-    def __init__(self) -> None:
-        self.cancels: list[str] = []  # every cancel request in order (a second one hurries)
-        self._changed = asyncio.Event()
-        # run id → where its worker runs; kept after the attempt ends (a cancel must never
-        # interrupt a finished task's return, see ``RayExecutor.cancel``).
-        self.started: dict[str, dict[str, Any]] = {}
-        self._ended: dict[str, asyncio.Event] = {}
-
-    async def begin(self, run_id: str, where: dict[str, Any]) -> str | None:
-        """A worker asks before it starts an episode: the cancel's name when the batch is cancelled."""
-        if self.cancels:
-            return self.cancels[0]
-        self.started[run_id] = where
-        return None
-
-    async def end(self, run_id: str) -> None:
-        """The attempt's episode is over: its long poll returns."""
-        self._ended.setdefault(run_id, asyncio.Event()).set()
-
-    async def where(self, run_id: str) -> dict[str, Any] | None:
-        return self.started.get(run_id)
-
-    async def cancel(self, by: str) -> list[str]:
-        """Tell every running worker; returns the attempts that had started (the rest never will)."""
-        self.cancels.append(by)
-        self._changed.set()
-        self._changed = asyncio.Event()
-        return list(self.started)
-
-    async def wait_cancel(self, run_id: str, seen: int) -> list[str]:
-        """Long poll: the cancel requests after the first ``seen`` (none once the attempt ended)."""
-        ended = self._ended.setdefault(run_id, asyncio.Event())
-        while len(self.cancels) <= seen and not ended.is_set():
-            waits = [asyncio.ensure_future(self._changed.wait()), asyncio.ensure_future(ended.wait())]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-        if ended.is_set():
-            self._ended.pop(run_id, None)
-        return self.cancels[seen:]
 
 
 # ---- the worker side ------------------------------------------------------------------------------
@@ -222,9 +176,22 @@ def _episode_task(
     may_retry: bool,
     coordinator: Any,
     probe: tuple[str, str],
+    batch_id: str,
+    report_phases: bool = False,
 ) -> WorkerReport:
     return asyncio.run(
-        _episode_in_worker(task, config, attempt, run_id, Path(runs_dir), may_retry, coordinator, probe)
+        _episode_in_worker(
+            task,
+            config,
+            attempt,
+            run_id,
+            Path(runs_dir),
+            may_retry,
+            coordinator,
+            probe,
+            batch_id,
+            report_phases,
+        )
     )
 
 
@@ -237,6 +204,8 @@ async def _episode_in_worker(
     may_retry: bool,
     coordinator: Any,
     probe: tuple[str, str],
+    batch_id: str,
+    report_phases: bool = False,
 ) -> WorkerReport:
     import ray
 
@@ -251,15 +220,41 @@ async def _episode_in_worker(
         return WorkerReport(unusable=f"node {where} cannot run episodes: {'; '.join(storage + problems)}")
     where = {
         "node_id": node_id,
+        # The node's address as registered (``ray.nodes()``'s NodeManagerAddress), without asking
+        # the cluster: a lost node that comes back has a new id but this address.
+        "ip": ray.util.get_node_ip_address(),
         "pid": os.getpid(),
         "invocation": invocation_id(),
     }
-    cancelled = await _get(coordinator.begin.remote(run_id, where), CONTROL_DEADLINE_S)
-    if cancelled is not None:
-        return WorkerReport(cancelled_by=cancelled)
+    begin: Begin = await _get(coordinator.begin.remote(run_id, where), CONTROL_DEADLINE_S)
+    if begin.cancelled_by is not None:
+        return WorkerReport(cancelled_by=begin.cancelled_by)
+    if begin.sweep:
+        # This node was gone when attempts of this batch were lost on it: their sandboxes first.
+        removed: list[str] | None = None
+        try:
+            removed = await asyncio.wait_for(sweep_run(config, batch_id, begin.sweep), SWEEP_DEADLINE_S)
+        except Exception as exc:
+            log.warning("sweeping the lost attempts %s failed here: %s", begin.sweep, exc)
+        with contextlib.suppress(Exception):
+            await _get(coordinator.swept.remote(where["ip"], begin.sweep, removed), CONTROL_DEADLINE_S)
     episode = Episode(
-        task, config, attempt=attempt, run_id=run_id, runs_dir=runs_dir, bus=EventBus(attempt=attempt)
+        task,
+        config,
+        attempt=attempt,
+        run_id=run_id,
+        runs_dir=runs_dir,
+        bus=EventBus(attempt=attempt),
+        batch_id=batch_id,
     )
+    if report_phases:  # the driver shows each attempt's phase live (a fire-and-forget call each)
+        episode.bus.subscribe(
+            lambda event: (
+                coordinator.phase.remote(run_id, event.phase.value)
+                if isinstance(event, PhaseChanged)
+                else None
+            )
+        )
     run = asyncio.ensure_future(episode.run())
     await asyncio.sleep(0)  # the episode's own task exists now: a cancel from here on reaches it
     watcher = asyncio.ensure_future(_forward_cancels(coordinator, run_id, episode))
@@ -296,22 +291,25 @@ async def _forward_cancels(coordinator: Any, run_id: str, episode: Episode) -> N
             await episode.cancel(name)
 
 
-def _sweep_task(config: AgentConfig, run_id: str) -> list[str]:
-    return asyncio.run(sweep_run(config, run_id))
+def _sweep_task(config: AgentConfig, batch_id: str, run_ids: list[str]) -> list[str]:
+    return asyncio.run(sweep_run(config, batch_id, run_ids))
 
 
-async def sweep_run(config: AgentConfig, run_id: str) -> list[str]:
-    """Remove this node's sandboxes of ``run_id`` whose creating process is gone; their ids.
+async def sweep_run(config: AgentConfig, batch_id: str, run_ids: list[str]) -> list[str]:
+    """Remove this node's sandboxes of the batch's attempts ``run_ids`` whose creating process is
+    gone; their ids.
 
-    A sandbox whose creator still runs (a worker Ray wrongly thought lost) is left alone."""
+    Only what carries both the batch's id and one of the run ids: another batch's sandboxes (even one
+    sharing the owner) are never touched; a sandbox whose creator still runs (a worker Ray wrongly
+    thought lost) is left alone."""
     from core.invocation import Liveness, invocation_liveness
-    from core.sandbox.base import LABEL_INVOCATION, LABEL_RUN, default_owner
+    from core.sandbox.base import LABEL_BATCH, LABEL_INVOCATION, LABEL_RUN, default_owner
     from core.sandbox.providers import get_provider
 
     provider = get_provider(config.sandbox.provider, config)
     removed = []
     for record in await provider.listed(owner=default_owner()):
-        if record.labels.get(LABEL_RUN) != run_id:
+        if record.labels.get(LABEL_BATCH) != batch_id or record.labels.get(LABEL_RUN) not in run_ids:
             continue
         if invocation_liveness(record.labels.get(LABEL_INVOCATION)) is Liveness.ALIVE:
             continue
@@ -330,14 +328,24 @@ class PendingSweep:
     run_id: str
     node_ip: str
     config: AgentConfig
+    run_dir: Path | None = None  # the lost attempt's: its run.json says so once swept
 
 
 class RayExecutor(Executor):
     name = "ray"
 
-    def __init__(self, settings: RaySettings, *, on_started: Callable[[str, int, str], None] | None = None):
+    def __init__(
+        self,
+        settings: RaySettings,
+        *,
+        on_started: Callable[[str, int, str], None] | None = None,
+        on_phase: Callable[[str, str], None] | None = None,
+    ):
         self.settings = settings
-        self.batch_id = uuid.uuid4().hex[:10]
+        # (run id, phase) as the workers report them; None: the workers report nothing.
+        self.on_phase = on_phase
+        self._phase_watch: asyncio.Future[None] | None = None
+        self.batch_id = new_batch_id()  # run_batch sets the batch's own before start()
         self.on_started = on_started
         self._ray: Any = None
         self.probe_s: float | None = None  # how long the first worker took to answer the probe
@@ -374,7 +382,15 @@ class RayExecutor(Executor):
                 raise ExecutorError(f"cannot join the Ray cluster at {where}: {exc}") from exc
             self._joined = True
         remote = ray.remote
-        self._coordinator = remote(num_cpus=0, max_concurrency=100_000)(Coordinator).remote()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # On the driver's own node: a lost worker node must not take the coordinator (the cancels,
+        # the sweeps owed) with it, and that node lives as long as the driver does. Hard: Ray
+        # spreads a soft affinity's 0-CPU actor to other nodes now and then.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self._coordinator = remote(num_cpus=0, max_concurrency=100_000, scheduling_strategy=here)(
+            Coordinator
+        ).remote()
         # One Ray task per attempt, never retried by Ray: the outcome policy decides every retry.
         self._episode_fn = remote(max_retries=0, retry_exceptions=False)(_episode_task)
         self._sweep_fn = remote(num_cpus=0, max_retries=0)(_sweep_task)
@@ -417,9 +433,34 @@ class RayExecutor(Executor):
             raise ExecutorError(
                 f"Ray node {report.node_ip} cannot run this batch: {'; '.join(report.problems)}"
             )
+        if self.on_phase is not None:
+            self._phase_watch = asyncio.ensure_future(self._watch_phases())
+
+    async def _watch_phases(self) -> None:
+        """Hands the workers' phase reports to ``on_phase`` as they come (a long poll)."""
+        assert self.on_phase is not None
+        seen, shown = 0, {}
+        while True:
+            try:
+                seen, phases = await _get(
+                    self._coordinator.wait_phases.remote(seen, 10.0), CONTROL_DEADLINE_S
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the progress stays as it is; the batch goes on
+                log.warning("the workers' phases are no longer shown: %s", exc)
+                return
+            for run_id, phase in phases.items():
+                if shown.get(run_id) != phase:
+                    shown[run_id] = phase
+                    self.on_phase(run_id, phase)
 
     async def close(self) -> None:
         """Sweep lost nodes that came back; remove the probe; leave the cluster."""
+        if self._phase_watch is not None:
+            self._phase_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._phase_watch
         if self._coordinator is not None:
             await self._retry_pending_sweeps()
         if self._probe_path is not None:
@@ -440,11 +481,22 @@ class RayExecutor(Executor):
         may_retry: bool,
         control: BatchControl,
     ) -> Attempt:
-        assert self._probe is not None, "start() first"
+        assert self._probe is not None and self.batch_id is not None, "start() first"
         run_id = new_run_id(task.id, attempt)
         ref = self._episode_fn.options(
             num_cpus=self.settings.num_cpus_per_episode, name=f"episode {run_id}"
-        ).remote(task, config, attempt, run_id, str(runs_dir), may_retry, self._coordinator, self._probe)
+        ).remote(
+            task,
+            config,
+            attempt,
+            run_id,
+            str(runs_dir),
+            may_retry,
+            self._coordinator,
+            self._probe,
+            self.batch_id,
+            self.on_phase is not None,
+        )
         self._inflight[run_id] = ref
         if self.on_started is not None:
             self.on_started(task.id, attempt, run_id)
@@ -460,16 +512,18 @@ class RayExecutor(Executor):
             report: WorkerReport = await _get(ref)
         except exc_types.TaskCancelledError:
             by = self.cancelled_by or CANCELLED_BY_CALLER
-            return Attempt(not_started(task, config, attempt, cancelled_by=by))
+            return Attempt(not_started(task, config, attempt, cancelled_by=by, batch_id=self.batch_id))
         except lost as exc:
             return Attempt(await self._lost(task, config, attempt, run_id, runs_dir, exc))
         finally:
             self._inflight.pop(run_id, None)
         if report.unusable is not None:
             control.halt(report.unusable)
-            return Attempt(not_started(task, config, attempt, halted=report.unusable))
+            return Attempt(not_started(task, config, attempt, halted=report.unusable, batch_id=self.batch_id))
         if report.cancelled_by is not None:
-            return Attempt(not_started(task, config, attempt, cancelled_by=report.cancelled_by))
+            return Attempt(
+                not_started(task, config, attempt, cancelled_by=report.cancelled_by, batch_id=self.batch_id)
+            )
         assert report.result is not None
         return Attempt(report.result, report.blocked)
 
@@ -495,10 +549,11 @@ class RayExecutor(Executor):
         self, task: Task, config: AgentConfig, attempt: int, run_id: str, runs_dir: Path, exc: BaseException
     ) -> EpisodeResult:
         run_path = runs_dir / run_id
+        coordinator_error = None
         try:
             where = await _get(self._coordinator.where.remote(run_id), CONTROL_DEADLINE_S)
-        except Exception:
-            where = None
+        except Exception as error:
+            where, coordinator_error = None, error
         try:
             info = RunDirReader(run_path).info()
         except (OSError, ValueError):
@@ -506,14 +561,24 @@ class RayExecutor(Executor):
         phase = info.phase if info is not None else "admission"
         stage = stage_of(phase)
         reason = _words(exc)
-        if where is None:
-            # The worker died before asking to start: no sandbox of this attempt was ever created.
+        if where is None and (coordinator_error is None or info is None):
+            # The worker died before asking to start (or before the episode wrote its run.json): no
+            # sandbox of this attempt was ever created.
             confirmed, proof = True, CleanupProof.NOTHING_LAUNCHED
             place, note = "a Ray worker", "it had not started the episode"
+        elif where is None:
+            # The episode ran, but where is not known any more: nothing says its sandbox is gone.
+            confirmed, proof = None, None
+            place = "a Ray worker"
+            note = (
+                f"the batch's coordinator is unreachable ({_words(coordinator_error)}), so its node is "
+                f"unknown: cleanup unknown (`opencode-tui sweep --batch {self.batch_id} --run {run_id}` "
+                "on its node)"
+            )
         else:
-            where["ip"] = node_address(self._ray, where["node_id"])  # looked up only when needed
+            where.setdefault("ip", node_address(self._ray, where["node_id"]))
             place = f"the Ray worker (pid {where['pid']}) on node {where['ip']}"
-            confirmed, proof, note = await self._sweep_after_loss(config, run_id, where, info)
+            confirmed, proof, note = await self._sweep_after_loss(config, run_id, where, info, run_path)
         failure = FailureEvent(
             kind="executor_worker_lost",
             stage=stage,
@@ -532,6 +597,7 @@ class RayExecutor(Executor):
             run_id=run_id,
             task_id=task.id,
             attempt=attempt,
+            batch_id=self.batch_id,
             provider=config.sandbox.provider,
             sandbox_id=info.sandbox_id if info is not None else None,
             action=verdict.outcome,
@@ -561,7 +627,7 @@ class RayExecutor(Executor):
         return result
 
     async def _sweep_after_loss(
-        self, config: AgentConfig, run_id: str, where: dict[str, Any], info: Any
+        self, config: AgentConfig, run_id: str, where: dict[str, Any], info: Any, run_path: Path
     ) -> tuple[bool | None, CleanupProof | None, str]:
         """(cleanup confirmed, proof, words) after sweeping the lost worker's node."""
         if config.sandbox.mode == "borrowed":
@@ -578,15 +644,21 @@ class RayExecutor(Executor):
         strategy = NodeAffinitySchedulingStrategy(where["node_id"], soft=soft)
         try:
             removed = await _get(
-                self._sweep_fn.options(scheduling_strategy=strategy).remote(config, run_id), SWEEP_DEADLINE_S
+                self._sweep_fn.options(scheduling_strategy=strategy).remote(config, self.batch_id, [run_id]),
+                SWEEP_DEADLINE_S,
             )
         except Exception as exc:
-            self.pending_sweeps.append(PendingSweep(run_id=run_id, node_ip=where["ip"], config=config))
+            self.pending_sweeps.append(
+                PendingSweep(run_id=run_id, node_ip=where["ip"], config=config, run_dir=run_path)
+            )
+            with contextlib.suppress(Exception):  # the next task on a node at this address sweeps it
+                await _get(self._coordinator.pend.remote(where["ip"], run_id), CONTROL_DEADLINE_S)
             return (
                 None,
                 None,
                 f"its node could not be swept ({_words(exc)}): cleanup unknown until the node is back "
-                f"(this batch sweeps it then; else `opencode-tui sweep --run {run_id}` there)",
+                f"(this batch sweeps it then; else `opencode-tui sweep --batch {self.batch_id} "
+                f"--run {run_id}` there)",
             )
         had_sandbox = bool(removed) or (info is not None and info.sandbox_id is not None)
         if removed:
@@ -598,34 +670,71 @@ class RayExecutor(Executor):
         return True, CleanupProof.DESTROYED if had_sandbox else CleanupProof.NOTHING_LAUNCHED, note
 
     async def _retry_pending_sweeps(self) -> None:
+        """The lost nodes' sweeps that are still owed: first what the workers that landed on a node
+        that came back swept, then one pass over every live node for what is left."""
         if not self.pending_sweeps:
             return
-        alive = {n["NodeManagerAddress"]: n["NodeID"] for n in self._ray.nodes() if n.get("Alive")}
+        try:
+            done = await _get(self._coordinator.sweeps.remote(), CONTROL_DEADLINE_S)
+        except Exception:
+            done = []
+        for ip, run_ids, removed in done:
+            for pending in [p for p in self.pending_sweeps if p.node_ip == ip and p.run_id in run_ids]:
+                self.pending_sweeps.remove(pending)
+                words = f"the next episode there swept {len(removed)} sandbox(es)"
+                self.notes.append(f"node {ip} is back: {words} of lost run {pending.run_id}")
+                _swept_later(pending, removed, f"node {ip} came back: {words}")
+        if not self.pending_sweeps:
+            return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        for pending in list(self.pending_sweeps):
-            node_id = alive.get(pending.node_ip)
-            if node_id is None:
-                self.notes.append(
-                    f"node {pending.node_ip} is not back: sweep run {pending.run_id} there "
-                    f"(`opencode-tui sweep --run {pending.run_id}`)"
-                )
-                continue
-            strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        alive = [n for n in self._ray.nodes() if n.get("Alive")]
+        run_ids = sorted({p.run_id for p in self.pending_sweeps})
+        config = self.pending_sweeps[0].config  # one batch, one configuration
+        swept: dict[str, list[str]] = {}  # node address → removed (every live node, each run id)
+        for node in alive:
+            ip = str(node.get("NodeManagerAddress"))
+            strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
             try:
                 removed = await _get(
                     self._sweep_fn.options(scheduling_strategy=strategy).remote(
-                        pending.config, pending.run_id
+                        config, self.batch_id, run_ids
                     ),
                     SWEEP_DEADLINE_S,
                 )
             except Exception as exc:
-                self.notes.append(f"sweeping run {pending.run_id} on node {pending.node_ip} failed: {exc}")
+                self.notes.append(f"sweeping the lost runs on node {ip} failed: {_words(exc)}")
+                continue
+            swept.setdefault(ip, []).extend(removed)
+        for pending in list(self.pending_sweeps):
+            if pending.node_ip not in swept:
+                self.notes.append(
+                    f"node {pending.node_ip} is not back: sweep lost run {pending.run_id} there "
+                    f"(`opencode-tui sweep --batch {self.batch_id} --run {pending.run_id}`)"
+                )
                 continue
             self.pending_sweeps.remove(pending)
-            self.notes.append(
-                f"node {pending.node_ip} is back: swept {len(removed)} sandbox(es) of run {pending.run_id}"
-            )
+            words = f"swept {len(swept[pending.node_ip])} sandbox(es)"
+            self.notes.append(f"node {pending.node_ip} is back: {words} of lost run {pending.run_id}")
+            _swept_later(pending, swept[pending.node_ip], f"node {pending.node_ip} came back: {words}")
+
+
+def _swept_later(pending: PendingSweep, removed: list[str], words: str) -> None:
+    """The lost attempt's run.json: its cleanup, unknown when it was lost, is confirmed now (the
+    attempt's record in results.jsonl was the batch's word at the time and stays as it was)."""
+    if pending.run_dir is None:
+        return
+    try:
+        info = RunDirReader(pending.run_dir).info()
+    except (OSError, ValueError):
+        return
+    had_sandbox = bool(removed) or info.sandbox_id is not None
+    info.counts["cleanup_confirmed"] = True
+    info.counts["cleanup_proof"] = CleanupProof.DESTROYED if had_sandbox else CleanupProof.NOTHING_LAUNCHED
+    if info.outcome is not None:
+        info.outcome.summary += f"; later, {words}"
+    with contextlib.suppress(OSError):
+        RunDir(pending.run_dir).write_run_info(info)
 
 
 def _words(exc: BaseException) -> str:

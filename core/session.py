@@ -43,7 +43,7 @@ from core.runtime.supervisor_client import (
     stop_window,
     supervisor_source,
 )
-from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError, describe_exit
+from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError, SingleFlight, describe_exit
 from core.sandbox.tarsafe import tree_tar
 
 T = TypeVar("T")
@@ -193,7 +193,7 @@ class SandboxSession:
         self.released = False
         self._staging: asyncio.Task[None] | None = None
         self._finalize_task: asyncio.Task[CleanupReceipt] | None = None
-        self._release_task: asyncio.Task[None] | None = None
+        self._release_once = SingleFlight(self._release)  # one release in flight, see SingleFlight
         self._collect: Collect | None = None
         self._collected = False
         self._close_requested = False
@@ -376,9 +376,7 @@ class SandboxSession:
         if self.released:
             return
         self.begin_close()
-        if self._release_task is None or (self._release_task.done() and self._release_task.exception()):
-            self._release_task = asyncio.ensure_future(self._release())
-        await asyncio.shield(self._release_task)
+        await self._release_once()
 
     @property
     def keeps_session_dir(self) -> bool:

@@ -26,6 +26,7 @@ class BatchProgress:
         self._progress: Any = None
         self._overall: Any = None
         self._rows: dict[str, Any] = {}
+        self._names: dict[str, str] = {}  # run id → "task aN" (an attempt on a Ray worker)
 
     def __enter__(self) -> BatchProgress:
         if self.tty:
@@ -77,7 +78,15 @@ class BatchProgress:
         """An attempt submitted to another process (a Ray worker): one row until it finishes."""
         if self._progress is None:
             return
+        self._names[run_id] = f"{task_id} a{attempt}"
         self._rows[run_id] = self._progress.add_task(f"{task_id} a{attempt}: on Ray", total=None)
+
+    def phase(self, run_id: str, phase: str) -> None:
+        """The phase a Ray worker reports for an attempt (``started`` made its row)."""
+        row = self._rows.get(run_id)
+        if self._progress is None or row is None:
+            return
+        self._progress.update(row, description=f"{self._names[run_id]}: {phase} on Ray")
 
     def finished(self, result: EpisodeResult) -> None:
         self.done += 1
@@ -85,6 +94,7 @@ class BatchProgress:
             # The rows of this episode's earlier attempts too (a retry is a new row).
             for run_id in [result.run_id, *(Path(p).name for p in result.previous_attempts)]:
                 row = self._rows.pop(run_id, None)
+                self._names.pop(run_id, None)
                 if row is not None:
                     self._progress.remove_task(row)
             self._progress.update(

@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("ids", nargs="*", metavar="ID", help="remove exactly these sandboxes (kept or not)")
     sw.add_argument("--run", metavar="RUN_ID", help="remove this run's sandbox(es)")
+    sw.add_argument(
+        "--batch",
+        metavar="BATCH_ID",
+        help="remove this batch's leftovers (its id is on every result line of run --batch)",
+    )
     sw.add_argument("--kept", action="store_true", help="without ids: also remove kept sandboxes")
     sw.add_argument("--dry-run", action="store_true", help="list what would be removed")
     sw.add_argument(

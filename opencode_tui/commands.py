@@ -91,22 +91,25 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    from core.artifacts import RunDirReader
     from core.diff import diff_runs
 
+    run_a, run_b = Path(args.run_a), Path(args.run_b)
     try:
-        diff = diff_runs(Path(args.run_a), Path(args.run_b))
+        if args.json:
+            print(diff_runs(run_a, run_b).model_dump_json())
+            return ExitCode.OK
+        RunDirReader(run_a), RunDirReader(run_b)  # not a run directory: said here, before any screen
     except FileNotFoundError as exc:
         print(f"opencode-tui diff: {exc}", file=sys.stderr)
         return ExitCode.USAGE
-    if args.json:
-        print(diff.model_dump_json())
-        return ExitCode.OK
     theme = _theme()
     if theme is None:
         return ExitCode.USAGE
     from opencode_tui.app import OpenCodeTUI
 
-    OpenCodeTUI(diff=(Path(args.run_a), Path(args.run_b)), diff_result=diff, theme=theme).run()
+    # The TUI shows at once; the diff screen reads the two runs in a worker thread.
+    OpenCodeTUI(diff=(run_a, run_b), theme=theme).run()
     return ExitCode.OK
 
 

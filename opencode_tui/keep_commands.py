@@ -6,6 +6,9 @@ user@host, unless ``--all-owners``):
 * ``sweep ID...``: exactly those (a Docker id may be given by a unique prefix of 12+ characters),
   kept or not. An id that is not a sandbox of ours: one line, exit 2, nothing removed.
 * ``sweep --run RUN_ID``: that run's sandboxes (label ``opencode-tui.run``), kept or not.
+* ``sweep --batch BATCH_ID``: that batch's leftovers (label ``opencode-tui.batch``, the id on every
+  result line of ``run --batch``), kept or not, but never one whose creating process still runs
+  (the batch is still going); with ``--run`` too, that run's of the batch.
 * ``sweep``: only leftovers, i.e. sandboxes whose creating process is provably gone (label
   ``opencode-tui.invocation``: host, boot, pid and start time); never another live job's, never one
   made in another host or PID namespace, and never a kept one unless ``--kept`` is given.
@@ -80,12 +83,26 @@ def _match(ref: str, found: list[Any]) -> Any:
 
 def _select(args: argparse.Namespace, found: list[Any]) -> tuple[list[Any], dict[str, int]]:
     from core.sandbox import kept
-    from core.sandbox.base import LABEL_INVOCATION, LABEL_RUN, Liveness, invocation_liveness
+    from core.sandbox.base import LABEL_BATCH, LABEL_INVOCATION, LABEL_RUN, Liveness, invocation_liveness
 
     skipped = {"live": 0, "elsewhere": 0, "kept": 0}
     if args.ids:
         chosen = [_match(ref, found) for ref in args.ids]
         return list({id(item): item for item in chosen}.values()), skipped
+    if args.batch:
+        found = [item for item in found if item[1].labels.get(LABEL_BATCH) == args.batch]
+        if args.run:
+            found = [item for item in found if item[1].labels.get(LABEL_RUN) == args.run]
+        if not found:
+            what = f"batch {args.batch!r}" + (f" and run {args.run!r}" if args.run else "")
+            raise UsageError(f"no sandbox of ours carries {what}; nothing was removed")
+        chosen = []
+        for item in found:
+            if invocation_liveness(item[1].labels.get(LABEL_INVOCATION)) is Liveness.ALIVE:
+                skipped["live"] += 1  # the batch is still running there: not a leftover
+            else:
+                chosen.append(item)
+        return chosen, skipped
     if args.run:
         chosen = [item for item in found if item[1].labels.get(LABEL_RUN) == args.run]
         if not chosen:
@@ -108,11 +125,11 @@ def _select(args: argparse.Namespace, found: list[Any]) -> tuple[list[Any], dict
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from core.sandbox import kept
-    from core.sandbox.base import default_owner
+    from core.sandbox.base import LABEL_BATCH, default_owner
 
     owner = None if args.all_owners else default_owner()
     names = _provider_names(args.provider)
-    explicit = bool(args.ids or args.run)
+    explicit = bool(args.ids or args.run or args.batch)
 
     async def sweep() -> int:
         try:
@@ -136,8 +153,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     print(f"opencode-tui sweep: {record.sandbox_id}: {exc}", file=sys.stderr)
                     continue
                 kept.forget(record.provider, record.sandbox_id)
-            print(json.dumps({"provider": record.provider, "sandbox_id": record.sandbox_id, "action": verb}))
+            line = {"provider": record.provider, "sandbox_id": record.sandbox_id, "action": verb}
+            print(json.dumps({**line, "batch_id": record.labels.get(LABEL_BATCH)}))
         notes = [f"{verb} {len(chosen)} sandbox(es)"]
+        if args.batch and skipped["live"]:
+            notes.append(f"left {skipped['live']} whose process still runs (the batch is not over)")
         if not explicit:
             notes.append(
                 f"left {skipped['live']} of live jobs, {skipped['kept']} kept (--kept or name them), "

@@ -7,7 +7,11 @@ line, possibly empty.
 
 from __future__ import annotations
 
-from rich.text import Text
+import re
+
+from rich.ansi import AnsiDecoder
+from rich.style import Style
+from rich.text import Span, Text
 
 # Lines longer than this are drawn cut (the rest is still kept and copied).
 MAX_LINE_CHARS = 4000
@@ -85,8 +89,37 @@ def collapse_cr(line: str) -> str:
     return line[cut + 1 :]
 
 
+# An escape sequence: CSI (SGR when it ends in ``m``), OSC (ended by BEL or ST, or cut at the line's end),
+# a character-set designation (ESC ( B), or any other two-character escape.
+_ESCAPE = re.compile(r"\x1b(?:\[([0-?]*)[ -/]*([@-~])|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[()*+][ -~]?|[ -~])")
+# (style before, SGR parameters) -> style after. Terminal output repeats a handful of colours, so this
+# stays small; it is emptied if a program emits an unusual variety.
+_SGR_STYLES: dict[tuple[Style | None, str], Style | None] = {}
+_SGR_STYLES_MAX = 4096
+
+
+def _sgr_style(style: Style | None, params: str) -> Style | None:
+    key = (style, params)
+    found = _SGR_STYLES.get(key, _SGR_STYLES)
+    if found is not _SGR_STYLES:
+        return found  # type: ignore[return-value]
+    # Rich's decoder says what the parameters mean (colours, attributes, resets), once per pair.
+    decoder = AnsiDecoder()
+    decoder.style = style or Style.null()
+    decoder.decode_line(f"\x1b[{params}m")
+    after = decoder.style or None
+    if len(_SGR_STYLES) >= _SGR_STYLES_MAX:
+        _SGR_STYLES.clear()
+    _SGR_STYLES[key] = after
+    return after
+
+
 def ansi_line(raw: str) -> Text:
-    """One line with its ANSI colours decoded (cursor movement and other sequences dropped)."""
+    """One line with its ANSI colours decoded (cursor movement and other sequences dropped).
+
+    This runs for every line that scrolls into view while output floods in, so it is a single regex
+    pass with the style of each SGR sequence looked up, not worked out (``Text.from_ansi`` parses every
+    sequence again: about half of a frame's cost)."""
     if "\r" in raw:
         raw = collapse_cr(raw).rstrip("\r")
     if len(raw) > MAX_LINE_CHARS:
@@ -94,7 +127,26 @@ def ansi_line(raw: str) -> Text:
     if "\x1b" not in raw:
         text = Text(raw, end="", no_wrap=True)
     else:
-        text = Text.from_ansi(raw, end="", no_wrap=True)
+        parts: list[str] = []
+        spans: list[Span] = []
+        style: Style | None = None
+        at = pos = 0
+        for m in _ESCAPE.finditer(raw):
+            start = m.start()
+            if start > at:
+                chunk = raw[at:start]
+                parts.append(chunk)
+                if style is not None:
+                    spans.append(Span(pos, pos + len(chunk), style))
+                pos += len(chunk)
+            at = m.end()
+            if m.group(2) == "m":
+                style = _sgr_style(style, m.group(1))
+        if at < len(raw):
+            parts.append(raw[at:])
+            if style is not None:
+                spans.append(Span(pos, pos + len(raw) - at, style))
+        text = Text("".join(parts), end="", no_wrap=True, spans=spans)
     if "\t" in raw:
         text.expand_tabs(8)
     return text

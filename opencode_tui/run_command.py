@@ -161,7 +161,9 @@ def _executor(config: AgentConfig, progress: Any) -> Executor:
         return LocalExecutor(progress.attach)
     from core.ray_executor import RayExecutor
 
-    executor = RayExecutor(config.executor.ray, on_started=progress.started)
+    # Live phases only where they are shown (a terminal): otherwise the workers report nothing.
+    on_phase = progress.phase if progress.tty else None
+    executor = RayExecutor(config.executor.ray, on_started=progress.started, on_phase=on_phase)
     executor.connect()
     return executor
 
@@ -247,6 +249,8 @@ def _run_batch(
     except ExecutorError as exc:
         print(f"opencode-tui run: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    # The batch's id is on every result line too; `sweep --batch ID` finds what a lost node left.
+    print(f"opencode-tui: batch {summary.batch_id}", file=sys.stderr)
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
 

@@ -71,10 +71,12 @@ class Episode(EpisodeControl):
         provider: SandboxProvider | None = None,
         installer: Any = None,
         bus: EventBus | None = None,
+        batch_id: str | None = None,
     ) -> None:
         self.task = task
         self.config = config
         self.attempt = attempt
+        self.batch_id = batch_id  # the batch this attempt belongs to (labels its sandbox, run.json)
         self.run_id = run_id or new_run_id(task.id, attempt)
         self.runs_dir = Path(runs_dir or config.runs_dir)
         self.bus = bus or EventBus(attempt=attempt)
@@ -317,6 +319,7 @@ class Episode(EpisodeControl):
             task_id=self.task.id,
             task_dir=str(self.task.root),
             attempt=self.attempt,
+            batch_id=self.batch_id,
             provider=self.config.sandbox.provider,
             config=self.config.model_dump(mode="json"),
             versions=versions(self.config.runtime.opencode_version),
@@ -356,6 +359,7 @@ class Episode(EpisodeControl):
             run_id=self.run_id,
             task_id=self.task.id,
             attempt=self.attempt,
+            batch_id=self.batch_id,
             provider=self.config.sandbox.provider,
             action=verdict.outcome,
             failure_kind=failure.kind,
@@ -471,6 +475,7 @@ class Episode(EpisodeControl):
             endpoint=self.endpoint,
             cache_dir=installer.config.cache_dir,
             requested_user=requested,
+            batch_id=self.batch_id,
         )
         # Failures the provider recovered from without raising go to the event stream (shown, never
         # the outcome).
@@ -635,6 +640,7 @@ class Episode(EpisodeControl):
             run_id=self.run_id,
             task_id=self.task.id,
             attempt=self.attempt,
+            batch_id=self.batch_id,
             provider=self.config.sandbox.provider,
             sandbox_id=self.sandbox.sandbox_id if self.sandbox else None,
             cleanup_confirmed=receipt_confirmed,

@@ -35,6 +35,8 @@ class EpisodeResult(BaseModel):
     run_id: str
     task_id: str
     attempt: int
+    # The batch that ran this attempt (its sandbox carries it: ``sweep --batch``); None outside a batch.
+    batch_id: str | None = None
     provider: str
     sandbox_id: str | None = None
     reward: float | None = None

@@ -17,6 +17,7 @@ from core.events import Event, SandboxReady
 from core.failures import FailureStage
 from core.runtime import access
 from core.sandbox.base import (
+    LABEL_BATCH,
     LABEL_OWNER,
     LABEL_RUN,
     ExpectedRefusal,
@@ -68,9 +69,11 @@ async def allocate(
     endpoint: Any,
     cache_dir: Path,
     requested_user: str | None,
+    batch_id: str | None = None,
 ) -> Sandbox:
     """Connect to the borrowed sandbox, or create an owned one (no network but the model's socket,
-    the installer's cache mounted read-only, labels naming the run and its owner for ``sweep``).
+    the installer's cache mounted read-only, labels naming the run, its batch and its owner for
+    ``sweep``).
 
     ``ExpectedRefusal`` passes through (a refusal is control flow); a provider's other failure is the
     seed phase's ``sandbox_allocation_failed``."""
@@ -95,7 +98,12 @@ async def allocate(
             model_socket=model_socket(config, endpoint),
             mounts=[Mount(source=str(cache_dir), target=RUNTIME_CACHE_MOUNT)],
             user=requested_user,
-            labels={LABEL_RUN: run_id, LABEL_OWNER: default_owner(), "opencode-tui.task": task.id},
+            labels={
+                LABEL_RUN: run_id,
+                LABEL_OWNER: default_owner(),
+                "opencode-tui.task": task.id,
+                **({LABEL_BATCH: batch_id} if batch_id else {}),
+            },
         )
         return await provider.create(spec)
     except ExpectedRefusal:

@@ -41,6 +41,9 @@ LABEL_OWNER = "opencode-tui.owner"
 # Which process created the sandbox (see ``invocation_id``): lets ``sweep`` tell a live job's
 # sandboxes from leftovers when several jobs share one owner (user@host).
 LABEL_INVOCATION = "opencode-tui.invocation"
+# The batch an episode's sandbox belongs to (``run --batch``): ``sweep --batch ID`` removes a batch's
+# leftovers, and the Ray executor sweeps a lost worker's node by batch and run.
+LABEL_BATCH = "opencode-tui.batch"
 # Where the model proxy's Unix socket appears inside a model-only sandbox.
 SANDBOX_MODEL_SOCKET = "/run/opencode-tui/model.sock"
 
@@ -58,6 +61,35 @@ def default_owner() -> str:
     except Exception:
         user = str(os.getuid())
     return f"{user}@{socket.gethostname()}"
+
+
+class SingleFlight:
+    """An async operation that runs once at a time, whoever calls it and whoever is cancelled.
+
+    For ``Sandbox.release``: a second caller (a hurried close racing the episode's own release) joins
+    the release in flight instead of starting another one or returning before it ends, and a caller
+    cancelled midway does not cut it short (the operation runs shielded in its own task). After a
+    success every call returns at once; after a failure the next call tries again (a close that
+    waited for its engine releases once more).
+    """
+
+    def __init__(self, operation: Callable[[], Awaitable[None]]) -> None:
+        self._operation = operation
+        self._task: asyncio.Future[None] | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        task = self._task
+        return task is not None and task.done() and not task.cancelled() and task.exception() is None
+
+    async def __call__(self) -> None:
+        task = self._task
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self._task = asyncio.ensure_future(self._operation())
+            # Every caller may have been cancelled: the failure is still retrieved (no "never
+            # retrieved" warning); the next call sees it and tries again.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        await asyncio.shield(task)
 
 
 class Mount(BaseModel):

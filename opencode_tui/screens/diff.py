@@ -1,15 +1,20 @@
 """Two runs side by side (``opencode-tui diff RUN_A RUN_B``, or ``d`` on two marked runs in the browser):
 drift first, then the steps aligned with the first divergence highlighted, then the deltas.
 
-The comparison itself is core/diff.py (pure); this screen only shows a ``RunDiff``.
+The comparison itself is core/diff.py (pure); this screen only shows a ``RunDiff``. Given none, it
+builds one in a worker thread (two long runs take seconds to read) and shows a loading indicator until
+then: the screen appears at once, and the keys (escape, quit) work while it reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -60,7 +65,7 @@ class StepsTable(DataTable):
 
     def action_first_divergence(self) -> None:
         screen = self.screen
-        if isinstance(screen, DiffScreen) and screen.diff.first_divergence is not None:
+        if isinstance(screen, DiffScreen) and screen.diff and screen.diff.first_divergence is not None:
             self.move_cursor(row=screen.diff.first_divergence)
 
 
@@ -71,7 +76,14 @@ class DiffScreen(Screen[None]):
         super().__init__()
         self.run_a = Path(run_a)
         self.run_b = Path(run_b)
-        self.diff = diff if diff is not None else diff_runs(self.run_a, self.run_b)
+        self.diff: RunDiff | None = diff  # None until the worker has built it
+        self.error: str | None = None
+        self.build_seconds: float | None = None
+
+    @property
+    def loaded(self) -> bool:
+        """The diff is shown (or it could not be built: ``error`` says why)."""
+        return self.diff is not None or self.error is not None
 
     def compose(self) -> ComposeResult:
         yield Static(id="diff-title")
@@ -87,10 +99,54 @@ class DiffScreen(Screen[None]):
         return self.app.size.width < 100 or self.app.size.height < 30
 
     def on_mount(self) -> None:
+        self.set_class(self.compact, "-compact")
+        if self.diff is not None:
+            self._show()
+            return
+        width = max((self.app.size.width - 40) // 2, 12)
+        self.query_one("#diff-title", Static).update(
+            Content.from_markup(
+                "[b]Diff[/]  reading A [b]$a[/] and B [b]$b[/]…",
+                a=fmt.short(self.run_a.name, width),
+                b=fmt.short(self.run_b.name, width),
+            )
+        )
+        self.query_one("#diff-body").loading = True
+        self._build()
+
+    @work(thread=True, exclusive=True, group="diff-build")
+    def _build(self) -> None:
+        """Read both runs and align them off the UI thread, then show the result on it."""
+        start = time.perf_counter()
+        try:
+            diff, error = diff_runs(self.run_a, self.run_b), None
+        except (OSError, ValueError) as exc:
+            diff, error = None, f"{type(exc).__name__}: {exc}"
+        seconds = time.perf_counter() - start
+        # The app may have left this screen (escape) or ended meanwhile: nothing to show then.
+        with contextlib.suppress(RuntimeError):
+            self.app.call_from_thread(self._built, diff, error, seconds)
+
+    def _built(self, diff: RunDiff | None, error: str | None, seconds: float) -> None:
+        if not self.is_attached:
+            return
+        self.build_seconds = seconds
+        self.query_one("#diff-body").loading = False
+        if diff is None:
+            self.error = error
+            self.query_one("#diff-title", Static).update(
+                Content.from_markup("[b]Diff[/]  cannot compare: $error", error=error or "?")
+            )
+            self.notify(f"Cannot compare: {error}", severity="error", timeout=8)
+            return
+        self.diff = diff
+        self._show()
+
+    def _show(self) -> None:
         d = self.diff
+        assert d is not None
         # A and B share the width: each step cell gets half of what the number and time columns leave.
         self.cell_width = max((self.app.size.width - 4 - 2 * 8 - 8) // 2, 12)
-        self.set_class(self.compact, "-compact")
         self.query_one("#diff-title", Static).update(
             Content.from_markup(
                 "[b]Diff[/]  A [b]$a[/] ($na steps)  ·  B [b]$b[/] ($nb steps)",
@@ -118,7 +174,7 @@ class DiffScreen(Screen[None]):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         """The highlighted step in full below the table: each side's tool and arguments (or call)."""
-        if not 0 <= event.cursor_row < len(self.diff.steps):
+        if self.diff is None or not 0 <= event.cursor_row < len(self.diff.steps):
             return
         row = self.diff.steps[event.cursor_row]
         width = max(self.app.size.width - 8, 20)
@@ -138,6 +194,7 @@ class DiffScreen(Screen[None]):
         )
 
     def _row(self, i: int, row: AlignedStep, colors: dict[str, str]) -> list[Text]:
+        assert self.diff is not None
         first = i == self.diff.first_divergence
         # ▶ the first divergence, ≠ any other step that differs (readable without colours too)
         sign = "▶" if first else ("" if row.same else "≠")
@@ -151,6 +208,7 @@ class DiffScreen(Screen[None]):
         return cells
 
     def drift_text(self) -> Content:
+        assert self.diff is not None
         if not self.diff.drift:
             return Content.from_markup("[b]Drift[/] none: same task, config and versions")
         shown = 3 if self.compact else 8
@@ -165,6 +223,7 @@ class DiffScreen(Screen[None]):
         return Content("\n".join(lines))
 
     def deltas_text(self) -> Content:
+        assert self.diff is not None
         changed = [d for d in self.diff.deltas if d.changed]
         if self.compact:  # per-phase durations only where there is room
             changed = [d for d in changed if not d.key.startswith("phase.")]

@@ -12,6 +12,7 @@ the folded state and the cursor; the state itself (RunState) and the widgets are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from array import array
@@ -67,8 +68,13 @@ if TYPE_CHECKING:
     from opencode_tui.app import OpenCodeTUI
 
 LIVE_BATCH_INTERVAL = 1 / 30  # at most this often a live batch is delivered (events are coalesced)
-LIVE_BATCH_CHARS = 2_000_000  # a batch stops growing here, so one batch never stalls the screen long
+# A live batch holds about LIVE_SLICE_S of ingest work (measured as it goes: chars per second of ingest),
+# between these bounds: a key press that reaches the screen waits behind at most one such slice.
+LIVE_SLICE_S = 0.004
+LIVE_BATCH_CHARS_MIN = 32_768
+LIVE_BATCH_CHARS_MAX = 2_000_000
 LIVE_BATCH_EVENTS = 20_000
+LIVE_HANDOFF_DEADLINE_S = 1.0  # the feed waits this long at most for the screen to take a batch
 REPLAY_BATCH = 1000
 FAST = 10.0  # "fast" playback speed; idle gaps longer than FAST_GAP_S are skipped too
 FAST_GAP_S = 0.5
@@ -160,6 +166,17 @@ class RunScreen(Screen[None]):
         ),
         Binding("escape", "back", "Back", show=False, id="run.back"),
         Binding("ctrl+f", "find", "Search", show=False, tooltip="Search the terminal pane", id="run.find"),
+        # `/` from any panel without a `/` of its own (the timeline while a recording plays, the stats):
+        # the terminal pane's search, whichever view it shows (rendered, raw, terminal.cast)
+        Binding(
+            "slash",
+            "find",
+            "Search",
+            show=False,
+            key_display="/",
+            tooltip="Search the terminal pane",
+            id="run.find-slash",
+        ),
         Binding(
             "v",
             "inspect",
@@ -217,10 +234,15 @@ class RunScreen(Screen[None]):
             self.index = EventIndex(self.reader.events_path)
         self.compact: bool | None = None  # one panel at a time (a small terminal); None: not laid out yet
         self.panel = PANELS[0][0]  # the panel shown when compact
-        self._action_key: tuple[bool, bool] | None = None
+        self._action_key: tuple[bool, bool, bool] | None = None
+        self._bindings_pending = False  # a footer update is scheduled (refresh_bindings)
         self._redrawn_at = 0.0
         self._redraw_timer: Timer | None = None
         self._panels_dirty = False
+        # live feed: one batch handed over at a time, sized by the measured ingest rate
+        self._batch_taken = asyncio.Event()
+        self._batch_chars = 256 * 1024
+        self._ingest_rate: float | None = None
         # playback
         self.cast: Cast | None = None
         self.cast_checked = False
@@ -373,6 +395,18 @@ class RunScreen(Screen[None]):
     def watch_keep(self) -> None:
         self.refresh_bindings()
 
+    def refresh_bindings(self) -> None:
+        """One footer update per refresh, however many asked: each request makes the footer recompose
+        (a layout of the whole screen, ~20 ms), and mounting alone asked six times (layout, focus, keep,
+        action states), the last ones landing on the first streamed output."""
+        if not self._bindings_pending:
+            self._bindings_pending = True
+            self.call_after_refresh(self._publish_bindings)
+
+    def _publish_bindings(self) -> None:
+        self._bindings_pending = False
+        super().refresh_bindings()
+
     def _on_episode_done(self, done: bool) -> None:
         if done:
             self._show_header()
@@ -405,18 +439,32 @@ class RunScreen(Screen[None]):
 
     @work(exclusive=True, group="live-feed")
     async def _live_feed(self) -> None:
-        """Drain the bus queue into batches: at most one batch per LIVE_BATCH_INTERVAL."""
+        """Drain the bus queue into batches: at most one batch per LIVE_BATCH_INTERVAL while output is
+        sparse; under a flood, one slice of ingest work per turn of the event loop.
+
+        Two things keep keys quick while megabytes stream in. A batch is sized to about LIVE_SLICE_S of
+        ingest (the rate is measured by :meth:`on_events_received`; batches of up to 2 MB held the loop
+        10-20 ms each). And only one batch is in the screen's message queue at a time: a screen drains its
+        whole queue in one go, and a key press bubbles through the screen on its way to the bindings, so
+        batches queued while the screen was busy (an awaited handler, a repaint) were ingested back to
+        back, ahead of the key.
+        """
         queue = self.tui.live_queue()
+        handed = self._batch_taken
         while True:
             first = await queue.get()
             batch = [first]
+            budget = self._batch_chars
             chars = len(first.data) if type(first) is TerminalOutput else 0
-            while not queue.empty() and chars < LIVE_BATCH_CHARS and len(batch) < LIVE_BATCH_EVENTS:
+            while not queue.empty() and chars < budget and len(batch) < LIVE_BATCH_EVENTS:
                 ev = queue.get_nowait()
                 batch.append(ev)
                 if type(ev) is TerminalOutput:
                     chars += len(ev.data)
+            handed.clear()
             self.post_message(EventsReceived(batch, "live"))
+            with contextlib.suppress(TimeoutError):  # a screen that stopped taking batches: carry on
+                await asyncio.wait_for(handed.wait(), LIVE_HANDOFF_DEADLINE_S)
             await asyncio.sleep(0 if not queue.empty() else LIVE_BATCH_INTERVAL)
 
     def flush_live(self) -> None:
@@ -452,7 +500,25 @@ class RunScreen(Screen[None]):
 
     @on(EventsReceived)
     def on_events_received(self, message: EventsReceived) -> None:
-        self.ingest(message.events)
+        if message.source == "live":
+            start = time.perf_counter()
+            self.ingest(message.events)
+            self._measure_ingest(message.events, time.perf_counter() - start)
+            self._batch_taken.set()
+        else:
+            self.ingest(message.events)
+
+    def _measure_ingest(self, events: list[Event], seconds: float) -> None:
+        """Size the next live batch to about LIVE_SLICE_S of ingest, from this one's chars per second
+        (a moving average: one slow batch, a collection or a repaint, does not halve the next)."""
+        chars = sum(len(ev.data) for ev in events if type(ev) is TerminalOutput)
+        if chars < LIVE_BATCH_CHARS_MIN or seconds <= 0:
+            return  # too small to say anything about the rate
+        rate = chars / seconds
+        self._ingest_rate = rate if self._ingest_rate is None else 0.7 * self._ingest_rate + 0.3 * rate
+        self._batch_chars = int(
+            min(max(self._ingest_rate * LIVE_SLICE_S, LIVE_BATCH_CHARS_MIN), LIVE_BATCH_CHARS_MAX)
+        )
 
     def ingest(self, events: list[Event]) -> None:
         if not events:
@@ -835,14 +901,16 @@ class RunScreen(Screen[None]):
             return bool(self.compact)
         if action == "back":
             return self.from_browser or self.play_source is not None
+        # Actions that can no longer apply are hidden from the footer (False), not merely greyed: a
+        # finished run's footer listed Shell, Cancel and Keep as if they still meant something.
         if action == "toggle_keep":
             control = self.control
-            return None if control is not None and not control.keep_changeable else True  # None: greyed
+            return not (control is not None and not control.keep_changeable)  # decided for good
         if action == "cancel_episode":
-            # None greys it: after the outcome there is nothing left to cancel
-            return None if self._episode_ended() else True
-        if action == "open_shell" and self.mode == "live":
-            return None if self._sandbox_released() else True
+            return not self._episode_ended()  # after the outcome there is nothing left to cancel
+        if action == "open_shell":
+            # a replay's sandbox was released when its run ended; a live one's once cleanup released it
+            return self.mode == "live" and not self._sandbox_released()
         return True
 
     def _episode_ended(self) -> bool:
@@ -857,8 +925,13 @@ class RunScreen(Screen[None]):
         return not (control is not None and control.kept)
 
     def _refresh_action_states(self) -> None:
-        """Grey the actions that no longer apply as soon as the events say so (not on the next key)."""
-        key = (self._episode_ended(), self._sandbox_released())
+        """Hide the actions that no longer apply as soon as the events say so (not on the next key)."""
+        control = self.control
+        key = (
+            self._episode_ended(),
+            self._sandbox_released(),
+            control is not None and not control.keep_changeable,
+        )
         if key != self._action_key:
             self._action_key = key
             self.refresh_bindings()

@@ -12,6 +12,7 @@ so 10,000 run directories show at once.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
 
@@ -33,33 +34,75 @@ from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.runs_index import SORTS, RunEntry, RunsIndex
 
-# (title, width); cells in this order (tests read them by position). The run column (0) takes what the
-# others leave, between RUN_MIN and RUN_MAX; below that the list scrolls sideways.
-COLUMNS: tuple[tuple[str, int], ...] = (
-    ("run", 0),
-    ("task", 14),
-    ("outcome", 21),
-    ("reward", 6),
-    ("failure kind", 20),
-    ("duration", 8),
-    ("started (UTC)", 19),
-    ("cleanup", 11),
-    ("human", 5),
-    ("provider", 8),
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the list: its full width, and its title and width when the list is narrow."""
+
+    title: str
+    width: int
+    short: str
+    narrow: int
+    drop: int = 0  # when even the narrow widths do not fit: dropped in this order (1 first); 0 never
+
+
+# Cells in this order (tests read them by position). The run column (0) takes what the others leave,
+# between RUN_MIN and RUN_MAX. Below the full widths' total the narrow widths are used (the cells say the
+# same in fewer characters: ``✓`` for a confirmed cleanup, the start without the year and the seconds),
+# and below those, reward (the outcome says it), the start and the duration are dropped in turn, so the
+# list fits down to 80 columns and never scrolls sideways there.
+COLUMNS: tuple[Column, ...] = (
+    Column("run", 0, "run", 0),
+    Column("task", 14, "task", 12),
+    Column("outcome", 21, "outcome", 13),
+    Column("reward", 6, "reward", 6, drop=1),
+    Column("failure kind", 20, "failure kind", 14),
+    Column("duration", 8, "dur", 6, drop=3),
+    Column("started (UTC)", 19, "started", 11, drop=2),
+    Column("cleanup", 11, "cln", 3),
+    Column("human", 5, "hum", 3),
+    Column("provider", 8, "prov", 6),
 )
 RUN_MIN, RUN_MAX = 12, 44
-_FIXED = sum(w for _, w in COLUMNS) + len(COLUMNS) + 2  # the cells, a space after each, the mark
+MARK_WIDTH = 2  # the mark and a space before the cells
 
 
-def column_widths(width: int) -> list[int]:
-    run = min(max(width - _FIXED, RUN_MIN), RUN_MAX)
-    return [run, *(w for _, w in COLUMNS[1:])]
+@dataclass(frozen=True)
+class ColumnLayout:
+    shown: tuple[int, ...]  # indices into COLUMNS (and row_cells), in order
+    widths: tuple[int, ...]  # one per shown column
+    narrow: bool
+
+    @property
+    def total(self) -> int:
+        return sum(self.widths) + len(self.widths) + MARK_WIDTH  # a space after each cell
+
+
+def column_layout(width: int) -> ColumnLayout:
+    """The columns that fit ``width``: full widths, else narrow ones, else narrow minus dropped columns
+    (the run column never below RUN_MIN; at the smallest the list scrolls sideways)."""
+
+    def fixed(shown: list[int], narrow: bool) -> int:
+        return (
+            sum((COLUMNS[i].narrow if narrow else COLUMNS[i].width) + 1 for i in shown[1:]) + 1 + MARK_WIDTH
+        )
+
+    shown = list(range(len(COLUMNS)))
+    narrow = width - fixed(shown, False) < RUN_MIN
+    if narrow:
+        for rank in sorted({c.drop for c in COLUMNS if c.drop}):
+            if width - fixed(shown, True) >= RUN_MIN:
+                break
+            shown = [i for i in shown if COLUMNS[i].drop != rank]
+    run = min(max(width - fixed(shown, narrow), RUN_MIN), RUN_MAX)
+    widths = [run, *((COLUMNS[i].narrow if narrow else COLUMNS[i].width) for i in shown[1:])]
+    return ColumnLayout(tuple(shown), tuple(widths), narrow)
 
 
 MARK = "●"
 
 
-def row_cells(entry: RunEntry, colors: dict[str, str]) -> list[Text]:
+def row_cells(entry: RunEntry, colors: dict[str, str], narrow: bool = False) -> list[Text]:
     info = entry.info()
     if info is None:
         return [
@@ -70,6 +113,7 @@ def row_cells(entry: RunEntry, colors: dict[str, str]) -> list[Text]:
     out = info.outcome
     action = out.action if out else ("interrupted" if info.orphaned else "running/unknown")
     style = colors.get("success", "") if action == Outcome.SCORED else colors.get("error", "")
+    started = info.started_at.astimezone(UTC)
     return [
         Text(entry.name),
         Text(info.task_id, style="bold"),
@@ -77,8 +121,8 @@ def row_cells(entry: RunEntry, colors: dict[str, str]) -> list[Text]:
         Text(fmt.DASH if not out or out.reward is None else f"{out.reward:g}", justify="right"),
         Text((out.failure_kind if out else None) or fmt.DASH),
         Text(fmt.duration(info.duration_s), justify="right"),
-        Text(info.started_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")),
-        _cleanup_cell(info),
+        Text(started.strftime("%m-%d %H:%M" if narrow else "%Y-%m-%d %H:%M:%S")),
+        _cleanup_cell(info, narrow),
         Text("yes", style=colors.get("error", "")) if info.human_intervened else Text(""),
         Text(info.provider),
     ]
@@ -108,12 +152,12 @@ class RunsList(ScrollView, can_focus=True):
         self.index = index
         self.cursor_row = 0
         self.marked: list[Path] = []  # in marking order (A, then B)
-        self.widths = column_widths(0)
+        self.columns = column_layout(0)
 
     def reset(self) -> None:
         self.cursor_row = min(self.cursor_row, max(len(self.index) - 1, 0))
-        self.widths = column_widths(self.size.width)
-        self.virtual_size = Size(sum(self.widths) + len(COLUMNS) + 2, len(self.index) + 1)
+        self.columns = column_layout(self.scrollable_content_region.width or self.size.width)
+        self.virtual_size = Size(self.columns.total, len(self.index) + 1)
         self.refresh()
 
     def on_mount(self) -> None:
@@ -196,7 +240,10 @@ class RunsList(ScrollView, can_focus=True):
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append(MARK if entry.path in self.marked else " ", style="bold")
         line.append(" ")
-        for cell, w in zip(row_cells(entry, self.app.theme_variables), self.widths, strict=True):
+        layout = self.columns
+        cells = row_cells(entry, self.app.theme_variables, layout.narrow)
+        for i, w in zip(layout.shown, layout.widths, strict=True):
+            cell = cells[i]
             cell.truncate(w, overflow="ellipsis", pad=True)
             line.append_text(cell)
             line.append(" ")
@@ -206,8 +253,10 @@ class RunsList(ScrollView, can_focus=True):
         return self._strip(line, base, width)
 
     def _header(self) -> Text:
+        layout = self.columns
+        titles = [COLUMNS[i].short if layout.narrow else COLUMNS[i].title for i in layout.shown]
         return Text(
-            "  " + " ".join(title.ljust(w)[:w] for (title, _), w in zip(COLUMNS, self.widths, strict=True))
+            " " * MARK_WIDTH + " ".join(t.ljust(w)[:w] for t, w in zip(titles, layout.widths, strict=True))
         )
 
     def _strip(self, line: Text, base: Style, width: int) -> Strip:
@@ -371,21 +420,10 @@ class RunsScreen(Screen[None]):
         if len(marked) != 2:
             self.notify("Mark two runs with space first (A, then B), then press d.", timeout=4)
             return
-        self.notify("Comparing the two marked runs…", timeout=2)
-        self._diff(*marked)
-
-    @work(thread=True, exclusive=True, group="runs-diff")
-    def _diff(self, a: Path, b: Path) -> None:
-        """Read both runs off the UI thread (a long run's events take a moment), then show the diff."""
-        from core.diff import diff_runs
         from opencode_tui.screens.diff import DiffScreen
 
-        try:
-            diff = diff_runs(a, b)
-        except (OSError, ValueError) as exc:
-            self.app.call_from_thread(self.notify, f"Cannot compare: {exc}", severity="error")
-            return
-        self.app.call_from_thread(self.app.push_screen, DiffScreen(a, b, diff=diff))
+        # The diff screen reads both runs in a worker thread, with a loading indicator meanwhile.
+        self.app.push_screen(DiffScreen(*marked))
 
     def action_rerun(self) -> None:
         entry = self.index.entry(self.query_one(RunsList).cursor_row)
@@ -404,12 +442,15 @@ class RunsScreen(Screen[None]):
         self.app.exit()
 
 
-def _cleanup_cell(info: RunInfo) -> Text:
-    """✓ with the proof (receipt, destroyed, nothing launched), ✗ when unconfirmed, blank while unknown."""
+def _cleanup_cell(info: RunInfo, narrow: bool = False) -> Text:
+    """✓ with the proof (receipt, destroyed, nothing launched), ✗ when unconfirmed, a dash while unknown;
+    narrow: the sign alone."""
     confirmed = info.counts.get("cleanup_confirmed")
     if confirmed is None:
         return Text(fmt.DASH)
     if not confirmed:
-        return Text("✗ unconfirmed")
+        return Text("✗" if narrow else "✗ unconfirmed")
+    if narrow:
+        return Text("✓")
     proof = str(info.counts.get("cleanup_proof") or "receipt").replace("_", " ")
     return Text(f"✓ {proof}")

@@ -56,6 +56,7 @@ class RunHeader(Widget):
         super().__init__(**kwargs)
         self.line = Content("")
         self._shown: tuple[RunState, str, datetime | None] | None = None
+        self._key: tuple[object, ...] | None = None  # the words last shown
 
     def watch_keep(self) -> None:
         if self._shown is not None:
@@ -72,6 +73,27 @@ class RunHeader(Widget):
         ownership = "" if owned is None else (" (owned)" if owned else " (borrowed)")
         user = f" · user {state.sandbox_user}" if state.sandbox_user else ""
         model = state.started.model if state.started else None
+        # Called on every redraw while output streams: the markup is parsed only when a word changed
+        # (the elapsed time: once a second).
+        key = (
+            words,
+            style,
+            fmt.duration(elapsed),
+            budget,
+            state.human_intervened,
+            mode,
+            keep,
+            state.task_id,
+            state.provider,
+            state.sandbox_id,
+            ownership,
+            user,
+            state.opencode_version,
+            model,
+        )
+        if key == self._key:
+            return
+        self._key = key
         line = Content.from_markup(
             f"[b {style}]$words[/] · $elapsed / $budget"
             + (" · [b $error]human intervened[/]" if state.human_intervened else "")

@@ -23,11 +23,12 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import ClassVar, Literal
 
+from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.events import MouseScrollUp
-from textual.geometry import Offset, Size
+from textual.geometry import Offset, Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -156,6 +157,9 @@ class TerminalView(ScrollView, can_focus=True):
         self.marks = array("q")  # rendered line count after each event (timeline)
         self.limit: int | None = None  # timeline cursor: show only this many rendered lines
         self._cache: LRUCache[tuple[int, ...], Strip] = LRUCache(1024)
+        # what the lines of a frame share (style, selection, line count, buffer, width, scroll), while
+        # one is drawn (render_lines)
+        self._frame: tuple[Style, Selection | None, int, LineBuffer, int, int, int] | None = None
         self.cast_status = ""
         self.border_title = "Terminal"
         # search: matches as (line, start, end) in the shown view's plain text, in order
@@ -283,10 +287,16 @@ class TerminalView(ScrollView, can_focus=True):
         if size == old:
             return
         view = self.scrollable_content_region.size
-        same_bars = (old.height > view.height) == (size.height > view.height) and (
-            old.width > view.width
-        ) == (size.width > view.width)
-        if not same_bars or not self.is_mounted:
+        overflow_x, overflow_y = self.styles.overflow_x, self.styles.overflow_y
+
+        def bars(extent: Size) -> tuple[bool, bool]:
+            # a scrollbar that is always there (overflow: scroll) never changes the layout
+            return (
+                overflow_x == "scroll" or (overflow_x == "auto" and extent.width > view.width),
+                overflow_y == "scroll" or (overflow_y == "auto" and extent.height > view.height),
+            )
+
+        if bars(old) != bars(size) or not self.is_mounted:
             self.virtual_size = size
             return
         self.set_reactive(TerminalView.virtual_size, size)
@@ -542,36 +552,58 @@ class TerminalView(ScrollView, can_focus=True):
         super().notify_style_update()
         self._cache.clear()
 
-    def render_line(self, y: int) -> Strip:
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # What every line of a frame shares is worked out once per frame, not once per line: while output
+        # floods in, every line of every frame is new, and ``rich_style`` (it walks the ancestors'
+        # backgrounds) and ``text_selection`` per line were a third of a frame's cost.
+        self._frame = self._frame_state()
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._frame = None
+
+    def _frame_state(self) -> tuple[Style, Selection | None, int, LineBuffer, int, int, int]:
         scroll_x, scroll_y = self.scroll_offset
+        return (
+            self.rich_style,
+            self.text_selection,
+            self.line_count,
+            self.buffer,
+            self.size.width,
+            scroll_x,
+            scroll_y,
+        )
+
+    def render_line(self, y: int) -> Strip:
+        style, selection, count, buf, width, scroll_x, scroll_y = self._frame or self._frame_state()
         index = scroll_y + y
-        width = self.size.width
-        style = self.rich_style
-        if index >= self.line_count:
+        if index >= count:
             return Strip.blank(width, style)
-        strip = self._line_strip(index, style)
+        strip = self._line_strip(index, style, selection, buf)
         return strip.crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
 
-    def _line_strip(self, index: int, style: Style) -> Strip:
-        buf = self.buffer
+    def _line_strip(
+        self, index: int, style: Style, selection: Selection | None = None, buf: LineBuffer | None = None
+    ) -> Strip:
+        buf = buf if buf is not None else self.buffer
         line = buf.lines[index]
-        selection = self.text_selection
         found = self._by_line.get(index) if self.query else None
         key = (id(buf), buf.version, index, len(line), self._search_key if found else 0)
         if selection is None:
             cached = self._cache.get(key)
             if cached is not None:
                 return cached
-        text = raw_line(line) if self.view == "raw" else ansi_line(line)
+        text = raw_line(line) if buf is self.raw else ansi_line(line)
         if found:
             match_style = self.get_component_rich_style("terminal--match")
             current = self.matches[self.current] if 0 <= self.current < len(self.matches) else None
             for start, end in found:
                 is_current = current is not None and current == (index, start, end)
-                style = (
-                    self.get_component_rich_style("terminal--match-current") if is_current else match_style
+                text.stylize(
+                    self.get_component_rich_style("terminal--match-current") if is_current else match_style,
+                    start,
+                    end,
                 )
-                text.stylize(style, start, end)
         if selection is not None:
             span = selection.get_span(index)
             if span is not None:
@@ -579,7 +611,7 @@ class TerminalView(ScrollView, can_focus=True):
                 if end == -1:
                     end = len(text)
                 text.stylize(self.screen.get_component_rich_style("screen--selection"), start, end)
-        strip = Strip(text.render(self.app.console), text.cell_len).apply_style(style)
+        strip = Strip(Segment.apply_style(text.render(self.app.console), style), text.cell_len)
         if selection is None:
             self._cache[key] = strip
         return strip

@@ -133,7 +133,14 @@ def test_attach_to_a_kept_local_sandbox_after_the_run_exited(env, tmp_path):
     assert json.loads(r.stdout)["sandbox_id"] == sid
     r = cli(env, "sweep", sid, "--provider", "local")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"provider": "local", "sandbox_id": sid, "action": "removed"}
+    # Every line names the sandbox's batch (the one on the run's result line).
+    assert line["batch_id"].startswith("b")
+    assert json.loads(r.stdout) == {
+        "provider": "local",
+        "sandbox_id": sid,
+        "action": "removed",
+        "batch_id": line["batch_id"],
+    }
     assert not state_dir.exists()
     deadline = time.monotonic() + 10
     while _pid_alive(keeper["pid"]) and time.monotonic() < deadline:

@@ -65,7 +65,9 @@ def _free_port() -> int:
 class RayHead:
     """A real Ray head on 127.0.0.1 in its own process group (stopped by signalling that group)."""
 
-    def __init__(self, cpus: int = 2, wrap: list[str] | None = None) -> None:
+    def __init__(
+        self, cpus: int = 2, wrap: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         # Short: Ray's Unix sockets live under it (108-byte limit).
@@ -78,6 +80,7 @@ class RayHead:
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": uuid.uuid4().hex + uuid.uuid4().hex,
             "RAY_USAGE_STATS_ENABLED": "0",
+            **(env or {}),
         }
         env = {
             **self.env,
@@ -127,6 +130,41 @@ class RayHead:
             self.proc.kill()
             self.proc.wait(timeout=10)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+class RayNode:
+    """A real worker node joined to ``head`` (same machine, address 127.0.0.1), in its own process
+    group: ``kill`` SIGKILLs the whole group (raylet, its workers), as when a machine is lost."""
+
+    def __init__(self, head: RayHead, cpus: int) -> None:
+        self.log = head.temp / f"node-{uuid.uuid4().hex[:6]}.log"
+        cmd = ["ray", "start", "--block", f"--address={head.address}", "--node-ip-address=127.0.0.1"]
+        cmd += [f"--num-cpus={cpus}", f"--temp-dir={head.temp}", "--disable-usage-stats"]
+        cmd += [f"--dashboard-agent-listen-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
+        env = {
+            **head.env,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + 180
+        while "Ray runtime started" not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"the Ray node did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def kill(self) -> None:
+        group = self.proc.pid
+        pids = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True, timeout=10).stdout
+        for pid in pids.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +227,40 @@ def _lines(stdout: str) -> list[dict]:
 def _our_sandboxes(owner: str) -> list[str]:
     records = asyncio.run(get_provider("local").listed(owner=owner))
     return [r.sandbox_id for r in records]
+
+
+def _labels(owner: str) -> dict[str, dict[str, str]]:
+    return {r.sandbox_id: r.labels for r in asyncio.run(get_provider("local").listed(owner=owner))}
+
+
+# A process that creates a local sandbox with these labels, keeps it and exits: a leftover whose
+# creating process is gone, as a lost worker of another batch would leave it.
+_LEFTOVER = """
+import asyncio, sys
+from core.sandbox.base import LABEL_BATCH, SandboxSpec
+from core.sandbox.local.provider import LocalProvider
+
+async def main():
+    spec = SandboxSpec(run_id=sys.argv[1], labels={LABEL_BATCH: sys.argv[2]})
+    sandbox = await LocalProvider().create(spec)
+    await sandbox.keep()
+    print(sandbox.sandbox_id)
+
+asyncio.run(main())
+"""
+
+
+def _leftover(run_id: str, batch_id: str) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(
+        [sys.executable, "-c", _LEFTOVER, run_id, batch_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
 
 
 def _wait_agent_phase(runs: Path, proc: subprocess.Popen, n: int, timeout: float = 240) -> list[dict]:
@@ -317,10 +389,59 @@ def test_the_providers_checks_run_on_a_node_before_anything_starts(ray_head, tmp
     assert list(runs.iterdir()) == []  # nothing started: no run, no results.jsonl, the probe removed
 
 
+def test_a_terminal_shows_each_attempts_live_phase_on_ray(ray_head, tmp_path):
+    """On a terminal (stderr a real pty) the progress row of an attempt on a Ray worker shows the phase
+    its worker reports, not only "on Ray"."""
+    import fcntl
+    import struct
+    import termios
+    import threading
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    proc = subprocess.Popen(
+        [*_ray_cli(ray_head, tmp_path / "runs"), str(_task(tmp_path, "hello-file"))],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+        env={**ray_head.env, "TERM": "xterm-256color", "COLUMNS": "200"},
+    )
+    os.close(slave)
+    seen = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the pty's other end closed
+                return
+            if not data:
+                return
+            seen.extend(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)
+        os.close(master)
+    assert proc.returncode == 0
+    assert _lines(out)[0]["action"] == "scored"
+    text = seen.decode("utf-8", "replace")
+    phases = set(re.findall(r"hello-file a1: (\w+) on Ray", text))
+    assert "agent" in phases and len(phases) >= 3, text[-3000:]
+
+
 # ---- a worker lost mid-episode ---------------------------------------------------------------
 
 
-def test_a_killed_worker_is_worker_lost_swept_and_retried(ray_head, tmp_path, test_owner):
+def test_a_killed_worker_is_worker_lost_swept_by_batch_and_run_and_retried(ray_head, tmp_path, test_owner):
+    """The lost attempt's sandbox carries the batch id; the sweep on its node removes exactly it, not
+    a leftover of another batch that carries the same run id (its creator gone too); `sweep --batch`
+    then removes that one by its own batch id."""
     task = _busy_task(tmp_path, "busy", seconds=8)
     runs = tmp_path / "runs"
     proc = subprocess.Popen(
@@ -332,29 +453,130 @@ def test_a_killed_worker_is_worker_lost_swept_and_retried(ray_head, tmp_path, te
     )
     try:
         (info,) = _wait_agent_phase(runs, proc, 1)
+        batch = info["batch_id"]
+        assert re.fullmatch(r"b[0-9a-f]{11}", batch)
         worker = int(info["controller"].split(".")[2])  # the process that runs the episode
         assert Path(f"/proc/{worker}/cmdline").read_bytes().startswith(b"ray::")
-        assert info["sandbox_id"] in _our_sandboxes(test_owner)
+        labels = _labels(test_owner)[info["sandbox_id"]]
+        assert labels["opencode-tui.batch"] == batch and labels["opencode-tui.run"] == info["run_id"]
+        other = _leftover(info["run_id"], "b-other-batch")
         time.sleep(1.0)  # OpenCode is inside its `sleep 8`
         os.kill(worker, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
-    (line,) = _lines(out)
-    assert line["attempt"] == 2 and line["action"] == "scored" and line["cleanup_confirmed"] is True
-    lost_dir = info["run_id"]
-    assert line["previous_attempts"] == [str(runs / lost_dir)]
-    lost = json.loads((runs / lost_dir / "run.json").read_text())
-    assert lost["outcome"]["failure_kind"] == "executor_worker_lost"
-    assert lost["outcome"]["failure_stage"] == "agent" and lost["outcome"]["action"] == "retry"
-    assert re.search(rf"the Ray worker \(pid {worker}\) on node [0-9.]+ ", lost["outcome"]["summary"])
-    assert info["sandbox_id"] in lost["outcome"]["summary"]  # swept by name
-    assert lost["counts"]["cleanup_confirmed"] is True and lost["counts"]["cleanup_proof"] == "destroyed"
+    try:
+        assert proc.returncode == 0, err
+        (line,) = _lines(out)
+        assert line["attempt"] == 2 and line["action"] == "scored" and line["cleanup_confirmed"] is True
+        assert line["batch_id"] == batch and f"opencode-tui: batch {batch}" in err.splitlines()
+        lost_dir = info["run_id"]
+        assert line["previous_attempts"] == [str(runs / lost_dir)]
+        lost = json.loads((runs / lost_dir / "run.json").read_text())
+        assert lost["batch_id"] == batch
+        assert lost["outcome"]["failure_kind"] == "executor_worker_lost"
+        assert lost["outcome"]["failure_stage"] == "agent" and lost["outcome"]["action"] == "retry"
+        assert re.search(rf"the Ray worker \(pid {worker}\) on node [0-9.]+ ", lost["outcome"]["summary"])
+        assert info["sandbox_id"] in lost["outcome"]["summary"]  # swept by name
+        assert other not in lost["outcome"]["summary"]
+        assert lost["counts"]["cleanup_confirmed"] is True and lost["counts"]["cleanup_proof"] == "destroyed"
+        # Only the other batch's leftover is left; nothing of this batch.
+        assert _our_sandboxes(test_owner) == [other]
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=10).stdout
+        assert info["sandbox_id"] not in ps  # nothing of the lost sandbox still runs
+        mine = subprocess.run(
+            [*CLI, "sweep", "--provider", "local", "--batch", batch],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert mine.returncode == 2 and f"no sandbox of ours carries batch {batch!r}" in mine.stderr
+    finally:
+        swept = subprocess.run(
+            [*CLI, "sweep", "--provider", "local", "--batch", "b-other-batch"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert swept.returncode == 0, swept.stderr
+    assert _lines(swept.stdout) == [
+        {"provider": "local", "sandbox_id": other, "action": "removed", "batch_id": "b-other-batch"}
+    ]
     assert _our_sandboxes(test_owner) == []
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=10).stdout
-    assert info["sandbox_id"] not in ps  # nothing of the lost sandbox still runs
+
+
+def test_a_lost_node_is_swept_when_it_comes_back_by_the_next_task_there(tmp_path, test_owner):
+    """A whole node is lost mid-episode (its raylet and workers SIGKILLed): its sandbox cannot be swept
+    then; a node at the same address comes back, and the retry that lands there sweeps the lost
+    attempt's sandbox (batch id + run id) before its own episode; another batch's leftover with the
+    same run id stays. The head has no CPU, so episodes run on the worker nodes only."""
+    # The head notices a dead node within seconds (Ray's health check; its defaults take ~30 s).
+    fast = {
+        "RAY_health_check_initial_delay_ms": "1000",
+        "RAY_health_check_period_ms": "500",
+        "RAY_health_check_timeout_ms": "1000",
+        "RAY_health_check_failure_threshold": "3",
+    }
+    head = RayHead(cpus=0, env=fast)
+    nodes = [RayNode(head, cpus=1)]
+    task = _busy_task(tmp_path, "busy", seconds=8)
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [*_ray_cli(head, runs), str(task), "--attempts", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=head.env,
+    )
+    other = None
+    try:
+        (info,) = _wait_agent_phase(runs, proc, 1)
+        batch, lost_dir = info["batch_id"], info["run_id"]
+        assert _labels(test_owner)[info["sandbox_id"]]["opencode-tui.batch"] == batch
+        other = _leftover(lost_dir, "b-other-batch")
+        time.sleep(1.0)
+        nodes[0].kill()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the driver has recorded the loss
+            lost = json.loads((runs / lost_dir / "run.json").read_text())
+            if lost["outcome"] is not None:
+                break
+            time.sleep(0.5)
+        assert lost["outcome"]["failure_kind"] == "executor_worker_lost", lost["outcome"]
+        assert "could not be swept" in lost["outcome"]["summary"]
+        assert info["sandbox_id"] in _our_sandboxes(test_owner)  # still there: its node was gone
+        nodes.append(RayNode(head, cpus=1))  # back, at the same address
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for node in nodes:
+            node.kill()
+        head.stop()
+    try:
+        assert proc.returncode == 0, err
+        (line,) = _lines(out)
+        assert line["attempt"] == 2 and line["action"] == "scored" and line["batch_id"] == batch
+        # (the address the node registered: Ray may take the host's own for 127.0.0.1)
+        assert re.search(
+            rf"node [0-9.]+ is back: the next episode there swept 1 sandbox\(es\) of lost run {lost_dir}", err
+        ), err
+        # The lost attempt's run.json: cleanup unknown when it was lost, confirmed once swept.
+        lost = json.loads((runs / lost_dir / "run.json").read_text())
+        assert lost["counts"]["cleanup_confirmed"] is True and lost["counts"]["cleanup_proof"] == "destroyed"
+        assert "; later, node " in lost["outcome"]["summary"]
+        assert _our_sandboxes(test_owner) == [other]
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=10).stdout
+        assert info["sandbox_id"] not in ps
+    finally:
+        if other is not None:
+            subprocess.run(
+                [*CLI, "sweep", "--provider", "local", "--batch", "b-other-batch"],
+                capture_output=True,
+                timeout=60,
+            )
+    assert _our_sandboxes(test_owner) == []
 
 
 # ---- SIGTERM on the driver -------------------------------------------------------------------

@@ -374,3 +374,38 @@ async def test_search_follows_the_timeline_both_ways(constructed_run, replay_loa
         screen.seek(screen.total - 1)
         await pilot.pause()
         assert len(term.matches) == 1 and "/killed: " in term.border_subtitle
+
+
+async def test_search_in_the_cast_playback_view(fixture_runs, replay_loaded, wait):
+    """/ while terminal.cast plays, pressed where a person is then (on the timeline, after Home and p):
+    the search bar opens for the terminal pane, the recording's lines are searched like the other
+    views, n moves through the matches, and the view stays the recording's."""
+    run = fixture_runs / "hello-file"
+    cast = RunDirReader(run).cast()
+    assert cast is not None and cast.frames
+    app = OpenCodeTUI(run_dir=run)
+    async with app.run_test(size=SIZE) as pilot:
+        await replay_loaded(pilot)
+        screen = app.screen
+        assert isinstance(screen, RunScreen)
+        term = screen.terminal
+        screen.query_one("#timeline").focus()
+        await pilot.press("home", "f", "p")  # fast playback of terminal.cast
+        assert term.view == "cast"
+        await wait(pilot, lambda: screen.play_frame >= len(cast.frames), what="the recording to play")
+        cast_lines = [term._line_text(i).lower() for i in range(term.line_count)]
+        needle = "hello"
+        expected = sum(line.count(needle) for line in cast_lines)
+        assert expected >= 1, cast_lines[-10:]
+        await pilot.press("slash")
+        bar = screen.query_one("#terminal-find", FindBar)
+        assert bar.display and bar.has_focus
+        await pilot.press(*needle, "enter")
+        await pilot.pause()
+        assert term.view == "cast" and len(term.matches) == expected
+        first = term.current
+        line, start, end = term.matches[first]
+        assert cast_lines[line][start:end] == needle
+        assert f"/{needle}: {first + 1}/{expected}" in term.border_subtitle
+        await pilot.press("n")
+        assert term.current == (first + 1) % expected and term.view == "cast"

@@ -369,15 +369,21 @@ async def test_live_episode_crash_is_reported_and_quit_does_not_hang(wait):
         await wait(pilot, lambda: app._exit, what="the app to exit")
 
 
-def _enabled(app, action: str) -> bool:
-    """Whether the footer offers ``action`` as usable (check_action None greys it: enabled False)."""
-    found = [b for b in app.active_bindings.values() if b.binding.action == action]
-    assert found, f"no binding for {action}"
-    return all(b.enabled for b in found)
+def _offered(app, action: str) -> bool:
+    """Whether the footer offers ``action`` (check_action False hides it; None would grey it)."""
+    return any(b.enabled for b in app.active_bindings.values() if b.binding.action == action)
 
 
-async def test_live_actions_that_no_longer_apply_are_greyed(engine, wait):
-    """Cancel is greyed once the outcome is decided; the shell once the sandbox has been released."""
+def _footer_keys(app) -> set[str]:
+    """The keys the footer shows right now (its FooterKey widgets)."""
+    from textual.widgets._footer import FooterKey
+
+    return {k.key for k in app.screen.query(FooterKey)}
+
+
+async def test_live_actions_that_no_longer_apply_are_hidden(engine, wait):
+    """Cancel is hidden once the outcome is decided; the shell once the sandbox has been released; keep
+    once the sandbox's fate is decided: the footer of a finished run offers none of them."""
     engine.max_ticks = 5
     app = OpenCodeTUI(control=engine)
     async with app.run_test(size=(140, 40)) as pilot:
@@ -385,16 +391,75 @@ async def test_live_actions_that_no_longer_apply_are_greyed(engine, wait):
         screen = _screen(app)
         await wait(pilot, lambda: screen.state.sandbox is not None, what="sandbox ready")
         await pilot.pause()
-        assert _enabled(app, "cancel_episode") and _enabled(app, "open_shell")
+        assert (
+            _offered(app, "cancel_episode") and _offered(app, "open_shell") and _offered(app, "toggle_keep")
+        )
+        assert {"s", "c", "k"} <= _footer_keys(app)
         await engine.cancel()
         await wait(pilot, lambda: screen.state.outcome is not None, what="the outcome")
-        await wait(pilot, lambda: not _enabled(app, "cancel_episode"), what="cancel greyed")
-        assert not _enabled(app, "open_shell")  # SandboxReleased ok, not kept
-        assert screen.check_action("cancel_episode", ()) is None
-        assert screen.check_action("open_shell", ()) is None
+        await wait(pilot, lambda: not _offered(app, "cancel_episode"), what="cancel hidden")
+        assert not _offered(app, "open_shell")  # SandboxReleased ok, not kept
+        assert screen.check_action("cancel_episode", ()) is False
+        assert screen.check_action("open_shell", ()) is False
+        await wait(pilot, lambda: app.episode_done, what="the episode to finish")
+        await pilot.pause()
+        assert not _offered(app, "toggle_keep")  # the engine no longer takes a change
+        await wait(
+            pilot, lambda: not {"s", "c", "k"} & _footer_keys(app), what="s, c, k gone from the footer"
+        )
+        await pilot.press("c")  # not offered: nothing asks to cancel a finished episode
+        assert not isinstance(app.screen, ConfirmScreen)
         # the header states the outcome, never "done ok"
         await wait(pilot, lambda: app.episode_done, what="the episode to finish")
         await pilot.pause()
         header = screen.query_one(RunHeader).plain
         assert header.startswith("done · keep_unknown"), header
         assert "done ok" not in header
+
+
+async def test_a_flood_of_output_reaches_the_screen_one_slice_at_a_time(engine, wait, monkeypatch):
+    """20 MB emitted at once (faster than any pane draws), and the screen busy for 0.3 s in the middle
+    (an awaited handler: it takes no message meanwhile): the screen never has more than one batch
+    waiting (a screen drains its queue in one go, and keys bubble through it: a backlog of batches
+    held them), and batches are cut to the measured ingest rate's slice, far below the old 2 MB."""
+    import opencode_tui.screens.run as run_module
+
+    app = OpenCodeTUI(control=engine)
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = _screen(app)
+        await pilot.pause()
+        waiting = [0]
+        most = [0]
+        sizes: list[int] = []
+        post, ingest = screen.post_message, screen.ingest
+
+        def counting_post(message):
+            if isinstance(message, EventsReceived):
+                waiting[0] += 1
+                most[0] = max(most[0], waiting[0])
+                sizes.append(sum(len(e.data) for e in message.events if isinstance(e, TerminalOutput)))
+            return post(message)
+
+        def counting_ingest(events):
+            waiting[0] -= 1
+            return ingest(events)
+
+        monkeypatch.setattr(screen, "post_message", counting_post)
+        monkeypatch.setattr(screen, "ingest", counting_ingest)
+        chunk = "".join(f"\x1b[32mline {i}\x1b[0m of a flood of output\r\n" for i in range(800))
+        total = 0
+        while total < 20_000_000:
+            engine.bus.emit(TerminalOutput(stream="pty", data=chunk))
+            total += len(chunk)
+        await wait(pilot, lambda: len(sizes) >= 3, what="the first batches")
+
+        async def busy() -> None:
+            await asyncio.sleep(0.3)
+
+        screen.call_later(busy)
+        await wait(pilot, lambda: screen.terminal.rendered.chars >= total, timeout=60, what="the flood")
+        assert most[0] == 1, most[0]
+        assert len(sizes) > 10 and max(sizes) < run_module.LIVE_BATCH_CHARS_MAX
+        assert screen._ingest_rate is not None  # measured from the batches themselves
+        expected = screen._ingest_rate * run_module.LIVE_SLICE_S
+        assert screen._batch_chars <= max(expected * 1.01, run_module.LIVE_BATCH_CHARS_MIN)

@@ -451,15 +451,20 @@ async def test_raw_view_and_follow_toggle(fixture_runs, replay_loaded):
 
 
 async def test_shell_unavailable_in_replay_and_live_actions_hidden(fixture_runs, replay_loaded):
+    """A replay's run is over: shell, cancel and keep are not offered (its sandbox was released when
+    the run ended); the command palette's "Open shell" says why."""
     messages: list = []
     app = OpenCodeTUI(run_dir=fixture_runs / "hello-file")
     async with app.run_test(size=SIZE, message_hook=messages.append) as pilot:
         await replay_loaded(pilot)
-        await pilot.press("s")
+        bindings = app.screen.active_bindings
+        assert not {"s", "c", "k"} & set(bindings)  # not offered in a replay
+        await pilot.press("s")  # does nothing: no shell screen
+        assert isinstance(app.screen, RunScreen)
+        app.open_shell(None)  # what the palette's "Open shell" runs
+        await pilot.pause()
         assert any(isinstance(m, ShellStateChanged) and m.state == "unavailable" for m in messages)
         assert isinstance(app.screen, RunScreen)
-        bindings = app.screen.active_bindings
-        assert "c" not in bindings and "k" not in bindings  # cancel/keep are live-only
         await pilot.press("q")  # no episode running: quits at once
         assert app._exit
 

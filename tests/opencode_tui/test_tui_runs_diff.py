@@ -111,6 +111,32 @@ async def test_sort_and_filter(runs):
         assert row[7] == "✓ receipt" and row[8] == "" and row[9] == "docker"
 
 
+async def test_runs_browser_fits_80_columns(runs):
+    """At 80 columns the list does not scroll sideways: cleanup, human and provider are on screen, in
+    their narrow forms (a confirmed cleanup is ✓), and the low-value columns are the ones dropped."""
+    app = OpenCodeTUI(runs_dir=runs)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        lst = app.screen.query_one(RunsList)
+        assert lst.virtual_size.width <= lst.scrollable_content_region.width
+        assert lst.max_scroll_x == 0
+        shown = lst.render_lines(lst.scrollable_content_region.reset_offset)
+        header, first = shown[0].text, shown[1].text
+        for title in ("run", "task", "outcome", "failure kind", "cln", "hum", "prov"):
+            assert title in header, header
+        assert "reward" not in header and "started" not in header  # dropped first at this width
+        infos = {RunDirReader(p).info().run_id: RunDirReader(p).info() for p in runs.iterdir()}
+        top = infos[lst.get_row_at(0)[0]]
+        assert top.provider in first and "✓" in first, first
+    app = OpenCodeTUI(runs_dir=runs)
+    async with app.run_test(size=(160, 45)) as pilot:  # wide: every column, full titles
+        await pilot.pause()
+        lst = app.screen.query_one(RunsList)
+        header = lst.render_lines(lst.scrollable_content_region.reset_offset)[0].text
+        for title in ("reward", "started (UTC)", "cleanup", "human", "provider"):
+            assert title in header, header
+
+
 async def test_mark_two_runs_and_diff(runs, wait):
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=SIZE) as pilot:
@@ -127,9 +153,11 @@ async def test_mark_two_runs_and_diff(runs, wait):
         assert "marked 2/2" in str(screen.query_one("#runs-title").render())
         await pilot.press("d")
         await wait(pilot, lambda: isinstance(app.screen, DiffScreen), what="the diff screen")
-        await pilot.pause()
         diff = app.screen
         assert isinstance(diff, DiffScreen)
+        await wait(pilot, lambda: diff.loaded, what="the diff, built in a worker thread")
+        await pilot.pause()
+        assert diff.error is None and diff.diff is not None
         assert diff.diff.a.task_id == "oom" and diff.diff.b.task_id == "exit-137"
         table = diff.query_one(StepsTable)
         assert table.row_count == len(diff.diff.steps) == 5
@@ -154,12 +182,13 @@ def test_diff_command_json(capsys):
     assert main(["diff", str(RECORDED["oom"]), "/nonexistent/run", "--json"]) == 2
 
 
-async def test_diff_command_tui_side_by_side():
+async def test_diff_command_tui_side_by_side(wait):
     app = OpenCodeTUI(diff=(RECORDED["hello-file"], RECORDED["compaction-storm"]))
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause()
         screen = app.screen
         assert isinstance(screen, DiffScreen)
+        await wait(pilot, lambda: screen.loaded, what="the diff, built in a worker thread")
+        await pilot.pause()
         first = screen.diff.first_divergence
         assert first is not None
         row = screen.diff.steps[first]

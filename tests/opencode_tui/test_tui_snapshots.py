@@ -144,6 +144,17 @@ def test_runs_browser(snap_compare, fixture_runs, monkeypatch):
     assert snap_compare(app, terminal_size=(140, 20), run_before=run_before)
 
 
+def test_runs_browser_80x24(snap_compare, fixture_runs, monkeypatch):
+    """At 80 columns every column that matters fits (narrow forms, reward and start dropped)."""
+
+    async def run_before(pilot) -> None:
+        await pilot.pause()
+
+    monkeypatch.chdir(fixture_runs.parent)
+    app = OpenCodeTUI(runs_dir=Path(fixture_runs.name))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
 @pytest.mark.parametrize("theme", BUILTIN_ORDER)
 def test_theme(snap_compare, fixture_runs, replay_loaded, theme):
     async def run_before(pilot) -> None:
@@ -253,9 +264,14 @@ def test_replay_80x24_failures_tab(snap_compare, fixture_runs, replay_loaded):
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_diff_screen(snap_compare, fixture_runs, size):
+def test_diff_screen(snap_compare, fixture_runs, size, wait):
     """``opencode-tui diff`` of the recorded oom and exit-137 runs: drift, steps side by side with the
     first divergence marked, deltas."""
     exit_137 = fixture_runs.parent / "more-runs" / "exit-137"
     app = OpenCodeTUI(diff=(fixture_runs / "oom", exit_137))
-    assert snap_compare(app, terminal_size=size)
+
+    async def run_before(pilot) -> None:  # the diff is built in a worker thread
+        await wait(pilot, lambda: pilot.app.screen.loaded, what="the diff")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

@@ -33,6 +33,7 @@ from core.sandbox.base import (
     SandboxState,
     SandboxStatus,
     SandboxUser,
+    SingleFlight,
     check_exec_args,
     new_execution_id,
 )
@@ -98,7 +99,7 @@ class DockerSandbox(Sandbox):
         self._pids_cgroup: Path | None = None
         self._pids_baseline: int | None = None
         self._disk_note: str | None = None  # why a requested disk limit is not enforced
-        self._release_lock = asyncio.Lock()
+        self._release_once = SingleFlight(self._release)
 
     @property
     def closed(self) -> bool:
@@ -630,35 +631,32 @@ class DockerSandbox(Sandbox):
     # --------------------------------------------------------------------------------- release
 
     async def release(self) -> None:
-        async with self._release_lock:
-            self._closed = True
-            for job in list(self._jobs):
-                job.close()
-            self._jobs.clear()
-            for handle in list(self._ptys):
-                if self.owned:
-                    handle.close_now()  # removing the container ends its processes
-                else:
-                    await handle.close()  # borrowed: end the terminals we opened, nothing else
-            self._ptys.clear()
-            if not self.owned or self._removed:
-                return  # borrowed: disconnect only, the container is never stopped or removed
-            try:
-                await _blocking(
-                    self._api.remove_container, self.sandbox_id, force=True, v=True, within=RELEASE_DEADLINE_S
-                )
-            except docker.errors.NotFound:
-                pass  # already gone
-            except docker.errors.APIError as exc:
-                if not (_http_status(exc) == 409 and "already in progress" in str(exc)):
-                    raise _engine_error(
-                        exc,
-                        stage=FailureStage.CLEANUP,
-                        operation="release",
-                        default_kind="sandbox_release_failed",
-                        what=f"removing container {self.sandbox_id[:12]} failed",
-                    ) from exc
-            except Exception as exc:
+        # One removal, however many callers: a second caller (a hurried close) joins the one in
+        # flight instead of sending its own (Docker's 409 "already in progress" returned before the
+        # container was gone), and a caller cancelled midway does not cut it short (SingleFlight).
+        await self._release_once()
+
+    async def _release(self) -> None:
+        self._closed = True
+        for job in list(self._jobs):
+            job.close()
+        self._jobs.clear()
+        for handle in list(self._ptys):
+            if self.owned:
+                handle.close_now()  # removing the container ends its processes
+            else:
+                await handle.close()  # borrowed: end the terminals we opened, nothing else
+        self._ptys.clear()
+        if not self.owned or self._removed:
+            return  # borrowed: disconnect only, the container is never stopped or removed
+        try:
+            await _blocking(
+                self._api.remove_container, self.sandbox_id, force=True, v=True, within=RELEASE_DEADLINE_S
+            )
+        except docker.errors.NotFound:
+            pass  # already gone
+        except docker.errors.APIError as exc:
+            if not (_http_status(exc) == 409 and "already in progress" in str(exc)):
                 raise _engine_error(
                     exc,
                     stage=FailureStage.CLEANUP,
@@ -666,4 +664,12 @@ class DockerSandbox(Sandbox):
                     default_kind="sandbox_release_failed",
                     what=f"removing container {self.sandbox_id[:12]} failed",
                 ) from exc
-            self._removed = True
+        except Exception as exc:
+            raise _engine_error(
+                exc,
+                stage=FailureStage.CLEANUP,
+                operation="release",
+                default_kind="sandbox_release_failed",
+                what=f"removing container {self.sandbox_id[:12]} failed",
+            ) from exc
+        self._removed = True

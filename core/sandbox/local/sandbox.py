@@ -39,6 +39,7 @@ from core.sandbox.base import (
     SandboxState,
     SandboxStatus,
     SandboxUser,
+    SingleFlight,
     check_exec_args,
     new_execution_id,
 )
@@ -140,7 +141,7 @@ class LocalSandbox(Sandbox):
                 pid=k["pid"], start_time=k["start_time"], pidns=k["pidns"], bwrap_pid=k.get("bwrap_pid")
             )
         self._released = False
-        self._release_task: asyncio.Future[None] | None = None
+        self._release_once = SingleFlight(self._release)
         self._lock = asyncio.Lock()
         self._ptys: set[_LocalPty] = set()
         # Exec bwrap processes still running (process-group leaders, our children): killed on release.
@@ -823,12 +824,9 @@ class LocalSandbox(Sandbox):
         return await probe_local(self, timeout)
 
     async def release(self) -> None:
-        # One release, however many callers: a second caller (a hurried close racing the episode's
-        # own release) waits for the first instead of returning early, and a caller cancelled
-        # midway does not cut the release short (the state directory would be left behind).
-        if self._release_task is None:
-            self._release_task = asyncio.ensure_future(self._release())
-        await asyncio.shield(self._release_task)
+        # One release, however many callers (a caller cancelled midway would otherwise leave the
+        # state directory behind): see SingleFlight.
+        await self._release_once()
 
     async def _release(self) -> None:
         self._released = True

@@ -38,6 +38,7 @@ from core.sandbox.base import (
     SandboxProbe,
     SandboxState,
     SandboxStatus,
+    SingleFlight,
     check_exec_args,
     new_execution_id,
     parse_user_spec,
@@ -108,7 +109,7 @@ class OpenSandboxSandbox(Sandbox):
         self._closed = False
         self._deleted = False
         self._ptys: set[OpenSandboxPty] = set()
-        self._release_lock = asyncio.Lock()
+        self._release_once = SingleFlight(self._release)
         self._diagnoser = Diagnoser(
             self._http,
             self.policy,
@@ -1133,33 +1134,37 @@ class OpenSandboxSandbox(Sandbox):
     # ------------------------------------------------------------------------------- release
 
     async def release(self) -> None:
-        async with self._release_lock:
-            self._closed = True
-            for handle in list(self._ptys):
-                if self.owned:
-                    handle.close_now()  # deleting the sandbox ends its processes
-                else:
-                    await handle.close()  # borrowed: end only the terminals we opened
-            self._ptys.clear()
-            if not self.owned or self._deleted:
-                return  # borrowed: disconnect only
-            try:
-                await self._provider._delete(self.sandbox_id)
-            except RequestFailed as exc:
-                raise _error(
-                    exc.failure(
-                        stage=FailureStage.CLEANUP,
-                        operation="release",
-                        # An unreachable server stays provider_unavailable: the close waits for it.
-                        kind=exc.kind
-                        if exc.kind == "provider_auth_failed"
-                        or (exc.kind == "provider_unavailable" and exc.transport)
-                        else "sandbox_release_failed",
-                        message=f"deleting sandbox {self.sandbox_id} failed: {exc}",
-                    ),
-                    exc,
-                ) from exc
-            self._deleted = True
+        # One deletion, however many callers: a second caller (a hurried close) joins the one in
+        # flight, and a caller cancelled midway does not abort the DELETE request (SingleFlight).
+        await self._release_once()
+
+    async def _release(self) -> None:
+        self._closed = True
+        for handle in list(self._ptys):
+            if self.owned:
+                handle.close_now()  # deleting the sandbox ends its processes
+            else:
+                await handle.close()  # borrowed: end only the terminals we opened
+        self._ptys.clear()
+        if not self.owned or self._deleted:
+            return  # borrowed: disconnect only
+        try:
+            await self._provider._delete(self.sandbox_id)
+        except RequestFailed as exc:
+            raise _error(
+                exc.failure(
+                    stage=FailureStage.CLEANUP,
+                    operation="release",
+                    # An unreachable server stays provider_unavailable: the close waits for it.
+                    kind=exc.kind
+                    if exc.kind == "provider_auth_failed"
+                    or (exc.kind == "provider_unavailable" and exc.transport)
+                    else "sandbox_release_failed",
+                    message=f"deleting sandbox {self.sandbox_id} failed: {exc}",
+                ),
+                exc,
+            ) from exc
+        self._deleted = True
 
 
 # ==================================================================================================

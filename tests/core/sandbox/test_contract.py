@@ -22,11 +22,13 @@ import pytest
 
 from core.inside.relay import RELAY_SCRIPT_PATH
 from core.sandbox.base import (
+    LABEL_BATCH,
     SANDBOX_MODEL_SOCKET,
     OutputChunk,
     Sandbox,
     SandboxClosedError,
     SandboxError,
+    SandboxProvider,
     SandboxState,
     UnsafeArchiveError,
 )
@@ -268,6 +270,29 @@ async def test_operations_after_release_are_refused(make_sandbox: MakeSandbox) -
     with pytest.raises(SandboxClosedError):
         await sb.inspect()
     await sb.release()
+
+
+async def test_a_hurried_second_release_waits_for_the_first_even_when_it_is_cancelled(
+    provider: SandboxProvider, make_sandbox: MakeSandbox
+) -> None:
+    """A hurried close calls release while the episode's own release runs, and cancels that one:
+    the second call returns only once the sandbox is gone (one removal in flight, not cut short).
+    The batch label rides on the provider's own labels (what `sweep --batch` finds)."""
+    batch = f"b-{uuid.uuid4().hex[:8]}"
+    sb = await make_sandbox(labels={LABEL_BATCH: batch})
+    listed = {r.sandbox_id: r.labels for r in await provider.listed()}
+    assert listed[sb.sandbox_id][LABEL_BATCH] == batch
+    first = asyncio.ensure_future(sb.release())
+    await asyncio.sleep(0)  # the first release is under way (its removal has started, not ended)
+    second = asyncio.ensure_future(sb.release())
+    await asyncio.sleep(0)
+    assert not first.done()
+    first.cancel()
+    await asyncio.wait_for(second, 60)
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert sb.sandbox_id not in {r.sandbox_id for r in await provider.listed()}
+    await asyncio.wait_for(sb.release(), 1)  # released: at once
 
 
 # ---------------------------------------------------------------------------------------- network
