@@ -41,6 +41,7 @@ from core.sandbox.base import (
     SandboxSpec,
     SandboxState,
     SandboxStatus,
+    SingleFlight,
     check_exec_args,
     default_owner,
     new_execution_id,
@@ -73,6 +74,7 @@ class ToySandbox(Sandbox):
         self._bwrap = bwrap
         self._env = dict(env)
         self._closed = False
+        self._release_once = SingleFlight(self._release)
 
     def _open(self) -> None:
         if self._closed:
@@ -214,8 +216,11 @@ class ToySandbox(Sandbox):
         return []  # no structured evidence: the toy declares no OOM evidence source
 
     async def release(self) -> None:
-        if self._closed:
-            return
+        # The shared single-flight helper: a second caller (a hurried close) joins the removal in
+        # flight, and a cancelled first caller does not cut it short (the contract suite checks it).
+        await self._release_once()
+
+    async def _release(self) -> None:
         self._closed = True
         if self.owned:
             await asyncio.to_thread(shutil.rmtree, self.root, True)
