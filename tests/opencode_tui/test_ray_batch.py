@@ -98,16 +98,11 @@ class RayHead:
         cmd += [f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats"]
         cmd += [f"--temp-dir={self.temp}", f"--dashboard-port={_free_port()}"]
         cmd += [f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}"]
-        with self.log.open("w") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + 180
-        while "Ray runtime started" not in self.log.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"the Ray head did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.5)
+        try:
+            self.proc = _start_ray(cmd, env, self.log, "head")
+        except AssertionError:
+            shutil.rmtree(self.temp, ignore_errors=True)
+            raise
 
     def stop(self) -> None:
         """SIGTERM the group (`ray start --block` drains and stops its processes), then SIGKILL what is
@@ -118,18 +113,35 @@ class RayHead:
             self.proc.wait(timeout=60)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-        with_pids = subprocess.run(
-            ["pgrep", "-g", str(with_group)], capture_output=True, text=True, timeout=10
-        ).stdout.split()
-        for pid in with_pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_group(with_group)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _start_ray(cmd: list[str], env: dict[str, str], log_path: Path, what: str) -> subprocess.Popen:
+    """``ray start --block`` in its own process group, waited for until it says it runs."""
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while "Ray runtime started" not in log_path.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _kill_group(proc.pid)
+            proc.wait(timeout=30)
+            raise AssertionError(f"the Ray {what} did not start:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    return proc
+
+
+def _kill_group(group: int) -> None:
+    """SIGKILL every process of one process group (only the Ray processes this test started)."""
+    pids = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True, timeout=10).stdout
+    for pid in pids.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 class RayNode:
@@ -145,25 +157,10 @@ class RayNode:
             **head.env,
             "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         }
-        with self.log.open("w") as log:
-            self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + 180
-        while "Ray runtime started" not in self.log.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"the Ray node did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.5)
+        self.proc = _start_ray(cmd, env, self.log, "node")
 
     def kill(self) -> None:
-        group = self.proc.pid
-        pids = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True, timeout=10).stdout
-        for pid in pids.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_group(self.proc.pid)
         self.proc.wait(timeout=30)
 
 

@@ -655,8 +655,14 @@ class DockerSandbox(Sandbox):
             )
         except docker.errors.NotFound:
             pass  # already gone
-        except docker.errors.APIError as exc:
-            if not (_http_status(exc) == 409 and "already in progress" in str(exc)):
+        except Exception as exc:
+            # Another remover (a sweep) got there first: the container is going, not kept.
+            in_progress = (
+                isinstance(exc, docker.errors.APIError)
+                and _http_status(exc) == 409
+                and "already in progress" in str(exc)
+            )
+            if not in_progress:
                 raise _engine_error(
                     exc,
                     stage=FailureStage.CLEANUP,
@@ -664,12 +670,4 @@ class DockerSandbox(Sandbox):
                     default_kind="sandbox_release_failed",
                     what=f"removing container {self.sandbox_id[:12]} failed",
                 ) from exc
-        except Exception as exc:
-            raise _engine_error(
-                exc,
-                stage=FailureStage.CLEANUP,
-                operation="release",
-                default_kind="sandbox_release_failed",
-                what=f"removing container {self.sandbox_id[:12]} failed",
-            ) from exc
         self._removed = True
