@@ -496,14 +496,16 @@ class ServeStreamTranslator(_Translator):
         """What of ``so_far`` (the output so far, or OpenCode's window on its tail) is not written yet."""
         windowed = so_far.startswith(LIVE_WINDOW_MARK) and len(so_far) > LIVE_WINDOW
         body = so_far[len(LIVE_WINDOW_MARK) :] if windowed else so_far
-        if body.startswith(part.shown):
-            new = body[len(part.shown) :]
-        else:
-            overlap = _overlap(part.shown, body)
-            new = body[overlap:]
-            if not overlap and part.shown:
-                gap = "output skipped: OpenCode streams only the last 30,000 characters"
-                new = ("" if part.shown.endswith("\n") else "\n") + f"{DIM}⋯ {gap}{RESET}\n" + new
+        overlap = len(part.shown) if body.startswith(part.shown) else _overlap(part.shown, body)
+        new = body[overlap:]
+        # A window that continues nothing shown (the first update already came windowed, or more than a
+        # window's worth arrived between two updates): the output before it was never streamed.
+        if not overlap and (windowed or part.shown):
+            gap = "output skipped: OpenCode streams only the last 30,000 characters"
+            marker = ("" if not part.shown or part.shown.endswith("\n") else "\n") + f"{DIM}⋯ {gap}{RESET}\n"
+            # The window starts wherever 30,000 characters back falls, usually inside a line: its first
+            # line is marked as possibly cut rather than passed off as a whole line.
+            new = marker + (f"{DIM}…{RESET}" if windowed and new else "") + new
         part.shown = body
         return [display(new)] if new else []
 

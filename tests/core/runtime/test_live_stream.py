@@ -150,7 +150,12 @@ async def test_server_killed_under_the_session_is_a_nonzero_exit_with_the_reason
 async def test_output_longer_than_opencodes_live_window_is_shown_once_in_order(task_copy, episode_on):
     """120,000 numbered lines (~790 KB) in 60 bursts: past 30,000 characters OpenCode only streams a
     window on the tail; the display stitches the windows together without losing or repeating a line,
-    and points at the full output OpenCode saved (collected into the run directory)."""
+    and points at the full output OpenCode saved (collected into the run directory).
+
+    When the machine is busy, OpenCode can read more than a window's worth between two updates (a pipe
+    holds up to 64 KB): those lines were never streamed, and the display must say so at that very spot.
+    So the contract checked is: every number shown once, in order; every jump marked, and no mark
+    without a jump; and most of the output stitched (a gap-only display would fail)."""
     command = "for i in $(seq 0 59); do seq $((i*2000+1)) $((i*2000+2000)); sleep 0.05; done"
     steps = [
         {"tool_calls": [WRITE_HELLO]},
@@ -161,8 +166,17 @@ async def test_output_longer_than_opencodes_live_window_is_shown_once_in_order(t
     result = await ep.run()
     assert result.action == "scored", result.summary
     text = _cast_text(result.run_dir)
-    numbers = [int(line) for line in text.splitlines() if line.isdigit()]
-    assert numbers == list(range(1, 120_001))
-    assert "⋯ output skipped" not in text
+    shown, gaps, expected = 0, 0, 1
+    marked = False
+    for line in text.splitlines():
+        if line.startswith("⋯ output skipped"):
+            assert not marked, "two gap marks in a row"
+            marked, gaps = True, gaps + 1
+        elif line.isdigit():
+            n = int(line)
+            assert (n > expected) if marked else (n == expected), (expected, n, marked)
+            shown, expected, marked = shown + 1, n + 1, False
+    assert expected == 120_001 and not marked
+    assert shown >= 90_000, (shown, gaps)  # three quarters at least came through stitched windows
     (saved,) = re.findall(r"full output saved by OpenCode: (\S+) in the run directory", text)
     assert (Path(result.run_dir) / saved).read_text().splitlines() == [str(n) for n in range(1, 120_001)]

@@ -56,10 +56,25 @@ def test_sliding_window_is_stitched_and_a_real_gap_is_marked():
     first = _shown(tr, _bash("running", _window(upto_3k)))
     second = _shown(tr, _bash("running", _window(upto_5k)))
     third = _shown(tr, _bash("running", _window(upto_9k)))
-    assert first.endswith(upto_3k[-LIVE_WINDOW:]) and "⋯" not in first
+    # The first update already came windowed: what came before it was never streamed, and says so.
+    assert first.count("⋯ output skipped") == 1 and first.endswith(upto_3k[-LIVE_WINDOW:])
     assert second == _lines(3_000, 5_000)
-    assert "⋯ output skipped" in third and third.endswith(upto_9k[-LIVE_WINDOW:])
+    assert third.count("⋯ output skipped") == 1 and third.endswith(upto_9k[-LIVE_WINDOW:])
     assert _lines(5_000, 6_000) not in third
+
+
+def test_a_window_that_starts_inside_a_line_marks_that_line_as_cut():
+    tr = ServeStreamTranslator("/app")
+    shown_before = _shown(tr, _bash("running", _lines(0, 10)))
+    output = _lines(0, 9_000) + "part"  # 4 characters past a line end: the window starts mid-line
+    cut = _window(output)[len(LIVE_WINDOW_MARK) :]
+    assert not cut.startswith("line")
+    after = _shown(tr, _bash("running", _window(output)))
+    assert "line 000009" in shown_before
+    gap, first_line = after.splitlines()[:2]
+    assert "⋯ output skipped" in gap
+    assert first_line == f"\x1b[2m…\x1b[0m{cut.splitlines()[0]}"
+    assert after.endswith(cut[cut.index("\n") :]) and after.count("part") == 1
 
 
 def test_final_state_adds_notes_and_the_saved_output_path_once():
