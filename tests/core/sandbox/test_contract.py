@@ -80,8 +80,8 @@ async def test_exec_streams_output_as_it_is_produced(sandbox: Sandbox) -> None:
     assert total >= 2.0
     first_at = next(t for t, c in arrivals if b"first" in c.data)
     second_at = next(t for t, c in arrivals if b"second" in c.data)
-    assert first_at < 1.5, f"the first chunk came only after {first_at:.2f}s: output was not streamed"
-    assert second_at - first_at >= 1.5
+    # Streamed: the first chunk came a whole `sleep 2` before the second (the start's cost depends on load).
+    assert second_at - first_at >= 1.5, f"first at {first_at:.2f}s, second at {second_at:.2f}s: not streamed"
     assert {c.execution_id for _, c in arrivals} == {result.execution_id}
 
     # A plain (non-async) callback works too, and stderr is told apart.

@@ -398,7 +398,7 @@ async def test_hard_cap_keeps_the_outcome_unknown_and_starts_no_diagnosis_after_
     start_wall, start = time.time(), time.monotonic()
     result = await sb.exec(["sh", "-c", "echo x; sleep 30 # capped"], timeout=3)
     cap_wall = start_wall + 3.0
-    assert time.monotonic() - start < 4.0
+    assert time.monotonic() - start < 3.0 + 2.0  # the cap, and slack for a busy machine
     assert (result.exit_code, result.observed, result.deadline_expired) == (None, False, True)
     await asyncio.sleep(2.0)  # anything started late would show up now
 
@@ -429,7 +429,7 @@ async def test_opted_in_diagnosis_stays_inside_the_hard_cap(os_env: Any, standin
     start_wall, start = time.time(), time.monotonic()
     with pytest.raises(SandboxError) as info:
         await sb.exec(["sh", "-c", "echo x; sleep 30 # watched"], timeout=4)
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < 4.0 + 2.0
     await asyncio.sleep(1.5)  # anything started late would show up now
     ours = os_env.journal.paths("/", since=start_wall)
     assert [e for e in ours if e[0] > start_wall + 4.0 + 0.05] == [], "a request started after the cap"
