@@ -100,11 +100,15 @@ class BatchProgress:
             self._progress.update(
                 self._overall, completed=self.done, description=f"episodes {self.done}/{self.total}"
             )
-            self._progress.console.print(f"{result.task_id}: {result.summary}{_health_suffix(result)}")
+            earlier = " (recorded earlier)" if result.resumed else ""
+            self._progress.console.print(
+                f"{result.task_id}{earlier}: {result.summary}{_health_suffix(result)}"
+            )
         else:
+            earlier = ", recorded earlier, not run again" if result.resumed else ""
             print(
-                f"[{self.done}/{self.total}] {result.task_id} (attempt {result.attempt}): {result.summary}"
-                f"{_health_suffix(result)}",
+                f"[{self.done}/{self.total}] {result.task_id} (attempt {result.attempt}{earlier}): "
+                f"{result.summary}{_health_suffix(result)}",
                 file=self.stream,
                 flush=True,
             )

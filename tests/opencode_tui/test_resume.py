@@ -63,6 +63,9 @@ def test_edited_verify_command_runs_again_unchanged_is_skipped(tmp_path):
     [same], err = _run(task_dir, runs)
     assert same["resumed"] is True and same["run_id"] == first["run_id"]
     assert f"skipped: already scored in {first['run_dir']}" in err
+    assert any(
+        line.startswith("[1/1] hello-file (attempt 1, recorded earlier, not run again): ") for line in err
+    )
 
     yaml = task_dir / "task.yaml"
     yaml.write_text(yaml.read_text().replace('= "Hello from OpenCode"', '= "Hello from OpenCode" && true'))

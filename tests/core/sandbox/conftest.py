@@ -134,6 +134,27 @@ def opensandbox_settings(server: Any, **overrides: Any) -> Any:
     return OpenSandboxSettings(**fields)
 
 
+OPENSANDBOX_KEY_ENV = "OPENCODE_TUI_TEST_OPENSANDBOX_KEY"  # the server's API key, for episode configs
+
+
+def opensandbox_agent_config(server: Any, **sections: Any) -> Any:
+    """An episode's config on the test OpenSandbox server (key read from ``OPENSANDBOX_KEY_ENV``, one
+    attempt); ``sections`` are further top-level config sections, e.g. ``budgets={"close_s": 60}``."""
+    from core.config import AgentConfig
+
+    settings = {"url": server.url, "api_key_env": OPENSANDBOX_KEY_ENV, "sandbox_timeout_s": 1800}
+    return AgentConfig.model_validate(
+        {
+            "sandbox": {
+                "provider": "opensandbox",
+                "opensandbox": settings | {"execd_port": server.execd_port},
+            },
+            "policy": {"max_attempts": 1},
+            **sections,
+        }
+    )
+
+
 @pytest.fixture(scope="session")
 def standin_harness() -> Any:
     """The execd stand-in's test harness module (server process, image, fault controls)."""

@@ -30,28 +30,11 @@ from core.events import (
 )
 from core.sandbox.base import LABEL_OWNER, Recovery
 from core.tasks import load_task
+from tests.core.sandbox.conftest import OPENSANDBOX_KEY_ENV, opensandbox_agent_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(600)]
 SAMPLES = Path(__file__).resolve().parents[3] / "sample_tasks"
-KEY_ENV = "OPENCODE_TUI_TEST_OPENSANDBOX_KEY"
 PROXY_HOST = "127.0.0.2"
-
-
-def _config(server: Any) -> AgentConfig:
-    return AgentConfig.model_validate(
-        {
-            "sandbox": {
-                "provider": "opensandbox",
-                "opensandbox": {
-                    "url": server.url,
-                    "api_key_env": KEY_ENV,
-                    "sandbox_timeout_s": 1800,
-                    "execd_port": server.execd_port,
-                },
-            },
-            "policy": {"max_attempts": 1},
-        }
-    )
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +43,12 @@ def os_batch(opensandbox_server: Any, tmp_path_factory: pytest.TempPathFactory, 
     runs = tmp_path_factory.mktemp("runs-opensandbox")
     # The recording proxy on another loopback address than the default: the sandboxes reach it by the
     # configured address (as sandboxes in other pods would reach a worker pod's IP), with the token.
-    config = _config(opensandbox_server).model_copy(deep=True)
+    config = opensandbox_agent_config(opensandbox_server).model_copy(deep=True)
     config.model.proxy_host = PROXY_HOST
     config = AgentConfig.model_validate(config.model_dump())
     tasks = [load_task(SAMPLES / name) for name in ("hello-file", "oom")]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KEY_ENV, opensandbox_server.api_key)
+        mp.setenv(OPENSANDBOX_KEY_ENV, opensandbox_server.api_key)
         mp.setenv("OPENCODE_TUI_OWNER", owner)
         summary = asyncio.run(run_batch(tasks, config, runs_dir=runs, jobs=1))
     leftovers = subprocess.run(
@@ -139,9 +122,11 @@ def test_a_recovered_stream_loss_is_an_event_in_events_jsonl_never_the_outcome(
     bus.subscribe(inject_when_ready)
     task = load_task(SAMPLES / "hello-file")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KEY_ENV, opensandbox_server.api_key)
+        mp.setenv(OPENSANDBOX_KEY_ENV, opensandbox_server.api_key)
         mp.setenv("OPENCODE_TUI_OWNER", f"os-rec-{test_run_id}")
-        result = asyncio.run(Episode(task, _config(opensandbox_server), runs_dir=tmp_path, bus=bus).run())
+        result = asyncio.run(
+            Episode(task, opensandbox_agent_config(opensandbox_server), runs_dir=tmp_path, bus=bus).run()
+        )
     assert injected, "the sandbox never became ready"
     events = list(RunDirReader(Path(result.run_dir)).events())
     recovered = [e for e in events if isinstance(e, FailureRecovered)]

@@ -19,16 +19,15 @@ from typing import Any
 
 import pytest
 
-from core.config import AgentConfig
 from core.episode import Episode
 from core.events import Event, EventBus, PhaseChanged, Warning_
 from core.sandbox.base import LABEL_OWNER, LABEL_RUN
 from core.tasks import load_task
+from tests.core.sandbox.conftest import OPENSANDBOX_KEY_ENV, opensandbox_agent_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(600)]
 SAMPLES = Path(__file__).resolve().parents[3] / "sample_tasks"
 BASE_IMAGE = "opencode-tui/base:bookworm"
-KEY_ENV = "OPENCODE_TUI_TEST_OPENSANDBOX_KEY"
 
 
 def _stop_process(server: Any) -> None:
@@ -65,23 +64,9 @@ def test_server_gone_mid_agent_the_release_waits_for_it(
     (tmp_path / "server").mkdir()
     server.start()
     owner = f"os-lost-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv(KEY_ENV, server.api_key)
+    monkeypatch.setenv(OPENSANDBOX_KEY_ENV, server.api_key)
     monkeypatch.setenv("OPENCODE_TUI_OWNER", owner)
-    config = AgentConfig.model_validate(
-        {
-            "sandbox": {
-                "provider": "opensandbox",
-                "opensandbox": {
-                    "url": server.url,
-                    "api_key_env": KEY_ENV,
-                    "sandbox_timeout_s": 1800,
-                    "execd_port": server.execd_port,
-                },
-            },
-            "policy": {"max_attempts": 1},
-            "budgets": {"close_s": 60},
-        }
-    )
+    config = opensandbox_agent_config(server, budgets={"close_s": 60})
     bus = EventBus()
     events: list[Event] = []
     bus.subscribe(events.append)
