@@ -218,6 +218,9 @@ class TranscriptStats(_Event):
     tokens_out: int | None = None
     tokens_cache_read: int | None = None
     tokens_reasoning: int | None = None
+    # Sessions the agent started with the ``task`` tool; the counts above are the root session's (every
+    # model call, a subagent's included, is in model_calls.jsonl).
+    subagent_sessions: int = 0
 
 
 class ShellOpened(_Event):

@@ -54,9 +54,26 @@ class AtifToolCall(_Model):
     extra: dict[str, Any] | None = None
 
 
+class AtifSubagentRef(_Model):
+    """Where a delegated subagent's trajectory is: ``trajectory_id`` of an entry of the parent's
+    ``subagent_trajectories`` (embedded), or ``trajectory_path``; ``session_id`` is informational."""
+
+    trajectory_id: str | None = None
+    session_id: str | None = None
+    trajectory_path: str | None = None
+    extra: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _resolvable(self) -> AtifSubagentRef:
+        if self.trajectory_id is None and self.trajectory_path is None:
+            raise ValueError("a subagent reference needs trajectory_id or trajectory_path")
+        return self
+
+
 class AtifObservationResult(_Model):
     source_call_id: str | None = None
     content: str | None = None
+    subagent_trajectory_ref: list[AtifSubagentRef] | None = None
     extra: dict[str, Any] | None = None
 
 
@@ -128,6 +145,7 @@ class AtifTrajectory(_Model):
     steps: list[AtifStep]
     notes: str | None = None
     final_metrics: AtifFinalMetrics | None = None
+    subagent_trajectories: list[AtifTrajectory] | None = None
     extra: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -135,6 +153,14 @@ class AtifTrajectory(_Model):
         for i, step in enumerate(self.steps, start=1):
             if step.step_id != i:
                 raise ValueError(f"step_id {step.step_id} at position {i}: step ids run from 1 without gaps")
+        embedded = {t.trajectory_id for t in self.subagent_trajectories or []}
+        for step in self.steps:
+            for result in step.observation.results if step.observation else []:
+                for ref in result.subagent_trajectory_ref or []:
+                    if ref.trajectory_path is None and ref.trajectory_id not in embedded:
+                        raise ValueError(
+                            f"step {step.step_id}: subagent trajectory {ref.trajectory_id!r} is not embedded"
+                        )
         return self
 
     def to_json(self) -> str:
@@ -269,7 +295,7 @@ def _text(parts: Iterable[dict[str, Any]], kind: str) -> str:
     )
 
 
-def _tool_call(part: dict[str, Any]) -> tuple[AtifToolCall, AtifObservationResult]:
+def _tool_call(part: dict[str, Any], subagents: set[str]) -> tuple[AtifToolCall, AtifObservationResult]:
     state = part.get("state") or {}
     call_id = str(part.get("callID") or part.get("id") or "")
     args = state.get("input")
@@ -291,8 +317,14 @@ def _tool_call(part: dict[str, Any]) -> tuple[AtifToolCall, AtifObservationResul
     t = state.get("time") or {}
     if isinstance(t.get("start"), int | float) and isinstance(t.get("end"), int | float):
         extra["duration_s"] = round((t["end"] - t["start"]) / 1000, 3)
+    # OpenCode's ``task`` tool names the session its subagent ran in (``metadata.sessionId``).
+    child = (state.get("metadata") or {}).get("sessionId")
+    refs = [AtifSubagentRef(trajectory_id=child, session_id=child)] if child in subagents else None
     result = AtifObservationResult(
-        source_call_id=call_id, content=content if isinstance(content, str) else None, extra=extra
+        source_call_id=call_id,
+        content=content if isinstance(content, str) else None,
+        subagent_trajectory_ref=refs,
+        extra=extra,
     )
     return call, result
 
@@ -308,7 +340,7 @@ class _Steps:
 
 
 def _transcript_steps(
-    doc: dict[str, Any], calls: dict[str, _CallTotals], default_model: str | None
+    doc: dict[str, Any], calls: dict[str, _CallTotals], default_model: str | None, subagents: set[str]
 ) -> tuple[list[AtifStep], int]:
     out = _Steps()
     compactions = 0
@@ -345,7 +377,7 @@ def _transcript_steps(
         results: list[AtifObservationResult] = []
         for p in parts:
             if p.get("type") == "tool":
-                call, result = _tool_call(p)
+                call, result = _tool_call(p, subagents)
                 tool_calls.append(call)
                 results.append(result)
         extra = {"opencode_message_id": mid, "opencode_agent": info.get("agent")}
@@ -428,8 +460,18 @@ def build_trajectory(run_dir: str | Path) -> AtifTrajectory:
     doc: dict[str, Any] | None = None
     if export_path.exists():
         doc = json.loads(export_path.read_text(encoding="utf-8"))
+    versions = info.versions if info else {}
+    agent = AtifAgent(
+        name=AGENT_NAME,
+        version=versions.get("opencode") or "unknown",
+        model_name=model_name,
+        extra={"harness": "opencode-tui", "harness_version": versions.get("opencode_tui")},
+    )
+    subagents: list[AtifTrajectory] = []
     if doc is not None:
-        steps, compactions = _transcript_steps(doc, calls, model_name)
+        sessions = [s for s in doc.get("subagents") or [] if isinstance(s, dict)]
+        subagents = _subagent_trajectories(doc, sessions, calls, agent)
+        steps, compactions = _transcript_steps(doc, calls, model_name, {t.session_id for t in subagents})
         session_id = str((doc.get("session") or {}).get("id") or (info.run_id if info else run_dir.name))
         notes = None
     else:
@@ -446,44 +488,78 @@ def build_trajectory(run_dir: str | Path) -> AtifTrajectory:
         session_id = info.run_id if info else run_dir.name
         notes = "The run ended without OpenCode's transcript; the only step says why."
 
-    agent_steps = [s for s in steps if s.source == "agent" and s.metrics is not None]
-    metrics = [s.metrics for s in agent_steps if s.metrics is not None]
-    final_extra: dict[str, Any] = {
-        "total_reasoning_tokens": _sum((m.extra or {}).get("reasoning_tokens") for m in metrics),
-        "total_llm_calls": sum(s.llm_call_count or 0 for s in steps),
-        "compactions": compactions,
-        # Every call the proxy saw (OpenCode's title requests included), attributed or not.
-        "model_calls": {
-            "count": all_calls.calls,
-            "by_kind": kinds,
-            "prompt_tokens": all_calls.prompt,
-            "completion_tokens": all_calls.completion,
-            "cached_tokens": all_calls.cached,
-        },
+    final = _final_metrics(steps, compactions)
+    assert final.extra is not None
+    # Every call the proxy saw (OpenCode's title requests and subagents' calls included), attributed or not.
+    final.extra["model_calls"] = {
+        "count": all_calls.calls,
+        "by_kind": kinds,
+        "prompt_tokens": all_calls.prompt,
+        "completion_tokens": all_calls.completion,
+        "cached_tokens": all_calls.cached,
     }
-    final = AtifFinalMetrics(
+    return AtifTrajectory(
+        session_id=session_id,
+        trajectory_id=info.run_id if info else run_dir.name,
+        agent=agent,
+        steps=steps,
+        notes=notes,
+        final_metrics=final,
+        subagent_trajectories=subagents or None,
+        extra=_run_extra(info, failures),
+    )
+
+
+def _final_metrics(steps: list[AtifStep], compactions: int) -> AtifFinalMetrics:
+    metrics = [s.metrics for s in steps if s.source == "agent" and s.metrics is not None]
+    return AtifFinalMetrics(
         total_prompt_tokens=_sum(m.prompt_tokens for m in metrics),
         total_completion_tokens=_sum(m.completion_tokens for m in metrics),
         total_cached_tokens=_sum(m.cached_tokens for m in metrics),
         total_steps=len(steps),
-        extra=final_extra,
+        extra={
+            "total_reasoning_tokens": _sum((m.extra or {}).get("reasoning_tokens") for m in metrics),
+            "total_llm_calls": sum(s.llm_call_count or 0 for s in steps),
+            "compactions": compactions,
+        },
     )
-    versions = info.versions if info else {}
-    agent_version = versions.get("opencode") or "unknown"
-    return AtifTrajectory(
-        session_id=session_id,
-        trajectory_id=info.run_id if info else run_dir.name,
-        agent=AtifAgent(
-            name=AGENT_NAME,
-            version=agent_version,
-            model_name=model_name,
-            extra={"harness": "opencode-tui", "harness_version": versions.get("opencode_tui")},
-        ),
-        steps=steps,
-        notes=notes,
-        final_metrics=final,
-        extra=_run_extra(info, failures),
-    )
+
+
+def _subagent_trajectories(
+    parent: dict[str, Any], sessions: list[dict[str, Any]], calls: dict[str, _CallTotals], agent: AtifAgent
+) -> list[AtifTrajectory]:
+    """The trajectories of the subagent sessions ``parent`` started (each with its own, recursively),
+    embedded in the parent's and referenced from the ``task`` call that started them."""
+    parent_id = (parent.get("session") or {}).get("id")
+    out = []
+    for sub in sessions:
+        session = sub.get("session") or {}
+        if session.get("parent_id") != parent_id or not isinstance(session.get("id"), str):
+            continue
+        children = _subagent_trajectories(sub, sessions, calls, agent)
+        steps, compactions = _transcript_steps(sub, calls, agent.model_name, {t.session_id for t in children})
+        if not steps:
+            steps = [AtifStep(step_id=1, source="system", message="the subagent's session holds no message")]
+        kind = next(
+            (
+                m["info"].get("agent")
+                for m in sub.get("messages") or []
+                if m["info"].get("role") == "assistant"
+            ),
+            None,
+        )
+        out.append(
+            AtifTrajectory(
+                session_id=session["id"],
+                trajectory_id=session["id"],
+                agent=agent.model_copy(update={"extra": {**(agent.extra or {}), "subagent_type": kind}}),
+                steps=steps,
+                final_metrics=_final_metrics(steps, compactions),
+                subagent_trajectories=children or None,
+                extra={"title": session.get("title"), "parent_session_id": parent_id},
+            )
+        )
+    return out
 
 
 def _run_extra(info: RunInfo | None, failures: list[dict[str, Any]]) -> dict[str, Any]:

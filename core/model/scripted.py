@@ -26,8 +26,9 @@ OpenCode compact in a loop. Faults are the one piece of server state: a per (ses
 counter, so ``times: 2`` fails the first two attempts at that step, whatever the request looked like.
 
 Because the choice is per request, several sessions can share one server, each at its own step. A
-subagent (the ``task`` tool) starts a child session whose history holds none of our ids, so it would
-start at step 0: trajectories should not call ``task``.
+subagent (the ``task`` tool) starts a child session whose history holds none of the parent's ids: its
+requests are recognised by their first user message (the task's prompt) and answered from the
+trajectory's ``subagents`` script of that prompt, with ids of its own (``call_a{j}s{k}_{i}``).
 
 Usage: a step's explicit ``usage`` wins; otherwise prompt usage is ``base + per_turn * assistant turns in
 the request``, which falls after a compaction, as a real model's would.
@@ -45,7 +46,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from core.calls.classify import CallKind, classify_body, content_text
 from core.model._http import (
@@ -64,14 +65,26 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "scripted-model"
 PROGRESS_MARKER = "scripted-progress"
-_ID_RE = re.compile(r"^call_s(\d+)_(\d+)$")
 _MARKER_RE = re.compile(PROGRESS_MARKER + r":\s*(\d+)")
 _CONVERSATION = re.compile(r"<conversation>\n(.*?)\n</conversation>", re.DOTALL)
 _RENDERED_CALL = re.compile(r"^\[Assistant tool call\]:\s*([A-Za-z0-9_.:-]+)\(", re.MULTILINE)
 
 
-def tool_call_id(step: int, index: int) -> str:
-    return f"call_s{step}_{index}"
+MAIN_IDS = "call_s"  # the id prefix of the main script's tool calls; subagent j: ``call_a{j}s``
+
+
+def tool_call_id(step: int, index: int, prefix: str = MAIN_IDS) -> str:
+    return f"{prefix}{step}_{index}"
+
+
+class Script(Protocol):
+    """The steps one session is answered from: the trajectory itself, or one of its subagents."""
+
+    @property
+    def steps(self) -> list[Step]: ...
+
+    @property
+    def final_text(self) -> str: ...
 
 
 @dataclass
@@ -87,6 +100,7 @@ class ServedCall:
     outcome: str  # step | final | title | summary | fault:<kind> | models | not_found | bad_request
     step: int | None = None
     progress: int | None = None  # steps proven served by the request (the next step index)
+    subagent: int | None = None  # the subagent script answering (its index), None for the main one
     session_id: str | None = None
     stream: bool = False
     usage: dict[str, Any] | None = None
@@ -116,8 +130,27 @@ def _all_text(body: dict[str, Any]) -> str:
     )
 
 
-def progress_of(body: dict[str, Any], trajectory: Trajectory) -> int:
-    """How many trajectory steps the request proves were served (= the index of the next step)."""
+def _first_user_text(body: dict[str, Any]) -> str:
+    for m in body.get("messages") or []:
+        if isinstance(m, dict) and m.get("role") == "user":
+            return content_text(m.get("content"))
+    return ""
+
+
+def script_of(body: dict[str, Any], trajectory: Trajectory) -> tuple[Script, str, int | None]:
+    """The script a request is answered from, its tool-call id prefix and its subagent index: a
+    subagent's when the first user message holds its prompt (a child session starts with it), else the
+    main trajectory's (index None)."""
+    first = _first_user_text(body)
+    for j, sub in enumerate(trajectory.subagents):
+        if sub.prompt.strip() in first:
+            return sub, f"call_a{j}s", j
+    return trajectory, MAIN_IDS, None
+
+
+def progress_of(body: dict[str, Any], trajectory: Script, prefix: str = MAIN_IDS) -> int:
+    """How many steps of a script the request proves were served (= the index of the next step)."""
+    id_re = re.compile("^" + re.escape(prefix) + r"(\d+)_(\d+)$")
     best = 0
     for m in _MARKER_RE.finditer(_all_text(body)):
         best = max(best, int(m.group(1)))
@@ -128,7 +161,7 @@ def progress_of(body: dict[str, Any], trajectory: Trajectory) -> int:
         if msg.get("role") == "tool":
             ids.append(msg.get("tool_call_id"))
         for tc_id in ids:
-            m = _ID_RE.match(str(tc_id or ""))
+            m = id_re.match(str(tc_id or ""))
             if m:
                 best = max(best, int(m.group(1)) + 1)
     texts = {content_text(m.get("content")).strip() for m in _assistant_messages(body)}
@@ -139,9 +172,9 @@ def progress_of(body: dict[str, Any], trajectory: Trajectory) -> int:
     return best
 
 
-def compaction_progress(body: dict[str, Any], trajectory: Trajectory) -> int:
+def compaction_progress(body: dict[str, Any], trajectory: Script, prefix: str = MAIN_IDS) -> int:
     """Progress for a compaction request: marker + structured ids + the rendered conversation."""
-    base = progress_of(body, trajectory)
+    base = progress_of(body, trajectory, prefix)
     text = _all_text(body)
     found = _CONVERSATION.search(text)
     conversation = found.group(1) if found else text
@@ -220,7 +253,7 @@ class ScriptedModel(HttpService):
         self.model_id = model_id
         self.chunk_delay = chunk_delay
         self.calls: list[ServedCall] = []
-        self._fault_attempts: dict[tuple[str, int], int] = {}
+        self._fault_attempts: dict[tuple[str, str, int], int] = {}
         self._server = HttpServer(self._handle, name="scripted-model")
 
     # -- request handling --------------------------------------------------------------------------
@@ -279,27 +312,30 @@ class ScriptedModel(HttpService):
         step_index: int | None = None
         progress: int | None = None
         step: Step | None = None
+        script, prefix, subagent = script_of(body, self.trajectory)
         if kind == "title":
             reply, outcome = self._title_reply(body), "title"
         elif kind == "compaction":
-            progress = compaction_progress(body, self.trajectory)
-            reply, outcome = self._summary_reply(body, progress), "summary"
+            progress = compaction_progress(body, script, prefix)
+            reply, outcome = self._summary_reply(body, progress, len(script.steps)), "summary"
         else:
-            progress = progress_of(body, self.trajectory)
-            if progress < len(self.trajectory.steps):
-                step_index, step = progress, self.trajectory.steps[progress]
-                reply, outcome = self._step_reply(body, step_index, step), "step"
+            progress = progress_of(body, script, prefix)
+            if progress < len(script.steps):
+                step_index, step = progress, script.steps[progress]
+                reply, outcome = self._step_reply(body, step_index, step, prefix), "step"
             else:
-                reply, outcome = self._final_reply(body), "final"
+                reply, outcome = self._final_reply(body, script.final_text), "final"
 
         fault = None
         if step is not None and step.fault is not None and step_index is not None:
-            key = (session, step_index)
+            key = (session, prefix, step_index)
             done = self._fault_attempts.get(key, 0)
             if done < step.fault.times:
                 self._fault_attempts[key] = done + 1
                 fault = step.fault
-        common = dict(kind=kind, step=step_index, progress=progress, stream=stream, body=body)
+        common = dict(
+            kind=kind, step=step_index, progress=progress, subagent=subagent, stream=stream, body=body
+        )
         if fault is not None and fault.status is not None:
             self._log(req, status=fault.status, outcome=f"fault:{fault.kind}", **common)
             etype = "rate_limit_error" if fault.status == 429 else "server_error"
@@ -347,8 +383,7 @@ class ScriptedModel(HttpService):
         )
         return _Reply(text=title, usage=usage)
 
-    def _summary_reply(self, body: dict[str, Any], progress: int) -> _Reply:
-        total = len(self.trajectory.steps)
+    def _summary_reply(self, body: dict[str, Any], progress: int, total: int) -> _Reply:
         custom = (self.trajectory.summary or "").strip()
         text = (
             "## Objective\n- Finish the scripted task.\n\n"
@@ -366,11 +401,11 @@ class ScriptedModel(HttpService):
         )
         return _Reply(text=text, usage=usage)
 
-    def _step_reply(self, body: dict[str, Any], index: int, step: Step) -> _Reply:
+    def _step_reply(self, body: dict[str, Any], index: int, step: Step, prefix: str) -> _Reply:
         calls = []
         for i, tc in enumerate(step.tool_calls):
             args = fill_placeholders(tc.arguments, self.placeholders)
-            calls.append((tool_call_id(index, i), tc.name, json.dumps(args, ensure_ascii=False)))
+            calls.append((tool_call_id(index, i, prefix), tc.name, json.dumps(args, ensure_ascii=False)))
         text = step.text or ""
         completion = text + (step.reasoning or "") + "".join(c[2] for c in calls)
         return _Reply(
@@ -380,8 +415,7 @@ class ScriptedModel(HttpService):
             usage=self._synth_usage(body, completion, step.usage),
         )
 
-    def _final_reply(self, body: dict[str, Any]) -> _Reply:
-        text = self.trajectory.final_text
+    def _final_reply(self, body: dict[str, Any], text: str) -> _Reply:
         return _Reply(text=text, usage=self._synth_usage(body, text, None))
 
     def _completion_json(self, reply: _Reply, model: str) -> dict[str, Any]:

@@ -20,6 +20,10 @@ Step fields: ``text`` (assistant text; a step without tool calls is a final answ
 (one of ``status``, ``stall``, ``malformed``, ``drop``, applied to the first ``times`` attempts at the
 step), ``delay`` (seconds before the first byte).
 
+Subagents: a step may call OpenCode's ``task`` tool (``{description, prompt, subagent_type}``); the child
+session it starts is answered from ``subagents`` — ``[{prompt: <the same prompt>, steps: [...]}]`` — and
+gets ``final_text`` once its steps are done. A child with no matching script would get the parent's steps.
+
 Placeholders: ``{name}`` inside string arguments is replaced when the model is given a value for
 ``name`` (e.g. ``{workdir}``); other braces are left alone, so code in arguments needs no escaping.
 
@@ -133,12 +137,25 @@ class ContextUsage(_Model):
     completion_tokens: int = Field(default=40, ge=0)
 
 
+class Subagent(_Model):
+    """The script of a subagent: the child session OpenCode's ``task`` tool starts with ``prompt``.
+
+    A request belongs to it when its first user message contains ``prompt``; its steps are served in
+    their own sequence (tool-call ids ``call_a{j}s{k}_{i}``, ``j`` its index), so parent and child each
+    keep their place."""
+
+    prompt: str = Field(min_length=1)
+    steps: list[Step] = Field(min_length=1)
+    final_text: str = "Done."
+
+
 class Trajectory(_Model):
     steps: list[Step] = Field(min_length=1)
     title: str = "Scripted task"
     final_text: str = "Done."
     summary: str | None = None
     context_usage: ContextUsage = Field(default_factory=ContextUsage)
+    subagents: list[Subagent] = Field(default_factory=list)
 
     @field_validator("title")
     @classmethod

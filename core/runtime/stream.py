@@ -275,6 +275,7 @@ class ServeStreamTranslator(_Translator):
         self._context_tokens: int | None = None  # the context of the last agent step (OpenCode's count)
         self._before: int | None = None  # … when the compaction started
         self._after: int | None = None  # the summary's size in tokens: the new context
+        self._subagent_sessions: set[Any] = set()  # subagent sessions whose marker is shown
 
     def _event(self, obj: dict[str, Any]) -> list[Event]:
         etype = str(obj.get("type", "unknown"))
@@ -400,12 +401,12 @@ class ServeStreamTranslator(_Translator):
         part = self._parts.setdefault(pid, _Part(kind=kind))
         main = self._main(raw.get("sessionID"))
         if kind == "tool":
-            return self._tool(obj, raw, part) if main else []
+            return self._tool(obj, raw, part) if main else self._subagent_tool(raw, part)
         if part.ended:
             return []
         events: list[Event] = [OpenCodeEvent(event_type="message.part.updated", payload=obj)]
         if not main:
-            return events
+            return events + self._subagent_text(raw, part)
         if kind == "step-finish":
             self.finished_cleanly = raw.get("reason") == "stop"
             part.ended = True
@@ -436,6 +437,35 @@ class ServeStreamTranslator(_Translator):
                     events.append(display("\n"))
         return events
 
+    # A subagent (the ``task`` tool) works in a session of its own: its finished tool calls and texts are
+    # shown nested under a marker, so a delegation is not a silent gap; its events stay out of the
+    # episode's tool-call and text accounting (they are in opencode/stdout.jsonl and the transcript).
+
+    def _subagent_tool(self, raw: dict[str, Any], part: _Part) -> list[Event]:
+        status = (raw.get("state") or {}).get("status")
+        if part.ended or status not in ("completed", "error"):
+            return []
+        part.ended = True
+        return [display(self._nested(raw.get("sessionID"), self.render_tool(self._tool_call(raw))))]
+
+    def _subagent_text(self, raw: dict[str, Any], part: _Part) -> list[Event]:
+        text = raw.get("text")
+        ended = bool((raw.get("time") or {}).get("end"))
+        user = self._roles.get(str(raw.get("messageID"))) == "user"
+        if part.kind != "text" or not ended or user or raw.get("synthetic") or not isinstance(text, str):
+            return []
+        part.ended = True
+        return (
+            [display(self._nested(raw.get("sessionID"), styled(CYAN, text.strip())))] if text.strip() else []
+        )
+
+    def _nested(self, session_id: Any, text: str) -> str:
+        head = ""
+        if session_id not in self._subagent_sessions:
+            self._subagent_sessions.add(session_id)
+            head = f"{DIM}┌ subagent session {session_id}{RESET}\n"
+        return head + "".join(f"{DIM}│{RESET} {line}\n" for line in text.rstrip("\n").split("\n"))
+
     def _tool(self, obj: dict[str, Any], raw: dict[str, Any], part: _Part) -> list[Event]:
         if part.ended:
             return []
@@ -451,6 +481,9 @@ class ServeStreamTranslator(_Translator):
                 events.append(call.model_copy(update={"output": None}))
             if call.tool == "bash":
                 events.append(display(bash_prompt(str(call.input.get("command", "")))))
+            elif call.tool == "task" and status == "running":  # its subagent's work is shown nested
+                what = call.input.get("description") or call.input.get("subagent_type") or "a task"
+                events.append(display(f"{DIM}▸ delegating to a subagent: {what}{RESET}\n"))
         if call.tool == "bash":
             events += self._bash_state(part, status, state)
         if status == "running":

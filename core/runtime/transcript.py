@@ -1,5 +1,6 @@
 """OpenCode's transcript, read after confirmed cleanup only: snapshot the SQLite database with the
-backup API, export the root session's messages and parts, and count what happened.
+backup API, export the root session's messages and parts (and those of the subagent sessions it
+started, linked by ``parent_id``), and count what happened in the root session.
 
 Schema facts (OpenCode 1.18.x, see docs/opencode-notes.md): tables ``session(id, parent_id, title…)``,
 ``message(id, session_id, time_created, data JSON)``, ``part(id, message_id, session_id, time_created,
@@ -40,8 +41,42 @@ def compaction_trigger(part: dict[str, Any]) -> str:
     return "manual" if "auto" in part else "unknown"
 
 
+def _messages(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    """A session's messages in order, each with its parts."""
+    parts_by_message: dict[str, list[dict[str, Any]]] = {}
+    for part_id, msg_id, data in conn.execute(
+        "SELECT id, message_id, data FROM part WHERE session_id = ? ORDER BY time_created, id", (session_id,)
+    ):
+        part = json.loads(data)
+        part.setdefault("id", part_id)
+        parts_by_message.setdefault(msg_id, []).append(part)
+    messages = []
+    for msg_id, data in conn.execute(
+        "SELECT id, data FROM message WHERE session_id = ? ORDER BY time_created, id", (session_id,)
+    ):
+        info = json.loads(data)
+        info.setdefault("id", msg_id)
+        messages.append({"info": info, "parts": parts_by_message.get(msg_id, [])})
+    return messages
+
+
+def _subagents(conn: sqlite3.Connection, root: str) -> list[dict[str, Any]]:
+    """Every session started under ``root`` (subagents of the ``task`` tool, and theirs), oldest first."""
+    rows = conn.execute(
+        "WITH RECURSIVE tree(id) AS (SELECT id FROM session WHERE parent_id = ? "
+        "UNION SELECT s.id FROM session s JOIN tree t ON s.parent_id = t.id) "
+        "SELECT s.id, s.title, s.parent_id FROM session s JOIN tree USING (id) ORDER BY s.rowid",
+        (root,),
+    ).fetchall()
+    return [
+        {"session": {"id": sid, "title": title, "parent_id": parent}, "messages": _messages(conn, sid)}
+        for sid, title, parent in rows
+    ]
+
+
 def export(db: Path) -> tuple[dict[str, Any], TranscriptStats]:
-    """The root session's messages with their parts, and the counts derived from them."""
+    """The root session's messages with their parts (and, under ``subagents``, those of every session it
+    started), and the counts derived from the root session's."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         sessions = conn.execute(
@@ -51,21 +86,8 @@ def export(db: Path) -> tuple[dict[str, Any], TranscriptStats]:
         if not sessions:
             raise ValueError("OpenCode's database holds no root session: the agent never started a session")
         session_id, title, _ = sessions[0]
-        messages = []
-        parts_by_message: dict[str, list[dict[str, Any]]] = {}
-        for part_id, msg_id, data in conn.execute(
-            "SELECT id, message_id, data FROM part WHERE session_id = ? ORDER BY time_created, id",
-            (session_id,),
-        ):
-            part = json.loads(data)
-            part.setdefault("id", part_id)
-            parts_by_message.setdefault(msg_id, []).append(part)
-        for msg_id, data in conn.execute(
-            "SELECT id, data FROM message WHERE session_id = ? ORDER BY time_created, id", (session_id,)
-        ):
-            info = json.loads(data)
-            info.setdefault("id", msg_id)
-            messages.append({"info": info, "parts": parts_by_message.get(msg_id, [])})
+        messages = _messages(conn, session_id)
+        subagents = _subagents(conn, session_id)
     finally:
         conn.close()
 
@@ -105,6 +127,7 @@ def export(db: Path) -> tuple[dict[str, Any], TranscriptStats]:
         tokens_out=tout if seen_tokens else None,
         tokens_cache_read=tcache if seen_tokens else None,
         tokens_reasoning=treason if seen_tokens else None,
+        subagent_sessions=len(subagents),
     )
-    doc = {"session": {"id": session_id, "title": title}, "messages": messages}
+    doc = {"session": {"id": session_id, "title": title}, "messages": messages, "subagents": subagents}
     return doc, stats

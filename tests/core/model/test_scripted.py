@@ -242,6 +242,46 @@ def test_compaction_progress_from_rendered_conversation() -> None:
     assert compaction_progress(body, t) == 1
 
 
+SUBAGENT_TRAJ = """
+steps:
+  - tool_calls:
+      - name: task
+        arguments: {description: Greet, prompt: "Write the greeting file", subagent_type: general}
+  - text: Delegated and done.
+subagents:
+  - prompt: Write the greeting file
+    final_text: Greeting written.
+    steps:
+      - tool_calls:
+          - {name: write, arguments: {filePath: "/app/hello.txt", content: "hi"}}
+"""
+
+
+async def test_a_subagent_session_is_answered_from_its_own_script_and_the_parent_keeps_its_place() -> None:
+    """OpenCode's ``task`` tool starts a child session whose first user message is the task's prompt
+    and whose history holds none of the parent's ids: it gets its own steps, ids and final text."""
+    async with ScriptedModel(traj(SUBAGENT_TRAJ)) as m:
+        async with httpx.AsyncClient(timeout=10) as c:
+            parent = parse_sse((await post(c, m.url, agent_body([]))).text)
+            assert [(tc["id"], tc["name"]) for tc in parent["tool_calls"]] == [("call_s0_0", "task")]
+            child_body = agent_body([])
+            child_body["messages"][1]["content"] = "Write the greeting file"
+            child = parse_sse((await post(c, m.url, child_body)).text)
+            assert [(tc["id"], tc["name"]) for tc in child["tool_calls"]] == [("call_a0s0_0", "write")]
+            child_body["messages"] += continue_history([], child)
+            done = parse_sse((await post(c, m.url, child_body)).text)
+            assert done["content"] == "Greeting written." and done["finish_reason"] == "stop"
+            # The parent, its task call answered, goes on to its own next step (not the child's).
+            after = parse_sse((await post(c, m.url, agent_body(continue_history([], parent)))).text)
+            assert after["content"] == "Delegated and done."
+    assert [(call.subagent, call.step, call.outcome) for call in m.calls] == [
+        (None, 0, "step"),
+        (0, 0, "step"),
+        (0, None, "final"),
+        (None, 1, "step"),
+    ]
+
+
 async def test_serves_steps_in_order_and_retries_get_the_same_step() -> None:
     async with ScriptedModel(traj(), placeholders={"workdir": "/app", "name": "there"}) as m:
         async with httpx.AsyncClient(timeout=10) as c:

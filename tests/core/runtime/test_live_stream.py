@@ -13,12 +13,18 @@ import re
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 
 from core.artifacts import RunFiles
-from core.events import Event, FailureRecorded, TerminalOutput, ToolCall
+from core.events import Event, FailureRecorded, TerminalOutput, ToolCall, TranscriptStats
 
 pytestmark = [pytest.mark.slow, pytest.mark.bwrap]
+
+ATIF_SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "schemas" / "atif-v1.8.schema.json").read_text()
+)
 
 SLOW_COMMAND = "for i in 1 2 3; do echo line$i; sleep 1; done"
 WRITE_HELLO = {"name": "write", "arguments": {"filePath": "{workdir}/hello.txt", "content": "Hello\n"}}
@@ -180,3 +186,72 @@ async def test_output_longer_than_opencodes_live_window_is_shown_once_in_order(t
     assert shown >= 90_000, (shown, gaps)  # three quarters at least came through stitched windows
     (saved,) = re.findall(r"full output saved by OpenCode: (\S+) in the run directory", text)
     assert (Path(result.run_dir) / saved).read_text().splitlines() == [str(n) for n in range(1, 120_001)]
+
+
+async def test_a_subagent_is_shown_nested_and_exported_as_an_embedded_trajectory(task_copy, episode_on):
+    """The agent delegates the file to a subagent (OpenCode's ``task`` tool; the scripted model answers
+    the child session from the trajectory's ``subagents``): the terminal shows the delegation and the
+    subagent's work nested, the transcript counts the child session, and trajectory.json embeds the
+    subagent's trajectory (valid ATIF, referenced from the task call, metered from the model calls)."""
+    prompt = "Write hello.txt in the working directory containing: Hello from OpenCode"
+    write = {
+        "name": "write",
+        "arguments": {"filePath": "{workdir}/hello.txt", "content": "Hello from OpenCode\n"},
+    }
+    task = task_copy()
+    (task / "trajectory.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "steps": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "task",
+                                "arguments": {
+                                    "description": "Write the greeting",
+                                    "prompt": prompt,
+                                    "subagent_type": "general",
+                                },
+                            }
+                        ]
+                    },
+                    {"text": "The subagent wrote hello.txt."},
+                ],
+                "subagents": [
+                    {
+                        "prompt": prompt,
+                        "steps": [{"tool_calls": [write]}, {"text": "hello.txt is written."}],
+                    }
+                ],
+            }
+        )
+    )
+    ep = episode_on(task)
+    seen = _record(ep)
+    result = await ep.run()
+    assert result.action == "scored" and result.reward == 1.0, result.summary
+    text = _cast_text(result.run_dir)
+    shown = text[text.index("▸ delegating to a subagent: Write the greeting") :]
+    nested = re.search(r"┌ subagent session (ses_\w+)\n│ \+\+\+ hello.txt \(new, 1 lines\)\n", shown)
+    assert nested and "│ hello.txt is written." in shown, shown[:600]
+    assert shown.index("│ hello.txt is written.") < shown.index("• task ") < shown.index("The subagent wrote")
+    # Only the parent's calls are the episode's tool calls; the subagent's are in its own trajectory.
+    assert {e.tool for _, e in seen if isinstance(e, ToolCall)} == {"task"}
+    (stats,) = [e for _, e in seen if isinstance(e, TranscriptStats)]
+    assert stats.subagent_sessions == 1 and stats.tool_calls == {"task": 1}
+
+    doc = json.loads((Path(result.run_dir) / RunFiles.TRAJECTORY).read_text())
+    jsonschema.Draft202012Validator(ATIF_SCHEMA).validate(doc)
+    (child,) = doc["subagent_trajectories"]
+    assert child["trajectory_id"] == child["session_id"] == nested.group(1)
+    (task_step,) = [s for s in doc["steps"] if s.get("tool_calls")]
+    (result_ref,) = task_step["observation"]["results"]
+    assert result_ref["subagent_trajectory_ref"] == [
+        {"trajectory_id": nested.group(1), "session_id": nested.group(1)}
+    ]
+    assert child["agent"]["extra"]["subagent_type"] == "general"
+    assert [s["source"] for s in child["steps"]] == ["user", "agent", "agent"]
+    assert child["steps"][0]["message"] == prompt
+    assert child["steps"][1]["tool_calls"][0]["function_name"] == "write"
+    assert [s["llm_call_count"] for s in child["steps"][1:]] == [1, 1]  # metered from model_calls.jsonl
+    assert child["final_metrics"]["total_steps"] == 3
