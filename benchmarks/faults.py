@@ -489,7 +489,7 @@ class Suite:
             row.problems.append("lost artifacts: " + ", ".join(lost[:3]))
         stdout, stderr = out_err.get("out", ""), out_err.get("err", "")
         if "Traceback" in stderr:
-            row.problems.append("a traceback on stderr: " + stderr.strip().splitlines()[-1][:200])
+            row.problems.append("a traceback on stderr: " + _traceback_summary(stderr))
         lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
         result = lines[-1] if lines else {}
         if ctx.proc.returncode is not None and ctx.proc.returncode >= 0:
@@ -516,7 +516,17 @@ class Suite:
             ) or row.kind not in expect.kinds:
                 want = (expect.outcome, "|".join(map(str, expect.kinds)), expect.exit_code)
                 said = result.get("summary") or stderr.strip()[-300:]
-                row.problems.append(f"expected {want}, got {got}: {said}")
+                why = next(
+                    (
+                        e["failure"].get("message")
+                        for e in _events(ctx.runs)
+                        if e.get("type") == "failure" and e["failure"].get("kind") == row.kind
+                    ),
+                    None,
+                )
+                row.problems.append(
+                    f"expected {want}, got {got}: {said}" + (f" ({why[:400]})" if why else "")
+                )
             if expect.proof is not None and proof != expect.proof:
                 row.problems.append(f"expected cleanup proof {expect.proof}, got {proof}")
         if result.get("reward") is not None and row.kind is not None and expect.outcome != "scored":
@@ -663,6 +673,16 @@ def _cache_after(ctx: Ctx, row: Row, result: dict[str, Any]) -> None:
     if any("corrupt-opencode" in json.dumps(e) for e in events):
         row.problems.append("the corrupt binary was executed")
     row.cleanup = f"{row.cleanup}; re-fetched" if fetched else row.cleanup
+
+
+def _traceback_summary(stderr: str) -> str:
+    """The line logged before the first traceback and the exception it ends with: enough to know what
+    broke from CI's log alone (the row's directory is gone by then)."""
+    lines = stderr.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Traceback"))
+    before = lines[at - 1].strip() if at > 0 else ""
+    raised = next((line for line in lines[at + 1 :] if line and not line.startswith(" ")), "?")
+    return f"{before[:200]} → {raised[:300]}" if before else raised[:300]
 
 
 def _closed_port() -> int:
