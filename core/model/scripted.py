@@ -139,11 +139,12 @@ def _first_user_text(body: dict[str, Any]) -> str:
 
 def script_of(body: dict[str, Any], trajectory: Trajectory) -> tuple[Script, str, int | None]:
     """The script a request is answered from, its tool-call id prefix and its subagent index: a
-    subagent's when the first user message holds its prompt (a child session starts with it), else the
-    main trajectory's (index None)."""
-    first = _first_user_text(body)
+    subagent's when the first user message starts with its prompt (a child session starts with it;
+    a parent's history only quotes it, inside a tool call), else the main trajectory's (index None).
+    A child's own compaction is not followed: its summary replaces that first message."""
+    first = _first_user_text(body).strip()
     for j, sub in enumerate(trajectory.subagents):
-        if sub.prompt.strip() in first:
+        if first.startswith(sub.prompt.strip()):
             return sub, f"call_a{j}s", j
     return trajectory, MAIN_IDS, None
 
