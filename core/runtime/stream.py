@@ -511,7 +511,9 @@ class ServeStreamTranslator(_Translator):
         if part.shown and not part.shown.endswith("\n"):
             events.append(display("\n"))
         note = final.find("<shell_metadata>")
-        if live.strip() and note >= 0:
+        # The notes go after the live copy, unless OpenCode already put them there (a silent command cut
+        # at its timeout ends with a live copy equal to the final text).
+        if live.strip() and note >= 0 and "<shell_metadata>" not in live:
             events.append(display(styled(DIM, _ended(final[note:]))))
         saved = metadata.get("outputPath")
         if metadata.get("truncated") and isinstance(saved, str):

@@ -221,3 +221,12 @@ def test_event_renderer_renders_recorded_events_as_the_translator_did():
         r.render(ToolCall(status="completed", output="a\nb\n", **call)),
     ]
     assert out[1:] == ["a\n", "b\n", ""] and "make" in out[0]
+
+
+def test_notes_already_in_the_live_copy_are_not_repeated():
+    """A silent command cut at its timeout: OpenCode's last live copy is the final text, notes included
+    (seen in the recorded oom run, where the note was shown twice)."""
+    tr = ServeStreamTranslator("/app")
+    final = "(no output)\n\n<shell_metadata>\nshell tool terminated command after exceeding timeout\n</shell_metadata>"
+    text = _shown(tr, _bash("running", ""), _bash("completed", final, final))
+    assert text.count("<shell_metadata>") == 1 and text.count("(no output)") == 1
