@@ -4,6 +4,7 @@ tests/core/runtime/test_live_stream.py): the live window, gaps, repeats and the 
 from __future__ import annotations
 
 import json
+import re
 
 from core.events import TerminalOutput, ToolCall
 from core.runtime.stream import LIVE_WINDOW, LIVE_WINDOW_MARK, ServeStreamTranslator
@@ -230,3 +231,48 @@ def test_notes_already_in_the_live_copy_are_not_repeated():
     final = "(no output)\n\n<shell_metadata>\nshell tool terminated command after exceeding timeout\n</shell_metadata>"
     text = _shown(tr, _bash("running", ""), _bash("completed", final, final))
     assert text.count("<shell_metadata>") == 1 and text.count("(no output)") == 1
+
+
+def test_a_subagents_work_is_shown_nested_once_and_not_counted_as_the_episodes():
+    """Events of a child session (OpenCode's ``task`` tool) as the serve runner relays them: finished
+    tool calls and texts shown under one marker; running updates, repeats and its prompt are not."""
+    tr = ServeStreamTranslator("/app")
+    tr._event({"type": "runner.session", "properties": {"sessionID": "s"}})
+    task = _bash("running")
+    task["properties"]["part"].update(tool="task")
+    task["properties"]["part"]["state"]["input"] = {"description": "Write it", "prompt": "p"}
+    started = tr._event(task)
+    assert "▸ delegating to a subagent: Write it" in "".join(
+        e.data for e in started if isinstance(e, TerminalOutput)
+    )
+
+    def child(part: dict) -> dict:
+        part = {"sessionID": "child", "messageID": "m2", **part}
+        return {"type": "message.part.updated", "properties": {"sessionID": "child", "part": part}}
+
+    tr._event(
+        {
+            "type": "message.updated",
+            "properties": {"info": {"id": "m1", "role": "user", "sessionID": "child"}},
+        }
+    )
+    tr._event(
+        {
+            "type": "message.updated",
+            "properties": {"info": {"id": "m2", "role": "assistant", "sessionID": "child"}},
+        }
+    )
+    write = {"id": "p2", "type": "tool", "tool": "write", "callID": "c2"}
+    state = {"input": {"filePath": "/app/a.txt", "content": "x\n"}}
+    events = [
+        child({"id": "p0", "messageID": "m1", "type": "text", "text": "p", "time": {"end": 1}}),  # the prompt
+        child({**write, "state": {**state, "status": "running"}}),
+        child({**write, "state": {**state, "status": "completed", "output": "ok"}}),
+        child({**write, "state": {**state, "status": "completed", "output": "ok"}}),  # repeated
+        child({"id": "p3", "type": "text", "text": "Done wri", "time": {}}),  # still streaming
+        child({"id": "p3", "type": "text", "text": "Done writing.", "time": {"end": 2}}),
+    ]
+    out = [e for ev in events for e in tr._event(ev)]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "".join(e.data for e in out if isinstance(e, TerminalOutput)))
+    assert text == "┌ subagent session child\n│ +++ a.txt (new, 1 lines)\n│ +x\n│ Done writing.\n"
+    assert not [e for e in out if isinstance(e, ToolCall)]
