@@ -137,14 +137,16 @@ def _first_user_text(body: dict[str, Any]) -> str:
     return ""
 
 
-def script_of(body: dict[str, Any], trajectory: Trajectory) -> tuple[Script, str, int | None]:
+def script_of(
+    body: dict[str, Any], trajectory: Trajectory, placeholders: dict[str, str] | None = None
+) -> tuple[Script, str, int | None]:
     """The script a request is answered from, its tool-call id prefix and its subagent index: a
     subagent's when the first user message starts with its prompt (a child session starts with it;
     a parent's history only quotes it, inside a tool call), else the main trajectory's (index None).
     A child's own compaction is not followed: its summary replaces that first message."""
     first = _first_user_text(body).strip()
     for j, sub in enumerate(trajectory.subagents):
-        if first.startswith(sub.prompt.strip()):
+        if first.startswith(fill_placeholders(sub.prompt, placeholders or {}).strip()):
             return sub, f"call_a{j}s", j
     return trajectory, MAIN_IDS, None
 
@@ -313,7 +315,7 @@ class ScriptedModel(HttpService):
         step_index: int | None = None
         progress: int | None = None
         step: Step | None = None
-        script, prefix, subagent = script_of(body, self.trajectory)
+        script, prefix, subagent = script_of(body, self.trajectory, self.placeholders)
         if kind == "title":
             reply, outcome = self._title_reply(body), "title"
         elif kind == "compaction":

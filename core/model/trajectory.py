@@ -140,7 +140,8 @@ class ContextUsage(_Model):
 class Subagent(_Model):
     """The script of a subagent: the child session OpenCode's ``task`` tool starts with ``prompt``.
 
-    A request belongs to it when its first user message starts with ``prompt``; its steps are served in
+    A request belongs to it when its first user message starts with ``prompt`` (placeholders filled in,
+    as in the task call's arguments); its steps are served in
     their own sequence (tool-call ids ``call_a{j}s{k}_{i}``, ``j`` its index), so parent and child each
     keep their place."""
 

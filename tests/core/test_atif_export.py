@@ -198,6 +198,17 @@ def test_every_sample_run_directory_has_a_valid_trajectory(sample_runs):
     [flaky] = [r for r in sample_runs if r.task_id == "model-flaky-429"]
     traj = AtifTrajectory.model_validate_json((Path(flaky.run_dir) / TRAJECTORY_FILE).read_text())
     assert [s.llm_call_count for s in traj.steps if s.source == "agent"][0] == 2
+    # The delegate sample's subagent is embedded and referenced from its task call (on docker here).
+    [delegate] = [r for r in sample_runs if r.task_id == "delegate"]
+    traj = AtifTrajectory.model_validate_json((Path(delegate.run_dir) / TRAJECTORY_FILE).read_text())
+    [child] = traj.subagent_trajectories or []
+    refs = [
+        ref
+        for s in traj.steps
+        for r in (s.observation.results if s.observation else [])
+        for ref in r.subagent_trajectory_ref or []
+    ]
+    assert [ref.trajectory_id for ref in refs] == [child.trajectory_id] and delegate.reward == 1.0
     assert {"scored", "count_as_zero"} <= actions and len(actions) >= 3, actions
 
 
