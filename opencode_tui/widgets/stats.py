@@ -78,10 +78,12 @@ class StatsPanel(Panel):
         else:
             row(
                 "Transcript",
-                "$msgs messages · $comp compactions$trig",
+                "$msgs messages · $comp compactions$trig$subs",
                 msgs=str(t.messages),
                 comp=str(t.compactions),
                 trig=f" ({', '.join(t.compaction_triggers)})" if t.compaction_triggers else "",
+                # Subagent sessions have their own transcripts (trajectory.json); the counts here are the root's.
+                subs=f" · {t.subagent_sessions} subagent session(s)" if t.subagent_sessions else "",
             )
             row("", "tools $by", by=_by_tool(dict(sorted(t.tool_calls.items(), key=lambda kv: -kv[1]))))
             row(

@@ -564,6 +564,23 @@ async def test_bad_lines_in_events_jsonl_are_skipped(tmp_path, fixture_runs, rep
         assert app.screen.state.outcome is not None and app.screen.state.outcome.action == "scored"
 
 
+async def test_stats_name_the_subagent_sessions_of_the_transcript(tmp_path, fixture_runs, replay_loaded):
+    """A run whose agent delegated (OpenCode's task tool): the Transcript row says how many subagent
+    sessions there were (their work is in trajectory.json); a run without any says nothing of them."""
+    run = tmp_path / "delegated"
+    shutil.copytree(fixture_runs / "hello-file", run)
+    lines = (run / RunFiles.EVENTS).read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if json.loads(line)["type"] == "transcript")
+    lines[at] = json.dumps({**json.loads(lines[at]), "subagent_sessions": 2})
+    (run / RunFiles.EVENTS).write_text("\n".join(lines) + "\n")
+    for run_dir, said in ((run, True), (fixture_runs / "hello-file", False)):
+        app = OpenCodeTUI(run_dir=run_dir)
+        async with app.run_test(size=SIZE) as pilot:
+            await replay_loaded(pilot)
+            text = app.screen.query_one(StatsPanel).render().plain
+            assert ("2 subagent session(s)" in text) is said and "messages" in text
+
+
 async def test_command_palette_runs_app_actions(fixture_runs, replay_loaded, wait):
     events = _events(fixture_runs / "oom")
     failure_at = next(i for i, e in enumerate(events) if isinstance(e, FailureRecorded))
