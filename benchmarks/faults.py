@@ -497,15 +497,15 @@ class Suite:
         row.outcome = result.get("action", "-")
         row.kind = result.get("failure_kind")
         proof = result.get("cleanup_proof")
-        status = next(
+        deciding = next(
             (
-                e["failure"].get("http_status")
+                e["failure"]
                 for e in _events(ctx.runs)
                 if e.get("type") == "failure" and e["failure"].get("kind") == row.kind
             ),
-            None,
+            {},
         )
-        row.policy = _first_attempt_action(row.kind, result.get("failure_stage"), status)
+        row.policy = _first_attempt_action(row.kind, result.get("failure_stage"), deciding.get("http_status"))
         row.cleanup = proof or ("unconfirmed" if result.get("cleanup_confirmed") is False else "-")
         expect = fault.expect
         if expect is not None:
@@ -516,14 +516,7 @@ class Suite:
             ) or row.kind not in expect.kinds:
                 want = (expect.outcome, "|".join(map(str, expect.kinds)), expect.exit_code)
                 said = result.get("summary") or stderr.strip()[-300:]
-                why = next(
-                    (
-                        e["failure"].get("message")
-                        for e in _events(ctx.runs)
-                        if e.get("type") == "failure" and e["failure"].get("kind") == row.kind
-                    ),
-                    None,
-                )
+                why = deciding.get("message")
                 row.problems.append(
                     f"expected {want}, got {got}: {said}" + (f" ({why[:400]})" if why else "")
                 )

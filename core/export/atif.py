@@ -488,16 +488,15 @@ def build_trajectory(run_dir: str | Path) -> AtifTrajectory:
         session_id = info.run_id if info else run_dir.name
         notes = "The run ended without OpenCode's transcript; the only step says why."
 
-    final = _final_metrics(steps, compactions)
-    assert final.extra is not None
     # Every call the proxy saw (OpenCode's title requests and subagents' calls included), attributed or not.
-    final.extra["model_calls"] = {
+    model_calls = {
         "count": all_calls.calls,
         "by_kind": kinds,
         "prompt_tokens": all_calls.prompt,
         "completion_tokens": all_calls.completion,
         "cached_tokens": all_calls.cached,
     }
+    final = _final_metrics(steps, compactions, model_calls=model_calls)
     return AtifTrajectory(
         session_id=session_id,
         trajectory_id=info.run_id if info else run_dir.name,
@@ -510,7 +509,7 @@ def build_trajectory(run_dir: str | Path) -> AtifTrajectory:
     )
 
 
-def _final_metrics(steps: list[AtifStep], compactions: int) -> AtifFinalMetrics:
+def _final_metrics(steps: list[AtifStep], compactions: int, **extra: Any) -> AtifFinalMetrics:
     metrics = [s.metrics for s in steps if s.source == "agent" and s.metrics is not None]
     return AtifFinalMetrics(
         total_prompt_tokens=_sum(m.prompt_tokens for m in metrics),
@@ -521,6 +520,7 @@ def _final_metrics(steps: list[AtifStep], compactions: int) -> AtifFinalMetrics:
             "total_reasoning_tokens": _sum((m.extra or {}).get("reasoning_tokens") for m in metrics),
             "total_llm_calls": sum(s.llm_call_count or 0 for s in steps),
             "compactions": compactions,
+            **extra,
         },
     )
 
