@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", help="run task episodes (TUI for one task, or --batch for JSON lines)")
-    run.add_argument("tasks", nargs="+", metavar="TASK", help="task directory or task.yaml")
+    run.add_argument(
+        "tasks",
+        nargs="+",
+        metavar="TASK",
+        help="task directory or task.yaml, or the name of a bundled sample (see `opencode-tui samples`)",
+    )
     run.add_argument("--batch", action="store_true", help="headless: JSON lines on stdout")
     run.add_argument(
         "--jobs",
@@ -124,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="file (one run), directory (several, atif) or - for stdout; "
         "default: RUN_DIR/trajectory.json (atif), stdout (messages)",
     )
+    sm = sub.add_parser("samples", help="list the sample tasks that ship with opencode-tui, or copy them")
+    sm_sub = sm.add_subparsers(dest="samples_command", metavar="ACTION")
+    cp = sm_sub.add_parser("copy", help="copy sample tasks into a directory (all, or the named ones)")
+    cp.add_argument("dest", metavar="DIR", help="where the samples go (each as DIR/NAME)")
+    cp.add_argument("names", nargs="*", metavar="NAME", help="only these samples (default: all)")
     dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
     dr.add_argument("--json", action="store_true")
     return p

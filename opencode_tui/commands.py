@@ -19,6 +19,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return export(args)
 
 
+def cmd_samples(args: argparse.Namespace) -> int:
+    from opencode_tui.samples_command import cmd_samples as samples
+
+    return samples(args)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from opencode_tui.run_command import cmd_run as run
 

@@ -62,10 +62,30 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return o
 
 
+def _task_path(ref: str) -> Path:
+    """A path here, else the bundled sample of that name (core.samples); says which was used."""
+    from core.samples import resolve_task_ref
+
+    found = resolve_task_ref(ref)
+    if found.sample is not None:
+        print(f"opencode-tui run: {ref}: the bundled sample ({found.path})", file=sys.stderr)
+    elif found.shadowed is not None:
+        print(
+            f"opencode-tui run: {ref}: the directory here, not the bundled sample of that name",
+            file=sys.stderr,
+        )
+    elif not found.path.exists():
+        raise ConfigError(
+            f"{ref}: no such task directory or file here, and no bundled sample of that name "
+            "(list them with `opencode-tui samples`)"
+        )
+    return found.path
+
+
 def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
     """Everything that can be checked before any sandbox exists; raises UsageError/ConfigError."""
     config = load_config(args.config, _overrides(args))
-    tasks = [load_task(t) for t in args.tasks]
+    tasks = [load_task(_task_path(t)) for t in args.tasks]
     for t in tasks:
         for warning in t.load_warnings:  # Harbor's format evolves: a field we do not know is no error
             print(f"opencode-tui run: warning: {t.root}: {warning}", file=sys.stderr)
