@@ -6,16 +6,15 @@ See "Which ``bwrap``" in core/sandbox/local/provider.py's docstring.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from core.sandbox.local.common import _HOST_ENV, _SYSTEM_LINKS, _error
+from core.sandbox.local.procs import _ChildHandle
 
 log = logging.getLogger(__name__)
 
@@ -217,16 +216,18 @@ async def probe_bwrap(binary: BwrapBinary) -> None:
                 env=_HOST_ENV,
                 start_new_session=True,
             )
+            launcher = _ChildHandle(proc.pid)  # by pidfd, never by a number that may be reused
             try:
                 _, stderr = await asyncio.wait_for(proc.communicate(), 20)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                launcher.kill()  # its sandbox's pid 1 dies with it (--die-with-parent)
                 await proc.wait()
                 err = "bwrap did not finish a trivial sandbox within 20s"
             else:
                 if proc.returncode != 0:
                     err = stderr.decode("utf-8", "replace").strip() or f"exit status {proc.returncode}"
+            finally:
+                launcher.close()
         except OSError as exc:
             err = f"cannot run {binary.path}: {exc}"
         _probe_results[binary.path] = err

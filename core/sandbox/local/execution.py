@@ -29,7 +29,7 @@ from core.sandbox.base import (
 from core.sandbox.errors import SandboxClosedError
 from core.sandbox.local.common import _error
 from core.sandbox.local.keeper import _Launch, _StatusReader
-from core.sandbox.local.procs import _kill_tree, _pidfd_wait_status
+from core.sandbox.local.procs import _ChildHandle, _kill_tree, _pidfd_wait_status
 
 if TYPE_CHECKING:
     from core.sandbox.local.sandbox import LocalSandbox
@@ -82,9 +82,16 @@ class _Pump:
 
 def _kill_exec_tree(sb: LocalSandbox, child: int, pidfd: int | None) -> None:
     """Kill what one exec started. In the sandbox's shared PID namespace: the command's session and
-    descendants. In an exec's own PID namespace (non-root): its pid 1, and the kernel kills the rest."""
+    descendants. In an exec's own PID namespace (non-root): its pid 1, and the kernel kills the rest.
+
+    Only while the keeper lives: a dead keeper's namespace is empty (the kernel killed everything in
+    it), and its inode number, which ``_kill_tree`` takes for the sandbox, is handed to the next new
+    namespace at once: another sandbox's, whose processes may by then carry this exec's old numbers.
+    """
     if sb.share_pidns:
-        _kill_tree(child, sb.pidns)
+        k = sb._keeper
+        if k is not None and k.alive():  # its namespace is pinned (see _Keeper.pin): the inode is ours
+            _kill_tree(child, k.pidns)
     elif pidfd is not None:
         with contextlib.suppress(ProcessLookupError, OSError):
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
@@ -107,6 +114,7 @@ class _ExecRun:
         self.eid = eid
         self.proc = proc
         self.launch = launch
+        self.launcher = _ChildHandle(proc.pid)  # bwrap: signalled by pidfd, never by its number
         self.status = _StatusReader(launch.status_r)
         self.stdout = bytearray()
         self.stderr = bytearray()
@@ -268,9 +276,8 @@ class _ExecRun:
             _kill_exec_tree(self.sb, self.child, self.pidfd)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.proc.wait(), 1.5)
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.returncode is None:  # (reaped or not: see _ChildHandle)
+            self.launcher.kill()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.proc.wait(), 2)
 
@@ -290,6 +297,7 @@ class _ExecRun:
         if self.pidfd is not None:
             with contextlib.suppress(OSError):
                 os.close(self.pidfd)
+        self.launcher.close()
         self.launch.close_all()
 
 

@@ -82,10 +82,35 @@ class _Keeper:
     bwrap_pid: int | None = None
     popen: subprocess.Popen[bytes] | None = None  # the holder, when this process started it
     ctl_w: int | None = None  # our end of the holder's control pipe (see the module docstring)
+    pidns_fd: int | None = None  # holds the PID namespace, so its inode number stays this sandbox's
 
     def alive(self) -> bool:
         st = _proc_stat(self.pid)
         return st is not None and st.start_time == self.start_time and st.state not in ("Z", "X")
+
+    def pin(self) -> None:
+        """Hold the keeper's PID namespace open while we may use ``pidns`` to tell its processes.
+
+        The kernel hands a freed namespace inode number to the next new namespace at once (another
+        sandbox's keeper, a moment later), so a number kept past the namespace's end would name
+        someone else's processes. An open fd keeps the namespace, and so its number, ours.
+        """
+        if self.pidns_fd is not None:
+            return
+        try:
+            fd = os.open(f"/proc/{self.pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        if os.fstat(fd).st_ino == self.pidns and self.alive():
+            self.pidns_fd = fd
+        else:
+            os.close(fd)
+
+    def unpin(self) -> None:
+        if self.pidns_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidns_fd)
+            self.pidns_fd = None
 
 
 @dataclass
@@ -221,7 +246,8 @@ async def _stop_keeper(k: _Keeper, budget: float = 5.0) -> None:
     if k.alive():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(k.pid, signal.SIGKILL)
-    if k.popen is not None:
+    # poll() reaps the holder if it has ended: a number is only signalled while it is still ours.
+    if k.popen is not None and k.popen.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(k.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -234,3 +260,4 @@ async def _stop_keeper(k: _Keeper, budget: float = 5.0) -> None:
         if not k.alive():
             break
         await asyncio.sleep(0.02)
+    k.unpin()

@@ -97,6 +97,45 @@ def _kill_tree(root_pid: int, pidns: int | None) -> set[int]:
     return stopped
 
 
+class _ChildHandle:
+    """A child process of ours, signalled through a pidfd taken right after it was spawned, never
+    through its number.
+
+    asyncio's child watcher (Python 3.11: a thread per child) reaps an exited child first and tells
+    the event loop later, so ``Process.returncode is None`` does not mean "not reaped": in between,
+    the number is free and the host may give it to any new process. The host's pid space is small
+    (``kernel.pid_max`` is often 32768) and wraps within minutes under load, so a long-lived exec's
+    number is reused right after it ends. A ``killpg`` by that number then hits whatever process group
+    leader got it (another sandbox's exec launcher: its command dies by SIGKILL through bwrap's
+    ``--die-with-parent``). A pidfd names one process for good; signalling it after the process was
+    reaped is a harmless ESRCH.
+    """
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._fd: int | None = None
+        with contextlib.suppress(OSError):
+            fd = os.pidfd_open(pid)
+            # Opened after the watcher reaped it, the number could already be someone else's.
+            if _proc_parent(pid) == os.getpid():
+                self._fd = fd
+            else:
+                os.close(fd)
+
+    def kill(self) -> None:
+        """SIGKILL the child if it still exists (the exec launchers lead a process group of their own
+        holding nothing else: bwrap's command runs in a session of its own and dies with it)."""
+        if self._fd is not None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self._fd, signal.SIGKILL)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
 def _pids_in_ns(pidns: int) -> list[int]:
     out = []
     with os.scandir("/proc") as it:

@@ -78,6 +78,7 @@ from core.sandbox.local.keeper import (
     _stop_keeper,
 )
 from core.sandbox.local.procs import (
+    _ChildHandle,
     _ns_inode,
     _pids_in_ns,
     _proc_parent,
@@ -140,12 +141,13 @@ class LocalSandbox(Sandbox):
             self._keeper = _Keeper(
                 pid=k["pid"], start_time=k["start_time"], pidns=k["pidns"], bwrap_pid=k.get("bwrap_pid")
             )
+            self._keeper.pin()  # (a live one: a kept sandbox we connect to)
         self._released = False
         self._release_once = SingleFlight(self._release)
         self._lock = asyncio.Lock()
         self._ptys: set[_LocalPty] = set()
-        # Exec bwrap processes still running (process-group leaders, our children): killed on release.
-        self._execs: set[asyncio.subprocess.Process] = set()
+        # Exec bwrap processes still running (our children), with their pidfds: killed on release.
+        self._execs: dict[asyncio.subprocess.Process, _ChildHandle] = {}
         self._binds = self._compute_binds()
         self._fs_cache: list[str] | None = None
 
@@ -423,6 +425,7 @@ class LocalSandbox(Sandbox):
             popen=popen,
             ctl_w=ctl_w,
         )
+        keeper.pin()
         _protect_from_oom_killer(child)
         await self._disable_nested_userns(keeper)
         self._meta["keeper"] = {
@@ -495,6 +498,8 @@ class LocalSandbox(Sandbox):
                 )
             # Borrowed, and its processes ended with their creator (--die-with-parent): the files are
             # still there, so start a new process namespace owned by this connection.
+            if k is not None:
+                k.unpin()
             self._keeper = await self._start_keeper(self.spec.ready_timeout_s)
             return self._keeper
 
@@ -692,13 +697,13 @@ class LocalSandbox(Sandbox):
                 os.close(out_w)
             with contextlib.suppress(OSError):
                 os.close(err_w)
-        self._execs.add(proc)
         run = _ExecRun(self, eid, proc, launch, out_r, err_r, on_output)
+        self._execs[proc] = run.launcher
         try:
             return await run.run(deadline, stdin, started)
         finally:
             await run.cleanup()
-            self._execs.discard(proc)
+            self._execs.pop(proc, None)
 
     async def pty(
         self, argv: Sequence[str], *, cols: int = 80, rows: int = 24, cwd: str | None = None
@@ -839,14 +844,16 @@ class LocalSandbox(Sandbox):
             k = self._keeper
             if k is not None and k.popen is not None:
                 await _stop_keeper(k)
+            elif k is not None:
+                k.unpin()
             return
         problems: list[str] = []
         if self._keeper is not None:
             await _stop_keeper(self._keeper)
-        for proc in list(self._execs):
-            if proc.returncode is None:  # not reaped: its pid (and group) cannot have been reused
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc, launcher in list(self._execs.items()):
+            # By pidfd: ``returncode is None`` does not mean "not reaped" (see _ChildHandle).
+            if proc.returncode is None:
+                launcher.kill()
         for cgroup in (self._cgroup, self._pids_cgroup):
             if cgroup is None:
                 continue

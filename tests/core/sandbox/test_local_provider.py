@@ -487,3 +487,97 @@ async def test_labels_carry_run_and_owner(sb: LocalSandbox, owner: str) -> None:
     assert meta["labels"]["opencode-tui.run"] == "pytest-local"
     assert meta["labels"][LABEL_OWNER] == owner
     assert oct(sb.state_dir.stat().st_mode & 0o777) == "0o700"
+
+
+# ---- a live sandbox is never hit by another one's cleanup (issue 25: a streaming exec once ended by
+# SIGKILL under load). Both faults are the kernel's own: pid numbers and PID-namespace inode numbers
+# are handed out again once freed (pid_max is 32768 here: wrapped within minutes under load), and
+# a cleanup that signals by a stale number hits whoever got it.
+
+
+def _take_pid(pid: int, argv: list[str]) -> Any:
+    """Start ``argv`` (a process-group leader, as every exec launcher is) as host pid ``pid``, freed a
+    moment ago: the kernel allocates after /proc/sys/kernel/ns_last_pid (root). None if another
+    process on the host took it first."""
+    import subprocess
+
+    for _ in range(5):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        proc = subprocess.Popen(argv, start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+        if Path(f"/proc/{pid}").exists():
+            return None
+    return None
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="forcing a pid number needs root (ns_last_pid)")
+async def test_a_launcher_whose_number_was_given_to_another_process_is_never_signalled(
+    sb: LocalSandbox,
+) -> None:
+    """asyncio reaps a child in its watcher thread and tells the loop later: in between, the exec's
+    ``returncode`` is None though its number is free. Here the loop is held (as a loaded host holds
+    it) while an exec's launcher dies, is reaped and its number goes to another process-group leader:
+    that number now reaches the other process (the control), and the exec's handle on its launcher,
+    which release and the deadline kill through, does not."""
+    task = asyncio.ensure_future(sb.exec(["sleep", "30"], timeout=60))
+    for _ in range(500):
+        if sb._execs:
+            break
+        await asyncio.sleep(0.01)
+    [(proc, launcher)] = list(sb._execs.items())
+    old = proc.pid
+    os.kill(old, 9)  # the launcher ends (its command with it, --die-with-parent)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{old}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # blocking on purpose: the loop cannot learn that it was reaped
+    assert not Path(f"/proc/{old}").exists(), "the watcher never reaped the launcher"
+    assert proc.returncode is None
+    other = _take_pid(old, ["sleep", "60"])
+    if other is None:
+        pytest.skip(f"another process on this host took pid {old} first")
+    try:
+        os.killpg(old, 0)  # the control: a signal by that number reaches the other process now
+        launcher.kill()
+        await sb.release()
+        await asyncio.gather(task, return_exceptions=True)
+        assert other.poll() is None, f"pid {old}, no longer the launcher, was killed"
+    finally:
+        other.kill()
+        other.wait()
+
+
+async def test_a_dead_sandboxs_cleanup_never_touches_the_sandbox_after_it(make_local: MakeLocal) -> None:
+    """Sandbox A's pid 1 is killed from outside; sandbox B is made next (the kernel gives a freed
+    namespace inode number to the next namespace at once) and streams a command. A's cleanup of an
+    exec whose number B's command now carries (pid reuse) must leave B's command alone: A holds its
+    namespace, so B gets another number, and a dead keeper's namespace is not searched at all."""
+    from core.sandbox.local.execution import _kill_exec_tree
+
+    a = await make_local(memory_bytes=256 << 20)
+    keeper = _host_pid_of(a, 1)
+    os.kill(keeper, 9)
+    for _ in range(250):
+        if not _alive(keeper):
+            break
+        await asyncio.sleep(0.02)
+    b = await make_local(memory_bytes=256 << 20)
+
+    seen: list[bytes] = []
+    started = asyncio.Event()
+
+    def on_output(chunk: OutputChunk) -> None:
+        seen.append(chunk.data)
+        started.set()
+
+    run = asyncio.ensure_future(
+        b.exec(["sh", "-c", "echo $$; sleep 2; echo second"], timeout=20, on_output=on_output)
+    )
+    await asyncio.wait_for(started.wait(), 20)
+    b_command = _host_pid_of(b, int(seen[0].split()[0]))
+    _kill_exec_tree(a, b_command, None)  # as if A's exec had carried that number
+    r = await run
+    assert r.ok and r.signal is None and r.stdout.endswith(b"second\n"), r
+    assert a.pidns != b.pidns, "sandbox B got the namespace number sandbox A still names"
