@@ -290,15 +290,30 @@ def _events(runs: Path) -> Iterator[dict[str, Any]]:
                     yield json.loads(line)
 
 
+def _seen(ctx: Ctx) -> str:
+    """What the row's run had recorded so far: its phases and failures (for a row's problem line)."""
+    events = list(_events(ctx.runs))
+    phases = [e.get("phase") for e in events if e.get("type") == "phase"]
+    failures = [
+        f"{e['failure'].get('kind')}@{e['failure'].get('stage')}"
+        for e in events
+        if e.get("type") == "failure"
+    ]
+    code = ctx.proc.poll() if ctx.proc is not None else None
+    return f"phases {' > '.join(map(str, phases)) or 'none'}; failures {', '.join(failures) or 'none'}" + (
+        "" if code is None else f"; the CLI exited {code}"
+    )
+
+
 def wait_for_phase(ctx: Ctx, phase: str, timeout: float = PHASE_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(e.get("type") == "phase" and e.get("phase") == phase for e in _events(ctx.runs)):
             return
         if ctx.proc is not None and ctx.proc.poll() is not None:
-            raise RuntimeError(f"the run ended before reaching {phase}")
+            raise RuntimeError(f"the run ended before reaching {phase} ({_seen(ctx)})")
         time.sleep(0.1)
-    raise RuntimeError(f"phase {phase} never reached within {timeout:g}s")
+    raise RuntimeError(f"phase {phase} never reached within {timeout:g}s ({_seen(ctx)})")
 
 
 # Files that shrink by design: temporaries renamed into place, SQLite's WAL and shared memory (a
@@ -441,12 +456,15 @@ class Suite:
         try:
             self._run(fault, ctx, row)
         except Exception as exc:  # a harness problem is a failed row, never a crashed suite
-            row.problems.append(f"suite: {type(exc).__name__}: {exc}")
+            row.problems.append(f"suite: {type(exc).__name__}: {exc} ({_seen(ctx)})")
         finally:
-            if ctx.proc is not None and ctx.proc.poll() is None:
-                ctx.proc.kill()
-                ctx.proc.wait(30)
-            self._count_and_remove_leftovers(ctx, row)
+            try:
+                if ctx.proc is not None and ctx.proc.poll() is None:
+                    ctx.proc.kill()
+                    ctx.proc.wait(30)
+                self._count_and_remove_leftovers(ctx, row)
+            except Exception as exc:
+                row.problems.append(f"suite: cleaning up after the row: {type(exc).__name__}: {exc}")
         row.seconds = round(time.monotonic() - started, 1)
         row.notes.extend(ctx.notes)
         row.ok = not row.problems
@@ -518,7 +536,9 @@ class Suite:
                 said = result.get("summary") or stderr.strip()[-300:]
                 why = deciding.get("message")
                 row.problems.append(
-                    f"expected {want}, got {got}: {said}" + (f" ({why[:400]})" if why else "")
+                    f"expected {want}, got {got}: {said}"
+                    + (f" ({why[:400]})" if why else "")
+                    + f"; {_seen(ctx)}"
                 )
             if expect.proof is not None and proof != expect.proof:
                 row.problems.append(f"expected cleanup proof {expect.proof}, got {proof}")
@@ -572,9 +592,10 @@ def _engine_inject(ctx: Ctx) -> None:
         d.start()
         ctx.notes.append(f"dockerd stopped for {time.monotonic() - down:.1f}s")
         return
-    [sandbox_id] = {
-        e["sandbox_id"] for e in _events(ctx.runs) if e.get("type") == "sandbox" and e.get("sandbox_id")
-    }
+    ids = {e["sandbox_id"] for e in _events(ctx.runs) if e.get("type") == "sandbox" and e.get("sandbox_id")}
+    if len(ids) != 1:
+        raise RuntimeError(f"expected the run's one sandbox, saw {sorted(ids)} ({_seen(ctx)})")
+    [sandbox_id] = ids
     label = Path(ctx.env["XDG_STATE_HOME"]) / "opencode-tui" / "local" / sandbox_id / "sandbox.json"
     keeper = json.loads(label.read_text())["keeper"]
     os.kill(int(keeper["pid"]), signal.SIGKILL)
@@ -780,7 +801,10 @@ def _kill_inject(ctx: Ctx) -> None:
 
 def _kill_after(ctx: Ctx, row: Row, result: dict[str, Any]) -> None:
     """The next run in the same runs directory reports the orphan; sweep --run finds its sandbox."""
-    [orphan] = [p for p in ctx.runs.iterdir() if p.is_dir()]
+    dirs = [p for p in ctx.runs.iterdir() if p.is_dir()]
+    if len(dirs) != 1:
+        raise RuntimeError(f"expected the killed run's one directory, saw {[p.name for p in dirs]}")
+    [orphan] = dirs
     left_before = (
         docker_leftovers(ctx.owner)
         if ctx.provider == "docker"
@@ -995,6 +1019,15 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def failed_lines(rows: list[Row]) -> list[str]:
+    """One line per row that did not hold: the row, and what it saw (its problems)."""
+    return [
+        f"faults: FAILED {r.fault}/{r.provider}: {'; '.join(r.problems) or 'no problem recorded'}"
+        for r in rows
+        if not r.ok
+    ]
+
+
 def selected(quick: bool, only: list[str] | None) -> list[tuple[Fault, str]]:
     out = []
     for fault in FAULTS:
@@ -1016,8 +1049,14 @@ def run(quick: bool = False, only: list[str] | None = None, jobs: int = 3) -> li
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = [pool.submit(lambda ps=private: [suite.run_row(f, p) for f, p in ps])]
             futures += [pool.submit(lambda f=f, p=p: [suite.run_row(f, p)]) for f, p in rest]
-            done = {(r.fault, r.provider): r for fut in futures for r in fut.result()}
-        return [done[(f.name, p)] for f, p in pairs]
+            done: dict[tuple[str, str], Row] = {}
+            for fut in futures:
+                try:
+                    done.update({(r.fault, r.provider): r for r in fut.result()})
+                except Exception as exc:  # never lose the table (and which rows held) to one row
+                    print(f"faults: a row crashed the suite: {type(exc).__name__}: {exc}", file=sys.stderr)
+        crashed = "suite: the row crashed before reporting (see stderr)"
+        return [done.get((f.name, p)) or Row(f.name, p, problems=[crashed]) for f, p in pairs]
     finally:
         suite.close()
         shutil.rmtree(base, ignore_errors=True)
@@ -1037,7 +1076,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(table(rows))
         print(f"({time.monotonic() - started:.0f}s)")
-    return 0 if all(r.ok for r in rows) else 1
+    failed = failed_lines(rows)
+    for line in failed:  # last on the output, whatever cuts it short: which row, and what it saw
+        print(line, file=sys.stderr)
+    return 0 if not failed else 1
 
 
 if __name__ == "__main__":

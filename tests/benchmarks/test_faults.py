@@ -72,16 +72,17 @@ def test_quick_row_holds(suite: Any, name: str, provider: str) -> None:
     """The rows ``--quick`` prints: each holds its expectation (outcome, kind, exit, proof), with no
     traceback, no leaked sandbox and no lost artifact."""
     row = _row(suite, name, provider)
-    assert row.problems == [] and row.ok
-    assert (row.leaked, row.lost) == (0, 0)
+    seen = f"row {name}/{provider}:\n{F.table([row])}"  # which row, and what it saw
+    assert row.problems == [] and row.ok, seen
+    assert (row.leaked, row.lost) == (0, 0), seen
     expect = next(f for f in F.FAULTS if f.name == name).expect
     if expect is None:  # controller-kill: judged by the next run's report (see _kill_after)
-        assert (row.outcome, row.kind) == ("keep_unknown", "run_interrupted")
+        assert (row.outcome, row.kind) == ("keep_unknown", "run_interrupted"), seen
         return
-    assert (row.outcome, row.exit_code) == (expect.outcome, expect.exit_code)
-    assert row.kind in expect.kinds
+    assert (row.outcome, row.exit_code) == (expect.outcome, expect.exit_code), seen
+    assert row.kind in expect.kinds, seen
     if row.kind is not None:
-        assert row.outcome != "scored"
+        assert row.outcome != "scored", seen
 
 
 def test_engine_restart_mid_agent_is_recorded_and_proven_by_the_dead_container(suite: Any) -> None:
@@ -144,3 +145,13 @@ def test_local_keeper_killed_from_outside(suite: Any) -> None:
         3,
         "retry",
     )
+
+
+def test_a_failed_row_says_which_row_and_what_it_saw() -> None:
+    """The suite's last lines name every row that did not hold with what it saw, so a CI log alone
+    tells which fault flaked (the table above them may be cut short)."""
+    held = F.Row("model-500", "local", ok=True)
+    saw = "expected (...), got (...); phases seed > install > agent; failures sandbox_lost@agent"
+    broke = F.Row("engine-lost", "local", problems=[saw])
+    assert F.failed_lines([held, broke]) == [f"faults: FAILED engine-lost/local: {saw}"]
+    assert f"engine-lost/local: {saw}" in F.table([held, broke])
