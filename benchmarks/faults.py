@@ -506,7 +506,7 @@ class Suite:
         if lost:
             row.problems.append("lost artifacts: " + ", ".join(lost[:3]))
         stdout, stderr = out_err.get("out", ""), out_err.get("err", "")
-        if "Traceback" in stderr:
+        if _traceback_header(stderr) is not None:
             row.problems.append("a traceback on stderr: " + _traceback_summary(stderr))
         lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
         result = lines[-1] if lines else {}
@@ -689,11 +689,23 @@ def _cache_after(ctx: Ctx, row: Row, result: dict[str, Any]) -> None:
     row.cleanup = f"{row.cleanup}; re-fetched" if fetched else row.cleanup
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def _traceback_header(stderr: str) -> int | None:
+    """The line where a Python traceback of the CLI starts, if any. Only a line that begins with the
+    header counts: the word inside a quoted message (a command's output, a failure's excerpt) is no
+    crash of ours, and taking it for one both failed a row that held and then broke the summary."""
+    return next((i for i, line in enumerate(stderr.splitlines()) if line.startswith(_TRACEBACK)), None)
+
+
 def _traceback_summary(stderr: str) -> str:
     """The line logged before the first traceback and the exception it ends with: enough to know what
     broke from CI's log alone (the row's directory is gone by then)."""
     lines = stderr.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("Traceback"))
+    at = _traceback_header(stderr)
+    if at is None:
+        return "no traceback"
     before = lines[at - 1].strip() if at > 0 else ""
     raised = next((line for line in lines[at + 1 :] if line and not line.startswith(" ")), "?")
     return f"{before[:200]} → {raised[:300]}" if before else raised[:300]

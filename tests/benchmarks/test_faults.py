@@ -155,3 +155,20 @@ def test_a_failed_row_says_which_row_and_what_it_saw() -> None:
     broke = F.Row("engine-lost", "local", problems=[saw])
     assert F.failed_lines([held, broke]) == [f"faults: FAILED engine-lost/local: {saw}"]
     assert f"engine-lost/local: {saw}" in F.table([held, broke])
+
+
+def test_only_a_traceback_of_the_cli_fails_a_row() -> None:
+    """A quoted "Traceback" (a command's output inside a failure's message) is not a crash; a real one
+    is summarized by the line before it and the exception it ends with."""
+    quoted = 'opencode-tui: fix-bug: verifier said "Traceback (most recent call last): ... AssertionError"\n'
+    assert F._traceback_header(quoted) is None
+    crashed = (
+        "opencode-tui: closing the sandbox\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "OSError: [Errno 28] No space left on device\n"
+    )
+    assert F._traceback_header(crashed) == 1
+    assert F._traceback_summary(crashed) == (
+        "opencode-tui: closing the sandbox → OSError: [Errno 28] No space left on device"
+    )
