@@ -76,8 +76,8 @@ def _task_path(ref: str) -> Path:
         )
     elif not found.path.exists():
         raise ConfigError(
-            f"{ref}: no such task directory or file here, and no bundled sample of that name "
-            "(list them with `opencode-tui samples`)"
+            f"task {ref} does not exist: no such directory or file here, and no bundled sample of that "
+            "name (list them with `opencode-tui samples`)"
         )
     return found.path
 
