@@ -81,8 +81,13 @@ Exec
     ``sh -c 'exec "$@"'`` (same pid, same argv) so that a missing command is the usual 127. A deadline
     returns promptly with ``exit_code=None, observed=False, deadline_expired=True`` after killing the
     command's process tree (its session and every descendant, stopped first so none can escape by
-    forking; only processes in the sandbox's PID namespace are ever signalled): a local command that
-    outlived its deadline would otherwise keep running on the host. Processes the command deliberately
+    forking; only processes in the sandbox's PID namespace are ever signalled, and only while its
+    keeper lives: the keeper's namespace is held open by an fd, because the kernel hands a freed
+    namespace inode number to the next new namespace at once): a local command that outlived its
+    deadline would otherwise keep running on the host. No process is ever signalled by a number that
+    may have been reused: exec launchers through a pidfd taken at spawn (asyncio reaps a child before
+    it sets ``returncode``), the holder only while ``poll()`` says it is unreaped, the keeper only when
+    its start time still matches. Processes the command deliberately
     detached (``setsid`` and its parent gone) are left running, as after a ``docker exec``, until
     release. The exec returns when the command exits: output still arriving within a short grace is
     kept, but a background process that inherited stdout does not hold the exec open.
