@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import os
 import platform
+import subprocess
+import sys
 
 from core import provider_registry as registry
-from core.config import AgentConfig
+from core.config import AgentConfig, ConfigError, load_config
 from core.exit_codes import ExitCode
 from core.provider_registry import Check
 
@@ -69,8 +73,53 @@ async def _check_opencode(config: AgentConfig) -> list[Check]:
     return out
 
 
+CONTRACT_PLUGIN = "core.sandbox.contract.plugin"
+CONTRACT_SUITE = "core.sandbox.contract.suite"
+_CONTRACT_NEEDS = ("pytest", "pytest_asyncio")
+
+
+def run_provider_contract(name: str, image: str | None, config_path: str | None) -> int:
+    """The shipped contract suite against ``name``, in a pytest of its own (its output is the report).
+
+    pytest reads no project's settings here (``-c`` an empty file): the suite's result must not
+    depend on the directory it is started from."""
+    try:
+        registry.check_name(name)
+    except registry.UnknownProviderError as exc:
+        print(f"opencode-tui doctor: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    missing = [m for m in _CONTRACT_NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"opencode-tui doctor: the provider contract suite runs under pytest ({', '.join(missing)} "
+            "missing); install it with: pip install 'opencode-tui[contract]'",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    argv = [sys.executable, "-m", "pytest", "-c", os.devnull, "--rootdir", os.getcwd()]
+    argv += ["-p", CONTRACT_PLUGIN, "-p", "no:cacheprovider", "--pyargs", CONTRACT_SUITE]
+    argv += ["--contract-provider", name, "-rs", "-q"]
+    if image:
+        argv += ["--contract-image", image]
+    if config_path:
+        argv += ["--contract-config", os.path.abspath(config_path)]
+    code = subprocess.run(argv, check=False).returncode
+    verdict = {0: "passes", 1: "FAILS"}.get(code, f"could not be run (pytest exit {code})")
+    print(f"opencode-tui doctor: the {name} provider {verdict} the contract suite", file=sys.stderr)
+    return {0: ExitCode.OK, 1: ExitCode.INFRA, 2: ExitCode.INTERRUPTED}.get(code, ExitCode.USAGE)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
-    config = AgentConfig()
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"opencode-tui doctor: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    if args.provider_contract:
+        return run_provider_contract(args.provider_contract, args.contract_image, args.config)
+    if args.contract_image:
+        print("opencode-tui doctor: --contract-image goes with --provider-contract NAME", file=sys.stderr)
+        return ExitCode.USAGE
     checks = [Check(name="python", status="ok", detail=platform.python_version())]
 
     async def gather() -> None:

@@ -136,6 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("names", nargs="*", metavar="NAME", help="only these samples (default: all)")
     dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
     dr.add_argument("--json", action="store_true")
+    dr.add_argument(
+        "--provider-contract",
+        metavar="NAME",
+        help="run the provider contract suite against this registered provider (needs pytest: "
+        "pip install 'opencode-tui[contract]'); exit 0 when it passes, 3 when a test fails",
+    )
+    dr.add_argument(
+        "--contract-image", metavar="IMAGE", help="with --provider-contract: the image of its sandboxes"
+    )
+    dr.add_argument("--config", help="config file whose sandbox.<name> settings configure the providers")
     return p
 
 

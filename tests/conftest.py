@@ -13,6 +13,10 @@ import uuid
 
 import pytest
 
+# The provider contract suite's fixtures and options (shipped in the package, for third-party providers
+# too); tests/core/sandbox/conftest.py gives the built-in providers this repository's test environment.
+pytest_plugins = ["core.sandbox.contract.plugin"]
+
 TEST_OWNER = f"pytest-{uuid.uuid4().hex[:10]}"
 # Set before any provider is created, so every owned sandbox of this session carries it. An xdist
 # worker inherits the controller's value (its conftest ran first) and adds its own name to it: each

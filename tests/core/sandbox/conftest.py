@@ -6,8 +6,8 @@ session no container with that label may remain (leftovers are removed, then the
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys
@@ -167,10 +167,10 @@ def opensandbox_settings_factory(opensandbox_server: Any) -> Callable[..., Any]:
     return lambda **overrides: opensandbox_settings(opensandbox_server, **overrides)
 
 
-# The contract suite runs against every registered provider (core/provider_registry.py), the built-in
-# ones and any plug-in on the path; OPENCODE_TUI_CONTRACT_PROVIDERS (comma-separated names) narrows it.
-# The built-ins need a test environment (a Docker engine, bwrap, the OpenSandbox server fixture); a
-# plug-in is made from its default settings.
+# The contract suite (core/sandbox/contract) runs against every registered provider, the built-in ones
+# and any plug-in on the path; --contract-provider or OPENCODE_TUI_CONTRACT_PROVIDERS narrows it. The
+# built-ins need this test environment (a Docker engine, bwrap, the OpenSandbox server fixture); a
+# plug-in is made from its default settings, as the shipped plug-in does.
 _BUILTIN_MARKS: dict[str, list[Any]] = {
     "docker": [pytest.mark.docker],
     "local": [pytest.mark.bwrap],
@@ -178,78 +178,46 @@ _BUILTIN_MARKS: dict[str, list[Any]] = {
 }
 
 
-def _contract_providers() -> list[str]:
-    from core import provider_registry as registry
-
-    chosen = os.environ.get("OPENCODE_TUI_CONTRACT_PROVIDERS")
-    names = registry.names()
-    if chosen:
-        wanted = [n.strip() for n in chosen.split(",") if n.strip()]
-        for name in wanted:
-            registry.check_name(name)
-        names = wanted
-    return names
+def pytest_opencode_contract_marks(name: str) -> list[Any]:
+    return _BUILTIN_MARKS.get(name, [])
 
 
-@pytest.fixture(params=[pytest.param(n, marks=_BUILTIN_MARKS.get(n, [])) for n in _contract_providers()])
-async def provider(request: pytest.FixtureRequest) -> AsyncIterator[SandboxProvider]:
-    if request.param == "docker":
-        request.getfixturevalue("docker_client")
-        from core.sandbox.docker.provider import DockerProvider
-
-        yield DockerProvider()
-        return
-    if request.param == "opensandbox":
-        server = request.getfixturevalue("opensandbox_server")
-        from core.sandbox.opensandbox.provider import OpenSandboxProvider
-
-        os_provider = OpenSandboxProvider(opensandbox_settings(server), api_key=server.api_key)
-        try:
-            yield os_provider
-        finally:
-            await os_provider.aclose()
-        return
-    if request.param == "local":
-        from core.sandbox.local.provider import LocalProvider
-
-        yield LocalProvider()
-        return
-    from core import provider_registry as registry
-
-    plugin = registry.get(request.param)
-    made = plugin.provider(plugin.settings())
-    try:
-        yield made
-    finally:
-        aclose = getattr(made, "aclose", None)
-        if aclose is not None:
-            await aclose()
+@pytest.fixture(scope="session")
+def contract_run_id() -> str:
+    return TEST_RUN_ID  # the label the leak check above looks for
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "requires(*capabilities): a contract test that needs these provider capabilities "
-        "(core.provider_registry.Capabilities); skipped for a provider that does not declare them",
-    )
+@pytest.fixture
+def contract_provider_factory(
+    request: pytest.FixtureRequest, contract_provider_factory: Callable[[str], Any]
+) -> Callable[[str], Any]:
+    default = contract_provider_factory  # the plug-in's own, for providers from other packages
 
+    @contextlib.asynccontextmanager
+    async def make(name: str) -> AsyncIterator[SandboxProvider]:
+        if name == "docker":
+            request.getfixturevalue("docker_client")
+            from core.sandbox.docker.provider import DockerProvider
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip, by capability and never by name, the contract tests a provider does not claim to meet."""
-    from core import provider_registry as registry
+            yield DockerProvider()
+        elif name == "opensandbox":
+            server = request.getfixturevalue("opensandbox_server")
+            from core.sandbox.opensandbox.provider import OpenSandboxProvider
 
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        name = callspec.params.get("provider") if callspec is not None else None
-        if name is None:
-            continue
-        caps = registry.get(name).capabilities
-        for marker in item.iter_markers("requires"):
-            missing = [c for c in marker.args if not getattr(caps, c)]
-            if missing:
-                item.add_marker(
-                    pytest.mark.skip(reason=f"the {name} provider does not declare {', '.join(missing)}")
-                )
+            os_provider = OpenSandboxProvider(opensandbox_settings(server), api_key=server.api_key)
+            try:
+                yield os_provider
+            finally:
+                await os_provider.aclose()
+        elif name == "local":
+            from core.sandbox.local.provider import LocalProvider
+
+            yield LocalProvider()
+        else:
+            async with default(name) as made:
+                yield made
+
+    return make
 
 
 def sandbox_spec(**overrides: Any) -> SandboxSpec:
@@ -273,31 +241,3 @@ def test_run_id() -> str:
 @pytest.fixture
 def spec_factory() -> Callable[..., SandboxSpec]:
     return sandbox_spec
-
-
-@pytest.fixture
-async def make_sandbox(provider: SandboxProvider) -> AsyncIterator[MakeSandbox]:
-    """A factory for owned sandboxes from ``provider``; every one is released at teardown."""
-    created: list[Sandbox] = []
-
-    async def make(**overrides: Any) -> Sandbox:
-        sandbox = await provider.create(sandbox_spec(**overrides))
-        created.append(sandbox)
-        return sandbox
-
-    try:
-        yield make
-    finally:
-        errors: list[BaseException] = []
-        for sandbox in created:
-            try:
-                await sandbox.release()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-
-
-@pytest.fixture
-async def sandbox(make_sandbox: MakeSandbox) -> Sandbox:
-    return await make_sandbox()

@@ -176,6 +176,8 @@ class ToySandbox(Sandbox):
                 ended_at=_now(),
             )
         sig = -code if code < 0 else None
+        if os.environ.get("TOY_PROVIDER_BREAK_EXIT_CODES"):  # a deliberate defect: the suite must fail
+            code = 0
         return ExecResult(
             execution_id=eid,
             exit_code=None if sig else code,
