@@ -28,7 +28,7 @@ from textual.widgets import (
 from core.artifacts import RunDirReader
 from core.calls.records import ModelCallRecord
 from core.events import FailureRecorded, FailureRecovered, ModelCall
-from core.failures import FailureEvent
+from core.failures import FailureEvent, describe_decision
 from core.failures.model import ModelCallDetails
 from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
 from opencode_tui import format as fmt
@@ -428,10 +428,7 @@ class FailureScreen(ModalScreen[str | None]):
             d = self.record.decision
             field("class", d.failure_class)
             line("[b]$k[/][b $accent]$v[/]", k=f"{'action':<16}", v=str(d.action))
-            field(
-                "decided by",
-                f"{d.level} rule '{d.rule}'" + (" (retries exhausted)" if d.retries_exhausted else ""),
-            )
+            field("decided by", describe_decision(d))
         field("operation", f.operation)
         field("http status", fmt.DASH if f.http_status is None else f.http_status)
         field("occurred at", f.occurred_at.isoformat())
