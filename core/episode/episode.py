@@ -43,6 +43,7 @@ from core.failures import (
     FailureEvent,
     FailureStage,
     GenericDetails,
+    Recovery,
     decide,
     merged,
     merged_classification,
@@ -277,6 +278,11 @@ class Episode(EpisodeControl):
         self.emit(FailureRecorded(failure=failure, decision=decision))
         return decision
 
+    def _recovered(self, failure: FailureEvent, how: Recovery) -> None:
+        stage = stage_of(self._phase)
+        stamped = failure if failure.stage is stage else failure.model_copy(update={"stage": stage})
+        self.emit(FailureRecovered(failure=stamped, recovery=how))
+
     def _decide(self, failure: FailureEvent) -> Decision:
         return decide(failure, attempt=self.attempt, policy=self.policy, classification=self.classification)
 
@@ -485,10 +491,8 @@ class Episode(EpisodeControl):
             batch_id=self.batch_id,
         )
         # Failures the provider recovered from without raising go to the event stream (shown, never
-        # the outcome).
-        self.sandbox.on_recovered = lambda failure, how: self.emit(
-            FailureRecovered(failure=failure, recovery=how)
-        )
+        # the outcome), stamped with the stage the episode is in (a provider only knows what failed).
+        self.sandbox.on_recovered = self._recovered
         seeded = await seed.identify(
             self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
         )

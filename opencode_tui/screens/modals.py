@@ -26,7 +26,7 @@ from textual.widgets import (
 )
 
 from core.artifacts import RunDirReader
-from core.calls.records import ModelCallRecord
+from core.calls.records import ModelCallRecord, failed_call_words
 from core.events import FailureRecorded, FailureRecovered, ModelCall
 from core.failures import FailureEvent, describe_decision
 from core.failures.model import ModelCallDetails
@@ -242,7 +242,12 @@ class ModelCallScreen(ModalScreen[None]):
             ("started", c.started_at.isoformat()),
             ("session id", self.session_id or fmt.DASH),
             ("message id", c.message_id or "none (not attributed)"),
-            ("error", c.error or fmt.DASH),
+            # a failed call says why: the proxy's error, else the upstream's status and body excerpt
+            (
+                "error",
+                failed_call_words(c.status, c.error, self.record.response_body if self.record else None)
+                or fmt.DASH,
+            ),
         ]
         if self.loaded:
             fields.append(

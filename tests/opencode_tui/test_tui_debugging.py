@@ -210,6 +210,9 @@ async def test_enter_on_a_failures_call_id_opens_that_call(tmp_path, replay_load
         await pilot.pause()
         detail = app.screen
         assert isinstance(detail, FailureScreen) and detail.call_ids == ["c-2"]
+        # the proxy's record is the failure's evidence, not "none"
+        assert "source model.proxy" in detail.render_detail().plain
+        assert "none: the diagnosis rests on no authoritative observation" not in detail.render_detail().plain
         assert detail.focused is not None and "c-2" in str(detail.focused.label)
         await pilot.press("enter")
         await pilot.pause()
@@ -217,6 +220,9 @@ async def test_enter_on_a_failures_call_id_opens_that_call(tmp_path, replay_load
         assert isinstance(call, ModelCallScreen) and call.call.call_id == "c-2" and call.call.status == 500
         await wait(pilot, lambda: call.loaded, what="the call's record")
         assert "upstream boom" in call.query_one("#response-view").query_one(Static).render().plain
+        # a failed call says its status and error, never "error –" (issue 25)
+        summary = call.query_one("#call-summary", Static).render().plain
+        assert "upstream answered HTTP 500" in summary and "upstream boom" in summary
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, RunScreen)

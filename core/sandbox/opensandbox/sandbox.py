@@ -28,6 +28,7 @@ from core.failures import (
     OomDetails,
 )
 from core.failures.model import FailureDetails
+from core.failures.policy import STATUS_BLIND_KINDS
 from core.sandbox import tarsafe
 from core.sandbox.base import (
     ExecResult,
@@ -743,6 +744,10 @@ class OpenSandboxSandbox(Sandbox):
             cause=run.cause,
             details=failure.details,
         )
+        if typed.kind in STATUS_BLIND_KINDS:
+            # An OOM keeps its own precedence: the status of the poll that noticed it stays in the
+            # cause chain, never in the policy's HTTP-status table (a 502 would retry it).
+            return typed
         return typed.model_copy(update={"http_status": failure.http_status})
 
     # ----------------------------------------------------------------------------------- pty

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails
+from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails, decide
 from core.sandbox.base import LABEL_OWNER, LABEL_RUN, ExpectedRefusal, Recovery, SandboxError, SandboxState
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
 from core.sandbox.opensandbox.provider import OpenSandboxProvider, OpenSandboxSandbox
@@ -229,6 +229,10 @@ async def test_real_oom_of_the_main_process_is_confirmed_from_the_server_report_
     assert isinstance(failure.details, OomDetails) and failure.details.container_id == sb.sandbox_id
     assert failure.details.memory_limit_bytes == SMALL_MEMORY
     assert failure.cause is not None  # the original error (the broken stream / unreachable daemon)
+    # An OOM keeps its own precedence: whatever status the poll that noticed it got (a 502 from the
+    # server's proxy to a dead daemon) stays in the cause, never in the policy's status table.
+    assert failure.http_status is None
+    assert decide(failure).rule == "provider_oom_killed@agent" and decide(failure).action == "count_as_zero"
     piece = oom_confirmed(failure.evidence, scope=sb.sandbox_id)
     assert piece is not None and piece.source == SOURCE_OS_DIAGNOSTICS
     assert piece.data["endpoint"] == "diagnostics/events" and piece.data["subject"] == sb.sandbox_id

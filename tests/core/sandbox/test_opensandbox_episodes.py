@@ -133,6 +133,8 @@ def test_a_recovered_stream_loss_is_an_event_in_events_jsonl_never_the_outcome(
     assert len(recovered) == 1, recovered
     assert recovered[0].failure.kind == "command_stream_lost"
     assert recovered[0].recovery is Recovery.FOLLOWED_EXECUTION_ID
+    # the stage it happened in (the verifier's stream), not the provider's guess ``agent``
+    assert recovered[0].failure.stage.value == "verification"
     assert [e for e in events if isinstance(e, FailureRecorded)] == []
     [verification] = [e for e in events if isinstance(e, VerificationFinished)]
     assert (verification.exit_code, verification.passed) == (0, True)
