@@ -187,7 +187,8 @@ class FailureRecorded(_Event):
 
 class FailureRecovered(_Event):
     """A failure the sandbox provider recovered from without raising (an output stream lost and
-    followed by execution id, a submission resubmitted, a hard cap returned as an unknown exit).
+    followed by execution id, a submission resubmitted, a hard cap returned as an unknown exit, a
+    terminal's socket re-attached), or went on after (a terminal whose socket broke: it ended).
     Shown and recorded; never classified and never the outcome (that rests on ``FailureRecorded``
     and the results the episode itself observes)."""
 

@@ -550,6 +550,8 @@ async def test_allocation_failures_are_typed(os_env: Any) -> None:
 
 async def test_sandbox_deleted_behind_our_back_is_lost_for_exec_and_pty(os_env: Any) -> None:
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how))
     pty = await sb.pty(["bash", "--norc", "--noprofile", "-i"])
     assert os_env.api("DELETE", f"/sandboxes/{sb.sandbox_id}").status_code == 204
     with pytest.raises(SandboxError) as info:
@@ -563,11 +565,17 @@ async def test_sandbox_deleted_behind_our_back_is_lost_for_exec_and_pty(os_env: 
             break
     assert pty.failure is not None and pty.failure.kind == "sandbox_lost"
     assert pty.failure in sb.failures
+    # the broken terminal is reported too (an event in events.jsonl), diagnosed as the sandbox's loss
+    assert ("sandbox_lost", Recovery.TERMINAL_ENDED) in reported
     await sb.release()  # already gone: still fine
 
 
 async def test_pty_reattaches_once_when_its_socket_drops(os_env: Any, standin: Any) -> None:
+    """The drop and the re-attach are an observation reported to ``on_recovered`` (the episode puts
+    it in events.jsonl as ``FailureRecovered``), not only kept in the provider's memory."""
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery, dict[str, Any]]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how, failure.details.data))
     pty = await sb.pty(["bash", "--norc", "--noprofile", "-i"])
     try:
         standin.inject({"fault": "close_pty", "after_bytes": 1})
@@ -590,6 +598,9 @@ async def test_pty_reattaches_once_when_its_socket_drops(os_env: Any, standin: A
         while b"after" not in buf:
             buf += await asyncio.wait_for(pty.read(), 15)
         assert pty.failure is None
+        [(kind, how, data)] = reported
+        assert (kind, how, data["session_id"]) == ("sandbox_pty_failed", Recovery.REATTACHED, pty.session_id)
+        assert f"since={data['output_offset']}" in attaches[1]["path"]  # the offset it resumed from
     finally:
         await pty.close()
 
