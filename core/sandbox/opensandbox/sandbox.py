@@ -444,9 +444,9 @@ class OpenSandboxSandbox(Sandbox):
                 self._recovered(failure, Recovery.RESUBMITTED)
                 await asyncio.sleep(delay)
                 continue
-            if run.delivery is Delivery.NOT_SENT and status is not None and 400 <= status < 500:
-                raise _error(failure, run.cause)
-            # Unreachable daemon or uncertain delivery: ask the server what became of the sandbox.
+            # Refused (4xx), unreachable or uncertain: ask the server what became of the sandbox. A
+            # refusal too: a daemon (or the server's proxy to it) may refuse because the sandbox was
+            # OOM-killed meanwhile, and the lifecycle says so.
             diagnosis = await self._diagnose(deadline, run.diagnosis)
             raise _error(self._with_diagnosis(failure, diagnosis, run), run.cause)
 

@@ -244,6 +244,22 @@ async def test_real_oom_of_the_main_process_is_confirmed_from_the_server_report_
     assert (await sb.status()).state is SandboxState.FAILED
 
 
+async def test_a_refused_submission_still_reads_the_lifecycle_for_an_oom(os_env: Any, standin: Any) -> None:
+    """The daemon refuses a submission (409, injected by the stand-in) just as the sandbox's main
+    process starts exhausting its memory (the stand-in creates the file it waits for: the OOM is
+    real). A 4xx is not the end of it: the lifecycle is read, and the failure is the OOM."""
+    provider = os_env.provider(main_argv=OOM_MAIN, oom_from_diagnostics=True)
+    sb = await os_env.sandbox(provider, memory_bytes=SMALL_MEMORY)
+    standin.inject({"fault": "refuse_status", "match": "refused", "status": 409, "touch": "/tmp/go"})
+    with pytest.raises(SandboxError) as info:
+        await sb.exec(["sh", "-c", "true # refused"], timeout=20)
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "provider_oom_killed", failure
+    assert failure.cause is not None and "409" in failure.cause.message  # the refusal stays the cause
+    assert failure.http_status is None  # an OOM is decided by its kind, not by the refusal's status
+    assert oom_confirmed(failure.evidence, scope=sb.sandbox_id) is not None
+
+
 async def test_exit_137_without_an_oom_report_stays_unconfirmed(os_env: Any) -> None:
     sb = await os_env.sandbox(memory_bytes=SMALL_MEMORY)
     killed = await sb.exec(["sh", "-c", "sh -c 'kill -9 $$'; exit $?"], timeout=30)
