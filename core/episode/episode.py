@@ -178,7 +178,11 @@ class Episode(EpisodeControl):
             # Said before the destruction starts: the close under way sees its receipt fail because of it.
             self._destroyed_in_hurry = True
             try:
-                await asyncio.wait_for(self.sandbox.release(), self.config.budgets.close_s)
+                # [close budget] within what the close has left (everything, the release's reserve
+                # included), never a fresh budget: a hurry shortens the close, it cannot lengthen it.
+                await self._begin_close().run(
+                    self.sandbox.release(), step="destroy the sandbox (hurried)", for_release=True
+                )
             except Exception as exc:
                 self._destroyed_in_hurry = False
                 self.emit(
@@ -277,6 +281,16 @@ class Episode(EpisodeControl):
         self.failures.append(RecordedFailure(failure=failure, decision=decision))
         self.emit(FailureRecorded(failure=failure, decision=decision))
         return decision
+
+    def _begin_close(self) -> CloseDeadline:
+        """The close deadline, fixed by its first use (the close, or a hurry that came first)."""
+        if self.close_deadline is None:
+            self.close_deadline = (
+                self.session.begin_close()
+                if self.session is not None
+                else CloseDeadline(self.config.budgets.close_s)
+            )
+        return self.close_deadline
 
     def _recovered(self, failure: FailureEvent, how: Recovery) -> None:
         stage = stage_of(self._phase)
@@ -535,11 +549,7 @@ class Episode(EpisodeControl):
     async def _finish(self, stack: contextlib.AsyncExitStack) -> EpisodeResult:
         # [close budget] one deadline for the whole close, shared with the session (which started it
         # already when a cancel asked the supervisor to stop); each step below gets what remains.
-        deadline = self.close_deadline = (
-            self.session.begin_close()
-            if self.session is not None
-            else CloseDeadline(self.config.budgets.close_s)
-        )
+        deadline = self._begin_close()
         confirmed: bool | None = None
         if self.session is not None:
             assert self.sandbox is not None and self.installed is not None
