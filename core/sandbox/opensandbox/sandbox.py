@@ -545,7 +545,7 @@ class OpenSandboxSandbox(Sandbox):
         try:
             event = json.loads(text)
         except ValueError:
-            run.notes.append(f"an unparseable event was skipped: {text[:80]!r}")
+            run.note(f"an unparseable event was skipped: {text[:80]!r}")
             return False
         if not isinstance(event, dict):
             return False
@@ -621,7 +621,7 @@ class OpenSandboxSandbox(Sandbox):
                         break
                     await self._recover_logs(run, remote, deadline)
                     self._recovered(stream_lost, Recovery.FOLLOWED_EXECUTION_ID)
-                    run.notes.append(
+                    run.note(
                         "the output stream broke; the exit was read by execution id"
                         + (
                             ""
@@ -663,16 +663,14 @@ class OpenSandboxSandbox(Sandbox):
                 default_kind="command_status_lost",
             )
         except (RequestFailed, TimeoutError) as exc:
-            run.notes.append(
-                f"the command's log could not be read ({exc}); output after the break is missing"
-            )
+            run.note(f"the command's log could not be read ({exc}); output after the break is missing")
             return
         log_bytes = response.content
         streamed = run.combined.value()
         if run.combined.total == len(streamed) and log_bytes.startswith(streamed):
             await run.emit("stdout", log_bytes[len(streamed) :])
         else:
-            run.notes.append("the command's log does not continue the streamed output; it was not merged")
+            run.note("the command's log does not continue the streamed output; it was not merged")
 
     # ------------------------------------------------------------------------------- diagnosis
 
