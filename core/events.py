@@ -95,6 +95,16 @@ class SandboxReady(_Event):
     gid: int | None = None
     user_source: str | None = None
 
+    @property
+    def unenforced_limits(self) -> list[str]:
+        """The limits asked for that the provider does not enforce (``notes`` says why)."""
+        flags = (
+            ("memory", self.memory_limit_enforced),
+            ("pids", self.pids_limit_enforced),
+            ("disk", self.disk_limit_enforced),
+        )
+        return [name for name, enforced in flags if enforced is False]
+
 
 class InstallProgress(_Event):
     type: Literal["install_progress"] = "install_progress"

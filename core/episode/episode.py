@@ -516,7 +516,9 @@ class Episode(EpisodeControl):
             sandbox_id=self.sandbox.sandbox_id,
             sandbox_owned=self.sandbox.owned,
         )
-        self.emit(seed.ready(self.sandbox, seeded, self.config))
+        ready = seed.ready(self.sandbox, seeded, self.config)
+        self.emit(ready)
+        seed.refuse_unenforced(ready, self.config)  # limits.enforce: strict
         await seed.stage(self.sandbox, self.config, self.task, seeded.user, self.endpoint)
 
         self._enter(Phase.INSTALL)
