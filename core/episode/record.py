@@ -70,6 +70,8 @@ class EpisodeResult(BaseModel):
     health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
     # Limits asked for that the provider did not enforce (``limits.enforce: warn`` ran anyway).
     unenforced_limits: list[str] = Field(default_factory=list)
+    # Failures recorded as warnings that did not decide (an optional artifact lost; the reward stands).
+    warnings: list[str] = Field(default_factory=list)
 
     @property
     def scored(self) -> bool:
@@ -147,6 +149,7 @@ def result_of(verdict: Verdict, tally: Tally, **fields: Any) -> EpisodeResult:
         exit_code=verdict.exit_code,
         summary=verdict.summary,
         unenforced_limits=list(tally.unenforced_limits),
+        warnings=[r.failure.kind for r in verdict.warnings],
         **fields,
     )
 

@@ -77,3 +77,10 @@ async def test_a_limit_that_cannot_be_enforced_is_said_or_refused(tmp_path):
         ["docker", "ps", "-aq", "--filter", f"id={refused.sandbox_id}"], capture_output=True, text=True
     )
     assert left.stdout.split() == []
+
+
+def test_the_batch_line_says_failures_kept_as_warnings():
+    from core.batch import BatchSummary
+
+    line = BatchSummary(total=2, scored=2, warnings_by_kind={"transcript_export_failed": 1}).line()
+    assert line == "2 of 2 scored; warnings (reward kept): transcript_export_failed x1"

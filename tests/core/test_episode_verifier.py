@@ -116,6 +116,7 @@ def test_a_lost_transcript_snapshot_never_costs_a_verified_reward(tmp_path, epis
         0,
     )
     assert "warning: transcript_export_failed" in result.summary
+    assert result.warnings == ["transcript_export_failed"]
     [lost] = failures(result)
     assert lost.failure.kind == "transcript_export_failed" and lost.failure.stage.value == "transcript"
     assert lost.decision.warning
