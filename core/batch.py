@@ -82,16 +82,24 @@ class BatchSummary(BaseModel):
     results: list[EpisodeResult] = Field(default_factory=list)
     failures_by_kind: dict[str, int] = Field(default_factory=dict)
     health_by_kind: dict[str, int] = Field(default_factory=dict)  # episode-health warnings, all episodes
+    # Episodes that ran without a limit they asked for, by limit (``limits.enforce: warn``).
+    unenforced_by_limit: dict[str, int] = Field(default_factory=dict)
+    # Failures kept as warnings (the reward stood), by kind.
+    warnings_by_kind: dict[str, int] = Field(default_factory=dict)
     cancelled: bool = False
     cancelled_by: str | None = None
 
     def line(self) -> str:
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.failures_by_kind.items()))
         health = ", ".join(f"{k} x{n}" for k, n in sorted(self.health_by_kind.items()))
+        unenforced = ", ".join(f"{k} x{n}" for k, n in sorted(self.unenforced_by_limit.items()))
+        kept = ", ".join(f"{k} x{n}" for k, n in sorted(self.warnings_by_kind.items()))
         return (
             f"{self.scored} of {self.total} scored"
             + (f"; failures: {kinds}" if kinds else "")
+            + (f"; warnings (reward kept): {kept}" if kept else "")
             + (f"; health warnings: {health}" if health else "")
+            + (f"; limits not enforced: {unenforced}" if unenforced else "")
         )
 
 
@@ -430,8 +438,12 @@ async def run_batch(
             results_file.close()
     failures = Counter(r.failure_kind for r in results if r.failure_kind)
     health: Counter[str] = Counter()
+    unenforced: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
     for r in results:
         health.update(r.health)
+        unenforced.update(r.unenforced_limits)
+        kept.update(r.warnings)
     return BatchSummary(
         total=len(tasks),
         batch_id=control.batch_id,
@@ -439,6 +451,8 @@ async def run_batch(
         results=results,
         failures_by_kind=dict(failures),
         health_by_kind=dict(health),
+        unenforced_by_limit=dict(unenforced),
+        warnings_by_kind=dict(kept),
         cancelled=cancelled or control.cancelled_by is not None,
         cancelled_by=control.cancelled_by,
     )

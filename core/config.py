@@ -313,6 +313,9 @@ class SandboxLimits(_Model):
 
     pids: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=1)  # None: no process limit
     disk: str | int | None = None  # the writable space (e.g. "2g"); None: not limited
+    # A limit asked for that the provider cannot enforce (docker's disk limit on overlay2 over extfs):
+    # ``warn`` runs anyway and says so (header, batch line, run.json); ``strict`` refuses to start.
+    enforce: Literal["warn", "strict"] = "warn"
 
     @field_validator("disk")
     @classmethod
@@ -408,44 +411,15 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Fields a caller may NOT set on a sandbox session, with the reason shown to the user.
-_REFUSED_SESSION_FIELDS = {
-    "env": "custom sandbox environment variables are not supported for sandbox sessions; bake them into "
-    "the task image or the task files",
-    "command": "a custom command is not supported for sandbox sessions; the engine always runs the pinned "
-    "OpenCode under its supervisor",
-    "extra_args": "extra OpenCode CLI arguments are not supported for sandbox sessions; use the config "
-    "file's model/budget settings",
-    "cli_args": "extra OpenCode CLI arguments are not supported for sandbox sessions; use the config "
-    "file's model/budget settings",
+# Fields a task may NOT set, with the reason shown to the user (``core.tasks.load_task`` says it): the
+# engine always runs the pinned OpenCode under its supervisor, in the sandbox the task describes.
+REFUSED_TASK_FIELDS = {
+    "env": "custom sandbox environment variables are not supported; bake them into the task image or "
+    "the task files",
+    "command": "a custom agent command is not supported; the engine always runs the pinned OpenCode "
+    "under its supervisor",
+    "extra_args": "extra OpenCode CLI arguments are not supported; use the config file's model and "
+    "budget settings",
+    "cli_args": "extra OpenCode CLI arguments are not supported; use the config file's model and "
+    "budget settings",
 }
-
-
-class SessionRequest(_Model):
-    """What a caller may ask of one sandbox session: an explicit allow-list of fields."""
-
-    task_id: str = Field(min_length=1)
-    prompt: str = Field(min_length=1)
-    workdir: str
-    run_timeout_s: float | None = None
-    instructions: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, why in _REFUSED_SESSION_FIELDS.items():
-                if name in data:
-                    raise ValueError(f"field '{name}' is refused: {why}")
-            unknown = sorted(set(data) - set(cls.model_fields))
-            if unknown:
-                allowed = ", ".join(cls.model_fields)
-                raise ValueError(
-                    f"unsupported field(s) {', '.join(repr(u) for u in unknown)}; allowed: {allowed}"
-                )
-        return data
-
-    @field_validator("run_timeout_s")
-    @classmethod
-    def _timeout(cls, value: float | None) -> float | None:
-        return None if value is None else _finite_positive("run_timeout_s", value)

@@ -95,6 +95,16 @@ class SandboxReady(_Event):
     gid: int | None = None
     user_source: str | None = None
 
+    @property
+    def unenforced_limits(self) -> list[str]:
+        """The limits asked for that the provider does not enforce (``notes`` says why)."""
+        flags = (
+            ("memory", self.memory_limit_enforced),
+            ("pids", self.pids_limit_enforced),
+            ("disk", self.disk_limit_enforced),
+        )
+        return [name for name, enforced in flags if enforced is False]
+
 
 class InstallProgress(_Event):
     type: Literal["install_progress"] = "install_progress"
@@ -187,7 +197,8 @@ class FailureRecorded(_Event):
 
 class FailureRecovered(_Event):
     """A failure the sandbox provider recovered from without raising (an output stream lost and
-    followed by execution id, a submission resubmitted, a hard cap returned as an unknown exit).
+    followed by execution id, a submission resubmitted, a hard cap returned as an unknown exit, a
+    terminal's socket re-attached), or went on after (a terminal whose socket broke: it ended).
     Shown and recorded; never classified and never the outcome (that rests on ``FailureRecorded``
     and the results the episode itself observes)."""
 

@@ -306,6 +306,8 @@ class Verdict(BaseModel):
     outcome: Outcome
     reward: float | None
     deciding: RecordedFailure | None = None
+    # Warning-class failures that did not decide (an optional artifact lost; the reward stands).
+    warnings: list[RecordedFailure] = Field(default_factory=list)
     summary: str
     exit_code: ExitCode
 
@@ -315,10 +317,11 @@ class Verdict(BaseModel):
 ROOT_CAUSE_KINDS = frozenset({"sandbox_engine_lost"})
 
 
-def primary_failure(failures: Iterable[RecordedFailure]) -> RecordedFailure | None:
+def primary_failure(failures: Iterable[RecordedFailure], *, graded: bool = False) -> RecordedFailure | None:
     """The failure that decides the outcome: a root cause (``ROOT_CAUSE_KINDS``), else the first not
-    about closing the sandbox, else the first."""
-    items = list(failures)
+    about closing the sandbox, else the first. When the verifier ``graded`` the episode, a warning
+    (an optional artifact's failure, ``Decision.warning``) never decides: the reward stands."""
+    items = [r for r in failures if not (graded and r.decision.warning)]
     for item in items:
         if item.failure.kind in ROOT_CAUSE_KINDS:
             return item
@@ -330,7 +333,8 @@ def primary_failure(failures: Iterable[RecordedFailure]) -> RecordedFailure | No
 
 def decide_outcome(facts: EpisodeFacts) -> Verdict:
     """One outcome from the recorded facts (precedence: a failure → a refusal → the verifier's reward)."""
-    deciding = primary_failure(facts.failures)
+    deciding = primary_failure(facts.failures, graded=facts.reward is not None)
+    warnings = [r for r in facts.failures if r.decision.warning and r is not deciding]
     if deciding is not None:
         failure, decision = deciding.failure, deciding.decision
         outcome = Outcome(decision.action.value)
@@ -342,6 +346,8 @@ def decide_outcome(facts: EpisodeFacts) -> Verdict:
     elif facts.reward is not None:
         outcome, reward = Outcome.SCORED, facts.reward
         summary = f"scored: reward {facts.reward:g}"
+        if warnings:
+            summary += "; warning: " + "; ".join(f"{r.failure.kind} ({r.failure.message})" for r in warnings)
     else:
         # Nothing failed and nothing was graded: there is no sample to report.
         outcome, reward = Outcome.KEEP_UNKNOWN, None
@@ -350,6 +356,7 @@ def decide_outcome(facts: EpisodeFacts) -> Verdict:
         outcome=outcome,
         reward=reward,
         deciding=deciding,
+        warnings=warnings,
         summary=summary,
         exit_code=_episode_exit_code(outcome, facts),
     )

@@ -140,6 +140,20 @@ class CloseDeadline:
             self._suspended_total += self._clock() - self._suspended_at
             self._suspended_at = None
 
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        """Let the clock run inside a ``suspended()`` span: a close-side step taken during
+        verification (the OOM inspect after a failed verifier) spends the close budget."""
+        if self._suspended_at is None:
+            yield
+            return
+        self._suspended_total += self._clock() - self._suspended_at
+        self._suspended_at = None
+        try:
+            yield
+        finally:
+            self._suspended_at = self._clock()
+
     async def run(
         self, aw: Awaitable[T], *, step: str, for_release: bool = False, cap: float | None = None
     ) -> T:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.config import (
     DEFAULT_IMAGE,
+    REFUSED_TASK_FIELDS,
     ConfigError,
     SandboxLimits,
     format_validation_error,
@@ -202,6 +203,9 @@ def load_task(path: str | Path) -> Task:
         raise ConfigError(f"task file {file} is not valid YAML: {yaml_error_text(exc)}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"task file {file} must hold a mapping (id, problem_statement, verify, ...)")
+    for name, why in REFUSED_TASK_FIELDS.items():
+        if name in data:
+            raise ConfigError(f"{file}: field '{name}' is refused: {why}")
     try:
         task = Task.model_validate({**data, "root": file.parent.resolve()})
     except ValidationError as exc:

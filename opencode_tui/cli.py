@@ -122,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write run directories as ATIF trajectories or chat messages")
     ex.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     ex.add_argument("--format", choices=["atif", "messages"], default="atif", help="default: atif (v1.8)")
+    from core.export.atif_versions import NEWEST, VERSIONS
+
+    ex.add_argument(
+        "--atif-version",
+        choices=VERSIONS,
+        default=NEWEST,
+        help="ATIF version to write (default 1.8); 1.7 for Harbor releases before v1.8, written beside "
+        "RUN_DIR/trajectory.json (which stays 1.8), saying what was dropped",
+    )
     ex.add_argument(
         "-o",
         "--output",

@@ -1,10 +1,13 @@
-"""``opencode-tui export RUN_DIR... --format atif|messages [-o PATH]``.
+"""``opencode-tui export RUN_DIR... --format atif|messages [--atif-version 1.8|1.7] [-o PATH]``.
 
 - ``atif`` without ``-o``: (re)writes ``RUN_DIR/trajectory.json`` for each run and prints its path;
   with ``-o PATH``: one run → that file, several → PATH is a directory of ``<run_id>.json``;
   ``-o -``: the document(s) on stdout (one JSON document per line when several).
 - ``messages``: one JSON line per run, ``{"run_id", "task_id", "outcome", "messages"}``, on stdout
   or into ``-o PATH``.
+- ``--atif-version 1.7``: the same trajectory for readers of the older version (Harbor releases before
+  ATIF-v1.8), written beside the newest (``RUN_DIR/trajectory.atif-v1.7.json``) or to ``-o``; what
+  had to be dropped to fit is said on stderr and in the copy's ``extra.atif_downgrade``.
 Exit 2 when a RUN_DIR is not a run directory or cannot be exported (the others are still written).
 """
 
@@ -20,6 +23,7 @@ from core.exit_codes import ExitCode
 
 def cmd_export(args: argparse.Namespace) -> int:
     from core.export.atif import TRAJECTORY_FILE, AtifTrajectory, build_trajectory, to_messages
+    from core.export.atif_versions import NEWEST, for_version, schema_version, versioned_file
 
     out = args.output
     several = len(args.run_dirs) > 1
@@ -46,11 +50,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             lines.append(json.dumps(record, ensure_ascii=False))
             continue
         text = traj.to_json()
+        version = getattr(args, "atif_version", NEWEST)
+        if version != NEWEST:
+            # [atif versions] a copy for older readers; the run directory's trajectory.json stays newest
+            doc, dropped = for_version(json.loads(text), version)
+            text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+            what = "; ".join(dropped) if dropped else "nothing (the content fits)"
+            print(
+                f"opencode-tui export: {run_dir}: {schema_version(version)}: dropped {what}", file=sys.stderr
+            )
         if out == "-":
             lines.append(json.dumps(json.loads(text), ensure_ascii=False) if several else text.rstrip("\n"))
             continue
         if out is None:
-            target = run_dir / TRAJECTORY_FILE
+            target = run_dir / (TRAJECTORY_FILE if version == NEWEST else versioned_file(version))
         elif several:
             target = Path(out) / f"{traj.trajectory_id or run_dir.name}.json"
         else:

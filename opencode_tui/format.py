@@ -77,6 +77,8 @@ RECOVERY_LABELS = {
     Recovery.FOLLOWED_EXECUTION_ID: "followed by execution id",
     Recovery.RESUBMITTED: "resubmitted",
     Recovery.RETURNED_UNOBSERVED: "returned, exit unknown",
+    Recovery.REATTACHED: "re-attached",
+    Recovery.TERMINAL_ENDED: "terminal ended",
 }
 
 

@@ -176,3 +176,23 @@ def assembled_tool_calls(body: Any) -> list[tuple[str, str]]:
             if isinstance(choice, dict):
                 take(choice)
     return [(name, args) for _, (name, args) in sorted(calls.items())]
+
+
+def body_excerpt(body: Any, limit: int = 300) -> str | None:
+    """The start of a recorded body as one line of text (a JSON body compactly), or None when empty."""
+    if body is None or body == "":
+        return None
+    text = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), default=str)
+    text = " ".join(text.split())
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
+def failed_call_words(status: int | None, error: str | None, body: Any = None) -> str | None:
+    """Why a call failed, in words: the proxy's error, else the upstream's error status and what its
+    body said; None for a call that did not fail."""
+    if error:
+        return error
+    if status is None or status < 400:
+        return None
+    excerpt = body_excerpt(body, 200)
+    return f"upstream answered HTTP {status}" + (f": {excerpt}" if excerpt else "")

@@ -119,14 +119,18 @@ async def close(
     if session.launch_started and (not cancelled_agent or receipt is None):
         agent_oom = await _judge_agent(sandbox, receipt, check, deadline, io)
     if session.collect_error is not None and not io.disk_full(session.collect_error):
-        io.fail(
-            failure_from(
-                session.collect_error,
-                kind="transcript_export_failed",
-                stage=FailureStage.TRANSCRIPT,
-                operation="collect OpenCode database and logs",
-            )
+        lost = failure_from(
+            session.collect_error,
+            kind="transcript_export_failed",
+            stage=FailureStage.TRANSCRIPT,
+            operation="collect OpenCode database and logs",
         )
+        seen = Evidence(
+            source="sandbox.download",
+            scope=sandbox.sandbox_id,
+            data={"error": f"{type(session.collect_error).__name__}: {session.collect_error}"[:500]},
+        )
+        io.fail(lost.model_copy(update={"evidence": [*lost.evidence, seen]}))
     return Closed(
         confirmed=confirmed, proof=proof, receipt=receipt, agent_oom=agent_oom, failures=tuple(io.recorded)
     )

@@ -43,6 +43,7 @@ from core.failures import (
     FailureEvent,
     FailureStage,
     GenericDetails,
+    Recovery,
     decide,
     merged,
     merged_classification,
@@ -177,7 +178,11 @@ class Episode(EpisodeControl):
             # Said before the destruction starts: the close under way sees its receipt fail because of it.
             self._destroyed_in_hurry = True
             try:
-                await asyncio.wait_for(self.sandbox.release(), self.config.budgets.close_s)
+                # [close budget] within what the close has left (everything, the release's reserve
+                # included), never a fresh budget: a hurry shortens the close, it cannot lengthen it.
+                await self._begin_close().run(
+                    self.sandbox.release(), step="destroy the sandbox (hurried)", for_release=True
+                )
             except Exception as exc:
                 self._destroyed_in_hurry = False
                 self.emit(
@@ -276,6 +281,21 @@ class Episode(EpisodeControl):
         self.failures.append(RecordedFailure(failure=failure, decision=decision))
         self.emit(FailureRecorded(failure=failure, decision=decision))
         return decision
+
+    def _begin_close(self) -> CloseDeadline:
+        """The close deadline, fixed by its first use (the close, or a hurry that came first)."""
+        if self.close_deadline is None:
+            self.close_deadline = (
+                self.session.begin_close()
+                if self.session is not None
+                else CloseDeadline(self.config.budgets.close_s)
+            )
+        return self.close_deadline
+
+    def _recovered(self, failure: FailureEvent, how: Recovery) -> None:
+        stage = stage_of(self._phase)
+        stamped = failure if failure.stage is stage else failure.model_copy(update={"stage": stage})
+        self.emit(FailureRecovered(failure=stamped, recovery=how))
 
     def _decide(self, failure: FailureEvent) -> Decision:
         return decide(failure, attempt=self.attempt, policy=self.policy, classification=self.classification)
@@ -485,10 +505,8 @@ class Episode(EpisodeControl):
             batch_id=self.batch_id,
         )
         # Failures the provider recovered from without raising go to the event stream (shown, never
-        # the outcome).
-        self.sandbox.on_recovered = lambda failure, how: self.emit(
-            FailureRecovered(failure=failure, recovery=how)
-        )
+        # the outcome), stamped with the stage the episode is in (a provider only knows what failed).
+        self.sandbox.on_recovered = self._recovered
         seeded = await seed.identify(
             self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
         )
@@ -498,7 +516,9 @@ class Episode(EpisodeControl):
             sandbox_id=self.sandbox.sandbox_id,
             sandbox_owned=self.sandbox.owned,
         )
-        self.emit(seed.ready(self.sandbox, seeded, self.config))
+        ready = seed.ready(self.sandbox, seeded, self.config)
+        self.emit(ready)
+        seed.refuse_unenforced(ready, self.config)  # limits.enforce: strict
         await seed.stage(self.sandbox, self.config, self.task, seeded.user, self.endpoint)
 
         self._enter(Phase.INSTALL)
@@ -531,11 +551,7 @@ class Episode(EpisodeControl):
     async def _finish(self, stack: contextlib.AsyncExitStack) -> EpisodeResult:
         # [close budget] one deadline for the whole close, shared with the session (which started it
         # already when a cancel asked the supervisor to stop); each step below gets what remains.
-        deadline = self.close_deadline = (
-            self.session.begin_close()
-            if self.session is not None
-            else CloseDeadline(self.config.budgets.close_s)
-        )
+        deadline = self._begin_close()
         confirmed: bool | None = None
         if self.session is not None:
             assert self.sandbox is not None and self.installed is not None

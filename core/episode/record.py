@@ -18,6 +18,7 @@ from core.events import (
     Event,
     ModelCall,
     OutcomeDecided,
+    SandboxReady,
     ToolCall,
     TranscriptStats,
     Warning_,
@@ -67,6 +68,10 @@ class EpisodeResult(BaseModel):
     artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
     sandbox_kept: bool = False
     health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
+    # Limits asked for that the provider did not enforce (``limits.enforce: warn`` ran anyway).
+    unenforced_limits: list[str] = Field(default_factory=list)
+    # Failures recorded as warnings that did not decide (an optional artifact lost; the reward stands).
+    warnings: list[str] = Field(default_factory=list)
 
     @property
     def scored(self) -> bool:
@@ -88,10 +93,13 @@ class Tally:
     agent_tokens_in: int | None = None
     agent_tokens_out: int | None = None
     last_command: str | None = None  # the agent's last bash command (for the record)
+    unenforced_limits: list[str] = field(default_factory=list)  # from SandboxReady
 
     def count(self, event: Event) -> None:
         if isinstance(event, ModelCall):
             self.model_calls.append(event)
+        elif isinstance(event, SandboxReady):
+            self.unenforced_limits = event.unenforced_limits
         elif isinstance(event, ToolCall) and event.status == "running":
             command = event.input.get("command")
             if isinstance(command, str):
@@ -140,6 +148,8 @@ def result_of(verdict: Verdict, tally: Tally, **fields: Any) -> EpisodeResult:
         agent_tokens_out=tally.agent_tokens_out,
         exit_code=verdict.exit_code,
         summary=verdict.summary,
+        unenforced_limits=list(tally.unenforced_limits),
+        warnings=[r.failure.kind for r in verdict.warnings],
         **fields,
     )
 
@@ -176,6 +186,7 @@ def write_record(
         "agent_tokens_in": result.agent_tokens_in,
         "agent_tokens_out": result.agent_tokens_out,
         "health": result.health,
+        "unenforced_limits": result.unenforced_limits,
     }
     run_dir.write_run_info(info)
     write_trajectory(run_dir, emit)

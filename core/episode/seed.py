@@ -152,6 +152,23 @@ def ready(sandbox: Sandbox, seeded: Seeded, config: AgentConfig) -> SandboxReady
     )
 
 
+def refuse_unenforced(ready: SandboxReady, config: AgentConfig) -> None:
+    """``limits.enforce: strict``: a limit that was asked for and cannot be enforced refuses the run
+    before anything is staged or launched (``ExpectedRefusal``: the outcome ``refused``, exit 2)."""
+    missing = ready.unenforced_limits
+    if config.limits.enforce != "strict" or not missing:
+        return
+    why = "; ".join(n for n in ready.notes if "not enforced" in n) or "the provider says it cannot"
+    raise ExpectedRefusal(
+        f"the {' and '.join(missing)} limit asked for cannot be enforced by the {ready.provider} "
+        f"provider ({why}); limits.enforce is strict, so nothing was started. Use a provider that "
+        "enforces it, or limits.enforce: warn to run without it",
+        operation="enforce limits",
+        code="limit_not_enforced",
+        http_status=None,
+    )
+
+
 async def stage(sandbox: Sandbox, config: AgentConfig, task: Task, user: SandboxUser, endpoint: Any) -> None:
     """The task files, workdir and model socket made the sandbox user's; then the preflight."""
     socket = model_socket(config, endpoint) if config.sandbox.mode == "owned" else None

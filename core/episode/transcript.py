@@ -6,9 +6,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from core.episode.common import PhaseIO
+from core.artifacts import RunFiles
+from core.episode.common import PhaseIO, failure_from
 from core.events import CleanupObserved, CleanupStep, StepState, TranscriptStats
-from core.failures import FailureEvent, FailureStage
+from core.failures import Evidence, FailureEvent, FailureStage
 from core.session import CloseDeadline
 
 
@@ -20,6 +21,23 @@ class Transcribed:
     failures: tuple[FailureEvent, ...]
 
 
+def snapshot_evidence(io: PhaseIO, exc: BaseException) -> Evidence:
+    """What the controller saw of OpenCode's data when its snapshot failed: the copy it read from
+    (the files it holds, their sizes) and the error. The transcript is an optional artifact: this
+    failure is a warning that never costs a graded reward (``core.failures.policy.WARNING_KINDS``)."""
+    copy = io.run_dir.path / RunFiles.OPENCODE_DATA
+    files = sorted(copy.rglob("*")) if copy.is_dir() else []
+    return Evidence(
+        source="transcript.snapshot",
+        scope=str(copy),
+        data={
+            "copy_exists": copy.is_dir(),
+            "files": {str(f.relative_to(copy)): f.stat().st_size for f in files[:50] if f.is_file()},
+            "error": f"{type(exc).__name__}: {exc}"[:500],
+        },
+    )
+
+
 async def export_transcript(harness: Any, *, deadline: CloseDeadline, io: PhaseIO) -> Transcribed:
     """Export within what the close budget has left; the stats are emitted as an event too."""
     try:
@@ -27,13 +45,14 @@ async def export_transcript(harness: Any, *, deadline: CloseDeadline, io: PhaseI
             asyncio.to_thread(harness.export_transcript, io.run_dir), step="export the transcript"
         )
     except Exception as exc:
-        io.step_failed(
-            CleanupStep.TRANSCRIPT_SNAPSHOT,
-            exc,
-            "transcript_export_failed",
-            FailureStage.TRANSCRIPT,
-            "export transcript",
+        io.emit(
+            CleanupObserved(step=CleanupStep.TRANSCRIPT_SNAPSHOT, state=StepState.FAILED, reason=str(exc))
         )
+        if not io.disk_full(exc):
+            failure = failure_from(
+                exc, "transcript_export_failed", FailureStage.TRANSCRIPT, "export transcript"
+            )
+            io.fail(failure.model_copy(update={"evidence": [*failure.evidence, snapshot_evidence(io, exc)]}))
         return Transcribed(stats=None, failures=tuple(io.recorded))
     io.emit(
         CleanupObserved(

@@ -113,7 +113,8 @@ async def verify(
     )
     if verdict.failure is not None:
         # A grader that died may have been OOM-killed: say so when the provider confirms it.
-        evidence = await oom_evidence(sandbox, deadline, io)
+        with deadline.counting():  # [close budget] the inspect is the close's, not the verifier's
+            evidence = await oom_evidence(sandbox, deadline, io)
         fresh = [e for e in confirming(evidence) if evidence_key(e) not in agent_oom]
         if fresh:
             io.fail(

@@ -32,6 +32,7 @@ from core.failures.policy import (
     OutcomePolicyOverrides,
     classify,
     decide,
+    describe_decision,
     merged,
     merged_classification,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "classify",
     "decide",
     "describe",
+    "describe_decision",
     "is_registered",
     "merged",
     "merged_classification",

@@ -219,3 +219,6 @@ class Recovery(StrEnum):
     FOLLOWED_EXECUTION_ID = "followed_execution_id"  # output stream lost; the exit was read by execution id
     RESUBMITTED = "resubmitted"  # a submission proven not to have started was sent again
     RETURNED_UNOBSERVED = "returned_unobserved"  # the hard cap expired; exec returned, its exit unknown
+    REATTACHED = "reattached"  # a terminal's socket dropped; re-attached from where its output stopped
+    # A terminal's socket broke for good (the shell is gone; its read ended): nothing else was affected.
+    TERMINAL_ENDED = "terminal_ended"

@@ -14,6 +14,14 @@ Named rules are facts the tables cannot express by key:
 - ``grading_never_scored``: a failure during verification is never a reward-0 sample, whatever a
   table says; ``count_as_zero`` there becomes ``mark_evaluation_error``.
 
+Two facts hold before any table:
+
+- An OOM keeps its own precedence: ``provider_oom_killed`` is decided by its kind and class, never
+  by the HTTP status of the request through which it was noticed (a 502 status poll).
+- A failure to produce an optional artifact (``WARNING_KINDS``: the transcript) is a warning: it
+  is recorded with its evidence and its decision says ``warning``; it decides the outcome only
+  when the verifier graded nothing (``core.outcome.primary_failure``).
+
 A ``retry`` is bounded by ``max_attempts`` and, for a key listed in ``max_retries``, by that count.
 """
 
@@ -283,8 +291,25 @@ def classify(failure: FailureEvent, config: ClassificationConfig = DEFAULT_CLASS
     return config.default
 
 
+# What each named rule (``Decision.level == "rule"``) is, in words: said wherever a decision is shown.
+NAMED_RULES: dict[str, str] = {
+    "oom_survived": "the kernel OOM-killed a command the agent ran; OpenCode survived and finished its turn",
+    "grading_never_scored": "a failure while grading is never a reward-0 sample",
+    "retries_exhausted": "every level said retry and the attempts are used up",
+}
+
+# Kinds whose statuses are not theirs: the request that noticed them failed because of them.
+STATUS_BLIND_KINDS = frozenset({"provider_oom_killed"})
+
+# Optional artifacts: failing to produce one never costs a graded reward (it is a warning then).
+WARNING_KINDS = frozenset({"transcript_export_failed"})
+
+
 class Decision(BaseModel):
-    """The policy's verdict on one failure; ``rule`` says which table entry decided it."""
+    """The policy's verdict on one failure; ``rule`` says which table entry decided it.
+
+    ``warning``: the failure is about an optional artifact (``WARNING_KINDS``); ``action`` is what
+    it means when it decides, which it does only when the verifier graded nothing."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -293,6 +318,26 @@ class Decision(BaseModel):
     rule: str
     level: Literal["rule", "http_status", "kind", "failure_class", "default"]
     retries_exhausted: bool = False
+    warning: bool = False
+
+
+def describe_decision(decision: Decision) -> str:
+    """Which table entry (or named rule) decided, in words: ``rule 'oom_survived' (…)``,
+    ``HTTP status '5xx'``, ``kind 'agent_timeout@agent'``, ``class 'evaluation'``, ``the default``."""
+    rule = decision.rule
+    if decision.level == "rule" or rule in NAMED_RULES:
+        what = NAMED_RULES.get(rule)
+        words = f"rule '{rule}'" + (f": {what}" if what else "")
+    elif decision.level == "default":
+        words = "the default action"
+    else:
+        label = {"http_status": "HTTP status", "kind": "kind", "failure_class": "class"}[decision.level]
+        words = f"{label} '{rule}'"
+    if decision.retries_exhausted and rule != "retries_exhausted":
+        words += " (retries exhausted)"
+    if decision.warning:
+        words += "; a warning: it decides only when nothing was graded"
+    return words
 
 
 def _survived_oom(failure: FailureEvent) -> bool:
@@ -326,7 +371,7 @@ def decide(
     candidates: list[tuple[str, str, Action]] = []
     if _survived_oom(failure):
         candidates.append(("rule", "oom_survived", policy.oom_survived))
-    if failure.http_status is not None:
+    if failure.http_status is not None and failure.kind not in STATUS_BLIND_KINDS:
         status = str(failure.http_status)
         for key in (status, f"{status[0]}xx"):
             if key in policy.http_status:
@@ -340,6 +385,7 @@ def decide(
         candidates.append(("failure_class", failure_class.value, policy.failure_class[failure_class]))
     candidates.append(("default", "default", policy.default))
 
+    warning = failure.kind in WARNING_KINDS
     exhausted = False
     for level, key, action in candidates:
         if action is Action.RETRY and not _retry_allowed(key, attempt, policy):
@@ -353,9 +399,15 @@ def decide(
                 rule="grading_never_scored",
                 level="rule",
                 retries_exhausted=exhausted,
+                warning=warning,
             )
         return Decision(
-            action=action, failure_class=failure_class, rule=key, level=level, retries_exhausted=exhausted
+            action=action,
+            failure_class=failure_class,
+            rule=key,
+            level=level,
+            retries_exhausted=exhausted,
+            warning=warning,
         )
     # Every level said retry and attempts are used up: nothing is known about the outcome.
     return Decision(
@@ -364,4 +416,5 @@ def decide(
         rule="retries_exhausted",
         level="default",
         retries_exhausted=True,
+        warning=warning,
     )

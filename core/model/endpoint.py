@@ -11,17 +11,41 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.calls.records import ModelCallRecord
+from core.calls.records import ModelCallRecord, body_excerpt
 from core.config import ModelSettings
 from core.events import Compaction, Event, ModelCall
-from core.failures import FailureEvent, FailureStage, ModelCallDetails
+from core.failures import Evidence, FailureEvent, FailureStage, ModelCallDetails
 from core.model.proxy import ModelProxy
 from core.model.scripted import ScriptedModel
 from core.tasks import Task
 
+# At most this many of the failed calls behind a failure are cited as its evidence (the last ones).
+EVIDENCE_CALLS = 10
 
-def failure_from_record(rec: ModelCallRecord, stage: FailureStage, attempts: int = 1) -> FailureEvent:
-    """The FailureEvent a failed model call stands for (its status decides the kind)."""
+
+def call_evidence(rec: ModelCallRecord) -> Evidence:
+    """One failed call as the proxy recorded it: the evidence a model failure rests on."""
+    return Evidence(
+        source="model.proxy",
+        observed_at=rec.started_at,
+        scope=rec.call_id,
+        data={
+            "call_id": rec.call_id,
+            "status": rec.status,
+            "proxy_status": rec.proxy_status,
+            "error": rec.error,
+            "stream_errors": rec.stream_errors[:3],
+            "body_excerpt": body_excerpt(rec.response_body),
+            "latency_s": rec.latency_s,
+        },
+    )
+
+
+def failure_from_record(
+    rec: ModelCallRecord, stage: FailureStage, attempts: int = 1, failed: list[ModelCallRecord] | None = None
+) -> FailureEvent:
+    """The FailureEvent a failed model call stands for (its status decides the kind); ``failed``: the
+    failed calls behind it, in order (the last one included), cited as its evidence."""
     status = rec.status
     if status == 429:
         kind, what = "model_rate_limited", "rate limited (429)"
@@ -42,6 +66,7 @@ def failure_from_record(rec: ModelCallRecord, stage: FailureStage, attempts: int
         message=f"the model endpoint {what}; OpenCode gave up after {attempts} call(s) for this turn",
         http_status=status if status is not None and status >= 400 else None,
         details=ModelCallDetails(call_id=rec.call_id, status=status, attempts=attempts),
+        evidence=[call_evidence(r) for r in (failed or [rec])[-EVIDENCE_CALLS:]],
     )
 
 
@@ -129,19 +154,21 @@ class ModelEndpoint:
         records = [r for r in self.records if r.kind != "title"]
         if not records or not _failed(records[-1]):
             return None
-        last = records[-1]
-        tail = 0
+        tail: list[ModelCallRecord] = []
         for rec in reversed(records):
             if not _failed(rec):
                 break
-            tail += 1
-        return _FailedCall(last, tail)
+            tail.insert(0, rec)
+        return _FailedCall(tail)
 
 
 class _FailedCall:
-    def __init__(self, record: ModelCallRecord, attempts: int) -> None:
-        self.record = record
-        self.attempts = attempts
+    """The failed calls at the end of the run (OpenCode retried, then gave up on the last one)."""
+
+    def __init__(self, failed: list[ModelCallRecord]) -> None:
+        self.failed = failed
+        self.record = failed[-1]
+        self.attempts = len(failed)
 
     def to_failure(self, stage: FailureStage) -> FailureEvent:
-        return failure_from_record(self.record, stage, self.attempts)
+        return failure_from_record(self.record, stage, self.attempts, self.failed)

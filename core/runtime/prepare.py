@@ -79,6 +79,23 @@ def _fail(kind: str, message: str, **data: Any) -> RuntimeNotReady:
     )
 
 
+def install_failure(exc: InstallError) -> RuntimeNotReady:
+    """The installer's error as a failure that keeps its cause chain (the transport error behind a
+    registry that stopped answering) and the registry's HTTP status (which the policy reads)."""
+    data = {"package": exc.package, "version": exc.version, "url": exc.url, "http_status": exc.http_status}
+    return RuntimeNotReady(
+        FailureEvent.from_exception(
+            exc,
+            kind=exc.kind,
+            stage=FailureStage.INSTALL,
+            operation="prepare runtime",
+            message=str(exc),
+            http_status=exc.http_status if exc.http_status and 100 <= exc.http_status <= 599 else None,
+            details=GenericDetails(data={k: v for k, v in data.items() if v is not None}),
+        )
+    )
+
+
 def _kept(exc: BaseException, operation: str) -> RuntimeNotReady:
     """A provider failure during preparation (sandbox lost, OOM, I/O timeout) keeps its own kind,
     cause and evidence; the episode stamps the stage. Only an untyped error gets a generic kind."""
@@ -235,9 +252,7 @@ async def prepare_runtime(
         try:
             installed = await installer.ensure(target, on_progress=_throttled(emit, target.package_name))
         except InstallError as exc:
-            raise _fail(
-                exc.kind, str(exc), package=exc.package, url=exc.url, http_status=exc.http_status
-            ) from exc
+            raise install_failure(exc) from exc
 
     # Prefer the read-only bind of the cache; upload where the provider could not mount it.
     await asyncio.to_thread(installer.share_for_mount, target)

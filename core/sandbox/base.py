@@ -329,7 +329,8 @@ class Sandbox(abc.ABC):
     sandbox_id: str
     owned: bool
     # Set by whoever runs the sandbox (the episode): called with each failure the provider recovered
-    # from without raising, so it reaches the event stream. Informational: it never decides an outcome.
+    # from (or went on after) without raising, a terminal's dropped or broken socket included, so it
+    # reaches the event stream. Informational: it never decides an outcome.
     on_recovered: RecoveredCallback | None = None
 
     @abc.abstractmethod

@@ -26,9 +26,9 @@ from textual.widgets import (
 )
 
 from core.artifacts import RunDirReader
-from core.calls.records import ModelCallRecord
+from core.calls.records import ModelCallRecord, failed_call_words
 from core.events import FailureRecorded, FailureRecovered, ModelCall
-from core.failures import FailureEvent
+from core.failures import FailureEvent, describe_decision
 from core.failures.model import ModelCallDetails
 from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
 from opencode_tui import format as fmt
@@ -242,7 +242,12 @@ class ModelCallScreen(ModalScreen[None]):
             ("started", c.started_at.isoformat()),
             ("session id", self.session_id or fmt.DASH),
             ("message id", c.message_id or "none (not attributed)"),
-            ("error", c.error or fmt.DASH),
+            # a failed call says why: the proxy's error, else the upstream's status and body excerpt
+            (
+                "error",
+                failed_call_words(c.status, c.error, self.record.response_body if self.record else None)
+                or fmt.DASH,
+            ),
         ]
         if self.loaded:
             fields.append(
@@ -428,10 +433,7 @@ class FailureScreen(ModalScreen[str | None]):
             d = self.record.decision
             field("class", d.failure_class)
             line("[b]$k[/][b $accent]$v[/]", k=f"{'action':<16}", v=str(d.action))
-            field(
-                "decided by",
-                f"{d.level} rule '{d.rule}'" + (" (retries exhausted)" if d.retries_exhausted else ""),
-            )
+            field("decided by", describe_decision(d))
         field("operation", f.operation)
         field("http status", fmt.DASH if f.http_status is None else f.http_status)
         field("occurred at", f.occurred_at.isoformat())

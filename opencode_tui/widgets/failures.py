@@ -73,7 +73,10 @@ class FailuresTable(DataTable):
             Text(f.kind, style=f"bold {colors.get('error', '')}"),
             Text(str(f.stage)),
             Text(str(d.failure_class), style=cls_style),
-            Text(str(d.action), style="bold"),
+            # a warning (an optional artifact lost) decides nothing once the verifier graded
+            Text(f"warning ({d.action})", style=colors.get("warning", ""))
+            if d.warning
+            else Text(str(d.action), style="bold"),
             Text(sources),
         ]
 

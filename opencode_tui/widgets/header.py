@@ -73,6 +73,8 @@ class RunHeader(Widget):
         ownership = "" if owned is None else (" (owned)" if owned else " (borrowed)")
         user = f" · user {state.sandbox_user}" if state.sandbox_user else ""
         model = state.started.model if state.started else None
+        # a limit asked for and not enforced (limits.enforce: warn): said where the run is described
+        unenforced = state.sandbox.unenforced_limits if state.sandbox else []
         # Called on every redraw while output streams: the markup is parsed only when a word changed
         # (the elapsed time: once a second).
         key = (
@@ -81,6 +83,7 @@ class RunHeader(Widget):
             fmt.duration(elapsed),
             budget,
             state.human_intervened,
+            tuple(unenforced),
             mode,
             keep,
             state.task_id,
@@ -97,10 +100,12 @@ class RunHeader(Widget):
         line = Content.from_markup(
             f"[b {style}]$words[/] · $elapsed / $budget"
             + (" · [b $error]human intervened[/]" if state.human_intervened else "")
+            + (" · [b $warning]$unenforced limit not enforced[/]" if unenforced else "")
             # the sandbox last: a container id is 64 characters, and the ellipsis may take its tail
             + " · [b]$mode[/]$keep · [b $primary]$task[/] · $provider · opencode $version · model $model"
             " · sandbox [b]$sandbox[/]$ownership$user",
             words=words,
+            unenforced=" and ".join(unenforced),
             elapsed=fmt.duration(elapsed),
             budget=fmt.duration(budget) if budget else "?",
             mode=mode,

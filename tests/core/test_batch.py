@@ -40,3 +40,47 @@ async def test_rerun_skips_scored_and_retries_the_rest(tmp_path):
     lines = [json.loads(line) for line in (runs / RESULTS_FILE).read_text().splitlines()]
     assert [(line["task_id"], line["attempt"]) for line in lines].count(("model-flaky-500", 2)) == 1
     assert sum(1 for line in lines if line["task_id"] == "hello-file") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_a_limit_that_cannot_be_enforced_is_said_or_refused(tmp_path):
+    """Docker's disk limit on overlay2 over extfs (this machine's engine) cannot be enforced: with
+    ``limits.enforce: warn`` the episode runs and the batch line, the result and run.json say so; with
+    ``strict`` it is refused before anything is staged (outcome refused, exit 2, the sandbox removed)."""
+    import subprocess
+
+    from core.artifacts import RunDirReader
+    from tests.core.conftest import require_docker_image
+
+    require_docker_image()
+    tasks = [load_task(SAMPLES / "hello-file")]
+    warn = AgentConfig.model_validate(
+        {"sandbox": {"provider": "docker"}, "limits": {"disk": "1g"}, "policy": {"max_attempts": 1}}
+    )
+    summary = await run_batch(tasks, warn, runs_dir=tmp_path / "warn", jobs=1)
+    [result] = summary.results
+    if not result.unenforced_limits:
+        pytest.skip("this Docker engine enforces the disk limit (overlay2 on xfs with pquota, btrfs, ...)")
+    assert (result.action, result.reward, result.unenforced_limits) == ("scored", 1.0, ["disk"])
+    assert summary.line() == "1 of 1 scored; limits not enforced: disk x1"
+    assert RunDirReader(Path(result.run_dir)).info().counts["unenforced_limits"] == ["disk"]
+
+    strict = warn.model_copy(update={"limits": warn.limits.model_copy(update={"enforce": "strict"})})
+    summary = await run_batch(tasks, strict, runs_dir=tmp_path / "strict", jobs=1)
+    [refused] = summary.results
+    assert (refused.action, refused.exit_code, refused.reward) == ("refused", 2, None)
+    assert "disk limit asked for cannot be enforced" in refused.summary and "strict" in refused.summary
+    events = list(RunDirReader(Path(refused.run_dir)).events())
+    assert not [e for e in events if e.type == "phase" and e.phase in ("install", "agent")]
+    left = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"id={refused.sandbox_id}"], capture_output=True, text=True
+    )
+    assert left.stdout.split() == []
+
+
+def test_the_batch_line_says_failures_kept_as_warnings():
+    from core.batch import BatchSummary
+
+    line = BatchSummary(total=2, scored=2, warnings_by_kind={"transcript_export_failed": 1}).line()
+    assert line == "2 of 2 scored; warnings (reward kept): transcript_export_failed x1"

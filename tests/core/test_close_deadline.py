@@ -54,3 +54,19 @@ async def test_verification_does_not_count_and_cap_bounds_a_step():
         await d.run(asyncio.sleep(10), step="inspect", cap=0.1)
     assert time.monotonic() - t0 < 0.5
     assert await d.run(asyncio.sleep(0, result="ok"), step="collect") == "ok"
+
+
+def test_a_close_step_during_verification_counts_against_the_budget():
+    """The OOM inspect after a failed verifier runs inside the verifier's paused span, yet spends the
+    close budget (issue 25); the verifier's own time still does not."""
+    now = [0.0]
+    d = CloseDeadline(10.0, reserve_s=0.0, clock=lambda: now[0])
+    with d.suspended():
+        now[0] += 30.0  # the verifier
+        with d.counting():
+            now[0] += 4.0  # the inspect
+        now[0] += 5.0  # the verifier's wrap-up
+    assert d.remaining() == pytest.approx(6.0)
+    with d.counting():  # outside a paused span: nothing changes
+        now[0] += 1.0
+    assert d.remaining() == pytest.approx(5.0)

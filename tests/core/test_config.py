@@ -5,7 +5,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from core.config import AgentConfig, Budgets, ConfigError, ModelSettings, SessionRequest, load_config
+from core.config import AgentConfig, Budgets, ConfigError, ModelSettings, load_config
 
 
 def test_defaults_match_design():
@@ -48,21 +48,19 @@ def test_budgets_must_be_finite_and_positive(field, value):
 
 @pytest.mark.parametrize(
     ("field", "phrase"),
-    [("env", "environment"), ("command", "custom command"), ("extra_args", "CLI arguments")],
+    [("env", "environment"), ("command", "custom agent command"), ("extra_args", "CLI arguments")],
 )
-def test_session_request_refuses_sandbox_unsafe_fields(field, phrase):
-    with pytest.raises(ValidationError) as err:
-        SessionRequest(task_id="t", prompt="p", workdir="/app", **{field: "x"})
+def test_a_task_asking_for_what_the_engine_refuses_is_told_why(tmp_path, field, phrase):
+    """The refusal reasons reach the user through the task file they wrote (issue 25)."""
+    from core.tasks import load_task
+
+    (tmp_path / "task.yaml").write_text(
+        f"id: t\nproblem_statement: p\nverify: {{command: 'true'}}\n{field}: x\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_task(tmp_path)
     text = str(err.value)
-    assert f"'{field}'" in text
-    assert phrase in text
-
-
-def test_session_request_unknown_field_named():
-    with pytest.raises(ValidationError) as err:
-        SessionRequest.model_validate({"task_id": "t", "prompt": "p", "workdir": "/app", "colour": "red"})
-    assert "'colour'" in str(err.value)
-    assert "allowed: task_id" in str(err.value)
+    assert f"field '{field}' is refused" in text and phrase in text and "task.yaml" in text
 
 
 def test_unknown_config_field_is_named(tmp_path):

@@ -250,3 +250,33 @@ async def test_release_without_a_session_destroys_the_sandbox_within_the_close_b
     assert observed == [(CleanupStep.SANDBOX_RELEASED, StepState.OK, {"owned": True})]
     with pytest.raises(SandboxError):
         await local_sandbox.exec(["true"], timeout=10)
+
+
+async def test_a_hurry_destroys_only_within_the_close_budget_left(tmp_path, local_sandbox):
+    """A second cancel destroys the owned sandbox within what the close has left, never a fresh
+    budget (issue 25): with the budget spent (a clock moved past it), the destruction is not started
+    and the warning says why; with time left, the sandbox is destroyed."""
+    from core.control import CancelRequest
+    from core.episode import Episode
+    from core.events import Warning_
+
+    task = load_task(SAMPLES / "hello-file")
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
+    episode = Episode(task, config, runs_dir=tmp_path)
+    warnings: list[Warning_] = []
+    episode.bus.subscribe(lambda e: warnings.append(e) if isinstance(e, Warning_) else None)
+    episode.sandbox = local_sandbox
+    now = [0.0]
+    episode.close_deadline = CloseDeadline(config.budgets.close_s, clock=lambda: now[0])
+    episode._cancel = CancelRequest(by="user", phase=Phase.CLOSING)
+    now[0] += config.budgets.close_s + 1  # the close has used its whole budget
+    await episode._hurry("user")
+    assert (await local_sandbox.exec(["true"], timeout=10)).ok, "destroyed on a fresh budget"
+    [failed] = [w for w in warnings if w.code == "hurry_release_failed"]
+    assert "was not started" in failed.message
+
+    episode._cancel = CancelRequest(by="user", phase=Phase.CLOSING)
+    episode.close_deadline = CloseDeadline(config.budgets.close_s)
+    await episode._hurry("user")
+    with pytest.raises(SandboxError):
+        await local_sandbox.exec(["true"], timeout=10)

@@ -81,3 +81,45 @@ def test_verifier_exit_code_is_still_the_grade(tmp_path, episode_provider):
     ]
     assert result.tokens_in == sum(u["tokens_in"] for u in tokens) > 0
     assert result.agent_tokens_in is not None
+
+
+def test_a_lost_transcript_snapshot_never_costs_a_verified_reward(tmp_path, episode_provider):
+    """The REAL fault: the agent's last command deletes OpenCode's database in the sandbox, so the
+    snapshot after a confirmed cleanup has nothing to read. The verifier passes: reward 1 stands, and
+    the failed snapshot is recorded as a warning with its evidence."""
+    task = tmp_path / "task"
+    shutil.copytree(SAMPLES / "hello-file", task)
+    trajectory = yaml.safe_load((task / "trajectory.yaml").read_text())
+    trajectory["steps"].insert(
+        -1,
+        {
+            "tool_calls": [
+                {
+                    "name": "bash",
+                    "arguments": {
+                        "command": 'rm -f "$XDG_DATA_HOME"/opencode/opencode.db*',
+                        "description": "Remove OpenCode's database",
+                    },
+                }
+            ]
+        },
+    )
+    (task / "trajectory.yaml").write_text(yaml.safe_dump(trajectory))
+    config = AgentConfig.model_validate(
+        {"sandbox": {"provider": episode_provider}, "policy": {"max_attempts": 1}}
+    )
+    result = asyncio.run(Episode(load_task(task), config, runs_dir=tmp_path / "runs").run())
+    assert (result.action, result.reward, result.failure_kind, result.exit_code) == (
+        Outcome.SCORED,
+        1.0,
+        None,
+        0,
+    )
+    assert "warning: transcript_export_failed" in result.summary
+    assert result.warnings == ["transcript_export_failed"]
+    [lost] = failures(result)
+    assert lost.failure.kind == "transcript_export_failed" and lost.failure.stage.value == "transcript"
+    assert lost.decision.warning
+    [seen] = [e for e in lost.failure.evidence if e.source == "transcript.snapshot"]
+    assert seen.data["copy_exists"] and "opencode.db" not in seen.data["files"]
+    assert "not found" in seen.data["error"]

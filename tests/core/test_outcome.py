@@ -374,6 +374,37 @@ ROWS: dict[str, Row] = {
         rule="agent_timeout@agent",
         exit=ExitCode.MODEL_FAILURE,
     ),
+    # ---- issue 25: a lost snapshot never costs a verified reward; an OOM keeps its precedence ------
+    "verified reward 1 and a failed transcript snapshot: the reward stands, the failure is a warning": Row(
+        agent=agent(),
+        after=[failure("transcript_export_failed", FailureStage.TRANSCRIPT)],
+        verifier=verifier(0),
+        reward=1.0,
+    ),
+    "a failed transcript snapshot and a verifier that graded 0: a real zero": Row(
+        agent=agent(),
+        after=[failure("transcript_export_failed", FailureStage.TRANSCRIPT)],
+        verifier=verifier(1),
+        reward=0.0,
+    ),
+    "a failed transcript snapshot and nothing graded: the warning is all there is": Row(
+        agent=agent(),
+        after=[failure("transcript_export_failed", FailureStage.TRANSCRIPT)],
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="transcript_export_failed",
+        stage="transcript",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "an OOM seen through a 502 status poll: counted by its kind, never retried for the 502": Row(
+        before=[failure("provider_oom_killed", FailureStage.AGENT, http_status=502)],
+        outcome=Outcome.COUNT_AS_ZERO,
+        reward=0.0,
+        kind="provider_oom_killed",
+        stage="agent",
+        rule="provider_oom_killed@agent",
+        exit=ExitCode.MODEL_FAILURE,
+    ),
     "refused by the provider before launch": Row(
         refusal="no such sandbox", outcome=Outcome.REFUSED, exit=ExitCode.USAGE
     ),
@@ -445,6 +476,27 @@ def test_outcome_table(name: str) -> None:
     )
     assert got == (row.outcome, row.reward, row.kind, row.stage, row.rule, row.exit)
     assert verdict.outcome.is_sample == (verdict.reward is not None)
+
+
+def test_a_lost_snapshot_is_a_warning_in_the_verdict_and_its_summary() -> None:
+    verdict = judge(ROWS[next(n for n in ROWS if n.startswith("verified reward 1 and a failed transcript"))])
+    [warning] = verdict.warnings
+    assert warning.decision.warning and warning.failure.kind == "transcript_export_failed"
+    assert "warning: transcript_export_failed" in verdict.summary
+
+
+def test_decisions_name_what_decided_them_in_words() -> None:
+    from core.failures import describe_decision
+    from core.failures.model import OomDetails, OomVictim
+
+    survived = decide(
+        failure("provider_oom_killed", FailureStage.AGENT, details=OomDetails(victim=OomVictim.COMMAND))
+    )
+    assert describe_decision(survived).startswith("rule 'oom_survived': the kernel OOM-killed a command")
+    assert "rule rule" not in describe_decision(survived)
+    assert describe_decision(decide(model_500())) == "HTTP status '5xx'"
+    last = decide(model_500(), attempt=3)
+    assert describe_decision(last) == "class 'evaluation' (retries exhausted)"
 
 
 def test_unobserved_exit_is_said_in_words() -> None:

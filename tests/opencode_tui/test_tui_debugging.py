@@ -210,6 +210,9 @@ async def test_enter_on_a_failures_call_id_opens_that_call(tmp_path, replay_load
         await pilot.pause()
         detail = app.screen
         assert isinstance(detail, FailureScreen) and detail.call_ids == ["c-2"]
+        # the proxy's record is the failure's evidence, not "none"
+        assert "source model.proxy" in detail.render_detail().plain
+        assert "none: the diagnosis rests on no authoritative observation" not in detail.render_detail().plain
         assert detail.focused is not None and "c-2" in str(detail.focused.label)
         await pilot.press("enter")
         await pilot.pause()
@@ -217,6 +220,9 @@ async def test_enter_on_a_failures_call_id_opens_that_call(tmp_path, replay_load
         assert isinstance(call, ModelCallScreen) and call.call.call_id == "c-2" and call.call.status == 500
         await wait(pilot, lambda: call.loaded, what="the call's record")
         assert "upstream boom" in call.query_one("#response-view").query_one(Static).render().plain
+        # a failed call says its status and error, never "error –" (issue 25)
+        summary = call.query_one("#call-summary", Static).render().plain
+        assert "upstream answered HTTP 500" in summary and "upstream boom" in summary
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, RunScreen)
@@ -409,3 +415,39 @@ async def test_search_in_the_cast_playback_view(fixture_runs, replay_loaded, wai
         assert f"/{needle}: {first + 1}/{expected}" in term.border_subtitle
         await pilot.press("n")
         assert term.current == (first + 1) % expected and term.view == "cast"
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_lost_transcript_is_a_warning_row_and_the_reward_stands(tmp_path, replay_loaded):
+    """A REAL episode (local provider, the real OpenCode) whose agent deletes OpenCode's database: the
+    snapshot fails after the verifier passed. The failures table shows it as a warning, not as the
+    action that would have decided it, and the header's outcome is scored with reward 1."""
+    from core.config import AgentConfig
+    from core.episode import Episode
+    from core.tasks import load_task
+    from opencode_tui.widgets.header import RunHeader
+
+    task = tmp_path / "task"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "sample_tasks" / "hello-file", task)
+    trajectory = yaml.safe_load((task / "trajectory.yaml").read_text())
+    remove = {"name": "bash", "arguments": {"command": 'rm -f "$XDG_DATA_HOME"/opencode/opencode.db*'}}
+    trajectory["steps"].insert(-1, {"tool_calls": [remove]})
+    (task / "trajectory.yaml").write_text(yaml.safe_dump(trajectory))
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}, "policy": {"max_attempts": 1}})
+    result = await Episode(load_task(task), config, runs_dir=tmp_path / "runs").run()
+    assert (result.action, result.reward) == ("scored", 1.0)
+
+    app = OpenCodeTUI(run_dir=Path(result.run_dir))
+    async with app.run_test(size=SIZE) as pilot:
+        await replay_loaded(pilot)
+        table = app.screen.query_one(FailuresTable)
+        rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        assert rows[0][:4] == [
+            "transcript_export_failed",
+            "transcript",
+            "evaluation",
+            "warning (mark_evaluation_error)",
+        ]
+        assert "transcript.snapshot" in rows[0][4]
+        assert app.screen.query_one(RunHeader).plain.startswith("done · scored · reward 1")

@@ -308,3 +308,30 @@ async def test_timeline_marks_shells_and_jumps_to_them(tmp_path, replay_loaded):
         await pilot.press("H")
         assert app.screen.cursor == 2
         assert "human intervened" in app.screen.query_one(RunHeader).plain
+
+
+def test_header_says_a_limit_that_was_asked_for_and_not_enforced():
+    """The SandboxReady event of a docker run with ``limits.disk`` on overlay2 over extfs (as the
+    engine emits it): the header names the unenforced limit, not only the events (issue 25)."""
+    from core.events import SandboxReady
+
+    state = RunState()
+    state.apply(
+        SandboxReady(
+            sandbox_id="c0ffee",
+            provider="docker",
+            owned=True,
+            network="none",
+            disk_limit_enforced=False,
+            pids_limit_enforced=True,
+            notes=[
+                "disk limit not enforced: storage driver overlay2 on extfs cannot limit a container's size"
+            ],
+        )
+    )
+    header = RunHeader()
+    header.show(state, mode="live")
+    assert "disk limit not enforced" in header.line.plain
+    state.apply(SandboxReady(sandbox_id="c0ffee", provider="docker", owned=True, network="none"))
+    header.show(state, mode="live")
+    assert "not enforced" not in header.line.plain

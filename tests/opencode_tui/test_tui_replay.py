@@ -171,6 +171,8 @@ async def test_oom_run_shows_failure_calls_and_cleanup(fixture_runs, replay_load
             f.message,
             f"occurred at     {f.occurred_at.isoformat()}",
             "no exception recorded",  # the recorded OOM has no cause chain
+            # what decided it, in words (issue 25: never "kind rule", "rule rule")
+            f"decided by      kind '{oom.decision.rule}'",
             "oom_kill",
             "memory_limit_bytes",
             str(f.details.memory_limit_bytes),
@@ -184,6 +186,7 @@ async def test_oom_run_shows_failure_calls_and_cleanup(fixture_runs, replay_load
         for needle in needles:
             assert needle in detail, needle
         assert detail.count("• source ") == len(f.evidence)
+        assert " rule rule" not in detail and "kind rule" not in detail
         assert "docker.state" not in detail and "caused by" not in detail
         await pilot.press("y")
         copied = [m for m in messages if isinstance(m, Copied)]

@@ -34,6 +34,8 @@ API_TIMEOUT_S = 60.0  # the SDK's socket timeout for ordinary requests
 CALL_DEADLINE_S = 60.0  # deadline for one short engine call (create, start, inspect...)
 INSPECT_DEADLINE_S = 10.0  # the whole of one inspect()
 EVENTS_DEADLINE_S = 5.0
+# At most this many of the container's own events are kept as evidence (every oom report first).
+EVENTS_KEPT = 20
 RELEASE_DEADLINE_S = 30.0
 FILE_DEADLINE_S = 300.0  # put_archive / get_archive
 PTY_WRITE_DEADLINE_S = 30.0

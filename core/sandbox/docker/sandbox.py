@@ -47,6 +47,7 @@ from core.sandbox.docker.common import (
     _STATE_MAP,
     CALL_DEADLINE_S,
     EVENTS_DEADLINE_S,
+    EVENTS_KEPT,
     FILE_DEADLINE_S,
     INSPECT_DEADLINE_S,
     PTY_MARKER_ENV,
@@ -516,12 +517,19 @@ class DockerSandbox(Sandbox):
                     source=SOURCE_EVENTS, scope=cid, data={**window, "error": f"{type(exc).__name__}: {exc}"}
                 )
             ]
-        out = [Evidence(source=SOURCE_EVENTS, scope=cid, data={**window, "matched": len(events)})]
-        for ev in events:
+        ours = [ev for ev in events if ((ev.get("Actor") or {}).get("ID") or ev.get("id")) == cid]
+        # Capped (a restart loop makes thousands): every oom report first, then the latest others.
+        ooms = [ev for ev in ours if (ev.get("Action") or ev.get("status")) == "oom"][-EVENTS_KEPT:]
+        others = [ev for ev in ours if (ev.get("Action") or ev.get("status")) != "oom"]
+        kept = ooms + others[len(others) - max(EVENTS_KEPT - len(ooms), 0) :] if ours else []
+        kept.sort(key=lambda ev: ev.get("timeNano") or 0)
+        summary = {**window, "matched": len(events)}
+        if len(kept) < len(ours):
+            summary["omitted"] = len(ours) - len(kept)
+        out = [Evidence(source=SOURCE_EVENTS, scope=cid, data=summary)]
+        for ev in kept:
             actor = ev.get("Actor") or {}
             container_id = actor.get("ID") or ev.get("id")
-            if container_id != cid:
-                continue  # never another container's report
             nano = ev.get("timeNano")
             observed = (
                 datetime.fromtimestamp(nano / 1e9, UTC)

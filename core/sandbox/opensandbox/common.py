@@ -33,6 +33,7 @@ from core.sandbox.opensandbox.http import RequestFailed
 
 LABEL_CREATE = "opencode-tui.create"  # a nonce per create attempt: finds a half-created sandbox
 OUTPUT_CAP_BYTES = 4 << 20  # per stream, tail kept
+RUN_NOTES_KEPT = 20  # notes on one command (skipped events, recovery steps) kept for its result
 INSPECT_DEADLINE_S = 10.0  # the whole of one public inspect()
 READY_PING_TIMEOUT_S = 2.0
 CONNECT_DEADLINE_S = 30.0
@@ -169,6 +170,7 @@ class _Run:
         self.evidence: list[Evidence] = []
         self.diagnosis = Diagnosis()  # filled as diagnosis goes, so a hard cap keeps what was seen
         self.notes: list[str] = []
+        self.notes_omitted = 0
 
     async def emit(self, stream: str, data: bytes) -> None:
         if not data:
@@ -196,9 +198,17 @@ class _Run:
 
                 self.signal = int(getattr(_signal, f"SIG{name}"))
 
+    def note(self, text: str) -> None:
+        """A note for the result's error text, capped (a stream of bad events makes one per event)."""
+        if len(self.notes) < RUN_NOTES_KEPT:
+            self.notes.append(text[:300])
+        else:
+            self.notes_omitted += 1
+
     def result(self, **fields: Any) -> ExecResult:
         error = fields.pop("error", None)
-        notes = [*self.notes, *([error] if error else [])]
+        more = [f"{self.notes_omitted} more note(s) omitted"] if self.notes_omitted else []
+        notes = [*self.notes, *more, *([error] if error else [])]
         return ExecResult(
             execution_id=self.execution_id,
             stdout=self.out.value(),

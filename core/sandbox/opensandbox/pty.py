@@ -12,6 +12,7 @@ from core.failures import (
     FailureEvent,
     FailureStage,
     GenericDetails,
+    Recovery,
 )
 from core.sandbox.base import (
     PtyHandle,
@@ -39,6 +40,7 @@ class OpenSandboxPty(PtyHandle):
         self.failure: FailureEvent | None = None  # set when the terminal broke unexpectedly
         self.output_offset = 0
         self._reattached = False
+        self._reattach_error: BaseException | None = None
         self._closing: asyncio.Future[Any] | None = None
         self._reader = asyncio.ensure_future(self._pump())
 
@@ -83,7 +85,19 @@ class OpenSandboxPty(PtyHandle):
             self._ws = await self._sandbox._pty_socket(self.session_id, since=self.output_offset)
         except Exception as exc:
             log.debug("pty %s: re-attach failed: %s", self.session_id, exc)
+            self._reattach_error = exc
             return False
+        # An observation, not only the provider's memory: the episode puts it in events.jsonl.
+        dropped = _failure(
+            "sandbox_pty_failed",
+            stage=FailureStage.AGENT,
+            operation="pty.attach",
+            message=f"terminal {self.session_id}: its socket dropped without an exit report; "
+            f"re-attached from output offset {self.output_offset}",
+            details=GenericDetails(data={"session_id": self.session_id, "output_offset": self.output_offset}),
+        )
+        self._sandbox._observe(dropped)
+        self._sandbox._recovered(dropped, Recovery.REATTACHED)
         return True
 
     async def _broken(self) -> None:
@@ -91,14 +105,17 @@ class OpenSandboxPty(PtyHandle):
         sb = self._sandbox
         loop = asyncio.get_running_loop()
         diagnosis = await sb._diagnose(loop.time() + sb.policy.evidence_polling.budget_s + 5.0)
+        again = f"; re-attaching failed: {self._reattach_error}" if self._reattach_error else ""
         self.failure = sb._lost_failure(
             diagnosis,
             default_kind="sandbox_pty_failed",
             operation="pty",
-            what=f"terminal {self.session_id} closed without an exit report",
+            what=f"terminal {self.session_id} closed without an exit report{again}",
+            cause=self._reattach_error,
             details=GenericDetails(data={"session_id": self.session_id, "output_offset": self.output_offset}),
         )
         sb._observe(self.failure)
+        sb._recovered(self.failure, Recovery.TERMINAL_ENDED)
 
     async def read(self, max_bytes: int = 65536) -> bytes:
         if max_bytes <= 0:

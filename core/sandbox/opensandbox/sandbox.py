@@ -28,6 +28,7 @@ from core.failures import (
     OomDetails,
 )
 from core.failures.model import FailureDetails
+from core.failures.policy import STATUS_BLIND_KINDS
 from core.sandbox import tarsafe
 from core.sandbox.base import (
     ExecResult,
@@ -443,9 +444,9 @@ class OpenSandboxSandbox(Sandbox):
                 self._recovered(failure, Recovery.RESUBMITTED)
                 await asyncio.sleep(delay)
                 continue
-            if run.delivery is Delivery.NOT_SENT and status is not None and 400 <= status < 500:
-                raise _error(failure, run.cause)
-            # Unreachable daemon or uncertain delivery: ask the server what became of the sandbox.
+            # Refused (4xx), unreachable or uncertain: ask the server what became of the sandbox. A
+            # refusal too: a daemon (or the server's proxy to it) may refuse because the sandbox was
+            # OOM-killed meanwhile, and the lifecycle says so.
             diagnosis = await self._diagnose(deadline, run.diagnosis)
             raise _error(self._with_diagnosis(failure, diagnosis, run), run.cause)
 
@@ -544,7 +545,7 @@ class OpenSandboxSandbox(Sandbox):
         try:
             event = json.loads(text)
         except ValueError:
-            run.notes.append(f"an unparseable event was skipped: {text[:80]!r}")
+            run.note(f"an unparseable event was skipped: {text[:80]!r}")
             return False
         if not isinstance(event, dict):
             return False
@@ -620,7 +621,7 @@ class OpenSandboxSandbox(Sandbox):
                         break
                     await self._recover_logs(run, remote, deadline)
                     self._recovered(stream_lost, Recovery.FOLLOWED_EXECUTION_ID)
-                    run.notes.append(
+                    run.note(
                         "the output stream broke; the exit was read by execution id"
                         + (
                             ""
@@ -662,16 +663,14 @@ class OpenSandboxSandbox(Sandbox):
                 default_kind="command_status_lost",
             )
         except (RequestFailed, TimeoutError) as exc:
-            run.notes.append(
-                f"the command's log could not be read ({exc}); output after the break is missing"
-            )
+            run.note(f"the command's log could not be read ({exc}); output after the break is missing")
             return
         log_bytes = response.content
         streamed = run.combined.value()
         if run.combined.total == len(streamed) and log_bytes.startswith(streamed):
             await run.emit("stdout", log_bytes[len(streamed) :])
         else:
-            run.notes.append("the command's log does not continue the streamed output; it was not merged")
+            run.note("the command's log does not continue the streamed output; it was not merged")
 
     # ------------------------------------------------------------------------------- diagnosis
 
@@ -743,6 +742,10 @@ class OpenSandboxSandbox(Sandbox):
             cause=run.cause,
             details=failure.details,
         )
+        if typed.kind in STATUS_BLIND_KINDS:
+            # An OOM keeps its own precedence: the status of the poll that noticed it stays in the
+            # cause chain, never in the policy's HTTP-status table (a 502 would retry it).
+            return typed
         return typed.model_copy(update={"http_status": failure.http_status})
 
     # ----------------------------------------------------------------------------------- pty

@@ -704,6 +704,30 @@ async def test_unreachable_registry(tmp_path: Path) -> None:
     assert "ConnectError" in str(info.value)
 
 
+async def test_an_install_failure_keeps_its_cause_and_http_status(mirror: Mirror, tmp_path: Path) -> None:
+    """What the episode records from an InstallError (issue 25): the registry's status as the
+    failure's ``http_status`` (the policy reads it), and the cause chain behind a refused connection."""
+    from core.runtime.prepare import install_failure
+
+    mirror.tarball_statuses = [500]
+    with pytest.raises(InstallError) as info:
+        await make_installer(mirror, tmp_path / "cache").ensure(X64)
+    failure = install_failure(info.value).failure
+    assert (failure.kind, failure.http_status, failure.stage.value) == ("install_failed", 500, "install")
+    assert failure.details.data["http_status"] == 500 and failure.details.data["url"].startswith(mirror.url)
+    assert failure.cause is not None and failure.cause.type == "core.runtime.installer.InstallError"
+
+    refused = Installer(InstallerConfig(registry_url="http://127.0.0.1:9", cache_dir=tmp_path / "c"))
+    with pytest.raises(InstallError) as info:
+        await refused.ensure(X64)
+    failure = install_failure(info.value).failure
+    assert failure.kind == "install_registry_unreachable" and failure.http_status is None
+    assert [c.type for c in failure.cause.chain()][:2] == [
+        "core.runtime.installer.InstallError",
+        "httpx.ConnectError",
+    ]
+
+
 async def test_stalled_registry_fails_within_the_budget_and_is_retryable(tmp_path: Path) -> None:
     """A registry that accepts the connection and never answers (a real loopback listener that never
     reads): the install ends within its budget with an error naming the registry, never a hang."""

@@ -303,6 +303,32 @@ async def test_oom_of_an_exec_is_confirmed_and_scoped_kill9_is_not(create: Facto
     assert oom_confirmed([unscoped]) is None
 
 
+async def test_docker_events_evidence_is_capped_and_keeps_every_oom_report(
+    create: Factory, docker_client: Any
+) -> None:
+    """Thirty real ``kill`` events (a signal the main process ignores) and a real OOM of an exec: the
+    evidence keeps the oom report and the latest others, at most ``EVENTS_KEPT``, and says how many
+    it left out (issue 25)."""
+    from core.sandbox.docker.common import EVENTS_KEPT
+
+    sb = await create(memory_bytes=64 * MiB)
+    hog = await sb.exec(["python3", "-c", "a = bytearray(512 << 20)"], timeout=60)
+    assert hog.exit_code == 137
+    container = docker_client.containers.get(sb.sandbox_id)
+    for _ in range(30):
+        await asyncio.to_thread(container.kill, "SIGWINCH")
+    evidence = await _poll(
+        sb.inspect,
+        lambda ev: any(e.source == "docker.events" and e.data.get("matched", 0) >= 31 for e in ev),
+        timeout=15,
+    )
+    events = [e for e in evidence if e.source == "docker.events"]
+    summary, kept = events[0], events[1:]
+    assert len(kept) == EVENTS_KEPT and summary.data["omitted"] == summary.data["matched"] - EVENTS_KEPT
+    assert any(e.data["action"] == "oom" for e in kept), "the oom report was dropped by the cap"
+    assert oom_confirmed(evidence, scope=sb.sandbox_id) is not None
+
+
 # ----------------------------------------------------------------------------------------- sweep
 
 

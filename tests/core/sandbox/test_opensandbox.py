@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails
+from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails, decide
 from core.sandbox.base import LABEL_OWNER, LABEL_RUN, ExpectedRefusal, Recovery, SandboxError, SandboxState
 from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
 from core.sandbox.opensandbox.provider import OpenSandboxProvider, OpenSandboxSandbox
@@ -229,6 +229,10 @@ async def test_real_oom_of_the_main_process_is_confirmed_from_the_server_report_
     assert isinstance(failure.details, OomDetails) and failure.details.container_id == sb.sandbox_id
     assert failure.details.memory_limit_bytes == SMALL_MEMORY
     assert failure.cause is not None  # the original error (the broken stream / unreachable daemon)
+    # An OOM keeps its own precedence: whatever status the poll that noticed it got (a 502 from the
+    # server's proxy to a dead daemon) stays in the cause, never in the policy's status table.
+    assert failure.http_status is None
+    assert decide(failure).rule == "provider_oom_killed@agent" and decide(failure).action == "count_as_zero"
     piece = oom_confirmed(failure.evidence, scope=sb.sandbox_id)
     assert piece is not None and piece.source == SOURCE_OS_DIAGNOSTICS
     assert piece.data["endpoint"] == "diagnostics/events" and piece.data["subject"] == sb.sandbox_id
@@ -238,6 +242,22 @@ async def test_real_oom_of_the_main_process_is_confirmed_from_the_server_report_
     assert lifecycle[-1].data["oom_reported"] is False and "137" in lifecycle[-1].data["message"]
     assert [f.kind for f in sb.failures][:1] == ["command_stream_lost"]
     assert (await sb.status()).state is SandboxState.FAILED
+
+
+async def test_a_refused_submission_still_reads_the_lifecycle_for_an_oom(os_env: Any, standin: Any) -> None:
+    """The daemon refuses a submission (409, injected by the stand-in) just as the sandbox's main
+    process starts exhausting its memory (the stand-in creates the file it waits for: the OOM is
+    real). A 4xx is not the end of it: the lifecycle is read, and the failure is the OOM."""
+    provider = os_env.provider(main_argv=OOM_MAIN, oom_from_diagnostics=True)
+    sb = await os_env.sandbox(provider, memory_bytes=SMALL_MEMORY)
+    standin.inject({"fault": "refuse_status", "match": "refused", "status": 409, "touch": "/tmp/go"})
+    with pytest.raises(SandboxError) as info:
+        await sb.exec(["sh", "-c", "true # refused"], timeout=20)
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "provider_oom_killed", failure
+    assert failure.cause is not None and "409" in failure.cause.message  # the refusal stays the cause
+    assert failure.http_status is None  # an OOM is decided by its kind, not by the refusal's status
+    assert oom_confirmed(failure.evidence, scope=sb.sandbox_id) is not None
 
 
 async def test_exit_137_without_an_oom_report_stays_unconfirmed(os_env: Any) -> None:
@@ -546,6 +566,8 @@ async def test_allocation_failures_are_typed(os_env: Any) -> None:
 
 async def test_sandbox_deleted_behind_our_back_is_lost_for_exec_and_pty(os_env: Any) -> None:
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how))
     pty = await sb.pty(["bash", "--norc", "--noprofile", "-i"])
     assert os_env.api("DELETE", f"/sandboxes/{sb.sandbox_id}").status_code == 204
     with pytest.raises(SandboxError) as info:
@@ -559,11 +581,17 @@ async def test_sandbox_deleted_behind_our_back_is_lost_for_exec_and_pty(os_env: 
             break
     assert pty.failure is not None and pty.failure.kind == "sandbox_lost"
     assert pty.failure in sb.failures
+    # the broken terminal is reported too (an event in events.jsonl), diagnosed as the sandbox's loss
+    assert ("sandbox_lost", Recovery.TERMINAL_ENDED) in reported
     await sb.release()  # already gone: still fine
 
 
 async def test_pty_reattaches_once_when_its_socket_drops(os_env: Any, standin: Any) -> None:
+    """The drop and the re-attach are an observation reported to ``on_recovered`` (the episode puts
+    it in events.jsonl as ``FailureRecovered``), not only kept in the provider's memory."""
     sb = await os_env.sandbox()
+    reported: list[tuple[str, Recovery, dict[str, Any]]] = []
+    sb.on_recovered = lambda failure, how: reported.append((failure.kind, how, failure.details.data))
     pty = await sb.pty(["bash", "--norc", "--noprofile", "-i"])
     try:
         standin.inject({"fault": "close_pty", "after_bytes": 1})
@@ -586,6 +614,9 @@ async def test_pty_reattaches_once_when_its_socket_drops(os_env: Any, standin: A
         while b"after" not in buf:
             buf += await asyncio.wait_for(pty.read(), 15)
         assert pty.failure is None
+        [(kind, how, data)] = reported
+        assert (kind, how, data["session_id"]) == ("sandbox_pty_failed", Recovery.REATTACHED, pty.session_id)
+        assert f"since={data['output_offset']}" in attaches[1]["path"]  # the offset it resumed from
     finally:
         await pty.close()
 

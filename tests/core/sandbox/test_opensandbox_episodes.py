@@ -9,11 +9,13 @@ runs with ``jobs=1``.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from core.artifacts import RunDirReader
 from core.batch import run_batch
@@ -133,10 +135,82 @@ def test_a_recovered_stream_loss_is_an_event_in_events_jsonl_never_the_outcome(
     assert len(recovered) == 1, recovered
     assert recovered[0].failure.kind == "command_stream_lost"
     assert recovered[0].recovery is Recovery.FOLLOWED_EXECUTION_ID
+    # the stage it happened in (the verifier's stream), not the provider's guess ``agent``
+    assert recovered[0].failure.stage.value == "verification"
     assert [e for e in events if isinstance(e, FailureRecorded)] == []
     [verification] = [e for e in events if isinstance(e, VerificationFinished)]
     assert (verification.exit_code, verification.passed) == (0, True)
     outcome = [e for e in events if isinstance(e, OutcomeDecided)][-1]
     assert (outcome.action, outcome.reward, outcome.failure_kind) == ("scored", 1.0, None)
     assert (result.action, result.reward, result.failure_kind) == ("scored", 1.0, None)
+    assert result.cleanup_confirmed is True
+
+
+def test_a_shells_dropped_socket_is_an_event_in_events_jsonl(
+    opensandbox_server: Any, standin_harness: Any, tmp_path: Path, test_run_id: str
+) -> None:
+    """A person's shell in the sandbox while the agent runs a command; its socket drops after the
+    first output byte (the stand-in's ``close_pty`` fault) and re-attaches. That observation reaches
+    events.jsonl as ``FailureRecovered`` (re-attached, stage agent), not only the provider's memory."""
+    control = standin_harness.StandinControl(f"http://127.0.0.1:{opensandbox_server.execd_port}")
+    task_dir = tmp_path / "task"
+    shutil.copytree(SAMPLES / "hello-file", task_dir)
+    trajectory = yaml.safe_load((task_dir / "trajectory.yaml").read_text())
+    wait = {"name": "bash", "arguments": {"command": "sleep 8", "description": "Wait"}}
+    trajectory["steps"].insert(-1, {"tool_calls": [wait]})
+    (task_dir / "trajectory.yaml").write_text(yaml.safe_dump(trajectory))
+    seen: list[bytes] = []
+
+    recovered: list[FailureRecovered] = []
+
+    async def use_a_shell(episode: Episode) -> None:
+        control.inject({"fault": "close_pty", "after_bytes": 1})
+        shell = await episode.open_shell()
+        try:
+            # the prompt's first byte drops the socket; wait for the re-attach before typing
+            deadline = asyncio.get_running_loop().time() + 15
+            while not recovered:
+                assert asyncio.get_running_loop().time() < deadline, "the terminal never re-attached"
+                await asyncio.wait_for(shell.read(), 15)
+            await shell.write(b"echo be''fore\n")
+            buf = b""
+            while b"before" not in buf:
+                chunk = await asyncio.wait_for(shell.read(), 15)
+                if not chunk:
+                    break
+                buf += chunk
+            seen.append(buf)
+        finally:
+            await shell.close()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(OPENSANDBOX_KEY_ENV, opensandbox_server.api_key)
+        mp.setenv("OPENCODE_TUI_OWNER", f"os-pty-{test_run_id}")
+        episode = Episode(
+            load_task(task_dir), opensandbox_agent_config(opensandbox_server), runs_dir=tmp_path
+        )
+        started: list[asyncio.Task[None]] = []
+
+        def on_event(event: Event) -> None:
+            if isinstance(event, FailureRecovered):
+                recovered.append(event)
+            running = getattr(event, "status", None) == "running" and getattr(event, "tool", None) == "bash"
+            if running and "sleep 8" in str(getattr(event, "input", "")) and not started:
+                started.append(asyncio.get_running_loop().create_task(use_a_shell(episode)))
+
+        episode.bus.subscribe(on_event)
+
+        async def main() -> Any:
+            result = await episode.run()
+            if started:
+                await asyncio.gather(*started, return_exceptions=True)
+            return result
+
+        result = asyncio.run(main())
+    assert started and seen and b"before" in seen[0], seen
+    events = list(RunDirReader(Path(result.run_dir)).events())
+    reattached = [e for e in events if isinstance(e, FailureRecovered) and e.recovery is Recovery.REATTACHED]
+    assert len(reattached) == 1, [e for e in events if isinstance(e, FailureRecovered)]
+    assert reattached[0].failure.kind == "sandbox_pty_failed"
+    assert reattached[0].failure.stage.value == "agent"
     assert result.cleanup_confirmed is True

@@ -308,3 +308,16 @@ def test_lifecycle_oom_needs_a_recognised_code_in_a_terminal_state_of_this_sandb
     text = Evidence(source="exec.output", scope=SID, data={"text": "Killed (OOMKilled)", "exit_code": 137})
     assert oom_confirmed([text, exit_137], scope=SID) is None
     assert SOURCE_OS_DIAGNOSTICS == "opensandbox.diagnostics"
+
+
+def test_a_commands_run_notes_are_capped() -> None:
+    """Notes on one command (an unparseable event skipped, each one) are capped for its result, which
+    says how many were left out (issue 25)."""
+    from core.sandbox.opensandbox.common import RUN_NOTES_KEPT, _Run
+
+    run = _Run("ex-1", ["sh"], None)
+    for i in range(RUN_NOTES_KEPT + 30):
+        run.note(f"an unparseable event was skipped: {i}")
+    error = run.result(exit_code=0, observed=True).error
+    assert error is not None and error.count("an unparseable event was skipped") == RUN_NOTES_KEPT
+    assert error.endswith("30 more note(s) omitted")
