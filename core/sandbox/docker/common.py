@@ -34,6 +34,8 @@ API_TIMEOUT_S = 60.0  # the SDK's socket timeout for ordinary requests
 CALL_DEADLINE_S = 60.0  # deadline for one short engine call (create, start, inspect...)
 INSPECT_DEADLINE_S = 10.0  # the whole of one inspect()
 EVENTS_DEADLINE_S = 5.0
+# How often the live watch asks for oom events when the host cannot see the container's cgroup.
+EVENTS_POLL_S = 1.0
 RELEASE_DEADLINE_S = 30.0
 FILE_DEADLINE_S = 300.0  # put_archive / get_archive
 PTY_WRITE_DEADLINE_S = 30.0
