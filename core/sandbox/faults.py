@@ -102,9 +102,9 @@ class FaultWatcher:
         for host_pid in live:
             # Read again each time: a process's command line changes when it execs (runc init → sh →
             # the command), and the kill's record comes after the last exec.
-            proc = _describe(host_pid)
-            if proc is not None:
-                self._table[host_pid] = proc
+            proc, known = _describe(host_pid), self._table.get(host_pid)
+            if proc is not None and (known is None or not proc.command.startswith("[")):
+                self._table[host_pid] = proc  # a dying process's empty command line keeps the one known
         vanished = set()
         for host_pid, proc in list(self._table.items()):
             if host_pid in live:
