@@ -40,6 +40,8 @@ DISK_FULL_FREE_BYTES = 1 << 20
 # Once full, free space above this share of the size arms the watcher again.
 DISK_REARM_SHARE = 0.05
 COMMAND_CAP = 300
+# Processes that ended this recently are still listed with the ones running (``ended``).
+RECENT_S = 2.0
 PROCESSES_SHOWN = 12
 
 SOURCE_KERNEL_LOG = "kernel.log"
@@ -117,10 +119,15 @@ class FaultWatcher:
         return vanished
 
     def processes(self) -> list[dict[str, Any]]:
-        """The sandbox's processes now, newest first (capped)."""
-        live = [p for p in self._table.values() if p.gone_at is None]
-        live.sort(key=lambda p: p.host_pid, reverse=True)
-        return [{"pid": p.pid, "host_pid": p.host_pid, "command": p.command} for p in live[:PROCESSES_SHOWN]]
+        """The sandbox's processes now and those that just ended (a writer that hit ENOSPC exits at
+        once), newest first (capped)."""
+        now = time.monotonic()
+        recent = [p for p in self._table.values() if p.gone_at is None or now - p.gone_at < RECENT_S]
+        recent.sort(key=lambda p: p.host_pid, reverse=True)
+        return [
+            {"pid": p.pid, "host_pid": p.host_pid, "command": p.command, "ended": p.gone_at is not None}
+            for p in recent[:PROCESSES_SHOWN]
+        ]
 
     # ---- one poll ----------------------------------------------------------------------------
 
