@@ -94,16 +94,16 @@ class _Translator:
         and, for a kill during a shell command, a note at that command's end (OpenCode may report it
         as a timeout)."""
         if fault.tool_call_id and fault.kind is FaultKind.OOM_KILL:
-            who = f" (`{fault.command[:80]}`, pid {fault.pid})" if fault.command and fault.pid else ""
-            self._killed[fault.tool_call_id] = f"OOM-killed by the kernel at {when}{who}"
+            pid = f" (pid {fault.pid})" if fault.pid is not None else ""
+            self._killed[fault.tool_call_id] = f"the kernel had OOM-killed this command at {when}{pid}"
         return [display(styled(BOLD + RED, f"⚠ {when} {fault.message}") + "\n")]
 
     def _fault_note(self, call: ToolCall) -> list[Event]:
         what = self._killed.pop(call.call_id, None)
         if what is None:
             return []
-        later = "; OpenCode's timeout above came later" if "exceeding timeout" in (call.output or "") else ""
-        return [display(styled(BOLD + RED, f"⚠ this command had been {what}{later}") + "\n")]
+        later = "; OpenCode's timeout note came later" if "exceeding timeout" in (call.output or "") else ""
+        return [display(styled(BOLD + RED, f"⚠ {what}{later}") + "\n")]
 
     def feed(self, data: bytes) -> list[Event]:
         self._buf += data

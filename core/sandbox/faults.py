@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -203,7 +204,7 @@ class FaultWatcher:
         proc = self._table.get(record.pid)
         command = proc.command if proc is not None else record.task
         pid = proc.pid if proc is not None and proc.pid is not None else None
-        shown = f"pid {pid}" if pid is not None else f"host pid {record.pid}"
+        shown = f"pid {pid}" if pid is not None else f"host pid {record.pid}"  # pid first: lines get cut
         evidence = [
             Evidence(
                 source=SOURCE_KERNEL_LOG,
@@ -225,7 +226,7 @@ class FaultWatcher:
             ts=record.at,
             kind=FaultKind.OOM_KILL,
             source=SOURCE_KERNEL_LOG,
-            message=f"the kernel OOM-killed `{_short(command)}` ({shown})",
+            message=f"the kernel OOM-killed {shown}: {_short(command)}",
             pid=pid,
             host_pid=record.pid,
             command=command,
@@ -236,7 +237,7 @@ class FaultWatcher:
         gone = [self._table[p] for p in vanished if p in self._table]
         proc = gone[0] if len(gone) == 1 else None
         if proc is not None:
-            what = f"`{_short(proc.command)}` (pid {proc.pid}; the one process gone at the kill)"
+            what = f"pid {proc.pid} (the one process gone at the kill): {_short(proc.command)}"
         else:
             what = "a process of the sandbox (which one: no kernel record, and " + (
                 f"{len(gone)} processes ended at the kill)" if gone else "none was seen ending)"
@@ -356,7 +357,8 @@ def _describe(host_pid: int) -> _Proc | None:
         status = Path(f"/proc/{host_pid}/status").read_text()
     except OSError:
         return None
-    command = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:COMMAND_CAP]
+    argv = raw.rstrip(b"\0").decode("utf-8", "replace").split("\0") if raw.strip(b"\0") else []
+    command = shlex.join(argv)[:COMMAND_CAP] if argv else ""
     pid = None
     for line in status.splitlines():
         if line.startswith("NSpid:"):

@@ -47,7 +47,8 @@ def _check_oom(events: list) -> None:
     display = [e for e in events if isinstance(e, TerminalOutput) and e.stream == "display"]
     live_line = next(e for e in display if "OOM-killed" in e.data)
     assert f"pid {kill.pid}" in live_line.data and live_line.seq < ended.seq
-    assert any("this command had been OOM-killed" in e.data for e in display if e.seq > ended.seq)
+    note = [e.data for e in display if e.seq > ended.seq and "had OOM-killed this command" in e.data]
+    assert note and f"(pid {kill.pid})" in note[0]
     # The failure names the process, its pid and time.
     failure = next(e for e in events if isinstance(e, FailureRecorded)).failure
     assert failure.kind == "provider_oom_killed"
