@@ -119,3 +119,33 @@ async def test_a_real_disk_fill_of_a_local_sandbox_is_seen_live_and_at_the_close
         assert evidence and evidence[0].data["full_seen_at"] and evidence[0].data["limit_bytes"] == 64 << 20
     finally:
         await sb.release()
+
+
+@pytest.mark.docker
+async def test_without_the_host_cgroup_docker_s_own_oom_event_is_seen_live(
+    docker_client, spec_factory
+) -> None:
+    """A remote engine's container cgroup is not on this host: the watch falls back to the engine's
+    ``oom`` events (which name no process). Here the cgroup is visible, so it is hidden from the sandbox."""
+    from core.sandbox.docker.provider import DockerProvider
+
+    sb = await DockerProvider().create(spec_factory(memory_bytes=128 << 20))
+    try:
+        sb._cgroup = None  # as for an engine on another host
+        seen, stop = Seen(), asyncio.Event()
+        watch = asyncio.create_task(seen.collect(sb, stop))
+        r = await sb.exec(["/bin/sh", "-c", HOG], timeout=60)
+        for _ in range(50):
+            if seen.faults:
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(watch, 10)
+        assert r.signal == 9 or r.exit_code == 137, r
+        kills = [(f, at) for f, at in seen.faults if f.kind is FaultKind.OOM_KILL]
+        assert kills and kills[0][0].source == "docker.events" and kills[0][0].pid is None, seen.faults
+        fault, arrived = kills[0]
+        assert abs((fault.ts - r.ended_at).total_seconds()) < 2.0
+        assert (arrived - r.ended_at).total_seconds() < 3.0  # one poll a second, plus the query
+    finally:
+        await sb.release()
