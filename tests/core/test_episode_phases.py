@@ -25,8 +25,10 @@ from core.events import (
     CleanupObserved,
     CleanupStep,
     Compaction,
+    FaultKind,
     ModelCall,
     Phase,
+    SandboxFault,
     StepState,
     ToolCall,
     TranscriptStats,
@@ -63,6 +65,10 @@ def test_tally_counts_live_events_and_takes_the_transcript_as_the_truth():
     assert (len(tally.model_calls), tally.tool_calls, tally.compactions) == (2, {"bash": 1, "read": 1}, 2)
     assert tally.last_command == "ls -la"
     assert (tally.agent_tokens_in, tally.agent_tokens_out) == (None, None)  # unknown, never 0
+    # A kernel kill seen live is kept for the close (it names the process in the OOM failure).
+    kill = SandboxFault(kind=FaultKind.OOM_KILL, source="kernel.log", message="killed", pid=7)
+    tally.count(kill)
+    assert tally.faults == [kill]
     tally.count(TranscriptStats(messages=4, tool_calls={"bash": 3}, compactions=1, tokens_in=7, tokens_out=5))
     assert (tally.tool_calls, tally.compactions, tally.agent_tokens_in, tally.agent_tokens_out) == (
         {"bash": 3},
