@@ -76,7 +76,6 @@ class FaultWatcher:
     disk: tuple[Path, int] | None = None
     # What was seen, for the close (``disk_evidence``) and the episode.
     seen: list[SandboxFault] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
     # Where the process table comes from without a memory cgroup (e.g. the sandbox's PID namespace).
     list_pids: Callable[[], list[int]] | None = None
     _table: dict[int, _Proc] = field(default_factory=dict)
@@ -136,8 +135,6 @@ class FaultWatcher:
         """Open the kernel log and take the first table (blocking: call it in a thread)."""
         if self.memory is not None:
             self._log = KernelLog()
-            if self._log.error:
-                self.notes.append(f"{self._log.error}: a killed process is named from the process table")
             self._oom_count = self._read_oom_count()
             if self.oom_baseline is None:
                 self.oom_baseline = self._oom_count
@@ -340,6 +337,15 @@ class FaultWatcher:
                     await asyncio.wait_for(stop.wait(), POLL_S)
         finally:
             self.stop()
+
+
+def kernel_log_note() -> str | None:
+    """Why a killed process may go unnamed here (the kernel log is not readable), for status notes."""
+    log = KernelLog()
+    log.close()
+    return (
+        f"{log.error}: a process the kernel kills is named from the process table only" if log.error else None
+    )
 
 
 def disk_full_seen(evidence: list[Evidence]) -> list[Evidence]:

@@ -65,7 +65,7 @@ from core.sandbox.docker.common import (
 )
 from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _Tail
 from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
-from core.sandbox.faults import FaultWatcher
+from core.sandbox.faults import FaultWatcher, kernel_log_note
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
 from core.sandbox.pids import pids_evidence, read_pids_cgroup
 
@@ -609,6 +609,12 @@ class DockerSandbox(Sandbox):
                 notes.append("init=docker-init")
         if not limit:
             notes.append("no memory limit set")
+        if self._cgroup is None:
+            notes.append(
+                "this host cannot see the container's cgroup: a kernel kill is seen live from the engine's oom events, which name no process"
+            )
+        elif note := kernel_log_note():
+            notes.append(note)
         if self._disk_note:
             disk_limited = False
             notes.append(self._disk_note)

@@ -45,7 +45,7 @@ from core.sandbox.base import (
     new_execution_id,
 )
 from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
-from core.sandbox.faults import NOT_WATCHED_NOTE, FaultWatcher
+from core.sandbox.faults import NOT_WATCHED_NOTE, FaultWatcher, kernel_log_note
 from core.sandbox.local.bwrap import _system_fs_args
 from core.sandbox.local.cgroup import _Cgroup, _memory_cgroup_mount
 from core.sandbox.local.common import (
@@ -593,8 +593,8 @@ class LocalSandbox(Sandbox):
         disk_enforced = None if self.spec.disk_bytes is None else bool(self._meta.get("disk_mount"))
         if self._cgroup is None and not self._meta.get("disk_mount"):
             notes.append(NOT_WATCHED_NOTE + " (no memory cgroup and no size-limited disk here)")
-        elif self._watcher is not None:
-            notes.extend(self._watcher.notes)
+        elif self._cgroup is not None and (note := kernel_log_note()):
+            notes.append(note)
         evidence = [] if state in (SandboxState.RELEASED, SandboxState.GONE) else await self.inspect()
         return SandboxStatus(
             sandbox_id=self.sandbox_id,
