@@ -7,10 +7,9 @@ to stop): ``open_session`` → ``run_agent``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from core.artifacts import RunDir
@@ -72,19 +71,15 @@ async def run_agent(
 
     argv, env = harness.command(installed.runtime)
     harness.record_inputs(run_dir)  # the prompt and instructions as sent (run directory)
-    running: dict[str, str] = {}  # the agent's shell commands running now: call id -> command
+    shells = _Shells()
 
     def tracked(event: Event) -> Any:
-        if isinstance(event, ToolCall) and event.tool == "bash":
-            if event.status == "running":
-                running[event.call_id] = str(event.input.get("command", ""))
-            else:
-                running.pop(event.call_id, None)
+        shells.see(event)
         return emit(event)
 
     stop = asyncio.Event()
     watch = asyncio.ensure_future(
-        _watch_faults(session.sandbox, stop, running, harness, emit, started_at or utcnow())
+        _watch_faults(session.sandbox, stop, shells, harness, emit, started_at or utcnow())
     )
     try:
         result = await session.execute(
@@ -100,16 +95,44 @@ async def run_agent(
         watch.cancel()
         raise
     stop.set()  # the watch takes one last look (a kill at the very end), within its deadline
-    with contextlib.suppress(Exception, asyncio.CancelledError):
-        await asyncio.wait_for(watch, FAULT_WATCH_FINAL_S)
+    try:
+        await asyncio.wait({watch}, timeout=FAULT_WATCH_FINAL_S)
+    finally:
+        watch.cancel()  # nothing once it has ended
     harness.flush(tracked)
     return AgentRun(result=result)
+
+
+class _Shells:
+    """The agent's shell commands with when they ran (call id -> command, start, end), to name the one
+    a fault happened during: the fault is reported after it happened, maybe after the command ended."""
+
+    # The command's running event reaches us a little after it started.
+    START_SLACK = timedelta(seconds=1)
+
+    def __init__(self) -> None:
+        self.calls: dict[str, tuple[str, datetime, datetime | None]] = {}
+
+    def see(self, event: Event) -> None:
+        if not isinstance(event, ToolCall) or event.tool != "bash":
+            return
+        command, started, _ = self.calls.get(
+            event.call_id, (str(event.input.get("command", "")), event.ts, None)
+        )
+        self.calls[event.call_id] = (command, started, None if event.status == "running" else event.ts)
+
+    def during(self, ts: datetime) -> tuple[str | None, str | None]:
+        """The latest command that was running at ``ts``: (call id, command), or (None, None)."""
+        for call_id, (command, started, ended) in reversed(self.calls.items()):
+            if started - self.START_SLACK <= ts and (ended is None or ended >= ts):
+                return call_id, command
+        return None, None
 
 
 async def _watch_faults(
     sandbox: Sandbox,
     stop: asyncio.Event,
-    running: dict[str, str],
+    shells: _Shells,
     harness: Any,
     emit: Callable[[Event], Any],
     started_at: datetime,
@@ -119,7 +142,7 @@ async def _watch_faults(
     a watch that fails is said once and the close-time check stays the authority."""
     try:
         async for fault in sandbox.watch_faults(stop):
-            call_id, command = next(reversed(running.items()), (None, None))
+            call_id, command = shells.during(fault.ts)
             fault = fault.model_copy(update={"tool_call_id": call_id, "tool_command": command})
             emit(fault)
             for event in harness.on_fault(fault, _offset(fault.ts, started_at)):

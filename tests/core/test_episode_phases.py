@@ -256,3 +256,24 @@ async def test_release_without_a_session_destroys_the_sandbox_within_the_close_b
     assert observed == [(CleanupStep.SANDBOX_RELEASED, StepState.OK, {"owned": True})]
     with pytest.raises(SandboxError):
         await local_sandbox.exec(["true"], timeout=10)
+
+
+def test_a_fault_is_attributed_to_the_shell_command_running_when_it_happened():
+    from datetime import timedelta
+
+    from core.episode.agent import _Shells
+
+    t0 = datetime.now(UTC)
+    shells = _Shells()
+    shells.see(ToolCall(ts=t0, call_id="a", tool="bash", status="running", input={"command": "make"}))
+    shells.see(ToolCall(ts=t0 + timedelta(seconds=5), call_id="a", tool="bash", status="completed"))
+    shells.see(ToolCall(ts=t0 + timedelta(seconds=6), call_id="r", tool="read", status="running"))
+    # Reported after the command ended, but it happened while it ran: still that command.
+    assert shells.during(t0 + timedelta(seconds=4)) == ("a", "make")
+    assert shells.during(t0 + timedelta(seconds=7)) == (None, None)
+    shells.see(
+        ToolCall(
+            ts=t0 + timedelta(seconds=8), call_id="b", tool="bash", status="running", input={"command": "dd"}
+        )
+    )
+    assert shells.during(t0 + timedelta(seconds=9)) == ("b", "dd")
