@@ -31,9 +31,11 @@ from core.failures import Evidence
 from core.sandbox.kernel_log import KernelLog, OomKillRecord
 from core.sandbox.oom import SOURCE_CGROUP
 
-POLL_S = 0.1
+POLL_S = 0.2
 # After the counter rises, how long the kernel's record of the kill is waited for.
 KERNEL_RECORD_WAIT_S = 0.5
+# A process's command line is read again at each poll for this long after it first appears (execs).
+REDESCRIBE_S = 3.0
 # A process is remembered this long after it left the table (the kill's record may come later).
 GONE_KEEP_S = 30.0
 # Free space below this is a full disk (ext4 without reserved blocks hands out the last ones).
@@ -60,6 +62,7 @@ class _Proc:
     host_pid: int
     pid: int | None  # as the sandbox sees it (the last NSpid entry)
     command: str
+    first_seen: float = field(default_factory=time.monotonic)
     gone_at: float | None = None
 
 
@@ -102,10 +105,15 @@ class FaultWatcher:
         now = time.monotonic()
         live = set(self._procs())
         for host_pid in live:
-            # Read again each time: a process's command line changes when it execs (runc init → sh →
-            # the command), and the kill's record comes after the last exec.
-            proc, known = _describe(host_pid), self._table.get(host_pid)
+            known = self._table.get(host_pid)
+            # A young process is read again: its command line changes when it execs (runc init → sh →
+            # the command); later ones keep theirs (fewer reads on a busy machine).
+            if known is not None and now - known.first_seen > REDESCRIBE_S:
+                continue
+            proc = _describe(host_pid)
             if proc is not None and (known is None or not proc.command.startswith("[")):
+                if known is not None:
+                    proc.first_seen = known.first_seen
                 self._table[host_pid] = proc  # a dying process's empty command line keeps the one known
         vanished = set()
         for host_pid, proc in list(self._table.items()):
