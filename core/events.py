@@ -273,6 +273,33 @@ class HealthWarning(_Event):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class FaultKind(StrEnum):
+    """What the sandbox's kernel did to the run while it ran (``SandboxFault``)."""
+
+    OOM_KILL = "oom_kill"  # the kernel's OOM killer killed a process of the sandbox
+    DISK_FULL = "disk_full"  # the sandbox's writable space reached its limit (writes fail: ENOSPC)
+
+
+class SandboxFault(_Event):
+    """A kernel kill or a full disk, seen while the agent ran (the provider's live watch), emitted when
+    seen with ``ts`` set to when it happened (the kernel's record, else the poll that saw it).
+
+    ``pid`` is the process id as the sandbox sees it, ``host_pid`` as the host does; ``command`` is its
+    command line from the sandbox's process table (or the kernel's task name when only that is known).
+    ``tool_call_id``/``tool_command``: the agent's shell command that was running then, when one was."""
+
+    type: Literal["sandbox_fault"] = "sandbox_fault"
+    kind: FaultKind
+    source: str  # what saw it: kernel.log, cgroup.memory, docker.events, sandbox.disk
+    message: str
+    pid: int | None = None
+    host_pid: int | None = None
+    command: str | None = None
+    tool_call_id: str | None = None
+    tool_command: str | None = None
+    evidence: list[Evidence] = Field(default_factory=list)
+
+
 class OutcomeDecided(_Event):
     type: Literal["outcome"] = "outcome"
     action: Outcome
@@ -302,6 +329,7 @@ Event = Annotated[
     | ShellOpened
     | ShellClosed
     | HealthWarning
+    | SandboxFault
     | OutcomeDecided,
     Field(discriminator="type"),
 ]

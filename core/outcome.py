@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.events import FaultKind, SandboxFault
 from core.exit_codes import ExitCode
 from core.failures import (
     DeadlineDetails,
@@ -32,7 +33,8 @@ from core.failures import (
 )
 from core.runtime.supervisor_client import CleanupReceipt
 from core.sandbox.base import describe_exit
-from core.sandbox.oom import oom_evidence
+from core.sandbox.faults import disk_full_seen
+from core.sandbox.oom import SOURCE_CGROUP, oom_evidence
 from core.sandbox.pids import pids_limit_hit
 
 
@@ -64,6 +66,8 @@ class AgentFacts(BaseModel):
     run_budget_s: float
     elapsed_s: float | None = None
     memory_limit_bytes: int | None = None
+    # Kernel kills and a full disk the provider saw while the agent ran (``SandboxFault`` events).
+    faults: list[SandboxFault] = Field(default_factory=list)
 
 
 def _exit_words(receipt: CleanupReceipt) -> str:
@@ -75,8 +79,13 @@ def agent_failure(facts: AgentFacts) -> FailureEvent | None:
     OOM) and the sandbox's process limit refused a fork meanwhile, ``provider_pids_limit_reached``
     naming what it explains. A limit hit by a command the agent survived is no failure."""
     failure = _agent_failure(facts)
-    if failure is None or failure.kind == "provider_oom_killed":
+    if failure is None:
         return failure
+    if failure.kind == "provider_oom_killed":
+        return _with_kills(failure, facts.faults)
+    disk = disk_full_failure(failure, facts)
+    if disk is not None:
+        return disk
     hit = pids_limit_hit(facts.evidence)
     if not hit:
         return failure
@@ -92,6 +101,59 @@ def agent_failure(facts: AgentFacts) -> FailureEvent | None:
         details=GenericDetails(
             data={"pids_limit": limit, "forks_refused": refused, "explains": failure.kind}
         ),
+    )
+
+
+def _with_kills(failure: FailureEvent, faults: list[SandboxFault]) -> FailureEvent:
+    """An OOM failure naming the processes the kernel killed, as the live watch saw them (process, pid,
+    time); the evidence that confirmed it stays first."""
+    kills = [f for f in faults if f.kind is FaultKind.OOM_KILL]
+    if not kills:
+        return failure
+    named = [
+        f"`{k.command[:100]}` (pid {k.pid}) at {k.ts:%H:%M:%S}" if k.command and k.pid is not None else None
+        for k in kills
+    ]
+    said = "; killed: " + ", ".join(n for n in named if n) if any(named) else ""
+    evidence = [ev for k in kills for ev in k.evidence if ev.source != SOURCE_CGROUP]
+    return failure.model_copy(
+        update={"message": failure.message + said, "evidence": [*failure.evidence, *evidence]}
+    )
+
+
+# What a full disk explains: OpenCode (or its supervisor) died or ended its turn early when writes failed.
+_EXPLAINED_BY_DISK = frozenset({"agent_nonzero_exit", "agent_did_not_finish", "agent_bootstrap_failed"})
+
+
+def disk_full_failure(failure: FailureEvent, facts: AgentFacts) -> FailureEvent | None:
+    """``sandbox_disk_full`` when the sandbox's writable space was full (seen live, or at the close)
+    and the agent failed in a way a failed write explains; model class when the agent's own shell
+    command was running as it filled, else the table decides."""
+    full = disk_full_seen(facts.evidence)
+    live = [f for f in facts.faults if f.kind is FaultKind.DISK_FULL]
+    if failure.kind not in _EXPLAINED_BY_DISK or not (full or live):
+        return None
+    first = live[0] if live else None
+    limit = (full[0].data if full else first.evidence[0].data if first and first.evidence else {}).get(
+        "limit_bytes"
+    )
+    during = f" while the agent ran `{first.tool_command[:100]}`" if first and first.tool_command else ""
+    when = f" at {first.ts:%H:%M:%S}" if first else ""
+    size = f" ({limit / (1 << 30):.2g} GiB limit)" if isinstance(limit, int) else ""
+    return FailureEvent(
+        kind="sandbox_disk_full",
+        stage=FailureStage.AGENT,
+        operation=failure.operation,
+        message=f"the sandbox's writable space filled up{size}{when}{during}; then {failure.message}",
+        evidence=[*full, *(ev for f in live for ev in f.evidence if ev not in full), *failure.evidence],
+        details=GenericDetails(
+            data={
+                "limit_bytes": limit,
+                "command": first.tool_command if first else None,
+                "explains": failure.kind,
+            }
+        ),
+        failure_class=FailureClass.MODEL if first is not None and first.tool_command else None,
     )
 
 

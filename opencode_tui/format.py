@@ -19,6 +19,7 @@ from core.events import (
     OpenCodeEvent,
     OutcomeDecided,
     PhaseChanged,
+    SandboxFault,
     SandboxReady,
     TerminalOutput,
     ToolCall,
@@ -133,6 +134,8 @@ def summarize(ev: Event) -> str:
         return f"compaction #{ev.count} ({ev.trigger})"
     if isinstance(ev, HealthWarning):
         return f"health {ev.kind}: {short(ev.message, 50)}"
+    if isinstance(ev, SandboxFault):
+        return f"KERNEL {ev.kind}: {short(ev.message, 60)}"
     if isinstance(ev, VerificationFinished):
         return f"verification reward={ev.reward} passed={ev.passed}"
     if isinstance(ev, TranscriptStats):

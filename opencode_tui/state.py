@@ -27,6 +27,7 @@ from core.events import (
     OpenCodeEvent,
     OutcomeDecided,
     PhaseChanged,
+    SandboxFault,
     SandboxReady,
     ShellOpened,
     TerminalOutput,
@@ -62,6 +63,7 @@ class RunState:
     cleanup: dict[CleanupStep, CleanupObserved] = field(default_factory=dict)
     failures: list[FailureRecorded | FailureRecovered] = field(default_factory=list)  # both, in order
     health: list[HealthWarning] = field(default_factory=list)  # episode-health warnings (core/health.py)
+    faults: list[SandboxFault] = field(default_factory=list)  # kernel kills and a full disk, seen live
     verification: VerificationFinished | None = None
     transcript: TranscriptStats | None = None
     outcome: OutcomeDecided | None = None
@@ -151,15 +153,17 @@ class RunState:
             self.shells.append(ev)
         elif isinstance(ev, HealthWarning):
             self.health.append(ev)
+        elif isinstance(ev, SandboxFault):
+            self.faults.append(ev)
 
     # -- derived values ------------------------------------------------------------------------
 
     @property
-    def problems(self) -> list[FailureRecorded | FailureRecovered | HealthWarning]:
-        """Failures and health warnings in stream order (the Failures/warnings table)."""
-        if not self.health:
+    def problems(self) -> list[FailureRecorded | FailureRecovered | HealthWarning | SandboxFault]:
+        """Failures, health warnings and live kernel faults in stream order (the Failures/warnings table)."""
+        if not self.health and not self.faults:
             return self.failures
-        return sorted([*self.failures, *self.health], key=lambda ev: ev.seq)
+        return sorted([*self.failures, *self.health, *self.faults], key=lambda ev: ev.seq)
 
     @property
     def human_intervened(self) -> bool:

@@ -6,16 +6,22 @@ to stop): ``open_session`` → ``run_agent``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from core.artifacts import RunDir
 from core.episode.install import Installed
-from core.events import Event
+from core.events import Event, ToolCall, Warning_
+from core.failures.evidence import utcnow
 from core.sandbox.base import ExecResult, Sandbox, SandboxUser
 from core.session import SandboxSession
 from core.tasks import Task
+
+# After the agent ends, how long the live fault watch may take for its last look.
+FAULT_WATCH_FINAL_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ async def run_agent(
     task: Task,
     run_dir: RunDir,
     emit: Callable[[Event], Any],
+    started_at: datetime | None = None,
 ) -> AgentRun:
     """Stage and launch the harness under the supervisor and wait for it (within the run deadline).
 
@@ -64,14 +71,86 @@ async def run_agent(
 
     argv, env = harness.command(installed.runtime)
     harness.record_inputs(run_dir)  # the prompt and instructions as sent (run directory)
-    result = await session.execute(
-        argv,
-        files=harness.staged_files(installed.runtime),  # one upload with the session's own files
-        collect=collect,
-        stdin=harness.prompt_bytes(),
-        env=env,
-        cwd=task.workdir,
-        on_output=harness.on_output(emit, run_dir),
+    shells = _Shells()
+
+    def tracked(event: Event) -> Any:
+        shells.see(event)
+        return emit(event)
+
+    stop = asyncio.Event()
+    watch = asyncio.ensure_future(
+        _watch_faults(session.sandbox, stop, shells, harness, emit, started_at or utcnow())
     )
-    harness.flush(emit)
+    try:
+        result = await session.execute(
+            argv,
+            files=harness.staged_files(installed.runtime),  # one upload with the session's own files
+            collect=collect,
+            stdin=harness.prompt_bytes(),
+            env=env,
+            cwd=task.workdir,
+            on_output=harness.on_output(tracked, run_dir),
+        )
+    except BaseException:
+        watch.cancel()
+        raise
+    stop.set()  # the watch takes one last look (a kill at the very end), within its deadline
+    try:
+        await asyncio.wait({watch}, timeout=FAULT_WATCH_FINAL_S)
+    finally:
+        watch.cancel()  # nothing once it has ended
+    harness.flush(tracked)
     return AgentRun(result=result)
+
+
+class _Shells:
+    """The agent's shell commands with when they ran (call id -> command, start, end), to name the one
+    a fault happened during: the fault is reported after it happened, maybe after the command ended."""
+
+    # The command's running event reaches us a little after it started.
+    START_SLACK = timedelta(seconds=1)
+
+    def __init__(self) -> None:
+        self.calls: dict[str, tuple[str, datetime, datetime | None]] = {}
+
+    def see(self, event: Event) -> None:
+        if not isinstance(event, ToolCall) or event.tool != "bash":
+            return
+        command, started, _ = self.calls.get(
+            event.call_id, (str(event.input.get("command", "")), event.ts, None)
+        )
+        self.calls[event.call_id] = (command, started, None if event.status == "running" else event.ts)
+
+    def during(self, ts: datetime) -> tuple[str | None, str | None]:
+        """The latest command that was running at ``ts``: (call id, command), or (None, None)."""
+        for call_id, (command, started, ended) in reversed(self.calls.items()):
+            if started - self.START_SLACK <= ts and (ended is None or ended >= ts):
+                return call_id, command
+        return None, None
+
+
+async def _watch_faults(
+    sandbox: Sandbox,
+    stop: asyncio.Event,
+    shells: _Shells,
+    harness: Any,
+    emit: Callable[[Event], Any],
+    started_at: datetime,
+) -> None:
+    """Each kernel kill or full disk the provider sees while the agent runs: an event (at the time it
+    happened, naming the shell command then running) and a line in the terminal. Observation only:
+    a watch that fails is said once and the close-time check stays the authority."""
+    try:
+        async for fault in sandbox.watch_faults(stop):
+            call_id, command = shells.during(fault.ts)
+            fault = fault.model_copy(update={"tool_call_id": call_id, "tool_command": command})
+            emit(fault)
+            for event in harness.on_fault(fault, _offset(fault.ts, started_at)):
+                emit(event)
+    except Exception as exc:
+        emit(Warning_(code="fault_watch_failed", message=f"the live watch for kernel kills stopped: {exc}"))
+
+
+def _offset(ts: datetime, start: datetime) -> str:
+    seconds = max(int((ts - start).total_seconds()), 0)
+    return f"+{seconds // 60}:{seconds % 60:02d}"

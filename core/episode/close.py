@@ -13,7 +13,7 @@ from typing import Any
 
 from core.episode import engine_lost
 from core.episode.common import PhaseIO, evidence_key, failure_from
-from core.events import CleanupProof, Warning_
+from core.events import CleanupProof, SandboxFault, Warning_
 from core.failures import CleanupDetails, Evidence, FailureEvent, FailureStage
 from core.outcome import AgentFacts, agent_failure
 from core.runtime.supervisor_client import CleanupReceipt
@@ -31,6 +31,7 @@ class AgentCheck:
     run_budget_s: float
     elapsed_s: float | None
     memory_limit_bytes: int | None
+    faults: tuple[SandboxFault, ...] = ()  # kernel kills and a full disk seen while the agent ran
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ async def _judge_agent(
             run_budget_s=check.run_budget_s,
             elapsed_s=check.elapsed_s,
             memory_limit_bytes=check.memory_limit_bytes,
+            faults=list(check.faults),
         )
     )
     if failure is not None:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,7 @@ class Episode(EpisodeControl):
         self._result: EpisodeResult | None = None
         self._phase_started: dict[str, float] = {}
         self.durations: dict[str, float] = {}
+        self.started_at: datetime | None = None  # the EpisodeStarted event's time (terminal offsets)
         self._phase: Phase = Phase.ADMISSION
         self.health: HealthMonitor | None = None  # [health] once the run directory exists
         self._health_watch: asyncio.Future[None] | None = None
@@ -397,7 +399,7 @@ class Episode(EpisodeControl):
             self._start_run_dir()
         except OSError as exc:
             return self._unrecorded(exc)
-        self.emit(
+        self.started_at = self.emit(
             EpisodeStarted(
                 run_id=self.run_id,
                 task_id=self.task.id,
@@ -408,7 +410,7 @@ class Episode(EpisodeControl):
                 model=self.config.model.name,
                 model_url=self.config.model.url,
             )
-        )
+        ).ts
         # [health] silent commands are noticed on a clock; it ends with the episode or its run budget
         self._health_watch = asyncio.ensure_future(
             self.health.watch(self.bus, self.run_budget_s + self.config.budgets.close_s)
@@ -543,7 +545,12 @@ class Episode(EpisodeControl):
             emit=self.emit,
         )
         await agent.run_agent(
-            self.session, self.installed, task=self.task, run_dir=self.run_dir, emit=self.emit
+            self.session,
+            self.installed,
+            task=self.task,
+            run_dir=self.run_dir,
+            emit=self.emit,
+            started_at=self.started_at,
         )
 
     # ---- closing, transcript, verification, release, outcome -------------------------------------
@@ -567,6 +574,7 @@ class Episode(EpisodeControl):
                     run_budget_s=self.run_budget_s,
                     elapsed_s=self.durations.get("agent"),
                     memory_limit_bytes=self.task.limits.memory_bytes,
+                    faults=tuple(self.tally.faults),
                 ),
                 cancelled_agent=self._cancel is not None and self._cancel.phase is Phase.AGENT,
                 keep=lambda: self._keep,

@@ -18,6 +18,7 @@ from core.events import (
     Event,
     ModelCall,
     OutcomeDecided,
+    SandboxFault,
     SandboxReady,
     ToolCall,
     TranscriptStats,
@@ -94,9 +95,12 @@ class Tally:
     agent_tokens_out: int | None = None
     last_command: str | None = None  # the agent's last bash command (for the record)
     unenforced_limits: list[str] = field(default_factory=list)  # from SandboxReady
+    faults: list[SandboxFault] = field(default_factory=list)  # kernel kills, a full disk, seen live
 
     def count(self, event: Event) -> None:
-        if isinstance(event, ModelCall):
+        if isinstance(event, SandboxFault):
+            self.faults.append(event)
+        elif isinstance(event, ModelCall):
             self.model_calls.append(event)
         elif isinstance(event, SandboxReady):
             self.unenforced_limits = event.unenforced_limits

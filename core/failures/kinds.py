@@ -36,6 +36,7 @@ _REGISTRY: dict[str, str] = {
     "sandbox_file_failed": "an upload or download failed",
     "sandbox_pty_failed": "an interactive terminal failed",
     "sandbox_release_failed": "releasing or destroying the sandbox failed",
+    "sandbox_disk_full": "the sandbox's writable space reached its size limit (writes failed with ENOSPC) and the agent failed",
     "sandbox_permission_denied": "the sandbox user cannot read its staged input or write its workdir",
     "image_build_failed": "building the task's image from its Dockerfile failed or timed out",
     # command: delivery and results of commands inside the sandbox

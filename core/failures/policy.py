@@ -186,6 +186,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "verifier_unknown_exit": FailureClass.EVALUATION,
         # Staged inputs the sandbox user cannot use: our set-up (or the task's), never the model's.
         "sandbox_permission_denied": FailureClass.EVALUATION,
+        # Who filled it is known only live: the producer says model when the agent's command did.
+        "sandbox_disk_full": FailureClass.UNKNOWN,
         # The task's Dockerfile did not build: the set-up, never the model.
         "image_build_failed": FailureClass.EVALUATION,
         "artifacts_write_failed": FailureClass.EVALUATION,

@@ -17,7 +17,7 @@ from typing import Any
 from core import provider_registry as registry
 from core.artifacts import RunDir, RunFiles
 from core.config import AgentConfig, ModelSettings, PermissionProfile
-from core.events import Event, TerminalOutput, TranscriptStats
+from core.events import Event, SandboxFault, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.inside import INSIDE_DIR
 from core.inside.serve_runner import RELAY_PORT_ENV
@@ -356,6 +356,10 @@ class OpenCodeHarness:
                     emit(event)
 
         return handle
+
+    def on_fault(self, fault: SandboxFault, when: str) -> list[Event]:
+        """What the terminal shows for a kernel kill or a full disk seen live (see the translator)."""
+        return self._stream.fault(fault, when)
 
     def flush(self, emit: Callable[[Event], Any]) -> None:
         for event in self._stream.close():

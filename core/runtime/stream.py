@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
+from core.events import Event, FaultKind, OpenCodeEvent, SandboxFault, TerminalOutput, ToolCall
 from core.runtime.transcript import compaction_trigger
 from core.sandbox.base import describe_exit
 
@@ -86,6 +86,24 @@ class _Translator:
         self.finished_cleanly = False
         self.last_error: str | None = None
         self.rejected_permissions: list[RejectedPermission] = []
+        # Shell commands the kernel killed while they ran: call id -> what happened, said at their end.
+        self._killed: dict[str, str] = {}
+
+    def fault(self, fault: SandboxFault, when: str) -> list[Event]:
+        """A kernel kill or a full disk seen live (``when``: ``+m:ss`` into the episode): one line now,
+        and, for a kill during a shell command, a note at that command's end (OpenCode may report it
+        as a timeout)."""
+        if fault.tool_call_id and fault.kind is FaultKind.OOM_KILL:
+            pid = f" (pid {fault.pid})" if fault.pid is not None else ""
+            self._killed[fault.tool_call_id] = f"the kernel had OOM-killed this command at {when}{pid}"
+        return [display(styled(BOLD + RED, f"⚠ {when} {fault.message}") + "\n")]
+
+    def _fault_note(self, call: ToolCall) -> list[Event]:
+        what = self._killed.pop(call.call_id, None)
+        if what is None:
+            return []
+        later = "; OpenCode's timeout note came later" if "exceeding timeout" in (call.output or "") else ""
+        return [display(styled(BOLD + RED, f"⚠ {what}{later}") + "\n")]
 
     def feed(self, data: bytes) -> list[Event]:
         self._buf += data
@@ -228,7 +246,7 @@ class RunStreamTranslator(_Translator):
             events.insert(0, display(f"{DIM}● opencode run (tool calls appear when they finish){RESET}\n"))
         if etype == "tool_use":
             call = self._tool_call(part)
-            events += [call, display(self.render_tool(call))]
+            events += [call, display(self.render_tool(call)), *self._fault_note(call)]
         elif etype == "text" and not part.get("synthetic"):
             text = str(part.get("text", "")).rstrip()
             if text:
@@ -494,7 +512,7 @@ class ServeStreamTranslator(_Translator):
             events.append(display(self.render_tool(call)))
         elif call.status == "error":
             events.append(display(f"{RED}✖ {call.output or 'failed'}{RESET}\n"))
-        return events
+        return events + self._fault_note(call)
 
     def _bash_state(self, part: _Part, status: str, state: dict[str, Any]) -> list[Event]:
         """A bash part's output as it grows. Live, OpenCode sends ``metadata.output``: the whole output

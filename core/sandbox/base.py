@@ -13,7 +13,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # NetworkPolicy, parse_user_spec and Recovery live below the sandbox layer (the config and the events
 # use them); providers import them from here, the sandbox layer's one vocabulary.
 from core.config import NetworkPolicy, parse_user_spec  # noqa: F401
+from core.events import SandboxFault
 from core.failures import Evidence, FailureEvent, Recovery
 from core.invocation import Liveness, invocation_id, invocation_liveness  # noqa: F401 (the label's home)
 
@@ -375,6 +376,14 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def release(self) -> None:
         """Owned: destroy. Borrowed: disconnect only. Idempotent."""
+
+    async def watch_faults(self, stop: asyncio.Event) -> AsyncIterator[SandboxFault]:
+        """Kernel kills and a full disk as they happen, until ``stop`` is set (then one last look).
+
+        Observation only: the close-time ``inspect`` decides the outcome. The default sees nothing;
+        a provider that cannot watch says so in ``status().notes`` (``faults.NOT_WATCHED_NOTE``)."""
+        return
+        yield
 
     async def probe(self, timeout: float) -> SandboxProbe:
         """Ask the engine, within ``timeout``, whether it answers and whether the sandbox is dead.

@@ -40,6 +40,7 @@ from core.events import (
     FailureRecovered,
     HealthWarning,
     ModelCall,
+    SandboxFault,
     ShellClosed,
     ShellOpened,
     StepState,
@@ -222,6 +223,7 @@ class RunScreen(Screen[None]):
             "compaction": [],
             "shell": [],
             "health": [],
+            "fault": [],
         }
         self._marked_calls: set[tuple[str, str]] = set()  # a call is marked where it first appears
         self.cursor: int | None = None
@@ -541,6 +543,8 @@ class RunScreen(Screen[None]):
                 self.markers["shell"].append(index)
             elif kind is HealthWarning:
                 self.markers["health"].append(index)
+            elif kind is SandboxFault:
+                self.markers["fault"].append(index)
             elif kind is ModelCall or kind is ToolCall:
                 marker = "model_call" if kind is ModelCall else "tool_call"
                 if (marker, ev.call_id) not in self._marked_calls:
@@ -859,9 +863,10 @@ class RunScreen(Screen[None]):
 
     @on(FailuresTable.Open)
     def open_failure(self, message: FailuresTable.Open) -> None:
-        if isinstance(message.record, HealthWarning):  # a warning has no cause chain: its words say it all
+        if isinstance(message.record, HealthWarning | SandboxFault):  # no cause chain: its words say it all
             w = message.record
-            self.notify(w.message, title=f"health: {w.kind.value}", severity="warning", timeout=8)
+            what = "health" if isinstance(w, HealthWarning) else f"kernel, {w.ts:%H:%M:%S}"
+            self.notify(w.message, title=f"{what}: {w.kind.value}", severity="warning", timeout=8)
             return
         self.app.push_screen(FailureScreen(message.record), self.open_call_id)
 

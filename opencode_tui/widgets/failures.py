@@ -1,6 +1,7 @@
 """Failure events with their classification and the policy's action, the failures a provider
 recovered from (a "recovered" row: no class, never the outcome) and episode-health warnings (a
-"health" row: a warning, never the outcome); Enter opens the detail."""
+"health" row: a warning, never the outcome) and kernel kills or a full disk seen live (a "live" row,
+at the time it happened); Enter opens the detail."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
-from core.events import FailureRecorded, FailureRecovered, HealthWarning
+from core.events import FailureRecorded, FailureRecovered, HealthWarning, SandboxFault
 from opencode_tui.format import recovery_label
 
-Problem = FailureRecorded | FailureRecovered | HealthWarning
+Problem = FailureRecorded | FailureRecovered | HealthWarning | SandboxFault
 
 COLUMNS = ("kind", "stage", "class", "action", "evidence")
 
@@ -51,6 +52,14 @@ class FailuresTable(DataTable):
                 Text("agent"),
                 Text("health", style="dim"),
                 Text("warning", style=colors.get("warning", "")),
+                Text(rec.message),
+            ]
+        if isinstance(rec, SandboxFault):  # seen live: what the close decides is a failure row of its own
+            return [
+                Text(rec.kind.value, style=f"bold {colors.get('error', '')}"),
+                Text("agent"),
+                Text("live", style="dim"),
+                Text(f"seen {rec.ts:%H:%M:%S}", style=colors.get("error", "")),
                 Text(rec.message),
             ]
         if isinstance(rec, FailureRecovered):

@@ -25,8 +25,10 @@ from core.events import (
     CleanupObserved,
     CleanupStep,
     Compaction,
+    FaultKind,
     ModelCall,
     Phase,
+    SandboxFault,
     StepState,
     ToolCall,
     TranscriptStats,
@@ -63,6 +65,10 @@ def test_tally_counts_live_events_and_takes_the_transcript_as_the_truth():
     assert (len(tally.model_calls), tally.tool_calls, tally.compactions) == (2, {"bash": 1, "read": 1}, 2)
     assert tally.last_command == "ls -la"
     assert (tally.agent_tokens_in, tally.agent_tokens_out) == (None, None)  # unknown, never 0
+    # A kernel kill seen live is kept for the close (it names the process in the OOM failure).
+    kill = SandboxFault(kind=FaultKind.OOM_KILL, source="kernel.log", message="killed", pid=7)
+    tally.count(kill)
+    assert tally.faults == [kill]
     tally.count(TranscriptStats(messages=4, tool_calls={"bash": 3}, compactions=1, tokens_in=7, tokens_out=5))
     assert (tally.tool_calls, tally.compactions, tally.agent_tokens_in, tally.agent_tokens_out) == (
         {"bash": 3},
@@ -280,3 +286,24 @@ async def test_a_hurry_destroys_only_within_the_close_budget_left(tmp_path, loca
     await episode._hurry("user")
     with pytest.raises(SandboxError):
         await local_sandbox.exec(["true"], timeout=10)
+
+
+def test_a_fault_is_attributed_to_the_shell_command_running_when_it_happened():
+    from datetime import timedelta
+
+    from core.episode.agent import _Shells
+
+    t0 = datetime.now(UTC)
+    shells = _Shells()
+    shells.see(ToolCall(ts=t0, call_id="a", tool="bash", status="running", input={"command": "make"}))
+    shells.see(ToolCall(ts=t0 + timedelta(seconds=5), call_id="a", tool="bash", status="completed"))
+    shells.see(ToolCall(ts=t0 + timedelta(seconds=6), call_id="r", tool="read", status="running"))
+    # Reported after the command ended, but it happened while it ran: still that command.
+    assert shells.during(t0 + timedelta(seconds=4)) == ("a", "make")
+    assert shells.during(t0 + timedelta(seconds=7)) == (None, None)
+    shells.see(
+        ToolCall(
+            ts=t0 + timedelta(seconds=8), call_id="b", tool="bash", status="running", input={"command": "dd"}
+        )
+    )
+    assert shells.during(t0 + timedelta(seconds=9)) == ("b", "dd")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from core.events import FaultKind, SandboxFault
 from core.exit_codes import ExitCode
 from core.failures import (
     DEFAULT_CLASSIFICATION,
@@ -59,6 +60,18 @@ def cgroup_pids(count: int = 3, baseline: int = 0) -> Evidence:
         scope=SCOPE,
         data={"pids_max": 1024, "pids_current": 1024, "max_events": count, "max_events_baseline": baseline},
     )
+
+
+def disk_full(seen_live: bool = True) -> Evidence:
+    """The local provider's ``sandbox.disk`` piece at the close: the space now, and whether the live
+    watch saw it full."""
+    data = {"limit_bytes": 1 << 30, "free_bytes": 0, "full": True}
+    data["full_seen_at"] = "2026-12-02T04:00:05+00:00" if seen_live else None
+    return Evidence(source="sandbox.disk", scope=SCOPE, data=data)
+
+
+def live_fault(kind: FaultKind, *, tool_command: str | None = None, **kw) -> SandboxFault:
+    return SandboxFault(kind=kind, source="test", message=str(kind), tool_command=tool_command, **kw)
 
 
 def model_500() -> FailureEvent:
@@ -181,6 +194,35 @@ ROWS: dict[str, Row] = {
         stage="agent",
         rule="unknown",
         exit=ExitCode.INFRA,
+    ),
+    "sample disk-full: the agent's dd filled the disk and OpenCode died → sandbox_disk_full, the agent's doing": Row(
+        agent=agent(
+            evidence=[disk_full()],
+            faults=[live_fault(FaultKind.DISK_FULL, tool_command="dd if=/dev/zero of=big bs=1M count=3072")],
+            receipt=receipt(1),
+            finished_cleanly=False,
+        ),
+        verifier=verifier(1),
+        outcome=Outcome.COUNT_AS_ZERO,
+        reward=0.0,
+        kind="sandbox_disk_full",
+        stage="agent",
+        rule="model",
+        exit=ExitCode.MODEL_FAILURE,
+    ),
+    "disk full with no command of the agent's running (seen at the close only) → sandbox_disk_full, unknown": Row(
+        agent=agent(evidence=[disk_full(seen_live=False)], receipt=receipt(1), finished_cleanly=False),
+        verifier=verifier(1),
+        outcome=Outcome.KEEP_UNKNOWN,
+        kind="sandbox_disk_full",
+        stage="agent",
+        rule="unknown",
+        exit=ExitCode.INFRA,
+    ),
+    "disk full, OpenCode survived and finished its turn: no failure, the verifier decides": Row(
+        agent=agent(evidence=[disk_full()], faults=[live_fault(FaultKind.DISK_FULL, tool_command="dd")]),
+        verifier=verifier(0),
+        reward=1.0,
     ),
     "sample exit-137: SIGKILL without memory pressure is not an OOM": Row(
         agent=agent(evidence=[cgroup_oom(count=0)]), verifier=verifier(0), reward=1.0
@@ -511,6 +553,19 @@ def test_oom_victim_named_in_the_failure() -> None:
     assert survived.details.victim == "command" and survived.failure_class is None
     assert died.details.victim == "agent" and died.failure_class == "model"
     assert "survived" in survived.message
+
+
+def test_an_oom_failure_names_the_process_the_live_watch_saw_killed() -> None:
+    kill = live_fault(
+        FaultKind.OOM_KILL,
+        pid=57,
+        command="python3 -c 'blocks = [bytearray(64 << 20) for _ in range(64)]'",
+        evidence=[Evidence(source="kernel.log", scope=SCOPE, data={"pid": 57, "host_pid": 4242})],
+    )
+    f = agent_failure(agent(evidence=[cgroup_oom()], faults=[kill]))
+    assert f is not None and f.kind == "provider_oom_killed"
+    assert "(pid 57)" in f.message and "bytearray" in f.message
+    assert [e.source for e in f.evidence] == ["cgroup.memory", "kernel.log"]  # the confirming piece first
 
 
 def test_batch_exit_code_is_the_most_severe() -> None:

@@ -17,8 +17,10 @@ from core.artifacts import RunDirReader, RunFiles
 from core.events import (
     CleanupObserved,
     FailureRecorded,
+    FaultKind,
     ModelCall,
     OpenCodeEvent,
+    SandboxFault,
     TerminalOutput,
     ToolCall,
     TranscriptStats,
@@ -646,3 +648,40 @@ def test_cast_origin_takes_the_fraction_from_the_run_start(fixture_runs):
         recorded = RunDirReader(fixture_runs / name).cast()
         started = RunDirReader(fixture_runs / name).info().started_at
         assert recorded.origin(started) == started.timestamp() != recorded.start_epoch
+
+
+async def test_a_kernel_kill_seen_live_is_on_the_timeline_and_in_failures_at_its_time(
+    tmp_path, fixture_runs, replay_loaded
+):
+    """The recorded oom run predates the live watch: a ``SandboxFault`` is put into a copy of it where
+    the engine emits one (during the hog's command), as the engine writes it (``ts`` = the kill)."""
+    run = tmp_path / "oom"
+    shutil.copytree(fixture_runs / "oom", run)
+    events = _events(run)
+    hog = _bash_call(events)
+    started = next(i for i, e in enumerate(events) if isinstance(e, ToolCall) and e.call_id == hog.call_id)
+    at = started + 1
+    kill = SandboxFault(
+        ts=events[started].ts,
+        kind=FaultKind.OOM_KILL,
+        source="kernel.log",
+        message="the kernel OOM-killed pid 57: python3 -c ...",
+        pid=57,
+        command="python3 -c ...",
+        tool_call_id=hog.call_id,
+    )
+    events.insert(at, kill)
+    lines = [e.model_copy(update={"seq": i + 1}).model_dump_json() for i, e in enumerate(events)]
+    (run / RunFiles.EVENTS).write_text("\n".join(lines) + "\n")
+    app = OpenCodeTUI(run_dir=run)
+    async with app.run_test(size=SIZE) as pilot:
+        await replay_loaded(pilot)
+        screen = app.screen
+        timeline = screen.query_one(Timeline)
+        assert timeline.markers["fault"] == [at]
+        timeline.focus()
+        await pilot.press("home", "e")
+        assert screen.cursor == at
+        assert "KERNEL oom_kill" in timeline.render().plain
+        rows = _cell_texts(screen.query_one(FailuresTable))
+        assert rows == [["oom_kill", "agent", "live", f"seen {kill.ts:%H:%M:%S}", kill.message]]

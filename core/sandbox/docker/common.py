@@ -36,6 +36,8 @@ INSPECT_DEADLINE_S = 10.0  # the whole of one inspect()
 EVENTS_DEADLINE_S = 5.0
 # At most this many of the container's own events are kept as evidence (every oom report first).
 EVENTS_KEPT = 20
+# How often the live watch asks for oom events when the host cannot see the container's cgroup.
+EVENTS_POLL_S = 1.0
 RELEASE_DEADLINE_S = 30.0
 FILE_DEADLINE_S = 300.0  # put_archive / get_archive
 PTY_WRITE_DEADLINE_S = 30.0

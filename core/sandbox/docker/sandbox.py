@@ -8,7 +8,7 @@ import inspect as pyinspect
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from core.events import FaultKind, SandboxFault
 from core.failures import (
     CommandDetails,
     Delivery,
@@ -38,6 +39,8 @@ from core.sandbox.base import (
     new_execution_id,
 )
 from core.sandbox.docker.cgroup import (
+    CGROUP_ROOT,
+    CGROUP_V1_ROOT,
     _cgroup_present,
     find_memory_cgroup,
     find_pids_cgroup,
@@ -48,6 +51,7 @@ from core.sandbox.docker.common import (
     CALL_DEADLINE_S,
     EVENTS_DEADLINE_S,
     EVENTS_KEPT,
+    EVENTS_POLL_S,
     FILE_DEADLINE_S,
     INSPECT_DEADLINE_S,
     PTY_MARKER_ENV,
@@ -62,6 +66,7 @@ from core.sandbox.docker.common import (
 )
 from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _Tail
 from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
+from core.sandbox.faults import FaultWatcher, kernel_log_note
 from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
 from core.sandbox.pids import pids_evidence, read_pids_cgroup
 
@@ -612,6 +617,12 @@ class DockerSandbox(Sandbox):
                 notes.append("init=docker-init")
         if not limit:
             notes.append("no memory limit set")
+        if self._cgroup is None:
+            notes.append(
+                "this host cannot see the container's cgroup: a kernel kill is seen live from the engine's oom events, which name no process"
+            )
+        elif note := kernel_log_note():
+            notes.append(note)
         if self._disk_note:
             disk_limited = False
             notes.append(self._disk_note)
@@ -626,6 +637,74 @@ class DockerSandbox(Sandbox):
             notes=notes,
             evidence=evidence,
         )
+
+    async def watch_faults(self, stop: asyncio.Event) -> AsyncIterator[SandboxFault]:
+        """The container's memory cgroup and the kernel's record of a kill (``FaultWatcher``) when the
+        host sees them (a local engine); else Docker's own ``oom`` events, polled every second."""
+        if self._closed:
+            return
+        if self._cgroup is not None:
+            path, version = self._cgroup
+            root = CGROUP_V1_ROOT if version == 1 else CGROUP_ROOT
+            memcg = "/" + str(path.relative_to(root)) if path.is_relative_to(root) else None
+            watcher = FaultWatcher(scope=self.sandbox_id, memory=self._cgroup, memcg=memcg)
+            watcher.oom_baseline = self._oom_baseline
+            async for fault in watcher.watch(stop):
+                yield fault
+            return
+        since = time.time()
+        while True:
+            stopping = stop.is_set()
+            until = time.time()
+            for ev in await self._oom_events(since, until):
+                yield ev
+            since = until
+            if stopping:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), EVENTS_POLL_S)
+
+    async def _oom_events(self, since: float, until: float) -> list[SandboxFault]:
+        cid = self.sandbox_id
+
+        def query() -> list[dict[str, Any]]:
+            stream = self._api.events(
+                since=_ts(since), until=_ts(until), filters={"container": cid, "event": "oom"}, decode=True
+            )
+            try:
+                return list(stream)
+            finally:
+                with contextlib.suppress(Exception):
+                    stream.close()
+
+        try:
+            events = await _blocking(query, within=EVENTS_DEADLINE_S)
+        except Exception:
+            return []  # the close-time inspect reads the same events again, and says what failed
+        out = []
+        for ev in events:
+            if ((ev.get("Actor") or {}).get("ID") or ev.get("id")) != cid:
+                continue
+            nano = ev.get("timeNano")
+            at = datetime.fromtimestamp(nano / 1e9, UTC) if isinstance(nano, int) else datetime.now(UTC)
+            out.append(
+                SandboxFault(
+                    ts=at,
+                    kind=FaultKind.OOM_KILL,
+                    source=SOURCE_EVENTS,
+                    message="the kernel OOM-killed a process of the container (Docker's oom event; "
+                    "it does not say which)",
+                    evidence=[
+                        Evidence(
+                            source=SOURCE_EVENTS,
+                            scope=cid,
+                            observed_at=at,
+                            data={"action": "oom", "container_id": cid, "time_nano": nano},
+                        )
+                    ],
+                )
+            )
+        return out
 
     async def probe(self, timeout: float) -> SandboxProbe:
         """The engine's answer about this container, also after release (issue 19: engine lost)."""

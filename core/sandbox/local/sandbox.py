@@ -15,11 +15,12 @@ import os
 import signal
 import subprocess
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from core.events import SandboxFault
 from core.failures import (
     CommandDetails,
     Delivery,
@@ -44,8 +45,9 @@ from core.sandbox.base import (
     new_execution_id,
 )
 from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
+from core.sandbox.faults import NOT_WATCHED_NOTE, FaultWatcher, kernel_log_note
 from core.sandbox.local.bwrap import _system_fs_args
-from core.sandbox.local.cgroup import _Cgroup
+from core.sandbox.local.cgroup import _Cgroup, _memory_cgroup_mount
 from core.sandbox.local.common import (
     _HOST_ENV,
     LABEL_FILE,
@@ -150,6 +152,7 @@ class LocalSandbox(Sandbox):
         self._execs: dict[asyncio.subprocess.Process, _ChildHandle] = {}
         self._binds = self._compute_binds()
         self._fs_cache: list[str] | None = None
+        self._watcher: FaultWatcher | None = None  # the live watch (watch_faults), kept for inspect
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -593,6 +596,10 @@ class LocalSandbox(Sandbox):
             enforced = self._cgroup is not None
         pids_enforced = None if self.spec.pids_limit is None else self._pids_cgroup is not None
         disk_enforced = None if self.spec.disk_bytes is None else bool(self._meta.get("disk_mount"))
+        if self._cgroup is None and not self._meta.get("disk_mount"):
+            notes.append(NOT_WATCHED_NOTE + " (no memory cgroup and no size-limited disk here)")
+        elif self._cgroup is not None and (note := kernel_log_note()):
+            notes.append(note)
         evidence = [] if state in (SandboxState.RELEASED, SandboxState.GONE) else await self.inspect()
         return SandboxStatus(
             sandbox_id=self.sandbox_id,
@@ -614,6 +621,9 @@ class LocalSandbox(Sandbox):
             out.append(self._cgroup.evidence(self._oom_baseline))
         if self._pids_cgroup is not None and self._pids_cgroup.exists():
             out.append(pids_evidence(self._pids_cgroup.path, self._pids_baseline))
+        disk = self._fault_watcher().disk_evidence()
+        if disk is not None:
+            out.append(disk)
         k = self._keeper
         out.append(
             Evidence(
@@ -627,6 +637,33 @@ class LocalSandbox(Sandbox):
             )
         )
         return out
+
+    def _fault_watcher(self) -> FaultWatcher:
+        if self._watcher is None:
+            memory, memcg = None, None
+            mount = _memory_cgroup_mount()
+            if self._cgroup is not None:
+                memory = (self._cgroup.path, 1)
+                if mount is not None and self._cgroup.path.is_relative_to(mount):
+                    memcg = "/" + str(self._cgroup.path.relative_to(mount))
+            disk_mount = self._meta.get("disk_mount")
+            disk = (Path(disk_mount), self.spec.disk_bytes) if disk_mount and self.spec.disk_bytes else None
+            self._watcher = FaultWatcher(
+                scope=self.cgroup_path or self.sandbox_id,
+                memory=memory,
+                memcg=memcg,
+                oom_baseline=self._oom_baseline,
+                disk=disk,
+                list_pids=None if self._cgroup is not None else self.host_pids,
+            )
+        return self._watcher
+
+    async def watch_faults(self, stop: asyncio.Event) -> AsyncIterator[SandboxFault]:
+        watcher = self._fault_watcher()
+        if watcher.memory is None and watcher.disk is None:
+            return  # no memory cgroup and no sized disk: nothing to watch (status().notes says so)
+        async for fault in watcher.watch(stop):
+            yield fault
 
     async def oom_evidence(self) -> Evidence | None:
         """The authoritative evidence that a process of this sandbox was OOM-killed, or ``None``."""

@@ -45,6 +45,7 @@ from core.sandbox.base import (
     parse_user_spec,
 )
 from core.sandbox.errors import ExpectedRefusal, SandboxClosedError, SandboxError, SandboxFileNotFoundError
+from core.sandbox.faults import NOT_WATCHED_NOTE
 from core.sandbox.opensandbox.common import (
     _DROP_TO_USER_SH,
     _STATE_MAP,
@@ -1117,6 +1118,8 @@ class OpenSandboxSandbox(Sandbox):
             )
         if self.disk_bytes:
             notes.append("disk limit not enforced: the OpenSandbox API has no per-sandbox disk size")
+        # The lifecycle API reports a sandbox that died, not a process killed inside a live one.
+        notes.append(NOT_WATCHED_NOTE + " (the OpenSandbox lifecycle reports only a sandbox that ended)")
         if gone:
             sandbox_state = SandboxState.GONE
         else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from core.events import TerminalOutput, ToolCall
+from core.events import FaultKind, SandboxFault, TerminalOutput, ToolCall
 from core.runtime.stream import LIVE_WINDOW, LIVE_WINDOW_MARK, ServeStreamTranslator
 
 
@@ -103,6 +103,29 @@ def test_silent_command_shows_the_final_text():
     final = "(no output)\n\n<shell_metadata>\nterminated after exceeding timeout\n"
     text = _shown(tr, _bash("running", ""), _bash("completed", "", final))
     assert text.count("(no output)") == 1 and text.count("terminated after") == 1
+
+
+def test_a_kill_during_a_command_is_said_when_it_happens_and_next_to_the_timeout_note():
+    tr = ServeStreamTranslator("/app")
+    _shown(tr, _bash("running", ""))
+    kill = SandboxFault(
+        kind=FaultKind.OOM_KILL,
+        source="kernel.log",
+        message="the kernel OOM-killed pid 57: python3 -c 'x'",
+        pid=57,
+        tool_call_id="call_1",
+    )
+    now = "".join(e.data for e in tr.fault(kill, "+0:05") if isinstance(e, TerminalOutput))
+    assert "+0:05 the kernel OOM-killed pid 57" in now
+    final = (
+        "(no output)\n\n<shell_metadata>\nshell tool terminated command after exceeding timeout 20000 ms\n"
+    )
+    end = _shown(tr, _bash("completed", "", final))
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in end.splitlines()]
+    timeout = next(i for i, line in enumerate(lines) if "exceeding timeout" in line)
+    assert "had OOM-killed this command at +0:05 (pid 57)" in lines[timeout + 1], lines
+    # Said once: another command's end carries no note.
+    assert "OOM" not in _shown(ServeStreamTranslator("/app"), _bash("completed", "", final))
 
 
 # ---- compaction: an opening marker, the summary folded, sizes when known ---------------------------
