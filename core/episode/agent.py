@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from core.artifacts import RunDir
 from core.episode.install import Installed
 from core.events import Event
+from core.runtime.supervisor_client import CleanupReceipt
 from core.sandbox.base import ExecResult, Sandbox, SandboxUser
 from core.session import SandboxSession
 from core.tasks import Task
@@ -32,7 +32,7 @@ def open_session(
     run_budget_s: float,
     close_budget_s: float,
     user: SandboxUser,
-    emit: Callable[[Event], Any],
+    emit: Callable[[Event], object],
 ) -> SandboxSession:
     return SandboxSession(
         sandbox,
@@ -51,7 +51,7 @@ async def run_agent(
     *,
     task: Task,
     run_dir: RunDir,
-    emit: Callable[[Event], Any],
+    emit: Callable[[Event], object],
 ) -> AgentRun:
     """Stage and launch the harness under the supervisor and wait for it (within the run deadline).
 
@@ -59,7 +59,7 @@ async def run_agent(
     session's ``collect`` hook)."""
     harness = installed.harness
 
-    async def collect(sandbox: Sandbox, receipt: Any) -> None:
+    async def collect(sandbox: Sandbox, receipt: CleanupReceipt) -> None:
         await harness.collect(sandbox, run_dir)
 
     argv, env = harness.command(installed.runtime)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.episode.common import PhaseIO
 from core.events import CleanupObserved, CleanupStep, StepState, TranscriptStats
 from core.failures import FailureEvent, FailureStage
 from core.session import CloseDeadline
+
+if TYPE_CHECKING:
+    from core.runtime.opencode import OpenCodeHarness
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,7 @@ class Transcribed:
     failures: tuple[FailureEvent, ...]
 
 
-async def export_transcript(harness: Any, *, deadline: CloseDeadline, io: PhaseIO) -> Transcribed:
+async def export_transcript(harness: OpenCodeHarness, *, deadline: CloseDeadline, io: PhaseIO) -> Transcribed:
     """Export within what the close budget has left; the stats are emitted as an event too."""
     try:
         stats = await deadline.run(  # [close budget]
