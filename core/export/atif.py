@@ -31,14 +31,14 @@ import json
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.artifacts import RunFiles, RunInfo
 from core.runtime.transcript import compaction_trigger
 
-ATIF_VERSION = "ATIF-v1.8"
+ATIF_VERSION: Final = "ATIF-v1.8"
 TRAJECTORY_FILE = RunFiles.TRAJECTORY
 AGENT_NAME = "opencode"
 

@@ -283,6 +283,9 @@ def classify(failure: FailureEvent, config: ClassificationConfig = DEFAULT_CLASS
     return config.default
 
 
+DecisionLevel = Literal["rule", "http_status", "kind", "failure_class", "default"]
+
+
 class Decision(BaseModel):
     """The policy's verdict on one failure; ``rule`` says which table entry decided it."""
 
@@ -291,7 +294,7 @@ class Decision(BaseModel):
     action: Action
     failure_class: FailureClass
     rule: str
-    level: Literal["rule", "http_status", "kind", "failure_class", "default"]
+    level: DecisionLevel
     retries_exhausted: bool = False
 
 
@@ -323,7 +326,7 @@ def decide(
     bounded retry never loops and never silently turns into a reward.
     """
     failure_class = classify(failure, classification)
-    candidates: list[tuple[str, str, Action]] = []
+    candidates: list[tuple[DecisionLevel, str, Action]] = []
     if _survived_oom(failure):
         candidates.append(("rule", "oom_survived", policy.oom_survived))
     if failure.http_status is not None:
