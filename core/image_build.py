@@ -22,9 +22,14 @@ from core.tasks import Task
 
 def build_refusal(task: Task, config: AgentConfig) -> str | None:
     """Why ``task`` cannot run on the configured provider (one line), or None when it can."""
-    if task.build is None or registry.get(config.sandbox.provider).capabilities.image_build:
+    context = task.build_context
+    if (
+        task.build is None
+        or context is None
+        or registry.get(config.sandbox.provider).capabilities.image_build
+    ):
         return None
-    where = task.root / task.build.context / task.build.dockerfile
+    where = context / task.build.dockerfile
     builders = [name for name in registry.names() if registry.get(name).capabilities.image_build]
     use = " or ".join(f"--provider {name}" for name in builders) or "a provider that builds images"
     return f"task {task.id} needs its image built from {where}; the {config.sandbox.provider} provider builds no images: use {use}"

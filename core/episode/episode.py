@@ -121,8 +121,8 @@ class Episode(EpisodeControl):
         self.close_deadline: CloseDeadline | None = None  # [close budget]
         self._shells = 0
         self.human_intervened = False
-        self._agent_task: asyncio.Future[None] | None = None
-        self._verify_task: asyncio.Future[None] | None = None
+        self._agent_task: asyncio.Task[None] | None = None
+        self._verify_task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self._result: EpisodeResult | None = None
         self._phase_started: dict[str, float] = {}
