@@ -336,7 +336,7 @@ class RunDirReader:
     was killed, or of an older engine, still opens.
     """
 
-    def __init__(self, path: Path | str, *, check: bool = True) -> None:
+    def __init__(self, path: Path, *, check: bool = True) -> None:
         self.path = Path(path)
         if check and not self.is_run_dir(self.path):
             raise FileNotFoundError(

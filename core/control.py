@@ -10,6 +10,7 @@ import signal
 
 from pydantic import BaseModel, ConfigDict
 
+from core.artifacts import RunDir
 from core.events import EventBus, Phase
 from core.sandbox.base import PtyHandle
 
@@ -38,6 +39,9 @@ class EpisodeControl(abc.ABC):
     """Handle on one live episode."""
 
     bus: EventBus
+    # The episode's run directory once it exists (its ``path`` is where the front end reads model-call
+    # bodies); None before, and for an episode that keeps none.
+    run_dir: RunDir | None = None
 
     @property
     @abc.abstractmethod

@@ -11,25 +11,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
 
 from core import provider_registry as registry
-from core.artifacts import RunFiles
+from core.artifacts import RunDir, RunFiles
+from core.config import AgentConfig
 from core.events import Event, TerminalOutput
 from core.sandbox.errors import image_build_failure
+from core.tasks import Task
 
 
-def build_refusal(task: Any, config: Any) -> str | None:
+def build_refusal(task: Task, config: AgentConfig) -> str | None:
     """Why ``task`` cannot run on the configured provider (one line), or None when it can."""
-    if task.build is None or registry.get(config.sandbox.provider).capabilities.image_build:
+    context = task.build_context
+    if (
+        task.build is None
+        or context is None
+        or registry.get(config.sandbox.provider).capabilities.image_build
+    ):
         return None
-    where = task.build_context / task.build.dockerfile
+    where = context / task.build.dockerfile
     builders = [name for name in registry.names() if registry.get(name).capabilities.image_build]
     use = " or ".join(f"--provider {name}" for name in builders) or "a provider that builds images"
     return f"task {task.id} needs its image built from {where}; the {config.sandbox.provider} provider builds no images: use {use}"
 
 
-async def ensure_task_image(task: Any, config: Any, run_dir: Any, emit: Callable[[Event], Any]) -> str | None:
+async def ensure_task_image(
+    task: Task, config: AgentConfig, run_dir: RunDir, emit: Callable[[Event], object]
+) -> str | None:
     """Build ``task.image`` from ``task.build`` unless the engine has it already; the tag, or None
     for a task without a build. Raises ImageBuildFailed (also when the provider builds no images)."""
     if task.build is None:

@@ -268,15 +268,16 @@ class VerifierVerdict(BaseModel):
     failure: FailureEvent | None = None
 
 
-def _verification_failure(kind: str, message: str, run: VerifierRun, **fields: object) -> FailureEvent:
+def _verification_failure(
+    kind: str, message: str, run: VerifierRun, *, details: DeadlineDetails | None = None
+) -> FailureEvent:
     return FailureEvent(
         kind=kind,
         stage=FailureStage.VERIFICATION,
         operation="run verifier",
         message=message,
-        details=fields.pop("details", None)
+        details=details
         or VerificationDetails(exit_code=run.exit_code, output_excerpt=run.output_excerpt or None),
-        **fields,
     )
 
 

@@ -216,8 +216,8 @@ async def _episode_in_worker(
     # write run directories nobody else sees.
     storage, problems = probe_problems(str(runs_dir), probe[0], probe[1], [str(task.root)], __version__)
     if storage or problems:
-        where = node_address(ray, node_id)
-        return WorkerReport(unusable=f"node {where} cannot run episodes: {'; '.join(storage + problems)}")
+        node = node_address(ray, node_id)
+        return WorkerReport(unusable=f"node {node} cannot run episodes: {'; '.join(storage + problems)}")
     where = {
         "node_id": node_id,
         # The node's address as registered (``ray.nodes()``'s NodeManagerAddress), without asking
@@ -439,7 +439,7 @@ class RayExecutor(Executor):
     async def _watch_phases(self) -> None:
         """Hands the workers' phase reports to ``on_phase`` as they come (a long poll)."""
         assert self.on_phase is not None
-        seen, shown = 0, {}
+        seen, shown = 0, dict[str, str]()
         while True:
             try:
                 seen, phases = await _get(
@@ -568,6 +568,7 @@ class RayExecutor(Executor):
             place, note = "a Ray worker", "it had not started the episode"
         elif where is None:
             # The episode ran, but where is not known any more: nothing says its sandbox is gone.
+            assert coordinator_error is not None  # (the branch above took an unknown place without one)
             confirmed, proof = None, None
             place = "a Ray worker"
             note = (
@@ -727,6 +728,8 @@ def _swept_later(pending: PendingSweep, removed: list[str], words: str) -> None:
     try:
         info = RunDirReader(pending.run_dir).info()
     except (OSError, ValueError):
+        return
+    if info is None:  # no run.json: nothing to update
         return
     had_sandbox = bool(removed) or info.sandbox_id is not None
     info.counts["cleanup_confirmed"] = True

@@ -24,7 +24,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from core.events import CleanupObserved, CleanupStep, Event, StepState
 from core.runtime.access import SESSION_DIR_MODE
@@ -176,7 +176,7 @@ class CloseDeadline:
 
 Stage = Callable[[Sandbox], Awaitable[None]]
 Collect = Callable[[Sandbox, CleanupReceipt], Awaitable[None]]
-Emit = Callable[[Event], Any]
+Emit = Callable[[Event], object]
 
 
 class SandboxSession:
@@ -302,8 +302,8 @@ class SandboxSession:
         # A second caller joins the close under way (it returns only once collect has finished); a
         # failed or cancelled close is started again.
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            self._finalize_task = asyncio.ensure_future(self._finalize())
-        return await asyncio.shield(self._finalize_task)
+            task = self._finalize_task = asyncio.ensure_future(self._finalize())
+        return await asyncio.shield(task)
 
     async def _finalize(self) -> CleanupReceipt:
         deadline = self.begin_close()

@@ -25,7 +25,7 @@ from core.exit_codes import ExitCode
 # first model call) whenever those packages are installed; this process never runs httpx's CLI. A None
 # entry makes that one import fail at once, and httpx falls back to the stub ``main`` it defines for an
 # install without its CLI extras.
-sys.modules.setdefault("httpx._main", None)
+sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]  # None on purpose (above)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -209,7 +209,7 @@ def _target(ref: str) -> tuple[str, str, dict[str, Any], Path | None]:
     if len(records) > 1:
         raise UsageError(f"{ref!r} matches {len(records)} kept sandboxes; give more of the id")
     record = records[0]
-    run: dict[str, Any] = {}
+    run = {}
     run_dir = Path(record.run_dir) if record.run_dir else None
     if run_dir is not None:
         try:

@@ -207,7 +207,7 @@ class RunsIndex:
         """Recompute the view (reads run.json for every entry when the sort or filter needs it: call
         ``load_all`` in a thread first to keep that off the UI thread)."""
         terms = parse_query(self.query)
-        idx = range(len(self.entries))
+        idx: list[int] | range = range(len(self.entries))
         if terms:
             idx = [i for i in idx if self._matches(self.entries[i], terms)]
         key = self.sort_key

@@ -10,15 +10,19 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.artifacts import RunDir
 from core.episode.install import Installed
 from core.events import Event, ToolCall, Warning_
 from core.failures.evidence import utcnow
+from core.runtime.supervisor_client import CleanupReceipt
 from core.sandbox.base import ExecResult, Sandbox, SandboxUser
 from core.session import SandboxSession
 from core.tasks import Task
+
+if TYPE_CHECKING:
+    from core.runtime.opencode import OpenCodeHarness
 
 # After the agent ends, how long the live fault watch may take for its last look.
 FAULT_WATCH_FINAL_S = 3.0
@@ -38,7 +42,7 @@ def open_session(
     run_budget_s: float,
     close_budget_s: float,
     user: SandboxUser,
-    emit: Callable[[Event], Any],
+    emit: Callable[[Event], object],
 ) -> SandboxSession:
     return SandboxSession(
         sandbox,
@@ -57,7 +61,7 @@ async def run_agent(
     *,
     task: Task,
     run_dir: RunDir,
-    emit: Callable[[Event], Any],
+    emit: Callable[[Event], object],
     started_at: datetime | None = None,
 ) -> AgentRun:
     """Stage and launch the harness under the supervisor and wait for it (within the run deadline).
@@ -66,14 +70,14 @@ async def run_agent(
     session's ``collect`` hook)."""
     harness = installed.harness
 
-    async def collect(sandbox: Sandbox, receipt: Any) -> None:
+    async def collect(sandbox: Sandbox, receipt: CleanupReceipt) -> None:
         await harness.collect(sandbox, run_dir)
 
     argv, env = harness.command(installed.runtime)
     harness.record_inputs(run_dir)  # the prompt and instructions as sent (run directory)
     shells = _Shells()
 
-    def tracked(event: Event) -> Any:
+    def tracked(event: Event) -> object:
         shells.see(event)
         return emit(event)
 
@@ -133,8 +137,8 @@ async def _watch_faults(
     sandbox: Sandbox,
     stop: asyncio.Event,
     shells: _Shells,
-    harness: Any,
-    emit: Callable[[Event], Any],
+    harness: OpenCodeHarness,
+    emit: Callable[[Event], object],
     started_at: datetime,
 ) -> None:
     """Each kernel kill or full disk the provider sees while the agent runs: an event (at the time it

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.episode import engine_lost
 from core.episode.common import PhaseIO, evidence_key, failure_from
@@ -20,14 +20,19 @@ from core.runtime.supervisor_client import CleanupReceipt
 from core.sandbox.base import Sandbox
 from core.session import CleanupUnconfirmed, CloseDeadline, SandboxSession
 
+if TYPE_CHECKING:
+    from core.calls.records import ModelCallRecord
+    from core.model.endpoint import ModelEndpoint
+    from core.runtime.opencode import OpenCodeHarness
+
 
 @dataclass(frozen=True)
 class AgentCheck:
     """What judging the agent's end needs besides the receipt (known when the close starts)."""
 
     run_id: str
-    endpoint: Any  # ModelEndpoint: its last failed call, and the bash commands the model asked for
-    harness: Any  # OpenCodeHarness: finished cleanly, its last error, a rejected permission
+    endpoint: ModelEndpoint  # its last failed call, and the bash commands the model asked for
+    harness: OpenCodeHarness  # finished cleanly, its last error, a rejected permission
     run_budget_s: float
     elapsed_s: float | None
     memory_limit_bytes: int | None
@@ -58,7 +63,7 @@ async def oom_evidence(sandbox: Sandbox | None, deadline: CloseDeadline, io: Pha
         return []
 
 
-def last_requested_command(records: list[Any]) -> str | None:
+def last_requested_command(records: list[ModelCallRecord]) -> str | None:
     """The last shell command the model asked for, as the proxy recorded it: when the agent kills
     its own supervisor, the live event for that command may never have left the sandbox."""
     from core.calls.records import assembled_tool_calls

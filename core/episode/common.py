@@ -12,7 +12,6 @@ import errno
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from core.artifacts import RunDir
 from core.events import CleanupObserved, CleanupStep, Event, Phase, StepState
@@ -68,8 +67,8 @@ def evidence_key(evidence: Evidence) -> tuple[str, str]:
 class PhaseIO:
     """A phase's voice: events to the bus, failures to the episode's record (decided there)."""
 
-    emit: Callable[[Event], Any]
-    record: Callable[[FailureEvent], Any]
+    emit: Callable[[Event], object]
+    record: Callable[[FailureEvent], object]
     run_dir: RunDir
     # What this phase recorded, in order (a phase's result reports it).
     recorded: list[FailureEvent] = field(default_factory=list)

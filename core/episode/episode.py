@@ -11,7 +11,7 @@ import os
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core import invocation
 from core.artifacts import RunDir, RunFiles, RunInfo, versions
@@ -53,10 +53,22 @@ from core.health import HealthMonitor
 from core.image_build import ensure_task_image
 from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
 from core.runtime import access
-from core.sandbox.base import ExpectedRefusal, PtyHandle, Sandbox, SandboxClosedError, SandboxProvider
+from core.sandbox.base import (
+    ExpectedRefusal,
+    PtyHandle,
+    Sandbox,
+    SandboxClosedError,
+    SandboxProvider,
+    SandboxUser,
+)
 from core.session import CloseDeadline, SandboxSession
 from core.shells import RecordedShell
 from core.tasks import Task
+
+if TYPE_CHECKING:
+    from core.model.endpoint import ModelEndpoint
+    from core.runtime.installer import Installer
+    from core.runtime.supervisor_client import CleanupReceipt
 
 
 class Episode(EpisodeControl):
@@ -71,7 +83,7 @@ class Episode(EpisodeControl):
         run_id: str | None = None,
         runs_dir: Path | None = None,
         provider: SandboxProvider | None = None,
-        installer: Any = None,
+        installer: Installer | None = None,
         bus: EventBus | None = None,
         batch_id: str | None = None,
     ) -> None:
@@ -89,9 +101,9 @@ class Episode(EpisodeControl):
         # What the phases hand on, set as each one returns.
         self.run_dir: RunDir | None = None
         self.info: RunInfo | None = None
-        self.endpoint: Any = None  # ModelEndpoint, once the seed phase started it
+        self.endpoint: ModelEndpoint | None = None  # once the seed phase started it
         self.sandbox: Sandbox | None = None
-        self.sandbox_user: Any = None  # SandboxUser, decided once in the seed phase (core.runtime.access)
+        self.sandbox_user: SandboxUser | None = None  # decided once in the seed phase (core.runtime.access)
         self.installed: install.Installed | None = None
         self.session: SandboxSession | None = None
         self.agent_run: agent.AgentRun | None = None
@@ -104,14 +116,14 @@ class Episode(EpisodeControl):
         # The cancel and keep state, and the close deadline (fixed when the close starts).
         self._keep = config.sandbox.keep_sandbox
         self._cancel: CancelRequest | None = None
-        self._graceful_stop: asyncio.Future[Any] | None = None
+        self._graceful_stop: asyncio.Future[CleanupReceipt] | None = None
         self._destroyed_in_hurry = False
         self._release_started = False
         self.close_deadline: CloseDeadline | None = None  # [close budget]
         self._shells = 0
         self.human_intervened = False
-        self._agent_task: asyncio.Task[Any] | None = None
-        self._verify_task: asyncio.Task[Any] | None = None
+        self._agent_task: asyncio.Task[None] | None = None
+        self._verify_task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self._result: EpisodeResult | None = None
         self._phase_started: dict[str, float] = {}
@@ -158,7 +170,7 @@ class Episode(EpisodeControl):
         elif self._verify_task is not None and not self._verify_task.done():
             self._verify_task.cancel()
 
-    def _after_graceful_stop(self, stop: asyncio.Future[Any]) -> None:
+    def _after_graceful_stop(self, stop: asyncio.Future[CleanupReceipt]) -> None:
         """The supervisor could not confirm the stop: stop waiting for the harness's exec (it may
         never end by itself); the close records the unconfirmed cleanup."""
         failed = stop.cancelled() or stop.exception() is not None
@@ -271,7 +283,7 @@ class Episode(EpisodeControl):
         self.emit(PhaseChanged(phase=phase, state=state, detail=detail))
         self._write_info(phase=phase.value, phase_durations_s=dict(self.durations))
 
-    def _write_info(self, **fields: Any) -> None:
+    def _write_info(self, **fields: object) -> None:
         """Update run.json (once it exists) with what a phase learned."""
         if self.info is not None and self.run_dir is not None:
             for name, value in fields.items():
@@ -399,6 +411,7 @@ class Episode(EpisodeControl):
             self._start_run_dir()
         except OSError as exc:
             return self._unrecorded(exc)
+        assert self.health is not None  # made with the run directory
         self.started_at = self.emit(
             EpisodeStarted(
                 run_id=self.run_id,
@@ -506,6 +519,7 @@ class Episode(EpisodeControl):
             requested_user=requested,
             batch_id=self.batch_id,
         )
+
         # Failures the provider recovered from without raising go to the event stream (shown, never
         # the outcome), stamped with the stage the episode is in (a provider only knows what failed).
         self.sandbox.on_recovered = self._recovered
@@ -561,7 +575,7 @@ class Episode(EpisodeControl):
         deadline = self._begin_close()
         confirmed: bool | None = None
         if self.session is not None:
-            assert self.sandbox is not None and self.installed is not None
+            assert self.sandbox is not None and self.installed is not None and self.endpoint is not None
             self._enter(Phase.CLOSING)
             self.closed = await close.close(
                 self.session,

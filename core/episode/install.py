@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.config import AgentConfig
 from core.episode.common import StageFailure, failure_from
@@ -14,25 +14,31 @@ from core.failures import DeadlineDetails, FailureEvent, FailureStage
 from core.sandbox.base import Sandbox, SandboxUser
 from core.tasks import Task
 
+if TYPE_CHECKING:
+    from core.model.endpoint import ModelEndpoint
+    from core.runtime.installer import Installer
+    from core.runtime.opencode import OpenCodeHarness
+    from core.runtime.prepare import PreparedRuntime
+
 
 @dataclass(frozen=True)
 class Installed:
     """The harness that will run OpenCode, and the runtime it runs on (binary, python, layout)."""
 
-    harness: Any  # OpenCodeHarness
-    runtime: Any  # PreparedRuntime
+    harness: OpenCodeHarness
+    runtime: PreparedRuntime
 
 
 async def install(
     sandbox: Sandbox,
-    installer: Any,
+    installer: Installer,
     *,
     run_id: str,
     task: Task,
     config: AgentConfig,
-    endpoint: Any,
+    endpoint: ModelEndpoint,
     user: SandboxUser,
-    emit: Callable[[Event], Any],
+    emit: Callable[[Event], object],
 ) -> Installed:
     """Build the harness and prepare its runtime; a timeout or a provider's failure ends the episode's
     agent part (``StageFailure``), keeping the provider's kind, cause and evidence."""

@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -133,28 +132,31 @@ def outcome_event(verdict: Verdict) -> OutcomeDecided:
     )
 
 
-def result_of(verdict: Verdict, tally: Tally, **fields: Any) -> EpisodeResult:
+def result_of(verdict: Verdict, tally: Tally, **fields: object) -> EpisodeResult:
     """The result line: the verdict, the deciding failure, the counts, and the episode's ``fields``."""
     deciding = verdict.deciding
     tokens = token_totals(tally.model_calls)
-    return EpisodeResult(
-        reward=verdict.reward,
-        action=verdict.outcome,
-        failure_kind=deciding.failure.kind if deciding else None,
-        failure_stage=deciding.failure.stage.value if deciding else None,
-        failure_class=deciding.decision.failure_class.value if deciding else None,
-        model_calls=len(tally.model_calls),
-        tool_calls=sum(tally.tool_calls.values()),
-        compactions=tally.compactions,
-        tokens_in=tokens.tokens_in,
-        tokens_out=tokens.tokens_out,
-        agent_tokens_in=tally.agent_tokens_in,
-        agent_tokens_out=tally.agent_tokens_out,
-        exit_code=verdict.exit_code,
-        summary=verdict.summary,
-        unenforced_limits=list(tally.unenforced_limits),
-        warnings=[r.failure.kind for r in verdict.warnings],
-        **fields,
+    # Validated like the constructor: the episode's fields are checked against the model, not the call.
+    return EpisodeResult.model_validate(
+        {
+            "reward": verdict.reward,
+            "action": verdict.outcome,
+            "failure_kind": deciding.failure.kind if deciding else None,
+            "failure_stage": deciding.failure.stage.value if deciding else None,
+            "failure_class": deciding.decision.failure_class.value if deciding else None,
+            "model_calls": len(tally.model_calls),
+            "tool_calls": sum(tally.tool_calls.values()),
+            "compactions": tally.compactions,
+            "tokens_in": tokens.tokens_in,
+            "tokens_out": tokens.tokens_out,
+            "agent_tokens_in": tally.agent_tokens_in,
+            "agent_tokens_out": tally.agent_tokens_out,
+            "exit_code": verdict.exit_code,
+            "summary": verdict.summary,
+            "unenforced_limits": list(tally.unenforced_limits),
+            "warnings": [r.failure.kind for r in verdict.warnings],
+            **fields,
+        }
     )
 
 
@@ -165,7 +167,7 @@ def write_record(
     tally: Tally,
     failures: list[RecordedFailure],
     diagnostic_files: tuple[str, ...],
-    emit: Callable[[Event], Any],
+    emit: Callable[[Event], object],
 ) -> None:
     """run.json's outcome and counts, diagnostics.txt; then the run directory is closed."""
     info.ended_at = datetime.now(UTC)
@@ -212,7 +214,7 @@ def write_record(
     run_dir.close()
 
 
-def write_trajectory(run_dir: RunDir, emit: Callable[[Event], Any]) -> None:
+def write_trajectory(run_dir: RunDir, emit: Callable[[Event], object]) -> None:
     """ATIF ``trajectory.json``, built from what is written above; one that cannot be built is a
     recorded warning: the outcome stands."""
     from core.export.atif import TRAJECTORY_FILE, build_trajectory

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 from core.config import AgentConfig
 from core.episode.common import StageFailure, failure_from
@@ -32,6 +32,10 @@ from core.sandbox.base import (
 )
 from core.tasks import Task
 
+if TYPE_CHECKING:
+    from core.model.endpoint import ModelEndpoint
+    from core.runtime.installer import Installer
+
 
 @dataclass(frozen=True)
 class Seeded:
@@ -41,21 +45,21 @@ class Seeded:
     status: SandboxStatus
 
 
-def default_installer(config: AgentConfig) -> Any:
+def default_installer(config: AgentConfig) -> Installer:
     """The OpenCode installer the configuration asks for (its cache is shared between episodes)."""
     from core.runtime.installer import Installer, InstallerConfig
 
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "version": config.runtime.opencode_version,
         "registry_url": config.runtime.registry_url,
         "timeout_s": config.budgets.install_s,
     }
     if config.runtime.cache_dir:
         fields["cache_dir"] = Path(config.runtime.cache_dir)
-    return Installer(InstallerConfig(**fields))
+    return Installer(InstallerConfig.model_validate(fields))
 
 
-def model_socket(config: AgentConfig, endpoint: Any) -> str | None:
+def model_socket(config: AgentConfig, endpoint: ModelEndpoint) -> str | None:
     """The model endpoint's Unix socket, when the sandbox reaches the model only through it."""
     return endpoint.unix_path if config.sandbox.network == "model-only" else None
 
@@ -66,7 +70,7 @@ async def allocate(
     task: Task,
     run_id: str,
     *,
-    endpoint: Any,
+    endpoint: ModelEndpoint,
     cache_dir: Path,
     requested_user: str | None,
     batch_id: str | None = None,
@@ -117,10 +121,10 @@ async def allocate(
 async def identify(
     sandbox: Sandbox,
     requested_user: str | None,
-    user_source: Any,
+    user_source: Literal["image", "config", "task"],
     *,
     borrowed: bool,
-    emit: Callable[[Event], Any],
+    emit: Callable[[Event], object],
 ) -> Seeded:
     """What the provider enforces, and who the sandbox user is (issue 17), decided once."""
     status = await sandbox.status()
@@ -169,7 +173,9 @@ def refuse_unenforced(ready: SandboxReady, config: AgentConfig) -> None:
     )
 
 
-async def stage(sandbox: Sandbox, config: AgentConfig, task: Task, user: SandboxUser, endpoint: Any) -> None:
+async def stage(
+    sandbox: Sandbox, config: AgentConfig, task: Task, user: SandboxUser, endpoint: ModelEndpoint
+) -> None:
     """The task files, workdir and model socket made the sandbox user's; then the preflight."""
     socket = model_socket(config, endpoint) if config.sandbox.mode == "owned" else None
     try:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.artifacts import RunFiles
 from core.episode.common import PhaseIO, failure_from
 from core.events import CleanupObserved, CleanupStep, StepState, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage
 from core.session import CloseDeadline
+
+if TYPE_CHECKING:
+    from core.runtime.opencode import OpenCodeHarness
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ def snapshot_evidence(io: PhaseIO, exc: BaseException) -> Evidence:
     )
 
 
-async def export_transcript(harness: Any, *, deadline: CloseDeadline, io: PhaseIO) -> Transcribed:
+async def export_transcript(harness: OpenCodeHarness, *, deadline: CloseDeadline, io: PhaseIO) -> Transcribed:
     """Export within what the close budget has left; the stats are emitted as an event too."""
     try:
         stats = await deadline.run(  # [close budget]

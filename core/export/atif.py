@@ -31,14 +31,14 @@ import json
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.artifacts import RunFiles, RunInfo
 from core.runtime.transcript import compaction_trigger
 
-ATIF_VERSION = "ATIF-v1.8"
+ATIF_VERSION: Final = "ATIF-v1.8"
 TRAJECTORY_FILE = RunFiles.TRAJECTORY
 AGENT_NAME = "opencode"
 
@@ -442,7 +442,7 @@ def _sum(values: Iterator[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def build_trajectory(run_dir: str | Path) -> AtifTrajectory:
+def build_trajectory(run_dir: Path) -> AtifTrajectory:
     """The ATIF trajectory of one run directory (raises ValueError if it is not one)."""
     run_dir = Path(run_dir)
     info_path = run_dir / "run.json"
@@ -593,7 +593,7 @@ def _run_extra(info: RunInfo | None, failures: list[dict[str, Any]]) -> dict[str
     }
 
 
-def write_trajectory(run_dir: str | Path, dest: str | Path | None = None) -> Path:
+def write_trajectory(run_dir: Path, dest: Path | None = None) -> Path:
     """Write the trajectory (to ``run_dir/trajectory.json`` unless ``dest``); atomic replace."""
     run_dir = Path(run_dir)
     target = Path(dest) if dest is not None else run_dir / TRAJECTORY_FILE

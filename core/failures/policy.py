@@ -293,6 +293,8 @@ def classify(failure: FailureEvent, config: ClassificationConfig = DEFAULT_CLASS
     return config.default
 
 
+DecisionLevel = Literal["rule", "http_status", "kind", "failure_class", "default"]
+
 # What each named rule (``Decision.level == "rule"``) is, in words: said wherever a decision is shown.
 NAMED_RULES: dict[str, str] = {
     "oom_survived": "the kernel OOM-killed a command the agent ran; OpenCode survived and finished its turn",
@@ -318,7 +320,7 @@ class Decision(BaseModel):
     action: Action
     failure_class: FailureClass
     rule: str
-    level: Literal["rule", "http_status", "kind", "failure_class", "default"]
+    level: DecisionLevel
     retries_exhausted: bool = False
     warning: bool = False
 
@@ -370,7 +372,7 @@ def decide(
     bounded retry never loops and never silently turns into a reward.
     """
     failure_class = classify(failure, classification)
-    candidates: list[tuple[str, str, Action]] = []
+    candidates: list[tuple[DecisionLevel, str, Action]] = []
     if _survived_oom(failure):
         candidates.append(("rule", "oom_survived", policy.oom_survived))
     if failure.http_status is not None and failure.kind not in STATUS_BLIND_KINDS:

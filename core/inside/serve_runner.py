@@ -125,6 +125,7 @@ class Server:
     def _read_stdout(self):
         # The server prints where it listens on stdout; anything else it prints goes to our stderr,
         # so stdout stays machine-readable.
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         for raw in iter(self.proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace")
             found = LISTENING.search(line) if self.port is None else None
@@ -211,7 +212,7 @@ def read_events(server, events, connected):
 
 def drive(server, prompt):
     """Run the session to its end; the exit status."""
-    events = queue.Queue()
+    events: queue.Queue[dict | None] = queue.Queue()
     connected = threading.Event()
     threading.Thread(target=read_events, args=(server, events, connected), daemon=True).start()
     if not connected.wait(CONNECT_TIMEOUT_S):
@@ -225,7 +226,7 @@ def drive(server, prompt):
     note("prompt_sent", sessionID=sid, chars=len(prompt))
     errors = 0
     started = False
-    last_running = {}
+    last_running: dict[str, str] = {}
     quiet_since = time.monotonic()
     while True:
         try:
@@ -246,7 +247,7 @@ def drive(server, prompt):
         if event is None:
             return None if server.proc.poll() is not None else 1
         etype = str(event.get("type", ""))
-        props = event.get("properties") if isinstance(event.get("properties"), dict) else {}
+        props = v if isinstance(v := event.get("properties"), dict) else {}
         if etype == "session.created":
             info = props.get("info") or {}
             if info.get("parentID") in ours:
@@ -263,7 +264,7 @@ def drive(server, prompt):
             server.request("POST", f"/permission/{props.get('id')}/reply", {"reply": "reject"})
             # What was asked for, so the engine can name it in the failure: the permission, its path
             # patterns (e.g. ``/etc/*`` for ``external_directory``), the tool call and the session.
-            tool = props.get("tool") if isinstance(props.get("tool"), dict) else {}
+            tool = v if isinstance(v := props.get("tool"), dict) else {}
             note(
                 "permission_rejected",
                 id=props.get("id"),

@@ -338,7 +338,7 @@ def _reap_zombies() -> bool:
 
 
 def _children_from_tasks() -> set[int]:
-    pids = set()
+    pids: set[int] = set()
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
@@ -358,7 +358,7 @@ def _children_from_tasks() -> set[int]:
 def _children_from_scan() -> set[int]:
     # Fallback for kernels without /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN).
     me = os.getpid()
-    pids = set()
+    pids: set[int] = set()
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -381,7 +381,7 @@ def _children_from_scan() -> set[int]:
 def _drain(budget: float) -> tuple[int, str | None]:
     """SIGKILL and reap every remaining child until none is left. Returns (killed, error)."""
     me = os.getpid()
-    killed = set()
+    killed: set[int] = set()
     deadline = time.monotonic() + budget
     remaining = set()
     while True:

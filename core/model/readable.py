@@ -142,7 +142,7 @@ def conversation(body: Any) -> Conversation:
     for tool in body.get("tools") or []:
         if not isinstance(tool, dict):
             continue
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        fn = v if isinstance(v := tool.get("function"), dict) else tool
         out.tools.append(
             ToolSpec(
                 name=str(fn.get("name") or "?"),

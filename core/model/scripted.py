@@ -164,9 +164,9 @@ def progress_of(body: dict[str, Any], trajectory: Script, prefix: str = MAIN_IDS
         if msg.get("role") == "tool":
             ids.append(msg.get("tool_call_id"))
         for tc_id in ids:
-            m = id_re.match(str(tc_id or ""))
-            if m:
-                best = max(best, int(m.group(1)) + 1)
+            found = id_re.match(str(tc_id or ""))
+            if found:
+                best = max(best, int(found.group(1)) + 1)
     texts = {content_text(m.get("content")).strip() for m in _assistant_messages(body)}
     texts.discard("")
     for k, step in enumerate(trajectory.steps):

@@ -238,7 +238,7 @@ async def prepare_runtime(
     except UnsupportedTargetError as exc:
         raise _fail("install_failed", str(exc)) from exc
     cached = await asyncio.to_thread(installer.cached, target)  # hashes the binary once per process
-    if getattr(installer, "corrupt", None):
+    if installer.corrupt:
         # [corrupt cache] (issue 19) never executed: said here, replaced by the install below
         emit(Warning_(code="opencode_cache_corrupt", message=installer.corrupt))
     if cached is not None:

@@ -297,7 +297,7 @@ class ServeStreamTranslator(_Translator):
 
     def _event(self, obj: dict[str, Any]) -> list[Event]:
         etype = str(obj.get("type", "unknown"))
-        props = obj.get("properties") if isinstance(obj.get("properties"), dict) else {}
+        props = v if isinstance(v := obj.get("properties"), dict) else {}
         if etype == "message.part.delta":
             return self._delta(props)
         if etype == "message.part.updated" and isinstance(props.get("part"), dict):
@@ -324,7 +324,7 @@ class ServeStreamTranslator(_Translator):
                     self._assistant(info)
         elif etype == "session.error" and self._main(props.get("sessionID")):
             err = props.get("error") or {}
-            data = err.get("data") if isinstance(err, dict) and isinstance(err.get("data"), dict) else {}
+            data = v if isinstance(err, dict) and isinstance(v := err.get("data"), dict) else {}
             events += self._error(data.get("message") or (err.get("name") if isinstance(err, dict) else err))
         elif etype == "session.compacted" and self._main(props.get("sessionID")):
             sizes = ""
@@ -519,9 +519,9 @@ class ServeStreamTranslator(_Translator):
         while it is short, then ``...`` and its last 30,000 characters (a sliding window). The final
         ``state.output`` is formatted for the model (truncation notice, ``<shell_metadata>`` notes), so
         the display keeps following the live copy and only adds such notes at the end."""
-        metadata = state.get("metadata") if isinstance(state.get("metadata"), dict) else {}
-        live = metadata.get("output") if isinstance(metadata.get("output"), str) else ""
-        final = state.get("output") if isinstance(state.get("output"), str) else ""
+        metadata = v if isinstance(v := state.get("metadata"), dict) else {}
+        live = v if isinstance(v := metadata.get("output"), str) else ""
+        final = v if isinstance(v := state.get("output"), str) else ""
         if status == "running":
             return self._bash_output(part, live)
         # Nothing came live (e.g. a silent command that timed out): the final text is all there is.
@@ -649,9 +649,9 @@ class EventRenderer:
     def _opencode(self, ev: OpenCodeEvent) -> str:
         payload, kind = ev.payload, ev.event_type
         if kind in ("text", "reasoning"):  # opencode run: a finished part
-            part = payload.get("part") if isinstance(payload.get("part"), dict) else payload
-            text = part.get("text")
-            if part.get("synthetic") or not isinstance(text, str) or not text.strip():
+            finished = v if isinstance(v := payload.get("part"), dict) else payload
+            text = finished.get("text")
+            if finished.get("synthetic") or not isinstance(text, str) or not text.strip():
                 return ""
             return render_text(text.rstrip()) if kind == "text" else _ended(styled_part(kind, text.rstrip()))
         if kind == "message.part.updated":
@@ -677,7 +677,7 @@ class EventRenderer:
         if kind in ("error", "session.error"):
             err = payload.get("error") or (payload.get("properties") or {}).get("error") or payload
             if isinstance(err, dict):
-                data = err.get("data") if isinstance(err.get("data"), dict) else {}
+                data = v if isinstance(v := err.get("data"), dict) else {}
                 err = data.get("message") or err.get("message") or err.get("name") or err
             return render_error(str(err)[:2000])
         return ""

@@ -58,7 +58,7 @@ class Target(BaseModel):
     @property
     def suffix(self) -> str:
         """``linux-x64-baseline-musl`` and friends: the package name without ``opencode-``."""
-        parts = [self.os, self.arch]
+        parts: list[str] = [self.os, self.arch]
         if self.baseline:
             parts.append("baseline")
         if self.libc == "musl":

@@ -204,7 +204,8 @@ class InspectScreen(ModalScreen[None]):
         view = self._active_view()
         if isinstance(view, TextArea):
             return view.text
-        return self.query_one("#cleanup-detail", Static).render().plain
+        shown = self.query_one("#cleanup-detail", Static).render()
+        return shown.plain if isinstance(shown, Content) else str(shown)
 
     def action_copy(self) -> None:
         text = self.copy_text()

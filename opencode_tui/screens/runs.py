@@ -423,7 +423,8 @@ class RunsScreen(Screen[None]):
         from opencode_tui.screens.diff import DiffScreen
 
         # The diff screen reads both runs in a worker thread, with a loading indicator meanwhile.
-        self.app.push_screen(DiffScreen(*marked))
+        run_a, run_b = marked
+        self.app.push_screen(DiffScreen(run_a, run_b))
 
     def action_rerun(self) -> None:
         entry = self.index.entry(self.query_one(RunsList).cursor_row)

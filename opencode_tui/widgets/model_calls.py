@@ -117,15 +117,14 @@ class ModelCallsTable(DataTable):
             status = Text(str(call.status), style=colors.get("error", ""))
         else:
             status = Text(str(call.status), style=colors.get("success", ""))
-        right = {"justify": "right"}
         return [
             Text(fmt.offset(call.started_at, self.start)),
             Text(call.kind),
             status,
-            Text(fmt.seconds(call.latency_s), **right),
-            Text(fmt.seconds(call.ttft_s), **right),
-            Text(fmt.count(call.tokens_in), **right),
-            Text(fmt.count(call.tokens_out), **right),
+            Text(fmt.seconds(call.latency_s), justify="right"),
+            Text(fmt.seconds(call.ttft_s), justify="right"),
+            Text(fmt.count(call.tokens_in), justify="right"),
+            Text(fmt.count(call.tokens_out), justify="right"),
             Text(call.message_id or fmt.DASH),
         ]
 

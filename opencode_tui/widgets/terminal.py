@@ -135,6 +135,9 @@ class TerminalView(ScrollView, can_focus=True):
 
     view: reactive[View] = reactive("rendered", init=False)
     follow: reactive[bool] = reactive(True, init=False)
+    # The search text. It hides Widget.query (a DOM query this widget never runs on itself); the run
+    # screen reads it under this name.
+    query: str  # type: ignore[assignment]
 
     class FollowChanged(Message):
         def __init__(self, follow: bool) -> None:
@@ -195,7 +198,7 @@ class TerminalView(ScrollView, can_focus=True):
 
         for ev in events:
             kind = type(ev)
-            if kind is TerminalOutput:
+            if isinstance(ev, TerminalOutput):
                 data = ev.data
                 raw_append(data)
                 stream = ev.stream

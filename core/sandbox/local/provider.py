@@ -482,13 +482,13 @@ class LocalProvider(SandboxProvider):
                     found.append((entry.name, self.base_dir / entry.name, {"cgroup": str(entry)}))
         pids_parent, _ = self._pids_parent()
         if owner is None and pids_parent is not None and pids_parent.is_dir():
-            known = {sid: meta for sid, _, meta in found}
+            meta_of = {sid: meta for sid, _, meta in found}
             for entry in sorted(pids_parent.iterdir()):
                 if entry.is_dir() and _ID_RE.fullmatch(entry.name):
-                    if entry.name not in known:
+                    if entry.name not in meta_of:
                         found.append((entry.name, self.base_dir / entry.name, {"pids_cgroup": str(entry)}))
-                    elif not known[entry.name].get("pids_cgroup"):
-                        known[entry.name]["pids_cgroup"] = str(entry)
+                    elif not meta_of[entry.name].get("pids_cgroup"):
+                        meta_of[entry.name]["pids_cgroup"] = str(entry)
         ids = [sid for sid, _, _ in found]
         if dry_run:
             return ids

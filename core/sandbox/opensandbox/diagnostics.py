@@ -76,7 +76,7 @@ def lifecycle_evidence(
     if error is not None:
         data["error"] = error
     if body is not None:
-        status = body.get("status") if isinstance(body.get("status"), dict) else {}
+        status = v if isinstance(v := body.get("status"), dict) else {}
         data.update(
             {
                 "sandbox_id": body.get("id"),

@@ -559,7 +559,7 @@ class OpenSandboxSandbox(Sandbox):
         elif kind in ("stdout", "stderr"):
             await run.emit(kind, str(event.get("text") or "").encode())
         elif kind == "error":
-            err = event.get("error") if isinstance(event.get("error"), dict) else {}
+            err = v if isinstance(v := event.get("error"), dict) else {}
             run.set_exit(err.get("evalue", ""))
             if run.exit_code is None and err.get("ename"):
                 run.remote_error = f"{err.get('ename')}: {run.remote_error or ''}".strip()
@@ -1089,7 +1089,7 @@ class OpenSandboxSandbox(Sandbox):
         return evidence
 
     async def status(self) -> SandboxStatus:
-        base = {
+        base: dict[str, Any] = {
             "sandbox_id": self.sandbox_id,
             "provider": self.provider,
             "owned": self.owned,
