@@ -32,10 +32,13 @@ import contextlib
 import json
 import os
 import posixpath
+import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -43,7 +46,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import __version__
-from core.calls.records import ModelCallRecord
+from core.calls.records import ModelCallRecord, TokenUsage
 from core.events import Event, FailureRecorded, FailureRecovered, ShellOpened, decode, encode
 from core.failures import Outcome
 from core.failures.evidence import utcnow
@@ -338,15 +341,11 @@ class RunDirReader:
 
     def __init__(self, path: Path | str, *, check: bool = True) -> None:
         self.path = Path(path)
-        if check and not self.is_run_dir(self.path):
+        if check and not is_run_dir(self.path):
             raise FileNotFoundError(
                 f"{self.path} is not a run directory (no {RunFiles.RUN_INFO} or {RunFiles.EVENTS}); "
                 "list run directories with `opencode-tui runs`"
             )
-
-    @staticmethod
-    def is_run_dir(path: Path) -> bool:
-        return (path / RunFiles.RUN_INFO).exists() or (path / RunFiles.EVENTS).exists()
 
     def file(self, name: str) -> Path:
         """The path of one of the ``RunFiles`` (it may not exist)."""
@@ -384,15 +383,93 @@ class RunDirReader:
     def events_path(self) -> Path:
         return self.path / RunFiles.EVENTS
 
-    def events(self) -> Iterator[Event]:
-        """Every event in ``events.jsonl``, in order (a line that does not decode raises)."""
+    def events(self, *, skip: Collection[str] = (), strict: bool = True) -> Iterator[Event]:
+        """Every event in ``events.jsonl``, in order. ``skip``: event types left out before decoding
+        (terminal output and OpenCode's raw events are most of a long run). ``strict``: a line that
+        does not decode raises; else it is passed over (a torn last line of a live run, an event
+        from a newer engine)."""
         p = self.events_path
         if not p.exists():
             return
-        with p.open(encoding="utf-8") as f:
+        markers = [_type_marker(t) for t in skip]
+        with p.open("rb") as f:
             for line in f:
-                if line.strip():
+                if not line.strip() or any(m in line for m in markers):
+                    continue
+                try:
                     yield decode(line)
+                except ValueError:
+                    if strict:
+                        raise
+
+    def event_records(self, types: Collection[str]) -> list[dict[str, Any]]:
+        """The events of ``types`` as plain data, in order, without reading the others: a long run has
+        100k events and a handful of failures, so their lines are found in the file's bytes and only
+        those are parsed. Plain data: tolerant of a record written by another version (a line that
+        does not parse is passed over)."""
+        p = self.events_path
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            return []
+        starts: set[int] = set()
+        for marker in (m for t in types for m in (_type_marker(t), _type_marker(t, spaced=True))):
+            at = data.find(marker)
+            while at >= 0:
+                starts.add(data.rfind(b"\n", 0, at) + 1)
+                at = data.find(marker, at + 1)
+        wanted = set(types)
+        out: list[dict[str, Any]] = []
+        for start in sorted(starts):
+            end = data.find(b"\n", start)
+            try:
+                ev = json.loads(data[start : end if end >= 0 else len(data)])
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("type") in wanted:  # the marker may sit in a nested object
+                out.append(ev)
+        return out
+
+    def event_batches(
+        self,
+        index: EventIndex | None = None,
+        batch_size: int = 2000,
+        stats: LoadStats | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[list[Event]]:
+        """Every event, decoded in batches as the file is streamed (the replay's loader: a run of a
+        million events opens at once and loads behind). Lines that do not decode are counted in
+        ``stats`` and skipped; ``index`` gets each event's byte offset to read it back later."""
+        stats = stats if stats is not None else LoadStats()
+        p = self.events_path
+        if not p.exists():
+            return
+        batch: list[Event] = []
+        offset = 0
+        with p.open("rb") as f:
+            for line in f:
+                start = offset
+                offset += len(line)
+                if stop is not None and stop.is_set():
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    event = decode(line)
+                except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                    stats.bad_lines += 1
+                    if len(stats.bad_examples) < 3:
+                        stats.bad_examples.append(f"byte {start}: {str(exc).splitlines()[0][:200]}")
+                    continue
+                if index is not None:
+                    index.offsets.append(start)
+                stats.events += 1
+                batch.append(event)
+                if len(batch) >= batch_size:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
 
     def failures(self) -> list[FailureRecorded | FailureRecovered]:
         """The failures the run recorded (and those a provider recovered from), in order."""
@@ -419,6 +496,22 @@ class RunDirReader:
                     continue
                 try:
                     yield ModelCallRecord.model_validate_json(line)
+                except ValueError:
+                    continue
+
+    def call_summaries(self) -> Iterator[CallSummary]:
+        """``model_calls.jsonl`` without the bodies: who asked (kind, message) and the usage of each
+        call, in completion order (records that do not parse are skipped). The bodies are nearly all
+        of the file's bytes; they are scanned by the JSON parser, never built into Python objects."""
+        p = self.path / RunFiles.MODEL_CALLS
+        if not p.exists():
+            return
+        with p.open("rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    yield CallSummary.model_validate_json(line)
                 except ValueError:
                     continue
 
@@ -485,6 +578,73 @@ class RunDirReader:
         return read_cast(self.path / RunFiles.CAST)
 
 
+def _type_marker(event_type: str, *, spaced: bool = False) -> bytes:
+    """How an event's own type reads in its JSON line (a JSON string inside another event escapes its
+    quotes, so these bytes occur only as some object's ``type``)."""
+    return (b'"type": "%s"' if spaced else b'"type":"%s"') % event_type.encode()
+
+
+class CallUsage(TokenUsage):
+    model_config = ConfigDict(extra="ignore")  # a record of another version still counts
+
+
+class CallSummary(BaseModel):
+    """What counting needs of one ``ModelCallRecord`` (the rest, bodies included, is ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    call_id: str | None = None
+    kind: str | None = None
+    message_id: str | None = None
+    status: int | None = None
+    usage: CallUsage = Field(default_factory=lambda: CallUsage())
+
+
+class EventIndex:
+    """Byte offsets of the events in ``events.jsonl`` (``RunDirReader.event_batches`` fills it): any
+    event can be read back on demand.
+
+    Filled by the loader thread while it streams the file; read from the UI thread (appends to an
+    ``array`` are atomic under the GIL, and readers only look at indices below ``len``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offsets = array("q")
+        self._cache: OrderedDict[int, Event] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def event_at(self, index: int) -> Event | None:
+        if not 0 <= index < len(self.offsets):
+            return None
+        with self._lock:
+            cached = self._cache.get(index)
+            if cached is not None:
+                self._cache.move_to_end(index)
+                return cached
+            with self.path.open("rb") as f:
+                f.seek(self.offsets[index])
+                line = f.readline()
+            try:
+                event = decode(line)
+            except ValueError:
+                return None
+            self._cache[index] = event
+            if len(self._cache) > 256:
+                self._cache.popitem(last=False)
+            return event
+
+
+@dataclass
+class LoadStats:
+    events: int = 0
+    bad_lines: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+
 @dataclass
 class Cast:
     """An asciinema v2 recording: header and output frames ``(seconds, text)`` (input frames dropped)."""
@@ -537,15 +697,44 @@ def read_cast(path: Path) -> Cast | None:
     return Cast(header, frames)
 
 
+# ---- which directories are runs ------------------------------------------------------------------
+
+# A run directory's name as the engine makes it (core.episode.new_run_id):
+# ``<task>-<YYYYmmdd-HHMMSS>-<hex>-a<attempt>``.
+RUN_NAME = re.compile(r"^(?P<task>.+)-(?P<stamp>\d{8}-\d{6})-[0-9a-f]{6}-a(?P<attempt>\d+)$")
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory holds its run.json or its events.jsonl (the first file a run writes)."""
+    return (path / RunFiles.RUN_INFO).exists() or (path / RunFiles.EVENTS).exists()
+
+
+def run_dir_names(runs_dir: Path) -> list[tuple[str, re.Match[str] | None]]:
+    """The run directories directly under ``runs_dir`` (name, and its ``RUN_NAME`` match), unread.
+
+    One ``scandir``: a directory named as the engine names runs has its events.jsonl from its first
+    moment, so only the others are looked into (``is_run_dir``); listing 10,000 runs reads no file."""
+    out: list[tuple[str, re.Match[str] | None]] = []
+    try:
+        it = os.scandir(runs_dir)
+    except OSError:
+        return out
+    with it:
+        for d in it:
+            if not d.is_dir():
+                continue
+            m = RUN_NAME.match(d.name)
+            if m is not None or is_run_dir(Path(d.path)):
+                out.append((d.name, m))
+    return out
+
+
 def list_runs(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
     """Run directories under ``runs_dir``, newest first; unreadable run.json gives ``None`` info."""
-    out: list[tuple[Path, RunInfo | None]] = []
-    if not runs_dir.is_dir():
-        return out
-    for d in runs_dir.iterdir():
-        if not d.is_dir() or not RunDirReader.is_run_dir(d):
-            continue
-        out.append((d, RunDirReader(d, check=False).info_or_none()))
+    out = [
+        (runs_dir / name, RunDirReader(runs_dir / name, check=False).info_or_none())
+        for name, _ in run_dir_names(runs_dir)
+    ]
     out.sort(key=lambda item: item[0].stat().st_mtime, reverse=True)
     return out
 

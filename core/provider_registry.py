@@ -12,11 +12,12 @@ from __future__ import annotations
 import abc
 import functools
 import importlib.metadata
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from core.plugins import entry_points as discover
 
 if TYPE_CHECKING:
     from core.config import AgentConfig
@@ -32,7 +33,6 @@ BUILTIN = {
     "local": "core.sandbox.local.plugin:PLUGIN",
     "opensandbox": "core.sandbox.opensandbox.plugin:PLUGIN",
 }
-_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
 
 class Capabilities(BaseModel):
@@ -121,12 +121,7 @@ class PluginLoadError(ValueError):
 
 @functools.cache
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    found: dict[str, importlib.metadata.EntryPoint] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
-    for name, value in BUILTIN.items():
-        found.setdefault(name, importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP))
-    return {name: ep for name, ep in found.items() if _NAME.fullmatch(name)}
+    return discover(ENTRY_POINT_GROUP, BUILTIN)
 
 
 def names() -> list[str]:

@@ -374,7 +374,7 @@ class RunScreen(Screen[None]):
     @property
     def tui(self) -> OpenCodeTUI:
         """The app, typed: the run screen only runs inside ``OpenCodeTUI``."""
-        from opencode_tui.app import OpenCodeTUI
+        from opencode_tui.host import EpisodeHost as OpenCodeTUI
 
         app = self.app
         assert isinstance(app, OpenCodeTUI), app

@@ -1,0 +1,88 @@
+"""Executors as plug-ins, found through the entry-point group ``opencode_tui.executors``: where a batch's
+episode attempts run (this process, a Ray cluster, ...), chosen by ``executor.name`` in the config.
+
+The same kind of registry as the sandbox providers' (core/provider_registry.py): an entry point names an
+``ExecutorPlugin``; the CLI's ``--executor`` choices and the config's ``executor.name`` come from here,
+and the CLI and admission ask the plug-in (``remote``) instead of comparing executor names.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from core.plugins import entry_points as discover
+
+if TYPE_CHECKING:
+    from core.batch import Executor
+    from core.config import AgentConfig
+
+ENTRY_POINT_GROUP = "opencode_tui.executors"
+
+# Also declared as entry points in pyproject.toml (a test keeps the two equal); used when the installed
+# metadata lacks them.
+BUILTIN = {
+    "local": "core.batch:LOCAL",
+    "ray": "core.ray_executor:PLUGIN",
+}
+
+
+@dataclass
+class ExecutorHooks:
+    """What the caller wants to hear while a batch runs (each may be None)."""
+
+    on_episode: Callable[[Any], None] | None = None  # an in-process Episode was created (its live view)
+    on_started: Callable[[str, int, str], None] | None = None  # (task id, attempt, run id) started elsewhere
+    on_phase: Callable[[str, str], None] | None = None  # (run id, phase) reported from elsewhere
+
+
+class ExecutorPlugin(abc.ABC):
+    """One executor as the rest of the program sees it (the entry point's object)."""
+
+    name: str
+    summary: str = ""  # one line for help texts
+    # The episodes run on other machines: the runs directory must be one path every node sees, the
+    # provider's admission checks run there, and only headless batches can use it (not the TUI).
+    remote: bool = False
+
+    @abc.abstractmethod
+    def executor(self, config: AgentConfig, hooks: ExecutorHooks) -> Executor:
+        """An executor ready to run attempts (a remote one has joined its cluster; raises
+        ``core.batch.ExecutorError`` when it cannot)."""
+
+
+class UnknownExecutorError(ValueError):
+    """An executor name no plug-in registers; the message lists the registered ones."""
+
+
+@functools.cache
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return discover(ENTRY_POINT_GROUP, BUILTIN)
+
+
+def names() -> list[str]:
+    """Every registered executor name, sorted."""
+    return sorted(_entry_points())
+
+
+def check_name(name: str) -> str:
+    if name not in _entry_points():
+        raise UnknownExecutorError(f"unknown executor {name!r}; registered: {', '.join(names())}")
+    return name
+
+
+@functools.cache
+def get(name: str) -> ExecutorPlugin:
+    """The plug-in registered as ``name`` (loaded once; its module imports nothing heavy)."""
+    ep = _entry_points()[check_name(name)]
+    try:
+        plugin = ep.load()
+    except Exception as exc:
+        raise UnknownExecutorError(f"executor {name!r} ({ep.value}) cannot be loaded: {exc}") from exc
+    if not isinstance(plugin, ExecutorPlugin) or plugin.name != name:
+        raise UnknownExecutorError(f"entry point {name!r} ({ep.value}) is not the ExecutorPlugin {name!r}")
+    return plugin
