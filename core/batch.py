@@ -403,7 +403,7 @@ def not_started(
     )
 
 
-class _LocalPlugin(ExecutorPlugin):
+class _LocalExecutorPlugin(ExecutorPlugin):
     name = "local"
     summary = "the episodes run in this process (the default)"
 
@@ -411,4 +411,4 @@ class _LocalPlugin(ExecutorPlugin):
         return LocalExecutor(hooks.on_episode)
 
 
-LOCAL = _LocalPlugin()  # the entry point (pyproject.toml: opencode_tui.executors)
+LOCAL = _LocalExecutorPlugin()  # the entry point (pyproject.toml: opencode_tui.executors)

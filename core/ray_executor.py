@@ -731,7 +731,7 @@ def _words(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-class _RayPlugin(ExecutorPlugin):
+class _RayExecutorPlugin(ExecutorPlugin):
     name = "ray"
     summary = "the episodes run on a Ray cluster (pip install 'opencode-tui[ray]'); see docs/scaling.md"
     remote = True
@@ -742,4 +742,4 @@ class _RayPlugin(ExecutorPlugin):
         return executor
 
 
-PLUGIN = _RayPlugin()  # the entry point (pyproject.toml: opencode_tui.executors)
+PLUGIN = _RayExecutorPlugin()  # the entry point (pyproject.toml: opencode_tui.executors)
