@@ -9,13 +9,11 @@ and the CLI and admission ask the plug-in (``remote``) instead of comparing exec
 from __future__ import annotations
 
 import abc
-import functools
-import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.plugins import entry_points as discover
+from core.plugins import Registry
 
 if TYPE_CHECKING:
     from core.batch import Executor
@@ -59,30 +57,24 @@ class UnknownExecutorError(ValueError):
     """An executor name no plug-in registers; the message lists the registered ones."""
 
 
-@functools.cache
-def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    return discover(ENTRY_POINT_GROUP, BUILTIN)
+class ExecutorLoadError(UnknownExecutorError):
+    """A registered executor that cannot be loaded or is not an ExecutorPlugin."""
+
+
+_REGISTRY = Registry(
+    ENTRY_POINT_GROUP, BUILTIN, "executor", ExecutorPlugin, UnknownExecutorError, ExecutorLoadError
+)
 
 
 def names() -> list[str]:
     """Every registered executor name, sorted."""
-    return sorted(_entry_points())
+    return _REGISTRY.names()
 
 
 def check_name(name: str) -> str:
-    if name not in _entry_points():
-        raise UnknownExecutorError(f"unknown executor {name!r}; registered: {', '.join(names())}")
-    return name
+    return _REGISTRY.check_name(name)
 
 
-@functools.cache
 def get(name: str) -> ExecutorPlugin:
     """The plug-in registered as ``name`` (loaded once; its module imports nothing heavy)."""
-    ep = _entry_points()[check_name(name)]
-    try:
-        plugin = ep.load()
-    except Exception as exc:
-        raise UnknownExecutorError(f"executor {name!r} ({ep.value}) cannot be loaded: {exc}") from exc
-    if not isinstance(plugin, ExecutorPlugin) or plugin.name != name:
-        raise UnknownExecutorError(f"entry point {name!r} ({ep.value}) is not the ExecutorPlugin {name!r}")
-    return plugin
+    return _REGISTRY.get(name)
