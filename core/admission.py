@@ -13,16 +13,14 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from core import executor_registry
 from core import provider_registry as registry
 from core.artifacts import RunInfo
 from core.config import AgentConfig, ConfigError
+from core.failures import Outcome
+from core.session import SandboxSession
 from core.tasks import Task, load_task
-
-if TYPE_CHECKING:
-    from core.episode import Episode, EpisodeResult
 
 
 class AdmissionError(Exception):
@@ -137,32 +135,37 @@ BORROWED_UNCLEAN = (
 
 
 async def next_attempt_blocked(
-    episode: Episode, result: EpisodeResult, config: AgentConfig, *, may_retry: bool, cancelled: bool
+    session: SandboxSession | None,
+    action: Outcome,
+    cleanup_confirmed: bool | None,
+    config: AgentConfig,
+    *,
+    may_retry: bool,
+    cancelled: bool,
 ) -> str | None:
-    """Why no further attempt may follow ``result`` even if the policy asks for one (None: the policy
-    decides). Every executor asks this where the episode ran."""
-    from core.failures import Outcome
-
-    if may_retry and result.action is Outcome.RETRY and not cancelled:
-        if not await borrowed_sandbox_is_clean(episode, result, config):
+    """Why no further attempt may follow an attempt that ended with ``action`` (its episode's
+    ``session``) even if the policy asks for one (None: the policy decides). Every executor asks this
+    where the episode ran."""
+    if may_retry and action is Outcome.RETRY and not cancelled:
+        if not await borrowed_sandbox_is_clean(session, cleanup_confirmed, config):
             return BORROWED_UNCLEAN
     return None
 
 
-async def borrowed_sandbox_is_clean(episode: Episode, result: EpisodeResult, config: AgentConfig) -> bool:
-    """Whether another attempt may start in the sandbox of ``episode``.
+async def borrowed_sandbox_is_clean(
+    session: SandboxSession | None, cleanup_confirmed: bool | None, config: AgentConfig
+) -> bool:
+    """Whether another attempt may start in the sandbox of the last attempt's ``session``.
 
     An owned sandbox is new for every attempt. A borrowed one whose cleanup was not confirmed may
     still run the last attempt's processes: the close is retried once from the session directory
     the release kept (within the close budget), and only a confirmed receipt lets another attempt in.
     """
-    if config.sandbox.mode != "borrowed" or result.cleanup_confirmed is not False:
+    if config.sandbox.mode != "borrowed" or cleanup_confirmed is not False:
         return True
-    session = episode.session
     if session is None or not session.keeps_session_dir or config.sandbox.sandbox_id is None:
         return False
     from core.sandbox.providers import get_provider
-    from core.session import SandboxSession
 
     later: SandboxSession | None = None
     try:

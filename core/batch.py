@@ -218,7 +218,12 @@ class LocalExecutor(Executor):
         finally:
             control.running.discard(episode)
         blocked = await next_attempt_blocked(
-            episode, result, config, may_retry=may_retry, cancelled=control.cancelled_by is not None
+            episode.session,
+            result.action,
+            result.cleanup_confirmed,
+            config,
+            may_retry=may_retry,
+            cancelled=control.cancelled_by is not None,
         )
         return Attempt(result, blocked)
 

@@ -256,7 +256,12 @@ async def _episode_in_worker(
         with contextlib.suppress(Exception):  # ends the coordinator's long poll for this attempt
             await _get(coordinator.end.remote(run_id), CONTROL_DEADLINE_S)
     blocked = await next_attempt_blocked(
-        episode, result, config, may_retry=may_retry, cancelled=result.cancelled_by is not None
+        episode.session,
+        result.action,
+        result.cleanup_confirmed,
+        config,
+        may_retry=may_retry,
+        cancelled=result.cancelled_by is not None,
     )
     return WorkerReport(result=result, blocked=blocked)
 
