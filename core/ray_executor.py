@@ -295,19 +295,13 @@ async def sweep_run(config: AgentConfig, batch_id: str, run_ids: list[str]) -> l
     Only what carries both the batch's id and one of the run ids: another batch's sandboxes (even one
     sharing the owner) are never touched; a sandbox whose creator still runs (a worker Ray wrongly
     thought lost) is left alone."""
-    from core.invocation import Liveness, invocation_liveness
-    from core.sandbox.base import LABEL_BATCH, LABEL_INVOCATION, LABEL_RUN, default_owner
-    from core.sandbox.providers import get_provider
+    from core import sweep_selection as sweeping
 
-    provider = get_provider(config.sandbox.provider, config)
+    found = await sweeping.list_ours([config.sandbox.provider], sweeping.default_owner(), config=config)
     removed = []
-    for record in await provider.listed(owner=default_owner()):
-        if record.labels.get(LABEL_BATCH) != batch_id or record.labels.get(LABEL_RUN) not in run_ids:
-            continue
-        if invocation_liveness(record.labels.get(LABEL_INVOCATION)) is Liveness.ALIVE:
-            continue
-        await provider.remove(record.sandbox_id)
-        removed.append(record.sandbox_id)
+    for item in sweeping.leftovers(sweeping.of_batch(found, batch_id, run_ids)):
+        await item.provider.remove(item.record.sandbox_id)
+        removed.append(item.record.sandbox_id)
     return removed
 
 

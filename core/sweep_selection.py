@@ -9,12 +9,13 @@ creating process is provably gone, not kept unless asked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import provider_registry as registry
+from core.config import AgentConfig
 from core.invocation import Liveness, invocation_liveness
 from core.sandbox import kept
 from core.sandbox.base import LABEL_BATCH, LABEL_INVOCATION, LABEL_RUN, SandboxProvider, SandboxRecord
@@ -74,17 +75,23 @@ def provider_names(choice: str) -> list[str]:
 
 
 async def list_ours(
-    names: list[str], owner: str | None, *, strict: bool, on_skip: Callable[[str, Exception], None]
+    names: list[str],
+    owner: str | None,
+    *,
+    strict: bool = True,
+    on_skip: Callable[[str, Exception], None] | None = None,
+    config: AgentConfig | None = None,
 ) -> list[Found]:
-    """Every sandbox the providers ``names`` list for ``owner`` (None: any owner). A provider that
-    cannot list raises when ``strict``, else is reported to ``on_skip`` and left out."""
+    """Every sandbox the providers ``names`` (configured by ``config``) list for ``owner`` (None: any
+    owner). A provider that cannot list raises when ``strict``, else is reported to ``on_skip`` and
+    left out."""
     out: list[Found] = []
     for name in names:
-        provider = get_provider(name)
+        provider = get_provider(name, config)
         try:
             records = await provider.listed(owner=owner)
         except Exception as exc:
-            if strict:
+            if strict or on_skip is None:
                 raise
             on_skip(name, exc)
             continue
@@ -109,6 +116,21 @@ def _match(ref: str, found: list[Found]) -> Found:
     )
 
 
+def of_batch(found: list[Found], batch_id: str, run_ids: Collection[str] | None = None) -> list[Found]:
+    """What carries the batch's id (and, given ``run_ids``, one of those runs' ids)."""
+    return [
+        item
+        for item in found
+        if item.batch_id == batch_id and (run_ids is None or item.record.labels.get(LABEL_RUN) in run_ids)
+    ]
+
+
+def leftovers(found: list[Found]) -> list[Found]:
+    """Those whose creating process is not known to run (a batch's sandbox while its worker lives,
+    even one wrongly thought lost, is never a leftover)."""
+    return [item for item in found if item.liveness is not Liveness.ALIVE]
+
+
 def select(request: SweepRequest, found: list[Found]) -> Selection:
     """The sandboxes ``request`` removes among ``found``; raises SweepRefused."""
     out = Selection()
@@ -117,17 +139,12 @@ def select(request: SweepRequest, found: list[Found]) -> Selection:
         out.chosen = list({id(item): item for item in chosen}.values())
         return out
     if request.batch:
-        found = [item for item in found if item.batch_id == request.batch]
-        if request.run:
-            found = [item for item in found if item.record.labels.get(LABEL_RUN) == request.run]
-        if not found:
+        carried = of_batch(found, request.batch, [request.run] if request.run else None)
+        if not carried:
             what = f"batch {request.batch!r}" + (f" and run {request.run!r}" if request.run else "")
             raise SweepRefused(f"no sandbox of ours carries {what}; nothing was removed")
-        for item in found:
-            if item.liveness is Liveness.ALIVE:
-                out.live += 1  # the batch is still running there: not a leftover
-            else:
-                out.chosen.append(item)
+        out.chosen = leftovers(carried)
+        out.live = len(carried) - len(out.chosen)  # the batch is still running there: not leftovers
         return out
     if request.run:
         out.chosen = [item for item in found if item.record.labels.get(LABEL_RUN) == request.run]
