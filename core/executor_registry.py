@@ -11,13 +11,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from core.plugins import Registry
 
 if TYPE_CHECKING:
     from core.batch import Executor
     from core.config import AgentConfig
+    from core.episode import Episode
 
 ENTRY_POINT_GROUP = "opencode_tui.executors"
 
@@ -33,7 +34,7 @@ BUILTIN = {
 class ExecutorHooks:
     """What the caller wants to hear while a batch runs (each may be None)."""
 
-    on_episode: Callable[[Any], None] | None = None  # an in-process Episode was created (its live view)
+    on_episode: Callable[[Episode], None] | None = None  # an in-process episode was created (its live view)
     on_started: Callable[[str, int, str], None] | None = None  # (task id, attempt, run id) started elsewhere
     on_phase: Callable[[str, str], None] | None = None  # (run id, phase) reported from elsewhere
 
