@@ -41,7 +41,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -388,19 +388,15 @@ class RunDirReader:
         (terminal output and OpenCode's raw events are most of a long run). ``strict``: a line that
         does not decode raises; else it is passed over (a torn last line of a live run, an event
         from a newer engine)."""
-        p = self.events_path
-        if not p.exists():
-            return
         markers = [_type_marker(t) for t in skip]
-        with p.open("rb") as f:
-            for line in f:
-                if not line.strip() or any(m in line for m in markers):
-                    continue
-                try:
-                    yield decode(line)
-                except ValueError:
-                    if strict:
-                        raise
+        for _, line in _lines(self.events_path):
+            if any(m in line for m in markers):
+                continue
+            try:
+                yield decode(line)
+            except ValueError:
+                if strict:
+                    raise
 
     def event_records(self, types: Collection[str]) -> list[dict[str, Any]]:
         """The events of ``types`` as plain data, in order, without reading the others: a long run has
@@ -441,33 +437,22 @@ class RunDirReader:
         million events opens at once and loads behind). Lines that do not decode are counted in
         ``stats`` and skipped; ``index`` gets each event's byte offset to read it back later."""
         stats = stats if stats is not None else LoadStats()
-        p = self.events_path
-        if not p.exists():
-            return
         batch: list[Event] = []
-        offset = 0
-        with p.open("rb") as f:
-            for line in f:
-                start = offset
-                offset += len(line)
-                if stop is not None and stop.is_set():
-                    return
-                if not line.strip():
-                    continue
-                try:
-                    event = decode(line)
-                except ValueError as exc:  # pydantic's ValidationError is a ValueError
-                    stats.bad_lines += 1
-                    if len(stats.bad_examples) < 3:
-                        stats.bad_examples.append(f"byte {start}: {str(exc).splitlines()[0][:200]}")
-                    continue
-                if index is not None:
-                    index.offsets.append(start)
-                stats.events += 1
-                batch.append(event)
-                if len(batch) >= batch_size:
-                    yield batch
-                    batch = []
+        for start, line in _lines(self.events_path, stop):
+            try:
+                event = decode(line)
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                stats.bad_lines += 1
+                if len(stats.bad_examples) < 3:
+                    stats.bad_examples.append(f"byte {start}: {str(exc).splitlines()[0][:200]}")
+                continue
+            if index is not None:
+                index.offsets.append(start)
+            stats.events += 1
+            batch.append(event)
+            if len(batch) >= batch_size:
+                yield batch
+                batch = []
         if batch:
             yield batch
 
@@ -487,33 +472,20 @@ class RunDirReader:
     def model_calls(self) -> Iterator[ModelCallRecord]:
         """``model_calls.jsonl``: one record per call, in completion order (records that do not parse,
         e.g. a torn last line of a live run, are skipped)."""
-        p = self.path / RunFiles.MODEL_CALLS
-        if not p.exists():
-            return
-        with p.open(encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    yield ModelCallRecord.model_validate_json(line)
-                except ValueError:
-                    continue
+        return self._records(ModelCallRecord)
 
     def call_summaries(self) -> Iterator[CallSummary]:
         """``model_calls.jsonl`` without the bodies: who asked (kind, message) and the usage of each
         call, in completion order (records that do not parse are skipped). The bodies are nearly all
         of the file's bytes; they are scanned by the JSON parser, never built into Python objects."""
-        p = self.path / RunFiles.MODEL_CALLS
-        if not p.exists():
-            return
-        with p.open("rb") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    yield CallSummary.model_validate_json(line)
-                except ValueError:
-                    continue
+        return self._records(CallSummary)
+
+    def _records(self, model: type[_R]) -> Iterator[_R]:
+        for _, line in _lines(self.path / RunFiles.MODEL_CALLS):
+            try:
+                yield model.model_validate_json(line)
+            except ValueError:
+                continue
 
     def model_call(self, call_id: str) -> ModelCallRecord | None:
         """The record of ``call_id`` (the last one if repeated), or None. Scans bytes first: only
@@ -576,6 +548,25 @@ class RunDirReader:
 
     def cast(self) -> Cast | None:
         return read_cast(self.path / RunFiles.CAST)
+
+
+_R = TypeVar("_R", bound=BaseModel)
+
+
+def _lines(path: Path, stop: threading.Event | None = None) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines of a JSON-lines file with their byte offsets (nothing when there is no
+    file); ``stop`` set ends the reading early."""
+    if not path.exists():
+        return
+    offset = 0
+    with path.open("rb") as f:
+        for line in f:
+            start = offset
+            offset += len(line)
+            if stop is not None and stop.is_set():
+                return
+            if line.strip():
+                yield start, line
 
 
 def _type_marker(event_type: str, *, spaced: bool = False) -> bytes:

@@ -132,6 +132,21 @@ class Attempt:
     # cleanup stays unconfirmed); None: the policy decides.
     blocked: str | None = None
 
+    @classmethod
+    async def of(
+        cls, episode: Episode, result: EpisodeResult, config: AgentConfig, may_retry: bool, *, cancelled: bool
+    ) -> Attempt:
+        """The attempt ``episode`` ran, asked where it ran whether another may follow (admission)."""
+        blocked = await next_attempt_blocked(
+            episode.session,
+            result.action,
+            result.cleanup_confirmed,
+            config,
+            may_retry=may_retry,
+            cancelled=cancelled,
+        )
+        return cls(result, blocked)
+
 
 class Executor(abc.ABC):
     """Runs single attempts; ``run_batch`` and ``run_episode_with_retries`` own everything else."""
@@ -217,15 +232,9 @@ class LocalExecutor(Executor):
             result = await episode.run()
         finally:
             control.running.discard(episode)
-        blocked = await next_attempt_blocked(
-            episode.session,
-            result.action,
-            result.cleanup_confirmed,
-            config,
-            may_retry=may_retry,
-            cancelled=control.cancelled_by is not None,
+        return await Attempt.of(
+            episode, result, config, may_retry, cancelled=control.cancelled_by is not None
         )
-        return Attempt(result, blocked)
 
 
 async def run_episode_with_retries(

@@ -67,15 +67,8 @@ _REGISTRY = Registry(
 )
 
 
-def names() -> list[str]:
-    """Every registered executor name, sorted."""
-    return _REGISTRY.names()
-
-
-def check_name(name: str) -> str:
-    return _REGISTRY.check_name(name)
-
-
-def get(name: str) -> ExecutorPlugin:
-    """The plug-in registered as ``name`` (loaded once; its module imports nothing heavy)."""
-    return _REGISTRY.get(name)
+# Every registered name (sorted); a name checked (UnknownExecutorError names the registered ones); the
+# plug-in registered as a name (loaded once; its module imports nothing heavy).
+names = _REGISTRY.names
+check_name = _REGISTRY.check_name
+get = _REGISTRY.get

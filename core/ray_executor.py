@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from core import __version__
-from core.admission import admission_images, next_attempt_blocked, provider_refusals
+from core.admission import admission_images, provider_refusals
 from core.artifacts import OutcomeSummary, RunDir, RunDirReader
 from core.batch import Attempt, BatchControl, Executor, ExecutorError, new_batch_id, not_started
 from core.config import AgentConfig, RaySettings
@@ -255,15 +255,8 @@ async def _episode_in_worker(
             await watcher
         with contextlib.suppress(Exception):  # ends the coordinator's long poll for this attempt
             await _get(coordinator.end.remote(run_id), CONTROL_DEADLINE_S)
-    blocked = await next_attempt_blocked(
-        episode.session,
-        result.action,
-        result.cleanup_confirmed,
-        config,
-        may_retry=may_retry,
-        cancelled=result.cancelled_by is not None,
-    )
-    return WorkerReport(result=result, blocked=blocked)
+    done = await Attempt.of(episode, result, config, may_retry, cancelled=result.cancelled_by is not None)
+    return WorkerReport(result=done.result, blocked=done.blocked)
 
 
 async def _forward_cancels(coordinator: Any, run_id: str, episode: Episode) -> None:
