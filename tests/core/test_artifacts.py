@@ -5,15 +5,8 @@ import stat
 
 import pytest
 
-from core.artifacts import (
-    DIAGNOSTICS_CAP,
-    RunDir,
-    RunDirReader,
-    RunFiles,
-    RunInfo,
-    cap_diagnostics,
-    list_runs,
-)
+from core.artifacts import RunDir, RunDirReader, RunFiles, RunInfo, list_runs
+from core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
 from core.events import TerminalOutput
 from core.redaction import REDACTED, redact, redact_text
 
