@@ -31,26 +31,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import posixpath
+import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core import __version__
-from core.calls.records import ModelCallRecord
+from core.calls.records import ModelCallRecord, TokenUsage
+from core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
 from core.events import Event, FailureRecorded, FailureRecovered, ShellOpened, decode, encode
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
 from core.redaction import redact, redact_text
-
-DIAGNOSTICS_CAP = 16_000
 
 
 class RunFiles:
@@ -338,15 +339,11 @@ class RunDirReader:
 
     def __init__(self, path: Path, *, check: bool = True) -> None:
         self.path = Path(path)
-        if check and not self.is_run_dir(self.path):
+        if check and not is_run_dir(self.path):
             raise FileNotFoundError(
                 f"{self.path} is not a run directory (no {RunFiles.RUN_INFO} or {RunFiles.EVENTS}); "
                 "list run directories with `opencode-tui runs`"
             )
-
-    @staticmethod
-    def is_run_dir(path: Path) -> bool:
-        return (path / RunFiles.RUN_INFO).exists() or (path / RunFiles.EVENTS).exists()
 
     def file(self, name: str) -> Path:
         """The path of one of the ``RunFiles`` (it may not exist)."""
@@ -384,15 +381,78 @@ class RunDirReader:
     def events_path(self) -> Path:
         return self.path / RunFiles.EVENTS
 
-    def events(self) -> Iterator[Event]:
-        """Every event in ``events.jsonl``, in order (a line that does not decode raises)."""
+    def events(self, *, skip: Collection[str] = (), strict: bool = True) -> Iterator[Event]:
+        """Every event in ``events.jsonl``, in order. ``skip``: event types left out before decoding
+        (terminal output and OpenCode's raw events are most of a long run). ``strict``: a line that
+        does not decode raises; else it is passed over (a torn last line of a live run, an event
+        from a newer engine)."""
+        markers = [_type_marker(t) for t in skip]
+        for _, line in _lines(self.events_path):
+            if any(m in line for m in markers):
+                continue
+            try:
+                yield decode(line)
+            except ValueError:
+                if strict:
+                    raise
+
+    def event_records(self, types: Collection[str]) -> list[dict[str, Any]]:
+        """The events of ``types`` as plain data, in order, without reading the others: a long run has
+        100k events and a handful of failures, so their lines are found in the file's bytes and only
+        those are parsed. Plain data: tolerant of a record written by another version (a line that
+        does not parse is passed over)."""
         p = self.events_path
-        if not p.exists():
-            return
-        with p.open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield decode(line)
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            return []
+        starts: set[int] = set()
+        for marker in (m for t in types for m in (_type_marker(t), _type_marker(t, spaced=True))):
+            at = data.find(marker)
+            while at >= 0:
+                starts.add(data.rfind(b"\n", 0, at) + 1)
+                at = data.find(marker, at + 1)
+        wanted = set(types)
+        out: list[dict[str, Any]] = []
+        for start in sorted(starts):
+            end = data.find(b"\n", start)
+            try:
+                ev = json.loads(data[start : end if end >= 0 else len(data)])
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("type") in wanted:  # the marker may sit in a nested object
+                out.append(ev)
+        return out
+
+    def event_batches(
+        self,
+        index: EventIndex | None = None,
+        batch_size: int = 2000,
+        stats: LoadStats | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[list[Event]]:
+        """Every event, decoded in batches as the file is streamed (the replay's loader: a run of a
+        million events opens at once and loads behind). Lines that do not decode are counted in
+        ``stats`` and skipped; ``index`` gets each event's byte offset to read it back later."""
+        stats = stats if stats is not None else LoadStats()
+        batch: list[Event] = []
+        for start, line in _lines(self.events_path, stop):
+            try:
+                event = decode(line)
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                stats.bad_lines += 1
+                if len(stats.bad_examples) < 3:
+                    stats.bad_examples.append(f"byte {start}: {str(exc).splitlines()[0][:200]}")
+                continue
+            if index is not None:
+                index.offsets.append(start)
+            stats.events += 1
+            batch.append(event)
+            if len(batch) >= batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
     def failures(self) -> list[FailureRecorded | FailureRecovered]:
         """The failures the run recorded (and those a provider recovered from), in order."""
@@ -410,17 +470,20 @@ class RunDirReader:
     def model_calls(self) -> Iterator[ModelCallRecord]:
         """``model_calls.jsonl``: one record per call, in completion order (records that do not parse,
         e.g. a torn last line of a live run, are skipped)."""
-        p = self.path / RunFiles.MODEL_CALLS
-        if not p.exists():
-            return
-        with p.open(encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    yield ModelCallRecord.model_validate_json(line)
-                except ValueError:
-                    continue
+        return self._records(ModelCallRecord)
+
+    def call_summaries(self) -> Iterator[CallSummary]:
+        """``model_calls.jsonl`` without the bodies: who asked (kind, message) and the usage of each
+        call, in completion order (records that do not parse are skipped). The bodies are nearly all
+        of the file's bytes; they are scanned by the JSON parser, never built into Python objects."""
+        return self._records(CallSummary)
+
+    def _records(self, model: type[_R]) -> Iterator[_R]:
+        for _, line in _lines(self.path / RunFiles.MODEL_CALLS):
+            try:
+                yield model.model_validate_json(line)
+            except ValueError:
+                continue
 
     def model_call(self, call_id: str) -> ModelCallRecord | None:
         """The record of ``call_id`` (the last one if repeated), or None. Scans bytes first: only
@@ -485,6 +548,92 @@ class RunDirReader:
         return read_cast(self.path / RunFiles.CAST)
 
 
+_R = TypeVar("_R", bound=BaseModel)
+
+
+def _lines(path: Path, stop: threading.Event | None = None) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines of a JSON-lines file with their byte offsets (nothing when there is no
+    file); ``stop`` set ends the reading early."""
+    if not path.exists():
+        return
+    offset = 0
+    with path.open("rb") as f:
+        for line in f:
+            start = offset
+            offset += len(line)
+            if stop is not None and stop.is_set():
+                return
+            if line.strip():
+                yield start, line
+
+
+def _type_marker(event_type: str, *, spaced: bool = False) -> bytes:
+    """How an event's own type reads in its JSON line (a JSON string inside another event escapes its
+    quotes, so these bytes occur only as some object's ``type``)."""
+    return (b'"type": "%s"' if spaced else b'"type":"%s"') % event_type.encode()
+
+
+class CallUsage(TokenUsage):
+    model_config = ConfigDict(extra="ignore")  # a record of another version still counts
+
+
+class CallSummary(BaseModel):
+    """What counting needs of one ``ModelCallRecord`` (the rest, bodies included, is ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    call_id: str | None = None
+    kind: str | None = None
+    message_id: str | None = None
+    status: int | None = None
+    usage: CallUsage = Field(default_factory=lambda: CallUsage())
+
+
+class EventIndex:
+    """Byte offsets of the events in ``events.jsonl`` (``RunDirReader.event_batches`` fills it): any
+    event can be read back on demand.
+
+    Filled by the loader thread while it streams the file; read from the UI thread (appends to an
+    ``array`` are atomic under the GIL, and readers only look at indices below ``len``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offsets = array("q")
+        self._cache: OrderedDict[int, Event] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def event_at(self, index: int) -> Event | None:
+        if not 0 <= index < len(self.offsets):
+            return None
+        with self._lock:
+            cached = self._cache.get(index)
+            if cached is not None:
+                self._cache.move_to_end(index)
+                return cached
+            with self.path.open("rb") as f:
+                f.seek(self.offsets[index])
+                line = f.readline()
+            try:
+                event = decode(line)
+            except ValueError:
+                return None
+            self._cache[index] = event
+            if len(self._cache) > 256:
+                self._cache.popitem(last=False)
+            return event
+
+
+@dataclass
+class LoadStats:
+    events: int = 0
+    bad_lines: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+
 @dataclass
 class Cast:
     """An asciinema v2 recording: header and output frames ``(seconds, text)`` (input frames dropped)."""
@@ -537,93 +686,45 @@ def read_cast(path: Path) -> Cast | None:
     return Cast(header, frames)
 
 
-def list_runs(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
-    """Run directories under ``runs_dir``, newest first; unreadable run.json gives ``None`` info."""
-    out: list[tuple[Path, RunInfo | None]] = []
-    if not runs_dir.is_dir():
+# ---- which directories are runs ------------------------------------------------------------------
+
+# A run directory's name as the engine makes it (core.episode.new_run_id):
+# ``<task>-<YYYYmmdd-HHMMSS>-<hex>-a<attempt>``.
+RUN_NAME = re.compile(r"^(?P<task>.+)-(?P<stamp>\d{8}-\d{6})-[0-9a-f]{6}-a(?P<attempt>\d+)$")
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory holds its run.json or its events.jsonl (the first file a run writes)."""
+    return (path / RunFiles.RUN_INFO).exists() or (path / RunFiles.EVENTS).exists()
+
+
+def run_dir_names(runs_dir: Path) -> list[tuple[str, re.Match[str] | None]]:
+    """The run directories directly under ``runs_dir`` (name, and its ``RUN_NAME`` match), unread.
+
+    One ``scandir``: a directory named as the engine names runs has its events.jsonl from its first
+    moment, so only the others are looked into (``is_run_dir``); listing 10,000 runs reads no file."""
+    out: list[tuple[str, re.Match[str] | None]] = []
+    try:
+        it = os.scandir(runs_dir)
+    except OSError:
         return out
-    for d in runs_dir.iterdir():
-        if not d.is_dir() or not RunDirReader.is_run_dir(d):
-            continue
-        out.append((d, RunDirReader(d, check=False).info_or_none()))
-    out.sort(key=lambda item: item[0].stat().st_mtime, reverse=True)
+    with it:
+        for d in it:
+            if not d.is_dir():
+                continue
+            m = RUN_NAME.match(d.name)
+            if m is not None or is_run_dir(Path(d.path)):
+                out.append((d.name, m))
     return out
 
 
-# ---- diagnostics cap -------------------------------------------------------------------------
-
-
-def _header(name: str) -> str:
-    return f"===== {name} =====\n"
-
-
-def _fit(text: str, budget: int) -> str:
-    """``text`` cut to exactly ``budget`` characters: head, a truncation marker, tail."""
-    if len(text) <= budget:
-        return text
-    marker = ""
-    for _ in range(3):  # the marker's own length depends on the count it reports
-        keep = max(budget - len(marker), 0)
-        omitted = len(text) - keep
-        marker = f"\n[... {omitted} characters truncated ...]\n"
-    keep = budget - len(marker)
-    if keep <= 0:
-        return text[:budget]
-    head = keep - keep // 2
-    tail = keep // 2
-    return text[:head] + marker + (text[len(text) - tail :] if tail else "")
-
-
-def _water_fill(lengths: list[int], total: int) -> list[int]:
-    """Split ``total`` evenly; parts needing less than their share give the rest to the others."""
-    budgets = [0] * len(lengths)
-    remaining = total
-    open_parts = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    while open_parts:
-        share = remaining // len(open_parts)
-        i = open_parts[0]
-        if lengths[i] <= share:
-            budgets[i] = lengths[i]
-            remaining -= lengths[i]
-            open_parts.pop(0)
-            continue
-        extra = remaining - share * len(open_parts)
-        for n, j in enumerate(open_parts):
-            budgets[j] = share + (1 if n < extra else 0)
-        break
-    return budgets
-
-
-def cap_diagnostics(
-    parts: Sequence[tuple[str, str]], cap: int = DIAGNOSTICS_CAP, secrets: tuple[str, ...] = ()
-) -> str:
-    """Combine named diagnostic parts into at most ``cap`` characters, secrets already redacted.
-
-    Every name and text is redacted before anything is measured, so the result is final: write it
-    without redacting again (a second pass could grow it, e.g. a truncation marker after ``token=``).
-
-    A ``stderr`` part that repeats another part's text is dropped (it is often the same stream
-    captured twice). When the whole does not fit, the budget is split evenly across parts; a part
-    smaller than its share keeps all of it and leaves the rest to the others; an oversized part
-    keeps its head and tail around a truncation marker. Oversized input yields exactly ``cap``.
-    """
-    texts = [(redact_text(n, secrets), redact_text(t, secrets)) for n, t in parts if t]
-    kept: list[tuple[str, str]] = []
-    for name, text in texts:
-        if posixpath.basename(name).startswith("stderr"):
-            stripped = text.strip()
-            if any(stripped and stripped in other for n, other in texts if n != name):
-                continue
-        kept.append((name, text))
-    rendered = "".join(_header(n) + t + ("" if t.endswith("\n") else "\n") for n, t in kept)
-    if len(rendered) <= cap:
-        return rendered
-    overhead = sum(len(_header(n)) + 1 for n, _ in kept)  # header + the final newline of each part
-    avail = cap - overhead
-    if avail <= 0:
-        return rendered[:cap]
-    budgets = _water_fill([len(t) for _, t in kept], avail)
-    out = "".join(_header(n) + _fit(t, b) + "\n" for (n, t), b in zip(kept, budgets, strict=True))
+def list_runs(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:
+    """Run directories under ``runs_dir``, newest first; unreadable run.json gives ``None`` info."""
+    out = [
+        (runs_dir / name, RunDirReader(runs_dir / name, check=False).info_or_none())
+        for name, _ in run_dir_names(runs_dir)
+    ]
+    out.sort(key=lambda item: item[0].stat().st_mtime, reverse=True)
     return out
 
 

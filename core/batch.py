@@ -10,8 +10,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import hashlib
-import json
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -20,17 +18,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.admission import next_attempt_blocked
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
 from core.config import AgentConfig
 from core.episode import Episode, EpisodeResult
 from core.episode.common import stage_of
 from core.events import EventBus, FailureRecorded
+from core.executor_registry import ExecutorHooks, ExecutorPlugin
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
 from core.invocation import pid_of
-from core.tasks import Task, task_content_hash
-
-RESULTS_FILE = "results.jsonl"
+from core.resume import RESULTS_FILE, Resumption, load_previous, results_line, resume_key
+from core.tasks import Task
 
 
 def new_batch_id() -> str:
@@ -103,23 +102,6 @@ class BatchSummary(BaseModel):
         )
 
 
-def config_hash(config: AgentConfig) -> str:
-    """The effective configuration, hashed: everything that can change an episode's result (where
-    run directories go, the TUI's theme and the executor that runs the episodes cannot: a batch
-    started here resumes on a Ray cluster)."""
-    data = config.model_dump(mode="json", exclude={"runs_dir", "theme", "executor"})
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-def resume_key(task: Task, config: AgentConfig) -> str:
-    """What a recorded result is the result of: the task's content and the effective configuration.
-
-    Not the task id: a task edited in place (its verify command, a file) or run with another model
-    is another experiment and runs again.
-    """
-    return f"{task.id}:task={task_content_hash(task)[:20]}:config={config_hash(config)[:20]}"
-
-
 def mark_orphans(runs_dir: Path) -> list[RunInfo]:
     """Run directories whose controller died mid-episode (run.json without an outcome, its process
     gone): each gets the outcome ``run_interrupted`` so nothing shows them as running forever. Their
@@ -145,24 +127,6 @@ def mark_orphans(runs_dir: Path) -> list[RunInfo]:
     return marked
 
 
-def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
-    """The last recorded result per task key (resume)."""
-    out: dict[str, EpisodeResult] = {}
-    path = runs_dir / RESULTS_FILE
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-            key = rec.pop("task_key")
-            result = EpisodeResult.model_validate(rec)
-        except (ValueError, KeyError):
-            continue  # a torn last line from an interrupted run is not fatal
-        if result.started:
-            out[key] = result
-    return out
-
-
 # ---- the executor seam: where one attempt runs (this process, or a Ray cluster) ---------------
 # Retries, resume, records and exit codes live here once, for every executor.
 
@@ -175,6 +139,21 @@ class Attempt:
     # Why no further attempt may follow even if the policy asks for one (a borrowed sandbox whose
     # cleanup stays unconfirmed); None: the policy decides.
     blocked: str | None = None
+
+    @classmethod
+    async def of(
+        cls, episode: Episode, result: EpisodeResult, config: AgentConfig, may_retry: bool, *, cancelled: bool
+    ) -> Attempt:
+        """The attempt ``episode`` ran, asked where it ran whether another may follow (admission)."""
+        blocked = await next_attempt_blocked(
+            episode.session,
+            result.action,
+            result.cleanup_confirmed,
+            config,
+            may_retry=may_retry,
+            cancelled=cancelled,
+        )
+        return cls(result, blocked)
 
 
 class Executor(abc.ABC):
@@ -261,17 +240,9 @@ class LocalExecutor(Executor):
             result = await episode.run()
         finally:
             control.running.discard(episode)
-        blocked = None
-        if may_retry and result.action is Outcome.RETRY and control.cancelled_by is None:
-            if not await borrowed_sandbox_is_clean(episode, result, config):
-                blocked = BORROWED_UNCLEAN
-        return Attempt(result, blocked)
-
-
-BORROWED_UNCLEAN = (
-    "no further attempt: the borrowed sandbox's cleanup is unconfirmed (its session directory stays "
-    "there for a later close)"
-)
+        return await Attempt.of(
+            episode, result, config, may_retry, cancelled=control.cancelled_by is not None
+        )
 
 
 async def run_episode_with_retries(
@@ -309,36 +280,6 @@ async def run_episode_with_retries(
             return result
         previous.append(result.run_dir)
         attempt += 1
-
-
-async def borrowed_sandbox_is_clean(episode: Episode, result: EpisodeResult, config: AgentConfig) -> bool:
-    """Whether another attempt may start in the sandbox of ``episode``.
-
-    An owned sandbox is new for every attempt. A borrowed one whose cleanup was not confirmed may
-    still run the last attempt's processes: the close is retried once from the session directory
-    the release kept (within the close budget), and only a confirmed receipt lets another attempt in.
-    """
-    if config.sandbox.mode != "borrowed" or result.cleanup_confirmed is not False:
-        return True
-    session = episode.session
-    if session is None or not session.keeps_session_dir or config.sandbox.sandbox_id is None:
-        return False
-    from core.sandbox.providers import get_provider
-    from core.session import SandboxSession
-
-    later: SandboxSession | None = None
-    try:
-        sandbox = await get_provider(config.sandbox.provider, config).connect(config.sandbox.sandbox_id)
-        later = SandboxSession.reattach(
-            sandbox, session.paths.session_dir, close_timeout_s=config.budgets.close_s
-        )
-        await later.close()
-        return True
-    except Exception:  # unconfirmed again, or the sandbox is gone: no further attempt there
-        if later is not None:
-            with contextlib.suppress(Exception):
-                await later.release()  # disconnect; the session directory stays for yet another close
-        return False
 
 
 async def run_batch(
@@ -386,9 +327,7 @@ async def run_batch(
             control.halt(result.artifacts_error)
         if not result.resumed:
             try:
-                results_file.write(
-                    json.dumps({"task_key": keys[id(task)], **result.model_dump(mode="json")}) + "\n"
-                )
+                results_file.write(results_line(keys[id(task)], result))
                 results_file.flush()
             except OSError as exc:
                 control.halt(f"cannot write {runs_dir / RESULTS_FILE}: {exc.strerror or exc}")
@@ -396,11 +335,11 @@ async def run_batch(
             on_result(result)
 
     async def one(task: Task) -> None:
-        prior = previous.get(keys[id(task)])
-        if prior is not None and prior.action.is_sample:
-            record(task, prior.model_copy(update={"resumed": True}))
+        resumption = Resumption(previous.get(keys[id(task)]))
+        if resumption.skip:
+            record(task, resumption.skipped())
             return
-        first = prior.attempt + 1 if prior is not None else 1
+        first = resumption.first_attempt
         async with sem:
             if control.cancelled_by is not None:
                 record(
@@ -424,8 +363,8 @@ async def run_batch(
                 control=control,
                 executor=executor,
             )
-        if prior is not None:
-            result.previous_attempts = [prior.run_dir, *prior.previous_attempts, *result.previous_attempts]
+        if resumption.prior is not None:
+            result.previous_attempts = [*resumption.earlier_attempts(), *result.previous_attempts]
         record(task, result)
 
     cancelled = False
@@ -490,3 +429,14 @@ def not_started(
         started=False,
         summary=summary,
     )
+
+
+class _LocalExecutorPlugin(ExecutorPlugin):
+    name = "local"
+    summary = "the episodes run in this process (the default)"
+
+    def executor(self, config: AgentConfig, hooks: ExecutorHooks) -> Executor:
+        return LocalExecutor(hooks.on_episode)
+
+
+LOCAL = _LocalExecutorPlugin()  # the entry point (pyproject.toml: opencode_tui.executors)

@@ -336,10 +336,18 @@ class RaySettings(_Model):
 
 
 class ExecutorSettings(_Model):
-    """Where a batch's episodes run: this process (``local``, the default) or a Ray cluster."""
+    """Where a batch's episodes run: this process (``local``, the default), a Ray cluster, or another
+    registered executor."""
 
-    name: Literal["local", "ray"] = "local"
+    name: str = "local"  # a registered executor (core/executor_registry.py)
     ray: RaySettings = Field(default_factory=RaySettings)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from core import executor_registry
+
+        return executor_registry.check_name(value)
 
 
 class AgentConfig(_Model):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -32,10 +31,8 @@ from core.events import (
     ModelCall,
     OutcomeDecided,
     ToolCall,
-    TranscriptStats,
-    decode,
 )
-from core.tokens import token_totals
+from core.tally import Tally
 
 # What the agent was given, as recorded in the run directory: compared when both runs have the file.
 TASK_FILES = (RunFiles.TASK_YAML, RunFiles.PROMPT, RunFiles.INSTRUCTIONS)
@@ -270,15 +267,15 @@ def _deltas(a: _Run, b: _Run) -> list[Delta]:
         _delta("reward", a.reward, b.reward),
         _delta("duration_s", a.duration_s, b.duration_s),
     ]
-    ta, tb = token_totals(a.model_calls), token_totals(b.model_calls)
+    ta, tb = a.tally, b.tally
     out += [
-        _delta("tokens_in", ta.tokens_in, tb.tokens_in),
-        _delta("tokens_out", ta.tokens_out, tb.tokens_out),
-        _delta("agent_tokens_in", a.agent_tokens("tokens_in"), b.agent_tokens("tokens_in")),
-        _delta("agent_tokens_out", a.agent_tokens("tokens_out"), b.agent_tokens("tokens_out")),
-        _delta("model_calls", len(a.model_calls), len(b.model_calls)),
-        _delta("tool_calls", a.tool_calls, b.tool_calls),
-        _delta("compactions", a.compactions, b.compactions),
+        _delta("tokens_in", ta.tokens.tokens_in, tb.tokens.tokens_in),
+        _delta("tokens_out", ta.tokens.tokens_out, tb.tokens.tokens_out),
+        _delta("agent_tokens_in", ta.agent_tokens_in, tb.agent_tokens_in),
+        _delta("agent_tokens_out", ta.agent_tokens_out, tb.agent_tokens_out),
+        _delta("model_calls", len(ta.model_calls), len(tb.model_calls)),
+        _delta("tool_calls", ta.tool_call_count, tb.tool_call_count),
+        _delta("compactions", ta.compactions, tb.compactions),
     ]
     pa = a.info.phase_durations_s if a.info else {}
     pb = b.info.phase_durations_s if b.info else {}
@@ -290,22 +287,8 @@ def _deltas(a: _Run, b: _Run) -> list[Delta]:
 
 
 # Terminal output and OpenCode's raw events are most of a long run and nothing the diff compares: their
-# lines are skipped before decoding. (A JSON string inside another event escapes its quotes, so these
-# exact bytes only occur as an event's own type.)
-_SKIPPED_TYPES = (b'"type":"terminal"', b'"type":"opencode"')
-
-
-def _step_events(path: Path) -> Iterator[Event]:
-    if not path.exists():
-        return
-    with path.open("rb") as f:
-        for line in f:
-            if not line.strip() or any(t in line for t in _SKIPPED_TYPES):
-                continue
-            try:
-                yield decode(line)
-            except ValueError:
-                continue  # a torn last line of a live run, or an event from a newer engine
+# lines are skipped before decoding.
+_SKIPPED_TYPES = ("terminal", "opencode")
 
 
 class _Run:
@@ -315,13 +298,12 @@ class _Run:
         self.path = Path(path)
         self.reader = RunDirReader(self.path)
         self.info: RunInfo | None = self.reader.info()
-        self.events: list[Event] = list(_step_events(self.path / RunFiles.EVENTS))
+        self.events: list[Event] = list(self.reader.events(skip=_SKIPPED_TYPES, strict=False))
         self.started = next((e for e in self.events if isinstance(e, EpisodeStarted)), None)
         self.outcome = next((e for e in reversed(self.events) if isinstance(e, OutcomeDecided)), None)
-        self.transcript = next((e for e in reversed(self.events) if isinstance(e, TranscriptStats)), None)
-        self.model_calls = [e for e in self.events if isinstance(e, ModelCall)]
-        self.tool_calls = len({e.call_id for e in self.events if isinstance(e, ToolCall)})
-        self.compactions = self.transcript.compactions if self.transcript else None
+        self.tally = Tally()
+        for e in self.events:
+            self.tally.count(e)
         self.health: dict[str, int] = {}
         for e in self.events:
             if isinstance(e, HealthWarning):
@@ -357,9 +339,6 @@ class _Run:
     @property
     def duration_s(self) -> float | None:
         return self.info.duration_s if self.info else None
-
-    def agent_tokens(self, attr: str) -> int | None:
-        return getattr(self.transcript, attr) if self.transcript else None
 
     def side(self) -> RunSide:
         return RunSide(

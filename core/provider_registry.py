@@ -10,13 +10,12 @@ comparing provider names. docs/providers.md says how a new provider is added.
 from __future__ import annotations
 
 import abc
-import functools
-import importlib.metadata
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from core.plugins import Registry
 
 if TYPE_CHECKING:
     from core.config import AgentConfig
@@ -32,7 +31,6 @@ BUILTIN = {
     "local": "core.sandbox.local.plugin:PLUGIN",
     "opensandbox": "core.sandbox.opensandbox.plugin:PLUGIN",
 }
-_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
 
 class Capabilities(BaseModel):
@@ -119,43 +117,23 @@ class PluginLoadError(ValueError):
     config naming it fails validation with this message)."""
 
 
-@functools.cache
-def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    found: dict[str, importlib.metadata.EntryPoint] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
-    for name, value in BUILTIN.items():
-        found.setdefault(name, importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP))
-    return {name: ep for name, ep in found.items() if _NAME.fullmatch(name)}
+_REGISTRY: Registry[ProviderPlugin] = Registry(
+    ENTRY_POINT_GROUP, BUILTIN, "sandbox provider", ProviderPlugin, UnknownProviderError, PluginLoadError
+)
 
 
 def names() -> list[str]:
     """Every registered provider name, sorted."""
-    return sorted(_entry_points())
+    return _REGISTRY.names()
 
 
 def check_name(name: str) -> str:
-    if name not in _entry_points():
-        raise UnknownProviderError(f"unknown sandbox provider {name!r}; registered: {', '.join(names())}")
-    return name
+    return _REGISTRY.check_name(name)
 
 
-@functools.cache
 def get(name: str) -> ProviderPlugin:
     """The plug-in registered as ``name`` (loaded once)."""
-    ep = _entry_points().get(check_name(name))
-    assert ep is not None
-    try:
-        plugin = ep.load()
-    except Exception as exc:
-        raise PluginLoadError(f"sandbox provider {name!r} ({ep.value}) cannot be loaded: {exc}") from exc
-    if not isinstance(plugin, ProviderPlugin):
-        raise PluginLoadError(
-            f"sandbox provider {name!r} ({ep.value}) is a {type(plugin).__name__}, not a ProviderPlugin"
-        )
-    if plugin.name != name:
-        raise PluginLoadError(f"entry point {name!r} ({ep.value}) holds the plug-in named {plugin.name!r}")
-    return plugin
+    return _REGISTRY.get(name)
 
 
 def plugins() -> list[ProviderPlugin]:

@@ -36,27 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from core import __version__
+from core.admission import admission_images, provider_refusals
 from core.artifacts import OutcomeSummary, RunDir, RunDirReader
-from core.batch import (
-    BORROWED_UNCLEAN,
-    Attempt,
-    BatchControl,
-    Executor,
-    ExecutorError,
-    borrowed_sandbox_is_clean,
-    new_batch_id,
-    not_started,
-)
+from core.batch import Attempt, BatchControl, Executor, ExecutorError, new_batch_id, not_started
 from core.config import AgentConfig, RaySettings
 from core.control import CANCELLED_BY_CALLER
 from core.episode import Episode, EpisodeResult, new_run_id
 from core.episode.common import stage_of
 from core.events import CleanupProof, EventBus, PhaseChanged
+from core.executor_registry import ExecutorHooks, ExecutorPlugin
 from core.failures import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
     FailureEvent,
-    Outcome,
     decide,
     merged,
     merged_classification,
@@ -159,10 +151,7 @@ def _probe_task(
     if not storage and not problems and config.sandbox.mode == "owned":
         # The provider's own admission checks (its engine is up, the images exist), here on a node:
         # the driver's machine may have no Docker at all.
-        from core import provider_registry as registry
-
-        checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
-        problems += [c.detail for c in checks if c.status == "fail"]
+        problems += provider_refusals(config, images)
     node_id = ray.get_runtime_context().get_node_id()
     return ProbeReport(node_ip=node_address(ray, node_id), storage=storage, problems=problems)
 
@@ -266,11 +255,8 @@ async def _episode_in_worker(
             await watcher
         with contextlib.suppress(Exception):  # ends the coordinator's long poll for this attempt
             await _get(coordinator.end.remote(run_id), CONTROL_DEADLINE_S)
-    blocked = None
-    if may_retry and result.action is Outcome.RETRY and result.cancelled_by is None:
-        if not await borrowed_sandbox_is_clean(episode, result, config):
-            blocked = BORROWED_UNCLEAN
-    return WorkerReport(result=result, blocked=blocked)
+    done = await Attempt.of(episode, result, config, may_retry, cancelled=result.cancelled_by is not None)
+    return WorkerReport(result=done.result, blocked=done.blocked)
 
 
 async def _forward_cancels(coordinator: Any, run_id: str, episode: Episode) -> None:
@@ -302,19 +288,13 @@ async def sweep_run(config: AgentConfig, batch_id: str, run_ids: list[str]) -> l
     Only what carries both the batch's id and one of the run ids: another batch's sandboxes (even one
     sharing the owner) are never touched; a sandbox whose creator still runs (a worker Ray wrongly
     thought lost) is left alone."""
-    from core.invocation import Liveness, invocation_liveness
-    from core.sandbox.base import LABEL_BATCH, LABEL_INVOCATION, LABEL_RUN, default_owner
-    from core.sandbox.providers import get_provider
+    from core import sweep_selection as sweeping
 
-    provider = get_provider(config.sandbox.provider, config)
+    found = await sweeping.list_ours([config.sandbox.provider], sweeping.default_owner(), config=config)
     removed = []
-    for record in await provider.listed(owner=default_owner()):
-        if record.labels.get(LABEL_BATCH) != batch_id or record.labels.get(LABEL_RUN) not in run_ids:
-            continue
-        if invocation_liveness(record.labels.get(LABEL_INVOCATION)) is Liveness.ALIVE:
-            continue
-        await provider.remove(record.sandbox_id)
-        removed.append(record.sandbox_id)
+    for item in sweeping.leftovers(sweeping.of_batch(found, batch_id, run_ids)):
+        await item.provider.remove(item.record.sandbox_id)
+        removed.append(item.record.sandbox_id)
     return removed
 
 
@@ -408,7 +388,7 @@ class RayExecutor(Executor):
                 f"cannot write the probe file {self._probe_path}: {exc.strerror or exc}"
             ) from exc
         roots = sorted({str(t.root) for t in tasks})
-        images = sorted({config.sandbox.image or t.image for t in tasks})
+        images = admission_images(config, tasks)
         started = time.monotonic()
         ref = self._probe_fn.options(num_cpus=self.settings.num_cpus_per_episode).remote(
             str(runs_dir), name, token, roots, __version__, config, images
@@ -744,3 +724,17 @@ def _words(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     first = text.split(". ")[0][:300]
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class _RayExecutorPlugin(ExecutorPlugin):
+    name = "ray"
+    summary = "the episodes run on a Ray cluster (pip install 'opencode-tui[ray]'); see docs/scaling.md"
+    remote = True
+
+    def executor(self, config: AgentConfig, hooks: ExecutorHooks) -> Executor:
+        executor = RayExecutor(config.executor.ray, on_started=hooks.on_started, on_phase=hooks.on_phase)
+        executor.connect()
+        return executor
+
+
+PLUGIN = _RayExecutorPlugin()  # the entry point (pyproject.toml: opencode_tui.executors)

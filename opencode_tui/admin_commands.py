@@ -1,5 +1,5 @@
-"""``opencode-tui doctor``: environment checks, each provider's own ``preflight()`` among them (``sweep``
-lives in keep_commands)."""
+"""``opencode-tui doctor``: the environment checks (core/preflight.py), each provider's own
+``preflight()`` among them (``sweep`` lives in keep_commands)."""
 
 from __future__ import annotations
 
@@ -7,71 +7,13 @@ import argparse
 import asyncio
 import importlib.util
 import os
-import platform
 import subprocess
 import sys
 
 from core import provider_registry as registry
-from core.config import AgentConfig, ConfigError, load_config
+from core.config import ConfigError, load_config
 from core.exit_codes import ExitCode
-from core.provider_registry import Check
-
-
-async def _check_opencode(config: AgentConfig) -> list[Check]:
-    from core.runtime.installer import Installer, InstallerConfig
-    from core.runtime.targets import parse_probe, probe_script, select_target
-
-    proc = await asyncio.create_subprocess_exec(
-        "/bin/sh", "-c", probe_script(), stdout=asyncio.subprocess.PIPE
-    )
-    stdout, _ = await proc.communicate()
-    target = select_target(parse_probe(stdout.decode()))
-    installer = Installer(
-        InstallerConfig(version=config.runtime.opencode_version, registry_url=config.runtime.registry_url)
-    )
-    cached = installer.cached(target)
-    out = [
-        Check(
-            name="opencode pin",
-            status="ok",
-            detail=f"{config.runtime.opencode_version} ({target.package_name} for this host)",
-        )
-    ]
-    if cached:
-        out.append(
-            Check(
-                name="opencode cache",
-                status="ok",
-                detail=f"{cached.path} ({cached.size / 1e6:.0f} MB, sha256 {cached.sha256[:12]})",
-            )
-        )
-    else:
-        out.append(
-            Check(
-                name="opencode cache",
-                status="warn",
-                detail=f"not cached yet under {installer.config.cache_dir}; "
-                "the first run downloads it from the npm registry",
-            )
-        )
-    import httpx
-
-    try:
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            r = await client.head(f"{config.runtime.registry_url}/{target.package_name}")
-        out.append(
-            Check(
-                name="npm registry",
-                status="ok" if r.status_code < 500 else "warn",
-                detail=f"HTTP {r.status_code}",
-            )
-        )
-    except httpx.HTTPError as exc:
-        out.append(
-            Check(name="npm registry", status="warn" if cached else "fail", detail=f"unreachable: {exc}")
-        )
-    return out
-
+from core.preflight import environment_checks
 
 CONTRACT_PLUGIN = "core.sandbox.contract.plugin"
 CONTRACT_SUITE = "core.sandbox.contract.suite"
@@ -120,19 +62,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.contract_image:
         print("opencode-tui doctor: --contract-image goes with --provider-contract NAME", file=sys.stderr)
         return ExitCode.USAGE
-    checks = [Check(name="python", status="ok", detail=platform.python_version())]
-
-    async def gather() -> None:
-        for name in registry.names():
-            try:
-                checks.extend(await registry.get(name).preflight(config))
-            except registry.PluginLoadError as exc:
-                checks.append(Check(name=name, status="fail", detail=str(exc)))
-            except Exception as exc:  # a plug-in's bug is its own failed check, not doctor's crash
-                checks.append(Check(name=name, status="fail", detail=f"preflight raised {exc!r}"))
-        checks.extend(await _check_opencode(config))
-
-    asyncio.run(gather())
+    checks = asyncio.run(environment_checks(config))
     if args.json:
         for c in checks:
             print(c.model_dump_json())

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual import work
-from textual.app import App, SystemCommand
+from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -35,6 +35,7 @@ from core.control import CANCELLED_BY_USER
 from core.events import CleanupStep, Event, StepState
 from core.signals import closing_signals
 from opencode_tui import format as fmt
+from opencode_tui.host import EpisodeHost
 from opencode_tui.messages import (
     CancelRequested,
     CancelWanted,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
 
 
-class OpenCodeTUI(App[None]):
+class OpenCodeTUI(EpisodeHost):
     CSS_PATH = "app.tcss"
     TITLE = "opencode-tui"
     ENABLE_COMMAND_PALETTE = True

@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from core import __version__
+from core import __version__, executor_registry
 from core import provider_registry as registry
 from core.config import SandboxConfig
 from core.exit_codes import ExitCode
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--executor",
-        choices=["local", "ray"],
+        choices=executor_registry.names(),
         help="where --batch runs its episodes: this process (local, the default) or a Ray cluster",
     )
     run.add_argument(

@@ -1,5 +1,5 @@
-"""Reading a run directory for replay (no Textual here): events lazily, with an index to read any
-one back. Everything else a run directory holds is read through ``core.artifacts.RunDirReader``.
+"""Run directories as the TUI lists and replays them (no Textual here). Every read goes through
+``core.artifacts.RunDirReader`` (events lazily, in batches, with an ``EventIndex`` to read any one back).
 
 The app turns these into the same ``EventsReceived`` batches a live episode produces, so live and
 replay share one event-handling path.
@@ -8,61 +8,14 @@ replay share one event-handling path.
 from __future__ import annotations
 
 import threading
-from array import array
-from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from core.artifacts import EventIndex, LoadStats, RunDirReader, RunInfo, list_runs
+from core.events import Event
 
-from core.artifacts import RunInfo, list_runs
-from core.events import Event, decode
-
-
-class EventIndex:
-    """Byte offsets of the events in ``events.jsonl``: any event can be read back on demand.
-
-    Filled by the loader thread while it streams the file; read from the UI thread (appends to an
-    ``array`` are atomic under the GIL, and readers only look at indices below ``len``).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offsets = array("q")
-        self._cache: OrderedDict[int, Event] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def event_at(self, index: int) -> Event | None:
-        if not 0 <= index < len(self.offsets):
-            return None
-        with self._lock:
-            cached = self._cache.get(index)
-            if cached is not None:
-                self._cache.move_to_end(index)
-                return cached
-            with self.path.open("rb") as f:
-                f.seek(self.offsets[index])
-                line = f.readline()
-            try:
-                event = decode(line)
-            except ValidationError:
-                return None
-            self._cache[index] = event
-            if len(self._cache) > 256:
-                self._cache.popitem(last=False)
-            return event
-
-
-@dataclass
-class LoadStats:
-    events: int = 0
-    bad_lines: int = 0
-    bad_examples: list[str] = field(default_factory=list)
+__all__ = ["EventIndex", "LoadStats", "iter_event_batches", "run_rows", "run_summary"]
 
 
 def iter_event_batches(
@@ -72,37 +25,8 @@ def iter_event_batches(
     stats: LoadStats | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[list[Event]]:
-    """Decode ``events.jsonl`` in batches. Lines that do not decode are counted and skipped (a run
-    directory written by a newer engine, or a truncated last line of a live run, must still open)."""
-    stats = stats if stats is not None else LoadStats()
-    if not path.exists():
-        return
-    batch: list[Event] = []
-    offset = 0
-    with path.open("rb") as f:
-        for line in f:
-            start = offset
-            offset += len(line)
-            if stop is not None and stop.is_set():
-                return
-            if not line.strip():
-                continue
-            try:
-                event = decode(line)
-            except (ValidationError, ValueError) as exc:
-                stats.bad_lines += 1
-                if len(stats.bad_examples) < 3:
-                    stats.bad_examples.append(f"byte {start}: {str(exc).splitlines()[0][:200]}")
-                continue
-            if index is not None:
-                index.offsets.append(start)
-            stats.events += 1
-            batch.append(event)
-            if len(batch) >= batch_size:
-                yield batch
-                batch = []
-    if batch:
-        yield batch
+    """``RunDirReader.event_batches`` of the run directory holding ``path`` (its events.jsonl)."""
+    return RunDirReader(path.parent, check=False).event_batches(index, batch_size, stats, stop)
 
 
 def run_rows(runs_dir: Path) -> list[tuple[Path, RunInfo | None]]:

@@ -27,7 +27,7 @@ from core.events import (
     VerificationFinished,
     Warning_,
 )
-from core.sandbox.base import Recovery
+from core.failures import Recovery
 
 DASH = "\u2013"  # en dash: "unknown" (never zero)
 TIMES = "\u00d7"

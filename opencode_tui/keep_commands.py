@@ -30,7 +30,6 @@ from core.config import AgentConfig
 from core.exit_codes import ExitCode
 
 _SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"]
-_MIN_PREFIX = 12  # the shortest id prefix `sweep ID` accepts (a Docker short id is 12)
 
 
 class UsageError(Exception):
@@ -40,128 +39,47 @@ class UsageError(Exception):
 # ---- sweep ------------------------------------------------------------------------------------
 
 
-def _provider_names(choice: str) -> list[str]:
-    """``all``: every provider whose listing needs nothing configured (a server is named explicitly)."""
-    from core import provider_registry as registry
-
-    return registry.swept_by_default() if choice == "all" else [choice]
-
-
-async def _listed(names: list[str], owner: str | None, strict: bool) -> list[Any]:
-    from core.sandbox.providers import get_provider
-
-    out: list[Any] = []
-    for name in names:
-        provider = get_provider(name)
-        try:
-            records = await provider.listed(owner=owner)
-        except Exception as exc:
-            if strict:
-                raise
-            print(f"opencode-tui sweep: {name}: skipped ({exc})", file=sys.stderr)
-            continue
-        out.extend((provider, r) for r in records)
-    return out
-
-
-def _match(ref: str, found: list[Any]) -> Any:
-    exact = [item for item in found if item[1].sandbox_id == ref]
-    if exact:
-        return exact[0]
-    prefixed = [item for item in found if len(ref) >= _MIN_PREFIX and item[1].sandbox_id.startswith(ref)]
-    if len(prefixed) == 1:
-        return prefixed[0]
-    if len(prefixed) > 1:
-        raise UsageError(
-            f"{ref!r} matches {len(prefixed)} sandboxes; give more of the id; nothing was removed"
-        )
-    raise UsageError(
-        f"{ref!r} is not a sandbox of ours (owner label {{owner}}); list ours with "
-        "`opencode-tui sweep --dry-run --kept`; nothing was removed"
-    )
-
-
-def _select(args: argparse.Namespace, found: list[Any]) -> tuple[list[Any], dict[str, int]]:
-    from core.sandbox import kept
-    from core.sandbox.base import LABEL_BATCH, LABEL_INVOCATION, LABEL_RUN, Liveness, invocation_liveness
-
-    skipped = {"live": 0, "elsewhere": 0, "kept": 0}
-    if args.ids:
-        chosen = [_match(ref, found) for ref in args.ids]
-        return list({id(item): item for item in chosen}.values()), skipped
-    if args.batch:
-        found = [item for item in found if item[1].labels.get(LABEL_BATCH) == args.batch]
-        if args.run:
-            found = [item for item in found if item[1].labels.get(LABEL_RUN) == args.run]
-        if not found:
-            what = f"batch {args.batch!r}" + (f" and run {args.run!r}" if args.run else "")
-            raise UsageError(f"no sandbox of ours carries {what}; nothing was removed")
-        chosen = []
-        for item in found:
-            if invocation_liveness(item[1].labels.get(LABEL_INVOCATION)) is Liveness.ALIVE:
-                skipped["live"] += 1  # the batch is still running there: not a leftover
-            else:
-                chosen.append(item)
-        return chosen, skipped
-    if args.run:
-        chosen = [item for item in found if item[1].labels.get(LABEL_RUN) == args.run]
-        if not chosen:
-            raise UsageError(f"no sandbox of ours carries run {args.run!r}; nothing was removed")
-        return chosen, skipped
-    chosen = []
-    for item in found:
-        record = item[1]
-        live = invocation_liveness(record.labels.get(LABEL_INVOCATION))
-        if live is Liveness.ALIVE:
-            skipped["live"] += 1
-        elif live is Liveness.UNKNOWN:
-            skipped["elsewhere"] += 1
-        elif kept.is_kept(record.provider, record.sandbox_id) and not args.kept:
-            skipped["kept"] += 1
-        else:
-            chosen.append(item)
-    return chosen, skipped
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from core.sandbox import kept
-    from core.sandbox.base import LABEL_BATCH, default_owner
+    from core import sweep_selection as sweeping
 
-    owner = None if args.all_owners else default_owner()
-    names = _provider_names(args.provider)
-    explicit = bool(args.ids or args.run or args.batch)
+    owner = None if args.all_owners else sweeping.default_owner()
+    names = sweeping.provider_names(args.provider)
+    request = sweeping.SweepRequest(ids=args.ids, run=args.run, batch=args.batch, kept=args.kept)
+
+    def skipped(name: str, exc: Exception) -> None:
+        print(f"opencode-tui sweep: {name}: skipped ({exc})", file=sys.stderr)
 
     async def sweep() -> int:
         try:
-            found = await _listed(names, owner, strict=args.provider != "all")
+            found = await sweeping.list_ours(names, owner, strict=args.provider != "all", on_skip=skipped)
         except Exception as exc:
             print(f"opencode-tui sweep: {exc}", file=sys.stderr)
             return ExitCode.INFRA
         try:
-            chosen, skipped = _select(args, found)
-        except UsageError as exc:
+            selection = sweeping.select(request, found)
+        except sweeping.SweepRefused as exc:
             print(f"opencode-tui sweep: {str(exc).replace('{owner}', owner or 'any')}", file=sys.stderr)
             return ExitCode.USAGE
         verb = "would remove" if args.dry_run else "removed"
         failed = False
-        for provider, record in chosen:
+        for item in selection.chosen:
+            record = item.record
             if not args.dry_run:
                 try:
-                    await provider.remove(record.sandbox_id)
+                    await sweeping.remove(item)
                 except Exception as exc:
                     failed = True
                     print(f"opencode-tui sweep: {record.sandbox_id}: {exc}", file=sys.stderr)
                     continue
-                kept.forget(record.provider, record.sandbox_id)
             line = {"provider": record.provider, "sandbox_id": record.sandbox_id, "action": verb}
-            print(json.dumps({**line, "batch_id": record.labels.get(LABEL_BATCH)}))
-        notes = [f"{verb} {len(chosen)} sandbox(es)"]
-        if args.batch and skipped["live"]:
-            notes.append(f"left {skipped['live']} whose process still runs (the batch is not over)")
-        if not explicit:
+            print(json.dumps({**line, "batch_id": item.batch_id}))
+        notes = [f"{verb} {len(selection.chosen)} sandbox(es)"]
+        if args.batch and selection.live:
+            notes.append(f"left {selection.live} whose process still runs (the batch is not over)")
+        if not request.explicit:
             notes.append(
-                f"left {skipped['live']} of live jobs, {skipped['kept']} kept (--kept or name them), "
-                f"{skipped['elsewhere']} made on another host or PID namespace (name them)"
+                f"left {selection.live} of live jobs, {selection.kept} kept (--kept or name them), "
+                f"{selection.elsewhere} made on another host or PID namespace (name them)"
             )
         print("; ".join(notes), file=sys.stderr)
         return ExitCode.INFRA if failed else ExitCode.OK
@@ -186,7 +104,7 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
 
 def _target(ref: str) -> tuple[str, str, dict[str, Any], Path | None]:
     """(provider, sandbox id, run.json or {}, run dir) of a kept sandbox named by run dir or id."""
-    from core.sandbox import kept
+    from core.sandbox import find_kept
 
     path = Path(ref)
     if path.is_dir():
@@ -200,7 +118,7 @@ def _target(ref: str) -> tuple[str, str, dict[str, Any], Path | None]:
                 "run the task with --keep-sandbox (or press k) to come back to it"
             )
         return str(provider), str(sid), run, path
-    records = kept.find(ref)
+    records = find_kept(ref)
     if not records:
         raise UsageError(
             f"{ref!r} is neither a run directory nor a kept sandbox id "
@@ -264,7 +182,7 @@ def _config(run: dict[str, Any]) -> AgentConfig:
 
 
 async def _connect(provider_name: str, sandbox_id: str, run: dict[str, Any]) -> Any:
-    from core.sandbox.providers import get_provider
+    from core.sandbox import get_provider
 
     try:
         provider = get_provider(provider_name, _config(run))

@@ -6,31 +6,21 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from core import executor_registry
+from core.admission import AdmissionError, admit_run, check_inputs, rerun_inputs
 from core.artifacts import RunInfo
-from core.batch import (
-    BatchControl,
-    BatchSummary,
-    Executor,
-    ExecutorError,
-    LocalExecutor,
-    RunsDirError,
-    run_batch,
-)
+from core.batch import BatchControl, BatchSummary, Executor, ExecutorError, RunsDirError, run_batch
 from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
+from core.executor_registry import ExecutorHooks
 from core.exit_codes import ExitCode
 from core.outcome import exit_code as outcome_exit_code
 from core.signals import closing_signals
 from core.tasks import Task, load_task
-
-
-class UsageError(Exception):
-    """Bad input: printed as one line, exit code 2, nothing started."""
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -47,7 +37,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         o.setdefault("model", {})["api_key_env"] = args.api_key_env
     if args.attempts is not None:
         if args.attempts < 1:
-            raise UsageError("--attempts must be at least 1")
+            raise AdmissionError("--attempts must be at least 1")
         o["policy"] = {"max_attempts": args.attempts}
     if args.runs_dir:
         o["runs_dir"] = args.runs_dir
@@ -83,89 +73,20 @@ def _task_path(ref: str) -> Path:
 
 
 def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
-    """Everything that can be checked before any sandbox exists; raises UsageError/ConfigError."""
+    """Everything that can be checked before any sandbox exists; raises AdmissionError/ConfigError."""
     config = load_config(args.config, _overrides(args))
     tasks = [load_task(_task_path(t)) for t in args.tasks]
     for t in tasks:
         for warning in t.load_warnings:  # Harbor's format evolves: a field we do not know is no error
             print(f"opencode-tui run: warning: {t.root}: {warning}", file=sys.stderr)
-    built = [t for t in tasks if t.build is not None]
-    if built:
-        from core.image_build import build_refusal
-
-        refusal = build_refusal(built[0], config)
-        if refusal:
-            raise UsageError(refusal)
-    if not args.batch and len(tasks) > 1:
-        raise UsageError("the TUI runs one task at a time; pass --batch to run several")
-    if not args.batch and args.attempts is not None:
-        # The TUI shows one episode and never retries: accepting the bound would silently ignore it.
-        raise UsageError(
-            "--attempts applies to --batch only: the TUI runs one attempt (pass --batch to retry)"
-        )
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
-    if config.executor.name == "ray" and not args.batch:
-        raise UsageError("--executor ray runs --batch only: the TUI runs its one episode here")
-    check_inputs(config, tasks)
+    admit_run(config, tasks, batch=args.batch, attempts=args.attempts, jobs=args.jobs)
     return config, tasks
-
-
-def check_inputs(config: AgentConfig, tasks: list[Task]) -> None:
-    """The model, the key and the provider's own checks for these tasks (``admit``, and a re-run from
-    the runs browser); raises UsageError/ConfigError."""
-    if config.model.url is None:
-        missing = [t.id for t in tasks if t.trajectory_path is None]
-        if missing:
-            raise UsageError(
-                f"task(s) {', '.join(missing)} have no model.trajectory for the embedded scripted model; "
-                "pass --model-url (and --model) to use a real model"
-            )
-        from core.model.trajectory import load_trajectory
-
-        for t in tasks:
-            assert t.trajectory_path is not None
-            load_trajectory(t.trajectory_path)  # a broken trajectory is bad input, not a failed episode
-    else:
-        _check_model_url(config)
-    if config.model.api_key_env and not os.environ.get(config.model.api_key_env):
-        raise UsageError(
-            f"--api-key-env names {config.model.api_key_env}, which is not set in the environment"
-        )
-    if config.sandbox.mode == "owned" and config.executor.name == "local":
-        # On Ray the nodes run the sandboxes: the provider's checks run there (the executor's probe).
-        _admit_provider(config, tasks)
-
-
-def _check_model_url(config: AgentConfig) -> None:
-    import httpx
-
-    url = f"{config.model.url}/models"
-    try:
-        httpx.get(url, timeout=5.0)
-    except httpx.HTTPError as exc:
-        raise UsageError(
-            f"cannot reach --model-url {config.model.url} ({type(exc).__name__}: {exc}); "
-            "check the URL and that the server is running"
-        ) from exc
-
-
-def _admit_provider(config: AgentConfig, tasks: list[Task]) -> None:
-    """The provider's own quick checks for this run (e.g. its engine is up, the images exist)."""
-    from core import provider_registry as registry
-
-    # A task built from its Dockerfile gets its image at seed (cached by the context's hash).
-    images = sorted({config.sandbox.image or t.image for t in tasks if t.build is None})
-    checks = asyncio.run(registry.get(config.sandbox.provider).admit(config, images))
-    failed = [c for c in checks if c.status == "fail"]
-    if failed:
-        raise UsageError(failed[0].detail)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         config, tasks = admit(args)
-    except (UsageError, ConfigError) as exc:
+    except (AdmissionError, ConfigError) as exc:
         print(f"opencode-tui run: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     runs_dir = Path(config.runs_dir)
@@ -175,17 +96,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _executor(config: AgentConfig, progress: Any) -> Executor:
-    """The local executor, or a Ray executor already joined to its cluster (before the signal
-    handlers: ``ray.init`` replaces SIGTERM's)."""
-    if config.executor.name == "local":
-        return LocalExecutor(progress.attach)
-    from core.ray_executor import RayExecutor
-
-    # Live phases only where they are shown (a terminal): otherwise the workers report nothing.
-    on_phase = progress.phase if progress.tty else None
-    executor = RayExecutor(config.executor.ray, on_started=progress.started, on_phase=on_phase)
-    executor.connect()
-    return executor
+    """The configured executor, ready (a remote one has joined its cluster: before the signal
+    handlers, which joining may replace)."""
+    hooks = ExecutorHooks(
+        on_episode=progress.attach,
+        on_started=progress.started,
+        # Live phases only where they are shown (a terminal): otherwise the workers report nothing.
+        on_phase=progress.phase if progress.tty else None,
+    )
+    return executor_registry.get(config.executor.name).executor(config, hooks)
 
 
 def _batch(
@@ -198,11 +117,11 @@ def _batch(
     force: bool = False,
 ) -> int:
     data = sys.stdout  # the JSON lines, and nothing else
-    if config.executor.name == "ray":
-        # Every node must see the same path; Ray's queue bounds concurrency unless --jobs does.
+    if executor_registry.get(config.executor.name).remote:
+        # Every node must see the same path; the cluster's queue bounds concurrency unless --jobs does.
         runs_dir = runs_dir.resolve()
         jobs = jobs or len(tasks)
-        # Ray's driver prints its cluster messages (a worker died, ...) to sys.stdout: diagnostics.
+        # A cluster's driver prints its messages (a worker died, ...) to sys.stdout: diagnostics.
         with contextlib.redirect_stdout(sys.stderr):
             return _run_batch(config, tasks, runs_dir, jobs, attempts, data, force)
     return _run_batch(config, tasks, runs_dir, jobs, attempts, data, force)
@@ -292,24 +211,6 @@ def _announce(name: str, first: bool) -> None:
         print(f"opencode-tui run: {name} again: hurrying the close", file=sys.stderr, flush=True)
 
 
-class RerunError(Exception):
-    """A run that cannot be run again as recorded (its task directory or configuration is gone)."""
-
-
-def rerun_inputs(info: RunInfo | None, path: Path) -> tuple[AgentConfig, Task]:
-    """The task and configuration a run directory recorded (run.json), checked like `run` checks them."""
-    if info is None:
-        raise RerunError(f"{path.name}: run.json is missing or unreadable; nothing to re-run")
-    if not info.task_dir:
-        raise RerunError(f"{path.name}: run.json does not name its task directory")
-    try:
-        config = AgentConfig.model_validate(info.config)
-        task = load_task(info.task_dir)
-    except (ConfigError, ValueError, OSError) as exc:
-        raise RerunError(f"{path.name} cannot be re-run as recorded: {exc}") from exc
-    return config, task
-
-
 def rerun(path: Path) -> int:
     """`r` in the runs browser: the run's task again with its recorded configuration, in the live TUI
     (same runs directory), admitted like `run`."""
@@ -318,7 +219,7 @@ def rerun(path: Path) -> int:
     try:
         config, task = rerun_inputs(RunDirReader(path).info(), path)
         check_inputs(config, [task])
-    except (RerunError, UsageError, ConfigError, FileNotFoundError, ValueError) as exc:
+    except (AdmissionError, ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"opencode-tui runs: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     print(f"opencode-tui: re-running {task.id} as recorded in {path}", file=sys.stderr)

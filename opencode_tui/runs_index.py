@@ -2,15 +2,13 @@
 only for the rows on screen (or, in a background thread, for all of them once a sort or filter needs a
 field only run.json holds).
 
-A run directory's name says its task and start time (``core.episode.new_run_id``:
-``<task>-<YYYYmmdd-HHMMSS>-<hex>-a<attempt>``), so the default view (newest first) and a task filter need
-no file read at all: listing 10,000 runs is one ``scandir``. Names that do not follow the pattern (copied
+A run directory's name says its task and start time (``core.artifacts.RUN_NAME``), so the default view
+(newest first) and a task filter need no file read at all: listing 10,000 runs is one ``scandir``. Names that do not follow the pattern (copied
 or hand-made run directories) are read at once: their start time comes from run.json.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Callable
@@ -18,9 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from core.artifacts import RunFiles, RunInfo
-
-NAME = re.compile(r"^(?P<task>.+)-(?P<stamp>\d{8}-\d{6})-[0-9a-f]{6}-a(?P<attempt>\d+)$")
+from core.artifacts import RunDirReader, RunInfo, run_dir_names
 
 # Sort keys, in the order ``s`` cycles through them; which need run.json.
 SORTS = ("date", "task", "outcome", "kind", "provider")
@@ -61,7 +57,7 @@ class RunEntry:
         """run.json, read once (None when missing or unreadable)."""
         if self._info is _UNSET:
             try:
-                self._info = RunInfo.model_validate_json((self.path / RunFiles.RUN_INFO).read_bytes())
+                self._info = RunDirReader(self.path, check=False).info()
             except (OSError, ValueError):
                 self._info = None
         return self._info  # type: ignore[return-value]
@@ -114,30 +110,12 @@ def _stamp(stamp: str) -> datetime | None:
 
 
 def scan_runs(runs_dir: Path) -> list[RunEntry]:
-    """Every run directory under ``runs_dir`` (one with run.json or events.jsonl), unread."""
-    out: list[RunEntry] = []
-    try:
-        it = os.scandir(runs_dir)
-    except OSError:
-        return out
+    """Every run directory under ``runs_dir`` (``core.artifacts.run_dir_names``), unread."""
     root = Path(runs_dir)
-    with it:
-        for d in it:
-            if not d.is_dir():
-                continue
-            m = NAME.match(d.name)
-            if m is not None:
-                # A named run has its events.jsonl from its first moment; skip the second check.
-                entry = RunEntry(
-                    root,
-                    d.name,
-                    task_hint=m["task"],
-                    stamp=m["stamp"],
-                )
-                out.append(entry)
-            elif (root / d.name / RunFiles.RUN_INFO).exists() or (root / d.name / RunFiles.EVENTS).exists():
-                out.append(RunEntry(root, d.name))
-    return out
+    return [
+        RunEntry(root, name, task_hint=m["task"], stamp=m["stamp"]) if m is not None else RunEntry(root, name)
+        for name, m in run_dir_names(root)
+    ]
 
 
 @dataclass

@@ -36,7 +36,7 @@ from core.events import (
     VerificationFinished,
     Warning_,
 )
-from core.tokens import token_totals
+from core.tally import Tally
 
 CLEANUP_ORDER = (
     CleanupStep.RECEIPT,
@@ -56,24 +56,18 @@ class RunState:
     phase: PhaseChanged | None = None
     install: dict[str, InstallProgress] = field(default_factory=dict)
     warnings: list[Warning_] = field(default_factory=list)
-    model_calls: list[ModelCall] = field(default_factory=list)
-    tools: dict[str, str] = field(default_factory=dict)  # call id -> tool
-    tool_errors: int = 0
-    compactions: list[Compaction] = field(default_factory=list)
+    tally: Tally = field(default_factory=Tally)  # tool calls, compactions, model calls, tokens (core.tally)
     cleanup: dict[CleanupStep, CleanupObserved] = field(default_factory=dict)
     failures: list[FailureRecorded | FailureRecovered] = field(default_factory=list)  # both, in order
     health: list[HealthWarning] = field(default_factory=list)  # episode-health warnings (core/health.py)
     faults: list[SandboxFault] = field(default_factory=list)  # kernel kills and a full disk, seen live
     verification: VerificationFinished | None = None
-    transcript: TranscriptStats | None = None
     outcome: OutcomeDecided | None = None
     shells: list[ShellOpened] = field(default_factory=list)
     first_ts: datetime | None = None
     last_ts: datetime | None = None
     events: int = 0
     terminal_chars: int = 0
-    _call_rows: dict[str, int] = field(default_factory=dict)
-    _errored: set[str] = field(default_factory=set)
 
     @classmethod
     def fold(cls, events: Iterable[Event], info: RunInfo | None = None) -> RunState:
@@ -115,18 +109,8 @@ class RunState:
         return True
 
     def _apply_key(self, ev: Event) -> None:
-        if isinstance(ev, ModelCall):
-            row = self._call_rows.get(ev.call_id)
-            if row is None:
-                self._call_rows[ev.call_id] = len(self.model_calls)
-                self.model_calls.append(ev)
-            else:
-                self.model_calls[row] = ev
-        elif isinstance(ev, ToolCall):
-            self.tools.setdefault(ev.call_id, ev.tool)
-            if ev.status == "error" and ev.call_id not in self._errored:
-                self._errored.add(ev.call_id)
-                self.tool_errors += 1
+        if isinstance(ev, ModelCall | ToolCall | Compaction | TranscriptStats):
+            self.tally.count(ev)
         elif isinstance(ev, PhaseChanged):
             self.phase = ev
         elif isinstance(ev, EpisodeStarted):
@@ -137,16 +121,12 @@ class RunState:
             self.install[ev.package] = ev
         elif isinstance(ev, Warning_):
             self.warnings.append(ev)
-        elif isinstance(ev, Compaction):
-            self.compactions.append(ev)
         elif isinstance(ev, CleanupObserved):
             self.cleanup[ev.step] = ev
         elif isinstance(ev, FailureRecorded | FailureRecovered):
             self.failures.append(ev)
         elif isinstance(ev, VerificationFinished):
             self.verification = ev
-        elif isinstance(ev, TranscriptStats):
-            self.transcript = ev
         elif isinstance(ev, OutcomeDecided):
             self.outcome = ev
         elif isinstance(ev, ShellOpened):
@@ -230,18 +210,33 @@ class RunState:
         return max((end - start).total_seconds(), 0.0)
 
     @property
+    def model_calls(self) -> list[ModelCall]:
+        return self.tally.model_calls
+
+    @property
+    def transcript(self) -> TranscriptStats | None:
+        return self.tally.transcript
+
+    @property
+    def compactions(self) -> list[Compaction]:
+        return self.tally.compaction_events
+
+    @property
     def tool_counts(self) -> dict[str, int]:
-        return dict(Counter(self.tools.values()).most_common())
+        """Tool calls by tool, the most used first (core.tally)."""
+        return dict(Counter(self.tally.tool_calls).most_common())
+
+    @property
+    def tool_errors(self) -> int:
+        return self.tally.tool_errors
 
     @property
     def compaction_count(self) -> int:
-        if not self.compactions:
-            return 0
-        return max(self.compactions[-1].count, len(self.compactions))
+        return self.tally.compactions
 
     def tokens(self, attr: str) -> int | None:
         """A token total over every model call (core.tokens: unknown is None, not zero)."""
-        return getattr(token_totals(self.model_calls), attr)
+        return getattr(self.tally.tokens, attr)
 
     @property
     def install_totals(self) -> tuple[int, int | None]:

@@ -1,6 +1,7 @@
 """The import contracts: `core` never imports Textual or the TUI package; the engine's layers
 (pyproject.toml, exhaustive: every core module is placed); the in-sandbox programs import nothing
-from core.
+from core; the front end uses only core's public surface (not the sandbox, runtime and model
+packages' submodules); and no import circle among the modules of both packages.
 
 Runs the real import-linter against this tree (must pass) and against copies of it with one planted
 violation each (must fail, naming the planted import), so each contract is shown to bite.
@@ -84,6 +85,33 @@ def test_inside_programs_break_when_they_import_core(tmp_path):
     assert r.returncode != 0
     assert "core.inside" in r.stdout and "BROKEN" in r.stdout
     assert "core.inside.leak -> core.config" in r.stdout
+
+
+def test_front_end_breaks_when_it_imports_an_engine_internal(tmp_path):
+    r = _planted(tmp_path, "opencode_tui/leak.py", "from core.sandbox.base import PtyHandle  # internal\n")
+    assert r.returncode != 0
+    assert "public surface" in r.stdout and "BROKEN" in r.stdout
+    assert "opencode_tui.leak -> core.sandbox.base" in r.stdout
+
+
+def test_front_end_may_use_the_packages_public_names(tmp_path):
+    r = _planted(tmp_path, "opencode_tui/fine.py", "from core.sandbox import PtyHandle  # public\n")
+    assert r.returncode == 0, r.stdout
+
+
+def test_no_import_circles():
+    """No two modules of core and opencode_tui import each other, directly or round a longer circle
+    (function-level imports count; TYPE_CHECKING ones do not)."""
+    import grimp
+
+    graph = grimp.build_graph("core", "opencode_tui", exclude_type_checking_imports=True)
+    circles = [
+        (a, b)
+        for a in sorted(graph.modules)
+        for b in sorted(graph.find_modules_directly_imported_by(a))
+        if b in graph.modules and graph.chain_exists(importer=b, imported=a)
+    ]
+    assert circles == []
 
 
 def test_inside_programs_import_only_the_standard_library():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,19 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.artifacts import OutcomeSummary, RunDir, RunInfo
 from core.events import (
     CleanupProof,
-    Compaction,
     Event,
-    ModelCall,
     OutcomeDecided,
-    SandboxFault,
-    SandboxReady,
-    ToolCall,
-    TranscriptStats,
     Warning_,
 )
 from core.failures import Outcome
 from core.outcome import RecordedFailure, Verdict
-from core.tokens import token_totals
+from core.tally import Tally
 
 
 class EpisodeResult(BaseModel):
@@ -83,42 +76,6 @@ def new_run_id(task_id: str, attempt: int = 1) -> str:
     return f"{task_id}-{stamp}-{uuid.uuid4().hex[:6]}-a{attempt}"
 
 
-@dataclass
-class Tally:
-    """Counts taken from the event stream as it passes (a bus subscriber)."""
-
-    model_calls: list[ModelCall] = field(default_factory=list)
-    tool_calls: dict[str, int] = field(default_factory=dict)
-    compactions: int = 0
-    agent_tokens_in: int | None = None
-    agent_tokens_out: int | None = None
-    last_command: str | None = None  # the agent's last bash command (for the record)
-    unenforced_limits: list[str] = field(default_factory=list)  # from SandboxReady
-    faults: list[SandboxFault] = field(default_factory=list)  # kernel kills, a full disk, seen live
-
-    def count(self, event: Event) -> None:
-        if isinstance(event, SandboxFault):
-            self.faults.append(event)
-        elif isinstance(event, ModelCall):
-            self.model_calls.append(event)
-        elif isinstance(event, SandboxReady):
-            self.unenforced_limits = event.unenforced_limits
-        elif isinstance(event, ToolCall) and event.status == "running":
-            command = event.input.get("command")
-            if isinstance(command, str):
-                self.last_command = command[:200]
-        elif isinstance(event, ToolCall):
-            self.tool_calls[event.tool] = self.tool_calls.get(event.tool, 0) + 1
-        elif isinstance(event, Compaction):
-            self.compactions = max(self.compactions, event.count)
-        elif isinstance(event, TranscriptStats):
-            # The transcript snapshot is the source of truth for counts.
-            self.tool_calls = dict(event.tool_calls)
-            self.compactions = event.compactions
-            self.agent_tokens_in = event.tokens_in
-            self.agent_tokens_out = event.tokens_out
-
-
 def outcome_event(verdict: Verdict) -> OutcomeDecided:
     deciding = verdict.deciding
     failure = deciding.failure if deciding else None
@@ -135,7 +92,7 @@ def outcome_event(verdict: Verdict) -> OutcomeDecided:
 def result_of(verdict: Verdict, tally: Tally, **fields: object) -> EpisodeResult:
     """The result line: the verdict, the deciding failure, the counts, and the episode's ``fields``."""
     deciding = verdict.deciding
-    tokens = token_totals(tally.model_calls)
+    tokens = tally.tokens
     # Validated like the constructor: the episode's fields are checked against the model, not the call.
     return EpisodeResult.model_validate(
         {
@@ -145,7 +102,7 @@ def result_of(verdict: Verdict, tally: Tally, **fields: object) -> EpisodeResult
             "failure_stage": deciding.failure.stage.value if deciding else None,
             "failure_class": deciding.decision.failure_class.value if deciding else None,
             "model_calls": len(tally.model_calls),
-            "tool_calls": sum(tally.tool_calls.values()),
+            "tool_calls": tally.tool_call_count,
             "compactions": tally.compactions,
             "tokens_in": tokens.tokens_in,
             "tokens_out": tokens.tokens_out,

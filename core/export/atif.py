@@ -35,7 +35,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.artifacts import RunFiles, RunInfo
+from core.artifacts import RunDirReader, RunFiles, RunInfo, is_run_dir
+from core.calls.records import TokenUsage
 from core.runtime.transcript import compaction_trigger
 
 ATIF_VERSION: Final = "ATIF-v1.8"
@@ -193,7 +194,7 @@ class _CallTotals:
         self.reasoning: int | None = None
         self.cache_write: int | None = None
 
-    def add(self, usage: dict[str, Any]) -> None:
+    def add(self, usage: TokenUsage) -> None:
         self.calls += 1
         for attr, key in (
             ("prompt", "tokens_in"),
@@ -202,7 +203,7 @@ class _CallTotals:
             ("reasoning", "tokens_reasoning"),
             ("cache_write", "tokens_cache_write"),
         ):
-            v = _int(usage.get(key))
+            v = _int(getattr(usage, key))
             if v is not None:
                 old = getattr(self, attr)
                 setattr(self, attr, v if old is None else old + v)
@@ -223,70 +224,26 @@ class _CallTotals:
         )
 
 
-# The proxy writes each record with pydantic in field order (core/model/records.py): everything the
-# export needs comes before the request and response bodies, which hold nearly all of the bytes.
-_BODIES = b',"request_headers":'
-
-
-def _call_fields(line: bytes) -> dict[str, Any] | None:
-    cut = line.find(_BODIES)
-    if cut > 0:
-        try:
-            return json.loads(line[:cut] + b"}")
-        except ValueError:
-            pass  # not the layout expected: parse the whole record
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None  # a torn last line (the run was killed mid-write): the others still count
-    return rec if isinstance(rec, dict) else None
-
-
-def _read_calls(run_dir: Path) -> tuple[dict[str, _CallTotals], _CallTotals, dict[str, int]]:
+def _read_calls(reader: RunDirReader) -> tuple[dict[str, _CallTotals], _CallTotals, dict[str, int]]:
     """Per-message usage of the attributed calls, the total over every call, and calls by kind."""
     by_message: dict[str, _CallTotals] = {}
     everything = _CallTotals()
     kinds: dict[str, int] = {}
-    path = run_dir / RunFiles.MODEL_CALLS
-    if not path.exists():
-        return by_message, everything, kinds
-    for line in path.read_bytes().splitlines():
-        rec = _call_fields(line) if line.strip() else None
-        if rec is None:
-            continue
-        usage = rec.get("usage") or {}
-        everything.add(usage)
-        kind = str(rec.get("kind") or "other")
+    for call in reader.call_summaries():
+        everything.add(call.usage)
+        kind = call.kind or "other"
         kinds[kind] = kinds.get(kind, 0) + 1
-        mid = rec.get("message_id")
-        if isinstance(mid, str) and mid:
-            by_message.setdefault(mid, _CallTotals()).add(usage)
+        if call.message_id:
+            by_message.setdefault(call.message_id, _CallTotals()).add(call.usage)
     return by_message, everything, kinds
 
 
-def _read_failures(run_dir: Path) -> list[dict[str, Any]]:
+def _read_failures(reader: RunDirReader) -> list[dict[str, Any]]:
     """The recorded failures (``FailureRecorded`` events), failure and decision, in order."""
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    # A long run has 100k events and a handful of failures: find their lines, parse only those.
-    starts: set[int] = set()
-    for marker in (b'"type":"failure"', b'"type": "failure"'):
-        at = data.find(marker)
-        while at >= 0:
-            starts.add(data.rfind(b"\n", 0, at) + 1)
-            at = data.find(marker, at + 1)
-    out: list[dict[str, Any]] = []
-    for start in sorted(starts):
-        end = data.find(b"\n", start)
-        try:
-            ev = json.loads(data[start : end if end >= 0 else len(data)])
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and ev.get("type") == "failure":
-            out.append({"failure": ev.get("failure") or {}, "decision": ev.get("decision") or {}})
-    return out
+    return [
+        {"failure": ev.get("failure") or {}, "decision": ev.get("decision") or {}}
+        for ev in reader.event_records(("failure",))
+    ]
 
 
 def _text(parts: Iterable[dict[str, Any]], kind: str) -> str:
@@ -445,17 +402,17 @@ def _sum(values: Iterator[int | None]) -> int | None:
 def build_trajectory(run_dir: Path) -> AtifTrajectory:
     """The ATIF trajectory of one run directory (raises ValueError if it is not one)."""
     run_dir = Path(run_dir)
-    info_path = run_dir / "run.json"
-    info = RunInfo.model_validate_json(info_path.read_text()) if info_path.exists() else None
+    reader = RunDirReader(run_dir, check=False)
+    info = reader.info()
     export_path = run_dir / RunFiles.OPENCODE_EXPORT
-    if info is None and not export_path.exists() and not (run_dir / "events.jsonl").exists():
+    if not is_run_dir(run_dir) and not export_path.exists():  # a transcript alone still exports
         raise ValueError(
             f"{run_dir} is not a run directory (no run.json, events.jsonl or {RunFiles.OPENCODE_EXPORT})"
         )
     model_cfg = (info.config.get("model") or {}) if info else {}
     model_name = model_cfg.get("name") if isinstance(model_cfg.get("name"), str) else None
-    calls, all_calls, kinds = _read_calls(run_dir)
-    failures = _read_failures(run_dir)
+    calls, all_calls, kinds = _read_calls(reader)
+    failures = _read_failures(reader)
 
     doc: dict[str, Any] | None = None
     if export_path.exists():

@@ -30,7 +30,7 @@ from core.calls.records import ModelCallRecord, failed_call_words
 from core.events import FailureRecorded, FailureRecovered, ModelCall
 from core.failures import FailureEvent, describe_decision
 from core.failures.model import ModelCallDetails
-from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
+from core.model import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
 from opencode_tui import format as fmt
 from opencode_tui.messages import Copied
 

@@ -66,7 +66,7 @@ from opencode_tui.widgets.timeline import Timeline
 
 if TYPE_CHECKING:
     from core.control import EpisodeControl
-    from opencode_tui.app import OpenCodeTUI
+    from opencode_tui.host import EpisodeHost as OpenCodeTUI
 
 LIVE_BATCH_INTERVAL = 1 / 30  # at most this often a live batch is delivered (events are coalesced)
 # A live batch holds about LIVE_SLICE_S of ingest work (measured as it goes: chars per second of ingest),
@@ -376,7 +376,7 @@ class RunScreen(Screen[None]):
     @property
     def tui(self) -> OpenCodeTUI:
         """The app, typed: the run screen only runs inside ``OpenCodeTUI``."""
-        from opencode_tui.app import OpenCodeTUI
+        from opencode_tui.host import EpisodeHost as OpenCodeTUI
 
         app = self.app
         assert isinstance(app, OpenCodeTUI), app

@@ -430,7 +430,7 @@ class RunsScreen(Screen[None]):
         entry = self.index.entry(self.query_one(RunsList).cursor_row)
         if entry is None:
             return
-        from opencode_tui.run_command import RerunError, rerun_inputs
+        from core.admission import RerunError, rerun_inputs
 
         try:
             rerun_inputs(entry.info(), entry.path)

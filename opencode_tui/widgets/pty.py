@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from core.sandbox.base import PtyHandle
+from core.sandbox import PtyHandle
 
 OpenPty = Callable[[int, int], Awaitable[PtyHandle]]
 

@@ -37,7 +37,7 @@ from textual.strip import Strip
 
 from core.artifacts import RunFiles
 from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
-from core.runtime.stream import EventRenderer
+from core.runtime import EventRenderer
 from opencode_tui.linebuffer import LineBuffer, ansi_line, raw_line
 
 View = Literal["rendered", "raw", "cast"]

@@ -5,15 +5,8 @@ import stat
 
 import pytest
 
-from core.artifacts import (
-    DIAGNOSTICS_CAP,
-    RunDir,
-    RunDirReader,
-    RunFiles,
-    RunInfo,
-    cap_diagnostics,
-    list_runs,
-)
+from core.artifacts import RunDir, RunDirReader, RunFiles, RunInfo, list_runs
+from core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
 from core.events import TerminalOutput
 from core.redaction import REDACTED, redact, redact_text
 
@@ -191,3 +184,65 @@ def test_reader_reads_every_file_through_runfiles(tmp_path):
     assert reader.transcript() is None and reader.task_yaml() is None
     cast = reader.cast()
     assert cast is not None and cast.frames[0][1] == "hello\r\n"
+
+
+def test_one_definition_of_a_run_directory(tmp_path):
+    """``list_runs`` (batch, `runs --json`), the runs browser's scan and the reader agree on what is a run
+    directory: run.json or events.jsonl, and a directory named as the engine names runs (its events.jsonl
+    exists from its first moment) is listed without a file read."""
+    from opencode_tui.runs_index import scan_runs
+
+    runs = tmp_path / "runs"
+    (runs / "copied").mkdir(parents=True)
+    (runs / "copied" / RunFiles.RUN_INFO).write_text(
+        RunInfo(run_id="copied", task_id="t", provider="local").model_dump_json()
+    )
+    (runs / "events-only").mkdir()
+    (runs / "events-only" / RunFiles.EVENTS).write_text("")
+    (runs / "hello-20261201-030637-ab12cd-a1").mkdir()
+    (runs / "not-a-run").mkdir()
+    (runs / "a-file").write_text("")
+    listed = sorted(p.name for p, _ in list_runs(runs))
+    assert listed == ["copied", "events-only", "hello-20261201-030637-ab12cd-a1"]
+    assert sorted(e.name for e in scan_runs(runs)) == listed
+    assert [e.task for e in scan_runs(runs) if e.name.startswith("hello")] == ["hello"]
+    assert RunDirReader(runs / "copied").info().run_id == "copied"
+    with pytest.raises(FileNotFoundError):
+        RunDirReader(runs / "not-a-run")
+
+
+def test_events_read_typed_filtered_or_raw_by_type(tmp_path):
+    from core.events import FailureRecorded, PhaseChanged, ToolCall
+    from core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, decide
+
+    rd = RunDir.create(tmp_path, "r")
+    failure = FailureEvent(kind="agent_timeout", stage=FailureStage.AGENT, operation="run", message="late")
+    decision = decide(failure, attempt=1, policy=DEFAULT_POLICY)
+    # A tool call whose output quotes a failure event: its marker is escaped, it is no failure.
+    quoted = ToolCall(call_id="t", tool="bash", status="completed", output='{"type":"failure"}')
+    for seq, event in enumerate(
+        (PhaseChanged(phase="agent"), TerminalOutput(stream="stdout", data="x" * 100), quoted), start=1
+    ):
+        rd.append_event(event.model_copy(update={"seq": seq}))
+    rd.append_event(FailureRecorded(seq=4, failure=failure, decision=decision))
+    rd.close()
+    with (rd.path / RunFiles.EVENTS).open("a") as f:
+        f.write('{"type": "phase", "seq": 5, "ph')  # a torn last line of a live run
+    reader = RunDirReader(rd.path)
+    with pytest.raises(ValueError):
+        list(reader.events())
+    assert [type(e) for e in reader.events(strict=False)] == [
+        PhaseChanged,
+        TerminalOutput,
+        ToolCall,
+        FailureRecorded,
+    ]
+    assert [type(e) for e in reader.events(skip=("terminal",), strict=False)] == [
+        PhaseChanged,
+        ToolCall,
+        FailureRecorded,
+    ]
+    [raw] = reader.event_records(("failure",))
+    assert raw["failure"]["kind"] == "agent_timeout" and raw["decision"]["action"] == decision.action
+    batches = list(reader.event_batches(batch_size=2))
+    assert [len(b) for b in batches] == [2, 2]

@@ -231,13 +231,33 @@ def test_compaction_follows_the_context_management_convention(sample_runs):
     assert not any(m.get("content") == copied[0].message and m["role"] == "user" for m in to_messages(traj))
 
 
-def test_model_call_fields_read_before_the_bodies_match_the_whole_record():
-    from core.export.atif import _call_fields
+def test_model_call_summaries_match_the_whole_records():
+    """The export counts calls from ``RunDirReader.call_summaries`` (bodies never built): the same
+    fields as the whole record, whatever the field order, and a torn last line is passed over."""
+    from core.artifacts import RunDirReader
 
     for name in ("hello-file", "oom"):
-        for line in (FIXTURE_RUNS / name / "model_calls.jsonl").read_bytes().splitlines():
-            whole, part = json.loads(line), _call_fields(line)
-            assert part is not None and "request_body" not in part
-            for key in ("kind", "message_id", "usage", "status"):
-                assert part[key] == whole[key]
-    assert _call_fields(b'{"kind": "agent", "usage": {}') is None  # a torn last line
+        lines = (FIXTURE_RUNS / name / "model_calls.jsonl").read_bytes().splitlines()
+        summaries = list(RunDirReader(FIXTURE_RUNS / name).call_summaries())
+        assert len(summaries) == len(lines)
+        for line, part in zip(lines, summaries, strict=True):
+            whole = json.loads(line)
+            for key in ("kind", "message_id", "status"):
+                assert getattr(part, key) == whole[key]
+            assert part.usage.model_dump() == whole["usage"]
+
+
+def test_model_call_summaries_do_not_depend_on_field_order(tmp_path):
+    from core.artifacts import RunDirReader, RunFiles
+
+    record = json.loads((FIXTURE_RUNS / "hello-file" / "model_calls.jsonl").read_bytes().splitlines()[0])
+    reordered = dict(reversed(list(record.items())))  # the bodies first, the usage last
+    text = json.dumps(reordered) + "\n" + '{"kind": "agent", "usage": {}'  # and a torn last line
+    (tmp_path / RunFiles.MODEL_CALLS).write_text(text)
+    (tmp_path / RunFiles.EVENTS).write_text("")
+    [only] = RunDirReader(tmp_path).call_summaries()
+    assert (only.kind, only.message_id, only.usage.model_dump()) == (
+        record["kind"],
+        record["message_id"],
+        record["usage"],
+    )

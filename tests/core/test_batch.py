@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from core.artifacts import RunFiles
-from core.batch import RESULTS_FILE, run_batch
+from core.batch import run_batch
 from core.config import AgentConfig
+from core.resume import RESULTS_FILE
 from core.tasks import load_task
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"

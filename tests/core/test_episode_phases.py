@@ -20,7 +20,7 @@ from core.calls.records import ModelCallRecord
 from core.config import AgentConfig
 from core.episode import close, release, verify
 from core.episode.common import PhaseIO, failure_from, stage_of
-from core.episode.record import Tally, result_of
+from core.episode.record import result_of
 from core.events import (
     CleanupObserved,
     CleanupStep,
@@ -38,6 +38,7 @@ from core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, Outcome, d
 from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
 from core.sandbox.base import SandboxError, SandboxSpec, SandboxUser
 from core.session import CleanupUnconfirmed, CloseDeadline
+from core.tally import Tally
 from core.tasks import load_task
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from core.batch import resume_key
 from core.config import AgentConfig
+from core.resume import resume_key
 from core.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core.admission import rerun_inputs
 from core.artifacts import RunDirReader
 from core.batch import run_batch
 from core.config import AgentConfig
@@ -19,7 +20,6 @@ from core.events import HealthWarning
 from core.tasks import load_task
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.cli import main
-from opencode_tui.run_command import rerun_inputs
 from opencode_tui.screens.diff import DiffScreen, StepsTable
 from opencode_tui.screens.run import RunScreen
 from opencode_tui.screens.runs import RunsList, RunsScreen
