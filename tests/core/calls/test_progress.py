@@ -76,3 +76,12 @@ def test_many_calls_are_cited_by_their_first_and_last_ids() -> None:
     assert found is not None
     ids = found.to_failure().evidence[0].data["call_ids"]
     assert len(ids) == 20 and ids[0] == "mc-0" and ids[-1] == "mc-49"
+
+
+def test_empty_title_answers_count_like_agent_ones() -> None:
+    """The title path: OpenCode's title call answered with nothing is an empty answer too."""
+    watch = ProgressWatch(consecutive=3, total=0)
+    assert watch.observe(call(1, fault="empty_body", kind="title")) is None
+    assert watch.observe(call(2, fault="empty_body")) is None
+    found = watch.observe(call(3, fault="unterminated", kind="title"))
+    assert found is not None and found.call_ids == ["mc-1", "mc-2", "mc-3"]

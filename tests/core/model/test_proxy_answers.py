@@ -157,3 +157,17 @@ async def test_models_listing_is_not_judged(tmp_path: Path) -> None:
         assert rec.answer_fault is None and rec.error is None and rec.produced is None
     finally:
         canned.server.close()
+
+
+async def test_an_empty_title_answer_is_failed_too(answer) -> None:
+    """OpenCode's title request (no tools, the title prompt) is judged like an agent turn."""
+    title = {
+        "model": "m",
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
+            {"role": "user", "content": "hello"},
+        ],
+    }
+    _, rec, ev = await answer(SSE, b"", title)
+    assert rec.kind == "title" and rec.answer_fault is AnswerFault.EMPTY_BODY and ev.failed
