@@ -57,6 +57,9 @@ class LlamaServer:
 
     def __init__(self, log_dir: Path, chat_format: str | None = None, start_timeout_s: float = 180.0) -> None:
         self.chat_format = chat_format
+        # One thread: ggml's threads spin while they wait for each other, which on a busy machine (the
+        # test suite's other workers) costs far more than the second core gains.
+        self.n_threads = 1
         self.port = _free_port()
         self.log_path = log_dir / f"llama-server-{chat_format or 'default'}-{self.port}.log"
         self.start_timeout_s = start_timeout_s
@@ -69,7 +72,11 @@ class LlamaServer:
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path())]
         argv += ["--model_alias", MODEL_ALIAS, "--host", "127.0.0.1", "--port", str(self.port)]
-        argv += ["--n_ctx", str(N_CTX), "--n_threads", str(min(2, os.cpu_count() or 1))]
+        argv += ["--n_ctx", str(N_CTX), "--n_threads", str(self.n_threads)]
+        # Prompt states kept in memory: OpenCode's first call evaluates its ~7k-token system prompt and
+        # tools, the title call in between would otherwise evict it, and the next episode (another
+        # provider) starts with the same prefix.
+        argv += ["--cache", "true", "--cache_type", "ram", "--cache_size", str(1 << 30)]
         if self.chat_format:
             argv += ["--chat_format", self.chat_format]
         return argv

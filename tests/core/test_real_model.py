@@ -33,7 +33,10 @@ from core.exit_codes import ExitCode
 from core.tasks import load_task
 from tests import real_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# One worker runs the module (the servers and their prompt caches are shared by both providers). The
+# first call of each server evaluates OpenCode's whole prompt on one CPU thread: seconds on an idle
+# machine, minutes on a busy one, hence the generous run budget and timeout.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000), pytest.mark.xdist_group("real_model")]
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 WHY_NOT = real_model.missing()
 if WHY_NOT:
@@ -65,7 +68,7 @@ def _config(provider: str, url: str) -> AgentConfig:
                 "empty_answers_limit": EMPTY_LIMIT,
             },
             "health": {"empty_answers": 2},
-            "budgets": {"run_s": 300},
+            "budgets": {"run_s": 1200},
         }
     )
 
@@ -117,8 +120,12 @@ def test_plain_path_is_scored_honestly(episodes):
     assert result.failure_kind is None and result.cleanup_confirmed
     assert result.exit_code == ExitCode.OK
     records = _records(result)
-    assert records and all(r["status"] == 200 and r["error"] is None for r in records), records
-    assert result.model_calls_failed == 0
+    agent = [r for r in records if r["kind"] == "agent"]
+    assert agent and all(r["status"] == 200 and r["error"] is None for r in agent), agent
+    # The server serves one call at a time and interrupts a running stream when the next call arrives
+    # (its interrupt_requests default): the title call OpenCode sends beside the first agent call may be
+    # cut off, and is then a failed call, as recorded.
+    assert result.model_calls_failed == len([r for r in records if r["error"] is not None])
 
 
 def test_tokens_are_the_servers_usage_or_null_never_zero(episodes):
