@@ -11,13 +11,15 @@ from textual.widgets import DataTable
 
 from core.events import FailureRecorded, FailureRecovered, HealthWarning
 from opencode_tui.format import recovery_label
+from opencode_tui.state import RunState
+from opencode_tui.widgets.base import ShowsRunState
 
 Problem = FailureRecorded | FailureRecovered | HealthWarning
 
 COLUMNS = ("kind", "stage", "class", "action", "evidence")
 
 
-class FailuresTable(DataTable):
+class FailuresTable(ShowsRunState, DataTable):
     BINDINGS = [
         Binding(
             "enter",
@@ -76,6 +78,9 @@ class FailuresTable(DataTable):
             Text(str(d.action), style="bold"),
             Text(sources),
         ]
+
+    def show_state(self, state: RunState) -> None:
+        self.sync(state.problems)
 
     def sync(self, records: list[Problem], force: bool = False) -> None:
         mine = self.records
