@@ -35,7 +35,7 @@ from textual.widgets import Footer
 from core.artifacts import RunDirReader, RunInfo
 from core.events import CleanupObserved, Event, FailureRecorded, HealthWarning
 from opencode_tui.messages import EventsReceived, ShellWanted
-from opencode_tui.panels import RUN_PANELS, Region
+from opencode_tui.panels import RUN_PANELS, Region, panel_spec
 from opencode_tui.screens.inspect import InspectScreen
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.state import RunState
@@ -210,7 +210,7 @@ class RunScreen(Screen[None]):
         self.set_class(compact, "-compact")
         self.query_one(PanelTabs).display = compact
         self.query_one(InstallProgressBar).show(self.view_state, compact=compact)
-        shown = next(p for p in RUN_PANELS if p.id == self.panel)
+        shown = panel_spec(self.panel)
         for spec in RUN_PANELS:
             self.query_one(f"#{spec.id}").display = not compact or spec is shown
             if spec.pane != spec.id:
