@@ -110,7 +110,7 @@ class RunScreen(Screen[None]):
 
     # The run as of the cursor (live: now), bound into every panel that shows it (ShowsRunState).
     # always_update: it is folded in place, so the same object is still news.
-    view_state: reactive[RunState] = reactive(RunState, init=False, always_update=True)
+    view_state: reactive[RunState] = reactive(RunState, init=False, always_update=True, repaint=False)
     # Live: bound to the app's one keep state (``OpenCodeTUI.keep``); None in a replay (nothing to keep).
     keep: reactive[bool | None] = reactive(None, init=False)
 

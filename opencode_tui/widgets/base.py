@@ -18,7 +18,7 @@ class ShowsRunState:
     """
 
     # always_update: the state is folded in place, so "the same object" still means "redraw"
-    view_state: reactive[RunState | None] = reactive(None, init=False, always_update=True)
+    view_state: reactive[RunState | None] = reactive(None, init=False, always_update=True, repaint=False)
 
     def watch_view_state(self, state: RunState | None) -> None:
         if state is not None:
