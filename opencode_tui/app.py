@@ -34,7 +34,6 @@ from textual.screen import Screen
 from core.control import CANCELLED_BY_USER
 from core.events import CleanupStep, Event, StepState
 from core.signals import closing_signals
-from opencode_tui import format as fmt
 from opencode_tui.host import EpisodeHost
 from opencode_tui.messages import (
     CancelRequested,
@@ -47,7 +46,9 @@ from opencode_tui.messages import (
     ShellWanted,
 )
 from opencode_tui.screens.help import HelpScreen
+from opencode_tui.screens.live import LiveRunScreen
 from opencode_tui.screens.modals import CleanupWaitScreen, ConfirmScreen
+from opencode_tui.screens.replay import ReplayRunScreen
 from opencode_tui.screens.run import RunScreen
 from opencode_tui.screens.runs import RunsScreen
 from opencode_tui.screens.shell import ShellScreen
@@ -145,9 +146,9 @@ class OpenCodeTUI(EpisodeHost):
     def get_default_screen(self) -> Screen:
         if self.control is not None:
             # bound downward: app.keep -> screen.keep -> header.keep
-            return RunScreen(control=self.control, run_dir=self.run_dir).data_bind(keep=OpenCodeTUI.keep)
+            return LiveRunScreen(self.control, self.run_dir).data_bind(keep=OpenCodeTUI.keep)
         if self.run_dir is not None:
-            return RunScreen(run_dir=self.run_dir)
+            return ReplayRunScreen(self.run_dir)
         if self.diff is not None:
             from opencode_tui.screens.diff import DiffScreen
 
@@ -257,27 +258,10 @@ class OpenCodeTUI(EpisodeHost):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         if isinstance(screen, RunScreen):
-            live = screen.mode == "live"
             yield SystemCommand(
                 "Open shell", "Interactive shell in the sandbox (s)", screen.action_open_shell
             )
-            if live:
-                yield SystemCommand(
-                    "Cancel episode", "Stop the agent; cleanup is confirmed (c)", self.request_cancel
-                )
-                yield SystemCommand(
-                    "Keep sandbox", "Toggle keeping the sandbox after the run (k)", self.toggle_keep
-                )
-            else:
-                yield SystemCommand(
-                    "Play terminal recording", "Play/pause terminal.cast (p)", screen.action_play
-                )
-                yield SystemCommand(
-                    "Fast playback", f"Toggle 1{fmt.TIMES} / fast playback (f)", screen.action_fast
-                )
-                yield SystemCommand(
-                    "Next failure", "Jump the timeline to the next failure (n)", screen.action_next_failure
-                )
+            yield from screen.palette_commands()
             yield SystemCommand(
                 "Follow output", "Follow / pause the terminal (l)", screen.terminal.action_toggle_follow
             )
@@ -475,6 +459,6 @@ class OpenCodeTUI(EpisodeHost):
             waiter.exception()  # the episode's failure is in its events; what matters is that it ended
         self.episode_done = True
         for screen in self.screen_stack:
-            if isinstance(screen, RunScreen):
+            if isinstance(screen, LiveRunScreen):
                 screen.flush_live()
         self.exit()

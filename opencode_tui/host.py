@@ -23,3 +23,11 @@ class EpisodeHost(App[None]):
     @property
     def episode_running(self) -> bool:
         raise NotImplementedError
+
+    def request_cancel(self) -> None:
+        """Cancel the live episode (``c``): a graceful close, cleanup confirmed."""
+        raise NotImplementedError
+
+    def toggle_keep(self) -> None:
+        """Keep the sandbox after the run, or not (``k``)."""
+        raise NotImplementedError

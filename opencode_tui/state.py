@@ -8,9 +8,10 @@ events, which only affect the terminal pane) up to that point, which is cheap.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import cast
 
 from core.artifacts import RunInfo
 from core.events import (
@@ -88,7 +89,7 @@ class RunState:
         for i, ev in enumerate(events):
             kind = type(ev)
             if kind is TerminalOutput:
-                self.terminal_chars += len(ev.data)
+                self.terminal_chars += len(cast(TerminalOutput, ev).data)
             elif kind is not OpenCodeEvent:
                 self._apply_key(ev)
                 keys.append(base + i)
@@ -139,7 +140,7 @@ class RunState:
     # -- derived values ------------------------------------------------------------------------
 
     @property
-    def problems(self) -> list[FailureRecorded | FailureRecovered | HealthWarning | SandboxFault]:
+    def problems(self) -> Sequence[FailureRecorded | FailureRecovered | HealthWarning | SandboxFault]:
         """Failures, health warnings and live kernel faults in stream order (the Failures/warnings table)."""
         if not self.health and not self.faults:
             return self.failures

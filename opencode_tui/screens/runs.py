@@ -411,9 +411,9 @@ class RunsScreen(Screen[None]):
         entry = self.index.entry(row)
         if entry is None:
             return
-        from opencode_tui.screens.run import RunScreen
+        from opencode_tui.screens.replay import ReplayRunScreen
 
-        self.app.push_screen(RunScreen(run_dir=entry.path, from_browser=True))
+        self.app.push_screen(ReplayRunScreen(entry.path, from_browser=True))
 
     def action_diff(self) -> None:
         marked = self.query_one(RunsList).marked

@@ -8,7 +8,7 @@ from textual.message import Message
 
 from core.events import CleanupStep
 from opencode_tui.state import CLEANUP_ORDER, RunState
-from opencode_tui.widgets.base import Panel
+from opencode_tui.widgets.base import Panel, ShowsRunState
 
 LABELS = {
     CleanupStep.RECEIPT: "Cleanup receipt",
@@ -19,7 +19,7 @@ LABELS = {
 ICONS = {"pending": "○", "running": "◐", "ok": "✓", "failed": "✗", "skipped": "\u2013"}
 
 
-class CleanupPanel(Panel, can_focus=True):
+class CleanupPanel(ShowsRunState, Panel, can_focus=True):
     """Each step pending / running / ok / failed / skipped, with the engine's reason; Enter shows each
     step's detail (the receipt's fields, what was destroyed or disconnected)."""
 
@@ -42,7 +42,7 @@ class CleanupPanel(Panel, can_focus=True):
     def on_click(self) -> None:
         self.post_message(self.Open())
 
-    def show(self, state: RunState) -> None:
+    def show_state(self, state: RunState) -> None:
         rows = []
         for step in CLEANUP_ORDER:
             seen = state.cleanup.get(step)

@@ -5,6 +5,8 @@ at the time it happened); Enter opens the detail."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
@@ -12,13 +14,15 @@ from textual.widgets import DataTable
 
 from core.events import FailureRecorded, FailureRecovered, HealthWarning, SandboxFault
 from opencode_tui.format import recovery_label
+from opencode_tui.state import RunState
+from opencode_tui.widgets.base import ShowsRunState
 
 Problem = FailureRecorded | FailureRecovered | HealthWarning | SandboxFault
 
 COLUMNS = ("kind", "stage", "class", "action", "evidence")
 
 
-class FailuresTable(DataTable):
+class FailuresTable(ShowsRunState, DataTable):
     BINDINGS = [
         Binding(
             "enter",
@@ -89,7 +93,10 @@ class FailuresTable(DataTable):
             Text(sources),
         ]
 
-    def sync(self, records: list[Problem], force: bool = False) -> None:
+    def show_state(self, state: RunState) -> None:
+        self.sync(state.problems)
+
+    def sync(self, records: Sequence[Problem], force: bool = False) -> None:
         mine = self.records
         rebuild = force or len(records) < len(mine) or any(records[i] is not r for i, r in enumerate(mine))
         if rebuild:

@@ -18,6 +18,8 @@ from textual.widgets import DataTable
 
 from core.events import ModelCall
 from opencode_tui import format as fmt
+from opencode_tui.state import RunState
+from opencode_tui.widgets.base import ShowsRunState
 
 # latency and TTFT before the long ids, so they stay on screen at 120 columns
 COLUMNS = ("time", "kind", "status", "latency", "TTFT", "tok in", "tok out", "message id")
@@ -72,7 +74,7 @@ def call_matches(call: ModelCall, query: str) -> bool:
     return True
 
 
-class ModelCallsTable(DataTable):
+class ModelCallsTable(ShowsRunState, DataTable):
     """Rows follow ``RunState.model_calls`` (a prefix of it when the replay cursor is in the past)."""
 
     BINDINGS = [
@@ -131,6 +133,9 @@ class ModelCallsTable(DataTable):
             Text(fmt.count(call.tokens_out), justify="right"),
             Text(call.message_id or fmt.DASH),
         ]
+
+    def show_state(self, state: RunState) -> None:
+        self.sync(state.model_calls, state.start_time)
 
     def sync(self, calls: list[ModelCall], start: datetime | None, force: bool = False) -> None:
         """Make the rows match ``calls`` (filtered): append new ones; rebuild if rows went away or changed."""

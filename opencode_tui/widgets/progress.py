@@ -10,7 +10,7 @@ from textual.widgets import Label, ProgressBar
 from core.events import Phase
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
-from opencode_tui.widgets.base import Panel
+from opencode_tui.widgets.base import Panel, ShowsRunState
 
 
 class InstallProgressBar(Horizontal):
@@ -46,11 +46,11 @@ class InstallProgressBar(Horizontal):
             self.query_one(ProgressBar).update(total=total, progress=done)
 
 
-class WarningsBar(Panel):
+class WarningsBar(ShowsRunState, Panel):
     """Warnings the engine raised (e.g. ripgrep unavailable) and episode-health warnings, the latest
     one shown (a health warning wins: it is about the agent, not the set-up); hidden when none."""
 
-    def show(self, state: RunState) -> None:
+    def show_state(self, state: RunState) -> None:
         n = len(state.warnings) + len(state.health)
         if self.display != bool(n):
             self.display = bool(n)

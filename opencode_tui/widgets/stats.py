@@ -9,7 +9,7 @@ from textual.content import Content
 from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
-from opencode_tui.widgets.base import Panel
+from opencode_tui.widgets.base import Panel, ShowsRunState
 
 
 def _by_tool(counts: dict[str, int]) -> str:
@@ -37,10 +37,10 @@ def verification_words(state: RunState) -> tuple[str, str, str]:
     return f"{verdict} · reward {reward}", style, note
 
 
-class StatsPanel(Panel):
+class StatsPanel(ShowsRunState, Panel):
     """Live counts from events; the transcript's counts (the source of truth) once cleanup confirmed."""
 
-    def show(self, state: RunState) -> None:
+    def show_state(self, state: RunState) -> None:
         rows: list[Content] = []
 
         def row(label: str, markup: str, **values: object) -> None:

@@ -11,16 +11,12 @@ from textual.events import Click
 from textual.message import Message
 from textual.widget import Widget
 
+from opencode_tui.panels import RUN_PANELS
+
 COMPACT_WIDTH = 100
 COMPACT_HEIGHT = 30
-# (id, title): the id names the panel widget on the run screen, the key is its position (1-based)
-PANELS = (
-    ("terminal", "Terminal"),
-    ("stats", "Stats"),
-    ("cleanup", "Cleanup"),
-    ("calls", "Model calls"),
-    ("failures", "Failures"),
-)
+# (id, title) of the registered panels (opencode_tui.panels): the key is the position (1-based)
+PANELS = tuple((p.id, p.title) for p in RUN_PANELS)
 
 
 def is_compact(width: int, height: int) -> bool:

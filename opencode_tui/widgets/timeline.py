@@ -65,6 +65,10 @@ class Timeline(Widget, can_focus=True):
             self.index = index
             super().__init__()
 
+        def can_replace(self, message: Message) -> bool:
+            # a newer seek waiting behind this one makes it moot (each folds the state up to its event)
+            return isinstance(message, Timeline.Seek)
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.cursor: int | None = None

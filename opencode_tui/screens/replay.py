@@ -1,0 +1,448 @@
+"""The replay run screen: a run directory's ``events.jsonl``, with the timeline (any event can be the
+cursor: the panels then show the state folded up to it, the terminal the lines written up to it) and
+playback (``terminal.cast``, then the events)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from bisect import bisect_right
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import ClassVar, cast
+
+from textual import on, work
+from textual.app import ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
+
+from core.artifacts import Cast
+from core.events import (
+    Compaction,
+    Event,
+    FailureRecorded,
+    FailureRecovered,
+    HealthWarning,
+    ModelCall,
+    SandboxFault,
+    ShellClosed,
+    ShellOpened,
+    ToolCall,
+)
+from opencode_tui import format as fmt
+from opencode_tui.feeds import EventIndex, LoadStats, iter_event_batches
+from opencode_tui.messages import EventsReceived, ReplayLoaded
+from opencode_tui.screens.run import (
+    FAST,
+    FAST_GAP_S,
+    PLAY_TICK,
+    REDRAW_INTERVAL,
+    REDRAW_INTERVAL_LOADING,
+    REPLAY_BATCH,
+    SHARED_BINDINGS,
+    RunScreen,
+)
+from opencode_tui.state import RunState
+from opencode_tui.widgets.failures import FailuresTable
+from opencode_tui.widgets.model_calls import ModelCallsTable
+from opencode_tui.widgets.timeline import Timeline
+
+
+class ReplayRunScreen(RunScreen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "left_square_bracket",
+            "step(-1)",
+            "◀ Event",
+            key_display="[",
+            tooltip="Replay: step the timeline one event back",
+            id="run.step-back",
+        ),
+        Binding(
+            "right_square_bracket",
+            "step(1)",
+            "Event ▶",
+            key_display="]",
+            tooltip="Replay: step the timeline one event forward",
+            id="run.step-forward",
+        ),
+        Binding(
+            "left_curly_bracket",
+            "key_event(-1)",
+            "Prev key event",
+            show=False,
+            key_display="{",
+            id="run.prev-key-event",
+        ),
+        Binding(
+            "right_curly_bracket",
+            "key_event(1)",
+            "Next key event",
+            show=False,
+            key_display="}",
+            id="run.next-key-event",
+        ),
+        Binding(
+            "n",
+            "next_failure",
+            "Next failure",
+            tooltip="Replay: jump the timeline to the next failure",
+            id="run.next-failure",
+        ),
+        Binding("N", "prev_failure", "Prev failure", show=False, id="run.prev-failure"),
+        Binding(
+            "p",
+            "play",
+            "Play/pause",
+            tooltip="Replay: play/pause the terminal recording (terminal.cast)",
+            id="run.play",
+        ),
+        Binding(
+            "f",
+            "fast",
+            "Fast",
+            tooltip=f"Replay: toggle 1{fmt.TIMES} / fast playback (idle gaps skipped)",
+            id="run.fast",
+        ),
+        *SHARED_BINDINGS,
+    ]
+    mode = "replay"
+
+    def __init__(self, run_dir: Path, *, from_browser: bool = False) -> None:
+        super().__init__(run_dir, from_browser=from_browser)
+        assert self.reader is not None
+        self.index = EventIndex(self.reader.events_path)
+        self.replay_loading = True
+        self.load_stats = LoadStats()
+        self.load_seconds: float | None = None
+        self.failure_idx: list[int] = []
+        self.markers: dict[str, list[int]] = {
+            "model_call": [],
+            "tool_call": [],
+            "compaction": [],
+            "shell": [],
+            "health": [],
+            "fault": [],
+        }
+        self._marked_calls: set[tuple[str, str]] = set()  # a call is marked where it first appears
+        # playback
+        self.cast: Cast | None = None
+        self.cast_checked = False
+        self.playing = False
+        self.speed = 1.0
+        self.play_clock = 0.0
+        self.play_frame = 0
+        self.play_source: str | None = None  # "cast" | "events"
+
+    def compose_below(self) -> ComposeResult:
+        yield Timeline(id="timeline")
+
+    def start(self) -> None:
+        self._load_replay()
+        self.refresh_timeline()
+        self._play_timer = self.set_interval(PLAY_TICK, self._play_tick, pause=True)
+
+    def header_mode(self) -> str:
+        return f"REPLAY {self.run_dir.name if self.run_dir else ''}".strip()
+
+    def redraw_interval(self) -> float:
+        return REDRAW_INTERVAL_LOADING if self.replay_loading else REDRAW_INTERVAL
+
+    def pending_max_age(self) -> float:
+        # once all is read, nothing more can follow a held-back event: show it now
+        return super().pending_max_age() if self.replay_loading else 0.0
+
+    def can_go_back(self) -> bool:
+        return self.from_browser or self.play_source is not None
+
+    def palette_commands(self) -> Iterator[SystemCommand]:
+        yield SystemCommand("Play terminal recording", "Play/pause terminal.cast (p)", self.action_play)
+        yield SystemCommand("Fast playback", f"Toggle 1{fmt.TIMES} / fast playback (f)", self.action_fast)
+        yield SystemCommand(
+            "Next failure", "Jump the timeline to the next failure (n)", self.action_next_failure
+        )
+
+    # -- the source ------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="replay-load")
+    async def _load_replay(self) -> None:
+        """Read events.jsonl in batches on the event loop, yielding between batches.
+
+        (A thread would decode in parallel in theory, but under the GIL a busy decoder thread makes
+        every wake-up of the event loop wait for the interpreter lock: on the loop, in small batches,
+        the whole load is faster and the screen stays responsive.)
+        """
+        assert self.reader is not None
+        start = time.perf_counter()
+        for batch in iter_event_batches(self.reader.events_path, self.index, REPLAY_BATCH, self.load_stats):
+            self.post_message(EventsReceived(batch, "replay"))
+            await asyncio.sleep(0)
+        self.post_message(
+            ReplayLoaded(self.load_stats.events, time.perf_counter() - start, self.load_stats.bad_lines)
+        )
+
+    def index_keys(self, events: list[Event], keys: list[int], base: int) -> None:
+        markers = self.markers
+        for index in keys:
+            ev = events[index - base]
+            kind = type(ev)
+            if kind is FailureRecorded:
+                self.failure_idx.append(index)
+            elif kind is Compaction:
+                markers["compaction"].append(index)
+            elif kind is ShellOpened or kind is ShellClosed:
+                markers["shell"].append(index)
+            elif kind is HealthWarning:
+                markers["health"].append(index)
+            elif kind is SandboxFault:
+                markers["fault"].append(index)
+            elif kind is ModelCall or kind is ToolCall:
+                marker = "model_call" if kind is ModelCall else "tool_call"
+                call_id = cast("ModelCall | ToolCall", ev).call_id  # (``type() is``: the fast test)
+                if (marker, call_id) not in self._marked_calls:
+                    self._marked_calls.add((marker, call_id))
+                    markers[marker].append(index)
+
+    @on(ReplayLoaded)
+    def on_replay_loaded(self, message: ReplayLoaded) -> None:
+        self.replay_loading = False
+        self.load_seconds = message.seconds
+        if message.bad_lines:
+            examples = "; ".join(self.load_stats.bad_examples)
+            self.notify(
+                f"{message.bad_lines} line(s) of events.jsonl could not be read and were skipped ({examples})",
+                severity="warning",
+                timeout=8,
+            )
+        self._panels_dirty = True
+        self.redraw()
+
+    def redraw(self) -> None:
+        super().redraw()
+        self.refresh_timeline()
+
+    def refresh_timeline(self) -> None:
+        timeline = self.query_one(Timeline)
+        pos = self.total - 1 if self.cursor is None else self.cursor
+        summary, when = "", ""
+        if pos >= 0:
+            ev = self.index.event_at(pos)
+            if ev is not None:
+                summary = fmt.summarize(ev)
+                when = fmt.offset(ev.ts, self.state.start_time)
+        timeline.show(
+            cursor=self.cursor,
+            total=self.total,
+            loading=self.replay_loading,
+            summary=summary,
+            when=when,
+            failures=self.failure_idx,
+            playback=self._playback_status(),
+            markers=self.markers,
+        )
+
+    # -- timeline ------------------------------------------------------------------------------
+
+    def seek(self, index: int | None) -> None:
+        """Show the run as of event ``index`` (``None``: the latest state, following new events)."""
+        if index is not None:
+            if self.total == 0:
+                return
+            index = min(max(index, 0), self.total - 1)
+        self.cursor = index
+        term = self.terminal
+        self._panels_dirty = False
+        if index is None:
+            term.set_limit(None)
+            self.view_state = self.state
+        else:
+            k = bisect_right(self.key_idx, index)
+            view = RunState.fold(self.key_evs[:k], info=self.info)
+            view.last_ts = self.ts[index]
+            if view.first_ts is None:
+                view.first_ts = self.ts[0]
+            term.set_limit(term.marks[index])
+            self.view_state = view
+        self.refresh_timeline()
+        if index is not None:
+            ev = self.index.event_at(index)
+            if isinstance(ev, FailureRecorded | FailureRecovered):
+                table = self.query_one(FailuresTable)
+                if table.records:
+                    table.move_cursor(row=len(table.records) - 1, animate=False)
+            elif isinstance(ev, ModelCall):
+                self.query_one(ModelCallsTable).select_call(ev.call_id)
+
+    @on(Timeline.Seek)
+    def on_timeline_seek(self, message: Timeline.Seek) -> None:
+        self._stop_playback()
+        self.seek(message.index)
+
+    def action_step(self, delta: int) -> None:
+        self._stop_playback()
+        pos = self.total - 1 if self.cursor is None else self.cursor
+        self.seek(pos + delta)
+
+    def action_key_event(self, direction: int) -> None:
+        """Jump to the previous/next event that changes a panel (skipping terminal output)."""
+        pos = self.total - 1 if self.cursor is None else self.cursor
+        i = bisect_right(self.key_idx, pos)
+        target = (self.key_idx[i] if i < len(self.key_idx) else None) if direction > 0 else None
+        if direction < 0:
+            j = bisect_right(self.key_idx, pos - 1) - 1
+            target = self.key_idx[j] if j >= 0 else 0
+        if target is not None:
+            self._stop_playback()
+            self.seek(target)
+
+    def action_next_failure(self) -> None:
+        self._jump_failure(True)
+
+    def action_prev_failure(self) -> None:
+        self._jump_failure(False)
+
+    def _jump_failure(self, forward: bool) -> None:
+        if not self.failure_idx:
+            self.notify("No failure events in this run.", timeout=3)
+            return
+        target = self.query_one(Timeline).next_failure(forward)
+        self._stop_playback()
+        self.seek(target)
+
+    # -- playback ------------------------------------------------------------------------------
+
+    def _playback_status(self) -> str:
+        if self.play_source is None:
+            return ""
+        speed = "fast" if self.speed > 1 else f"1{fmt.TIMES}"
+        state = "▶" if self.playing else "⏸"
+        if self.play_source == "cast" and self.cast is not None:
+            return f"{state} terminal.cast {speed} {fmt.duration(self.play_clock)}/{fmt.duration(self.cast.duration)}"
+        if not self.playing and self.at_end():
+            return "■ end of the run (p plays again)"
+        return f"{state} events {speed}"
+
+    def action_play(self) -> None:
+        if self.playing:
+            self.playing = False
+        elif self.play_source == "events" and not self.at_end():
+            self.playing = True  # resume where it was paused (after the recording's end)
+        else:
+            if self.play_source is not None and self.at_end():
+                self.notify("At the end of the run: playing again from the start.", timeout=3)
+                self.play_source = None
+            if not self.cast_checked and self.reader is not None:
+                self.cast = self.reader.cast()
+                self.cast_checked = True
+            if self.cast is not None and self.cast.frames:
+                if self.play_source != "cast" or self.play_frame >= len(self.cast.frames):
+                    self.play_source = "cast"
+                    self.play_clock = 0.0
+                    self.play_frame = 0
+                    self.terminal.cast_reset()
+                self.terminal.view = "cast"
+            else:
+                if self.total == 0:
+                    return
+                start_idx = 0 if self.cursor is None or self.cursor >= self.total - 1 else self.cursor
+                self.play_source = "events"
+                self.play_clock = (self.ts[start_idx] - self.ts[0]).total_seconds()
+                self.seek(start_idx)
+            self.playing = True
+        if self.playing:
+            self._play_timer.resume()
+        else:
+            self._play_timer.pause()
+        self.terminal.set_cast_status(self._playback_status())
+        self.refresh_timeline()
+
+    def action_fast(self) -> None:
+        self.speed = 1.0 if self.speed > 1 else FAST
+        self.terminal.set_cast_status(self._playback_status())
+        self.refresh_timeline()
+
+    def _continue_with_events(self) -> None:
+        """The recording ends when the agent's terminal does; the run goes on (cleanup, verification,
+        the outcome): playback continues through the events, from where the recording ended."""
+        pos = 0 if self.cursor is None else self.cursor
+        self.play_source = "events"
+        self.play_clock = (self.ts[pos] - self.ts[0]).total_seconds() if self.total else 0.0
+        # the terminal pane keeps showing the recording (it is complete); the panels follow the events
+        if self.total == 0 or pos >= self.total - 1:
+            self.playing = False
+
+    def at_end(self) -> bool:
+        return self.total > 0 and (self.cursor is None or self.cursor >= self.total - 1)
+
+    def _stop_playback(self) -> None:
+        if self.play_source is not None:
+            self.playing = False
+            self.play_source = None
+            if self.terminal.view == "cast":
+                self.terminal.view = "rendered"
+            self.terminal.set_cast_status("")
+
+    def _play_tick(self) -> None:
+        if not self.playing:
+            self._play_timer.pause()
+            return
+        if self.play_source == "cast" and self.cast is not None:
+            self._play_cast(self.cast)
+        elif self.play_source == "events" and self.total:
+            self._play_events()
+
+    def _play_cast(self, cast: Cast) -> None:
+        """One tick of ``terminal.cast``: its frames up to the clock, and the cursor at the same time."""
+        frames = cast.frames
+        if self.speed > 1 and self.play_frame < len(frames):
+            gap = frames[self.play_frame][0] - self.play_clock
+            if gap > FAST_GAP_S:
+                self.play_clock = frames[self.play_frame][0] - FAST_GAP_S
+        self.play_clock += PLAY_TICK * self.speed
+        term = self.terminal
+        i = self.play_frame
+        while i < len(frames) and frames[i][0] <= self.play_clock:
+            term.cast_feed(frames[i][1])
+            i += 1
+        self.play_frame = i
+        term.refresh_content()
+        cast_ended = i >= len(frames)
+        start = cast.origin(self.info.started_at if self.info else self.state.start_time)
+        if start is not None and self.total:
+            t0 = self.ts[0]
+            at = t0 + timedelta(seconds=start + self.play_clock - t0.timestamp())
+            idx = bisect_right(self.ts, at) - 1
+            if idx >= 0 and idx != self.cursor:
+                self.seek(idx)
+        if cast_ended:
+            self._continue_with_events()
+        term.set_cast_status(self._playback_status())
+        self.refresh_timeline()
+
+    def _play_events(self) -> None:
+        """One tick of playing the events themselves (no recording, or after its end)."""
+        t0 = self.ts[0]
+        pos = self.cursor or 0
+        if self.speed > 1 and pos + 1 < self.total:
+            gap = (self.ts[pos + 1] - t0).total_seconds() - self.play_clock
+            if gap > FAST_GAP_S:
+                self.play_clock = (self.ts[pos + 1] - t0).total_seconds() - FAST_GAP_S
+        self.play_clock += PLAY_TICK * self.speed
+        idx = max(bisect_right(self.ts, t0 + timedelta(seconds=self.play_clock)) - 1, 0)
+        if idx >= self.total - 1:
+            self.playing = False
+            idx = self.total - 1
+        if idx != self.cursor:
+            self.seek(idx)
+        else:
+            self.refresh_timeline()
+        status = self._playback_status()
+        if status != self.terminal.cast_status:
+            self.terminal.set_cast_status(status)
+
+    def action_back(self) -> None:
+        if self.play_source is not None:
+            self._stop_playback()
+            self.refresh_timeline()
+            return
+        super().action_back()
