@@ -124,6 +124,11 @@ class ModelSettings(_Model):
     # others never lends them the upstream API key.
     proxy_host: str = "127.0.0.1"
     proxy_advertise: str | None = None
+    # No progress is a failure (core/calls/progress.py): this many model answers in a row that gave the
+    # agent nothing (an empty, choice-less, unterminated or error 2xx; no text, tool call or token), or
+    # this many in the whole episode, stop the agent as ``model_empty_response``. 0 turns a limit off.
+    empty_answers_limit: int = Field(default=5, ge=0)
+    empty_answers_total_limit: int = Field(default=20, ge=0)
 
     @field_validator("request_timeout_s", "stall_timeout_s")
     @classmethod
@@ -301,6 +306,9 @@ class HealthThresholds(_Model):
     # ``retry_storm``: this many model calls answered 429 or 5xx within the window.
     retry_storm_count: int = Field(default=4, ge=2)
     retry_storm_window_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+    # ``empty_answers``: this many model answers in a row gave the agent nothing (below
+    # ``model.empty_answers_limit``, which ends the episode, so the warning comes first).
+    empty_answers: int = Field(default=3, ge=1)
 
 
 # The process limit of an owned sandbox unless the task or the config says otherwise: room for a build

@@ -136,6 +136,12 @@ class OpenCodeEvent(_Event):
     payload: dict[str, Any]
 
 
+def call_failed(status: int | None, error: str | None) -> bool:
+    """One definition of a failed model call: no response, an HTTP error, or an error the recording
+    proxy noted (a broken stream, a 2xx that is no answer)."""
+    return status is None or status >= 400 or error is not None
+
+
 class ModelCall(_Event):
     """One model call seen by the recording proxy (bodies live in model_calls.jsonl)."""
 
@@ -155,6 +161,14 @@ class ModelCall(_Event):
     tokens_cache_read: int | None = None
     tokens_reasoning: int | None = None
     error: str | None = None
+    # A 2xx that is no answer (core.calls.records.AnswerFault: empty_body, no_choices, unterminated,
+    # error_object); such a call has an ``error`` too and counts as failed.
+    answer_fault: str | None = None
+    produced: bool | None = None  # text, a tool call, reasoning or output tokens; None: not a chat answer
+
+    @property
+    def failed(self) -> bool:
+        return call_failed(self.status, self.error)
 
 
 class ToolCall(_Event):
@@ -262,6 +276,7 @@ class HealthKind(StrEnum):
     COMMAND_SILENT = "command_silent"
     REPEATED_TOOL_CALL = "repeated_tool_call"
     RETRY_STORM = "retry_storm"
+    EMPTY_ANSWERS = "empty_answers"
 
 
 class HealthWarning(_Event):

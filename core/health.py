@@ -15,6 +15,8 @@ What each kind means (thresholds in ``core.config.HealthThresholds``):
   ``serve`` harness; ``run`` reports a tool call only once it has finished, so there it cannot fire).
 - ``repeated_tool_call``: the same tool with the same arguments, again and again.
 - ``retry_storm``: many model calls answered 429 or 5xx within a window.
+- ``empty_answers``: model answers in a row that gave the agent nothing (an empty 200, no choices, no
+  text, tool call or token); ``model.empty_answers_limit`` of them end the episode (core/calls/progress.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from core.calls.progress import empty_answer, good_answer
 from core.config import HealthThresholds
 from core.events import (
     Compaction,
@@ -74,6 +77,8 @@ class HealthMonitor:
         self._seen_calls: set[str] = set()
         self._repeats_warned: set[str] = set()
         self._retries: deque[datetime] = deque()
+        self._empty_run: list[str] = []  # call ids of the current run of empty answers
+        self._empty_warned = False
         # The running bash command: call id -> (its command, when it last printed); warned ids.
         self._running: dict[str, tuple[str, datetime]] = {}
         self._silent_warned: set[str] = set()
@@ -152,6 +157,7 @@ class HealthMonitor:
                         data={"calls": n, "status": ev.status, "call_id": ev.call_id},
                     )
                 )
+        out.extend(self._empty_answer(ev))
         if self._after_compaction and ev.kind == "agent" and ev.status == 200:
             self._after_compaction = False
             limit = self.t.compaction_near_limit_ratio * self.context_window
@@ -171,6 +177,27 @@ class HealthMonitor:
                     )
                 )
         return out
+
+    def _empty_answer(self, ev: ModelCall) -> list[HealthWarning]:
+        """Counted as core/calls/progress.py counts (one warning per run of empty answers)."""
+        if good_answer(ev):
+            self._empty_run.clear()
+            self._empty_warned = False
+        if not empty_answer(ev):
+            return []
+        self._empty_run.append(ev.call_id)
+        n = len(self._empty_run)
+        if n < self.t.empty_answers or self._empty_warned:
+            return []
+        self._empty_warned = True
+        return [
+            HealthWarning(
+                kind=HealthKind.EMPTY_ANSWERS,
+                message=f"{n} model answers in a row gave the agent nothing "
+                f"(last: {ev.call_id}, {ev.error or 'no text, tool call or token'})",
+                data={"calls": n, "call_ids": list(self._empty_run), "answer_fault": ev.answer_fault},
+            )
+        ]
 
     def _tool_call(self, ev: ToolCall) -> list[HealthWarning]:
         out: list[HealthWarning] = []

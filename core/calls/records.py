@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.calls.classify import CallKind
-from core.events import ModelCall
+from core.events import ModelCall, call_failed
 
 
 class TokenUsage(BaseModel):
@@ -92,6 +93,29 @@ def merge_usage(old: TokenUsage | None, new: TokenUsage | None) -> TokenUsage | 
     return TokenUsage(**data)
 
 
+class AnswerFault(StrEnum):
+    """Why a 2xx answer to a chat request is no answer (the call is recorded as failed)."""
+
+    EMPTY_BODY = "empty_body"  # not one byte (llama.cpp's server after an exception inside a stream)
+    NO_CHOICES = "no_choices"  # a chat-completions answer without a single choice
+    UNTERMINATED = "unterminated"  # a stream that ended without [DONE] or a finish/stop event
+    ERROR_OBJECT = "error_object"  # the body, or an event of the stream, is an error object
+
+
+ANSWER_FAULT_WORDS = {
+    AnswerFault.EMPTY_BODY: "an empty body",
+    AnswerFault.NO_CHOICES: "no choices",
+    AnswerFault.UNTERMINATED: "a stream that ended without [DONE] or a finish reason",
+    AnswerFault.ERROR_OBJECT: "an error object",
+}
+
+
+def answer_fault_error(status: int, fault: AnswerFault, detail: str | None = None) -> str:
+    """The call's ``error`` for an answer that is none: what came back, and the server's own words."""
+    more = f": {detail}" if detail else ""
+    return f"no answer: HTTP {status} with {ANSWER_FAULT_WORDS[fault]}{more}"
+
+
 class ModelCallRecord(BaseModel):
     """The full record of one call (secrets already redacted); ``to_event()`` gives the live event."""
 
@@ -123,6 +147,13 @@ class ModelCallRecord(BaseModel):
     stream_errors: list[str] = Field(default_factory=list)
     client_disconnected: bool = False
     error: str | None = None
+    answer_fault: AnswerFault | None = None  # a 2xx that is no answer (``error`` says it in words)
+    # The answer carried text, a tool call, reasoning or output tokens; None: not a chat answer.
+    produced: bool | None = None
+
+    @property
+    def failed(self) -> bool:
+        return call_failed(self.status, self.error)
 
     def to_event(self) -> ModelCall:
         return ModelCall(
@@ -141,6 +172,8 @@ class ModelCallRecord(BaseModel):
             tokens_cache_read=self.usage.tokens_cache_read,
             tokens_reasoning=self.usage.tokens_reasoning,
             error=self.error,
+            answer_fault=self.answer_fault.value if self.answer_fault else None,
+            produced=self.produced,
         )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from core import invocation
 from core.artifacts import RunDir, RunFiles, RunInfo, versions
+from core.calls.progress import ProgressWatch
 from core.config import AgentConfig
 from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
 from core.episode import agent, close, engine_lost, install, release, seed, transcript, verify
@@ -28,6 +29,7 @@ from core.events import (
     EventBus,
     FailureRecorded,
     FailureRecovered,
+    ModelCall,
     Phase,
     PhaseChanged,
     ShellClosed,
@@ -119,6 +121,8 @@ class Episode(EpisodeControl):
         self.health: HealthMonitor | None = None  # [health] once the run directory exists
         self._health_watch: asyncio.Future[None] | None = None
         self._prewarming: asyncio.Future[None] | None = None  # the installer's digest check, early
+        # [no progress] the failure that made the episode stop its own agent (core/calls/progress.py)
+        self.stopped_for: FailureEvent | None = None
 
     # ---- control API ---------------------------------------------------------------------------
 
@@ -328,6 +332,7 @@ class Episode(EpisodeControl):
         # [health] warnings derived from the same stream (core/health.py); the clock part runs in _run
         self.health = HealthMonitor(self.config.health, self.config.model.context_window)
         self.health.attach(self.bus)
+        self._watch_progress()
         cast = self.run_dir.cast()
 
         def to_cast(event: Event) -> None:
@@ -347,6 +352,41 @@ class Episode(EpisodeControl):
             controller=invocation.invocation_id(),
         )
         self.run_dir.write_run_info(self.info)
+
+    def _watch_progress(self) -> None:
+        """[no progress] model answers that give the agent nothing, call after call, stop the agent."""
+        watch = ProgressWatch(
+            self.config.model.empty_answers_limit, self.config.model.empty_answers_total_limit
+        )
+        loop = asyncio.get_running_loop()
+
+        def observe(event: Event) -> list[Event]:
+            found = watch.observe(event) if isinstance(event, ModelCall) else None
+            if found is not None:  # acted on from the loop: the bus is mid-delivery here
+                loop.call_soon_threadsafe(self.stop_agent, found.to_failure())
+            return []
+
+        self.bus.derive(observe)
+
+    def stop_agent(self, failure: FailureEvent) -> None:
+        """Record ``failure`` and stop the agent as a cancel would (the supervisor stops OpenCode and
+        confirms cleanup), without calling it a cancel: the outcome is the failure's. Once."""
+        if self.stopped_for is not None or self._cancel is not None:
+            return
+        self.stopped_for = failure
+        self.record_failure(failure)
+        launched = self.session is not None and self.session.launch_started
+        if self._phase is not Phase.AGENT or not launched:
+            return  # the agent is not running (any more): the close follows as usual
+        assert self.session is not None
+        self.emit(
+            Warning_(
+                code="agent_stopped",
+                message=f"{failure.kind}: stopping the agent (cleanup is still confirmed)",
+            )
+        )
+        self._graceful_stop = asyncio.ensure_future(self.session.finalize())
+        self._graceful_stop.add_done_callback(self._after_graceful_stop)
 
     @property
     def run_budget_s(self) -> float:
@@ -418,7 +458,8 @@ class Episode(EpisodeControl):
         try:
             await self._agent_task
         except asyncio.CancelledError:
-            if self._cancel is None:  # the caller's task was cancelled, not through cancel()
+            # The caller's task was cancelled, not through cancel() (nor by the episode's own stop).
+            if self._cancel is None and self.stopped_for is None:
                 self._cancel = CancelRequest(by=CANCELLED_BY_CALLER, phase=self._phase)
             task = asyncio.current_task()
             if task is not None:
@@ -568,7 +609,8 @@ class Episode(EpisodeControl):
                     elapsed_s=self.durations.get("agent"),
                     memory_limit_bytes=self.task.limits.memory_bytes,
                 ),
-                cancelled_agent=self._cancel is not None and self._cancel.phase is Phase.AGENT,
+                cancelled_agent=(self._cancel is not None and self._cancel.phase is Phase.AGENT)
+                or self.stopped_for is not None,
                 keep=lambda: self._keep,
                 hurried=lambda: self._destroyed_in_hurry,
                 last_command=lambda: self.tally.last_command,
@@ -589,7 +631,8 @@ class Episode(EpisodeControl):
                     reason="cleanup was not confirmed" if confirmed is False else "OpenCode never ran",
                 )
             )
-        if confirmed and self.sandbox is not None and self._cancel is None:
+        # A stopped agent's work is not graded (its outcome is the failure that stopped it).
+        if confirmed and self.sandbox is not None and self._cancel is None and self.stopped_for is None:
             self._enter(Phase.VERIFICATION)
             self._verify_task = asyncio.ensure_future(self._verify(deadline))
             # [close budget] verification has its own deadline: the close budget's clock stops.

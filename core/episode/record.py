@@ -49,6 +49,7 @@ class EpisodeResult(BaseModel):
     cleanup_proof: CleanupProof | None = None
     cancelled_by: str | None = None
     model_calls: int = 0
+    model_calls_failed: int = 0  # no response, HTTP >= 400, or a 2xx that was no answer or broke
     tool_calls: int = 0
     compactions: int = 0
     # tokens: every model call the proxy recorded (title included); agent tokens: the transcript's.
@@ -140,6 +141,7 @@ def result_of(verdict: Verdict, tally: Tally, **fields: Any) -> EpisodeResult:
         failure_stage=deciding.failure.stage.value if deciding else None,
         failure_class=deciding.decision.failure_class.value if deciding else None,
         model_calls=len(tally.model_calls),
+        model_calls_failed=sum(1 for c in tally.model_calls if c.failed),
         tool_calls=sum(tally.tool_calls.values()),
         compactions=tally.compactions,
         tokens_in=tokens.tokens_in,
@@ -176,6 +178,7 @@ def write_record(
     )
     info.counts = {
         "model_calls": result.model_calls,
+        "model_calls_failed": result.model_calls_failed,
         "tool_calls": tally.tool_calls,
         "compactions": result.compactions,
         "cleanup_confirmed": result.cleanup_confirmed,

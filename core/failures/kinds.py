@@ -65,6 +65,8 @@ _REGISTRY: dict[str, str] = {
     "model_stalled": "the model stream stopped producing data",
     "model_malformed_response": "the model endpoint sent a response that could not be parsed",
     "model_api_error": "the model endpoint rejected the request (4xx other than 429)",
+    "model_empty_response": "the model endpoint's answers gave the agent nothing (empty, choice-less or "
+    "unterminated 2xx, no text, tool call or token), call after call: the agent was stopped",
     # cleanup and transcript
     "cleanup_unconfirmed": "no positive cleanup receipt within the close budget",
     "supervisor_lost": "the supervisor died without a receipt; cleanup was proven by destroying the sandbox",

@@ -180,6 +180,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "model_stalled": FailureClass.EVALUATION,
         "model_malformed_response": FailureClass.EVALUATION,
         "model_api_error": FailureClass.EVALUATION,
+        # The endpoint answers nothing (issue 32): the apparatus is broken, the model is not judged.
+        "model_empty_response": FailureClass.EVALUATION,
         "verification_inconclusive": FailureClass.EVALUATION,
         "verifier_error": FailureClass.EVALUATION,
         "verifier_timeout": FailureClass.EVALUATION,

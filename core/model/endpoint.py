@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.calls.records import ModelCallRecord, body_excerpt
+from core.calls.progress import EMPTY_RESPONSE_KIND
+from core.calls.records import AnswerFault, ModelCallRecord, body_excerpt
 from core.config import ModelSettings
 from core.events import Compaction, Event, ModelCall
 from core.failures import Evidence, FailureEvent, FailureStage, ModelCallDetails
@@ -55,6 +56,10 @@ def failure_from_record(
         kind, what = "model_api_error", f"rejected the request ({status})"
     elif status is None:
         kind, what = "model_unreachable", f"could not be reached ({rec.error or 'no response'})"
+    elif rec.answer_fault is AnswerFault.ERROR_OBJECT:
+        kind, what = "model_server_error", f"answered {status} with an error ({rec.error})"
+    elif rec.answer_fault is not None:
+        kind, what = EMPTY_RESPONSE_KIND, f"gave no answer ({rec.error})"
     elif rec.stream_errors:
         kind, what = "model_malformed_response", f"sent a malformed stream ({rec.stream_errors[0]})"
     else:
@@ -71,7 +76,7 @@ def failure_from_record(
 
 
 def _failed(rec: ModelCallRecord) -> bool:
-    return rec.status is None or rec.status >= 400 or bool(rec.stream_errors) or rec.error is not None
+    return rec.failed or bool(rec.stream_errors)
 
 
 class ModelEndpoint:

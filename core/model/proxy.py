@@ -42,7 +42,14 @@ import httpx
 
 from core.artifacts import RunFiles
 from core.calls.classify import classify
-from core.calls.records import ModelCallRecord, TokenUsage, merge_usage, parse_usage
+from core.calls.records import (
+    AnswerFault,
+    ModelCallRecord,
+    TokenUsage,
+    answer_fault_error,
+    merge_usage,
+    parse_usage,
+)
 from core.events import ModelCall
 from core.failures.evidence import utcnow
 from core.model._http import (
@@ -139,6 +146,10 @@ class _StreamScanner:
         self.first_token = False
         self.finish_reason: str | None = None
         self.errors: list[str] = []
+        self.events = 0  # JSON data events
+        self.choices = False  # an event carried a choice (chat completions)
+        self.ended = False  # [DONE], or an Anthropic/responses end event
+        self.error_object: str | None = None  # an event that is an error object: its message
 
     def feed(self, data: bytes) -> bool:
         """Scan ``data``; True when this chunk carried the first generated token."""
@@ -150,6 +161,8 @@ class _StreamScanner:
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.ended = True
             if not payload or payload == b"[DONE]":
                 continue
             try:
@@ -164,6 +177,13 @@ class _StreamScanner:
 
     def _event(self, obj: dict[str, Any]) -> bool:
         token = False
+        self.events += 1
+        if self.error_object is None and (obj.get("error") or obj.get("type") == "error"):
+            self.error_object = _error_words(obj)
+        if obj.get("type") in ("message_stop", "response.completed"):
+            self.ended = True
+        if obj.get("choices"):
+            self.choices = True
         usage = obj.get("usage")
         if usage is None and isinstance(obj.get("message"), dict):  # anthropic message_start
             usage = obj["message"].get("usage")
@@ -189,6 +209,62 @@ class _StreamScanner:
         if etype == "message_delta" and isinstance(obj.get("delta"), dict):
             self.finish_reason = obj["delta"].get("stop_reason") or self.finish_reason
         return token
+
+
+def _error_words(obj: dict[str, Any]) -> str:
+    """The message of an error object (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error"}``)."""
+    err = obj.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message") or err.get("type") or err)[:300]
+    return str(err or obj)[:300]
+
+
+def _answers(path: str) -> bool:
+    """A request whose 2xx must carry a model's answer (chat completions, messages, responses)."""
+    return path.rstrip("/").endswith(("/chat/completions", "/messages", "/responses"))
+
+
+def _is_chat(path: str) -> bool:
+    return path.rstrip("/").endswith("/chat/completions")
+
+
+def _judge_stream(
+    status: int, path: str, nbytes: int, scan: _StreamScanner
+) -> tuple[AnswerFault | None, str | None]:
+    """Is a 2xx stream an answer? (fault, server's words)."""
+    if nbytes == 0:
+        return AnswerFault.EMPTY_BODY, None
+    if scan.error_object is not None:
+        return AnswerFault.ERROR_OBJECT, scan.error_object
+    if _is_chat(path) and not scan.choices:
+        return AnswerFault.NO_CHOICES, None
+    if not scan.ended and scan.finish_reason is None:
+        return AnswerFault.UNTERMINATED, None
+    return None, None
+
+
+def _judge_json(path: str, nbytes: int, body: Any) -> tuple[AnswerFault | None, str | None]:
+    """Is a 2xx JSON body an answer? (fault, server's words)."""
+    if nbytes == 0:
+        return AnswerFault.EMPTY_BODY, None
+    if isinstance(body, dict) and body.get("error"):
+        return AnswerFault.ERROR_OBJECT, _error_words(body)
+    if _is_chat(path) and not (isinstance(body, dict) and body.get("choices")):
+        return AnswerFault.NO_CHOICES, None
+    return None, None
+
+
+def _json_produced(body: Any) -> bool:
+    """A JSON answer carried text, a tool call or reasoning (chat, Anthropic or responses shape)."""
+    if not isinstance(body, dict):
+        return False
+    for choice in body.get("choices") or []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and any(
+            message.get(k) for k in ("content", "tool_calls", "reasoning_content", "reasoning")
+        ):
+            return True
+    return bool(body.get("content") or body.get("output"))
 
 
 def _decode_body(data: bytes, encoding: str | None) -> bytes:
@@ -365,6 +441,25 @@ class ModelProxy(HttpService):
             log.exception("model proxy: callback failed for %s", safe.call_id)
         return safe
 
+    def _judge(self, rec: ModelCallRecord, req: Request, is_sse: bool, scan: _StreamScanner) -> None:
+        """A call is good only if its answer is: a 2xx to a chat request that is empty, has no choices,
+        never ends or carries an error object is a failed call, with the reason (issue 32)."""
+        status = rec.status
+        if status is None or not 200 <= status < 300 or req.method != "POST" or not _answers(req.path):
+            return
+        if rec.error is not None or rec.truncated:
+            return  # a broken stream says so already; a truncated capture cannot be judged
+        if is_sse:
+            fault, detail = _judge_stream(status, req.path, rec.response_bytes, scan)
+            produced = scan.first_token
+        else:
+            fault, detail = _judge_json(req.path, rec.response_bytes, rec.response_body)
+            produced = _json_produced(rec.response_body)
+        rec.produced = produced or bool(rec.usage.tokens_out)
+        if fault is not None:
+            rec.answer_fault = fault
+            rec.error = answer_fault_error(status, fault, detail)
+
     # -- the request path --------------------------------------------------------------------------
 
     async def _handle(self, req: Request, reader: BufferedReader, writer: asyncio.StreamWriter) -> bool:
@@ -498,6 +593,7 @@ class ModelProxy(HttpService):
                         rec.finish_reason = str(choices[0]["finish_reason"])
                     if rec.ttfb_s is not None and resp.status_code < 400:
                         rec.ttft_s = rec.ttfb_s
+            self._judge(rec, req, is_sse, scanner)
             rec.latency_s = loop.time() - t0
             return keep_alive
         except _ClientGone:

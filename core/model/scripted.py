@@ -360,6 +360,11 @@ class ScriptedModel(HttpService):
         )
         if step is not None and step.delay:
             await asyncio.sleep(step.delay)
+        if fault is not None and fault.empty:
+            content_type = "text/event-stream" if stream else "application/json"
+            writer.write(head_bytes(200, [("Content-Type", content_type), ("Content-Length", "0")]))
+            await writer.drain()
+            return True
         if not stream:
             await send_simple(writer, 200, self._completion_json(reply, model))
             return True

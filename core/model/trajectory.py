@@ -17,7 +17,7 @@ A trajectory is a list of agent steps (or a mapping with ``steps`` and a few glo
 
 Step fields: ``text`` (assistant text; a step without tool calls is a final answer), ``tool_calls``,
 ``usage`` (``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, ``reasoning_tokens``), ``fault``
-(one of ``status``, ``stall``, ``malformed``, ``drop``, applied to the first ``times`` attempts at the
+(one of ``status``, ``stall``, ``malformed``, ``drop``, ``empty``, applied to the first ``times`` attempts at the
 step), ``delay`` (seconds before the first byte).
 
 Subagents: a step may call OpenCode's ``task`` tool (``{description, prompt, subagent_type}``); the child
@@ -70,12 +70,15 @@ class Fault(_Model):
     ``stall``: send the first chunk, then nothing for ``stall`` seconds, then the rest.
     ``malformed``: send a chunk that is not valid JSON, then end the stream.
     ``drop``: send the first chunk, then close the connection without ending the stream.
+    ``empty``: answer HTTP 200 with an empty body (what llama.cpp's server sends when its chat format
+    raises inside a stream).
     """
 
     status: int | None = Field(default=None, ge=400, le=599)
     stall: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     malformed: bool = False
     drop: bool = False
+    empty: bool = False
     times: int = Field(default=1, ge=1)
     retry_after: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     message: str | None = None
@@ -89,12 +92,13 @@ class Fault(_Model):
                 ("stall", self.stall is not None),
                 ("malformed", self.malformed),
                 ("drop", self.drop),
+                ("empty", self.empty),
             )
             if on
         ]
         if len(chosen) != 1:
             raise ValueError(
-                "a fault needs exactly one of status, stall, malformed, drop"
+                "a fault needs exactly one of status, stall, malformed, drop, empty"
                 + (f" (got {', '.join(chosen)})" if chosen else "")
             )
         if self.retry_after is not None and self.status is None:
@@ -107,6 +111,8 @@ class Fault(_Model):
             return f"status_{self.status}"
         if self.stall is not None:
             return "stall"
+        if self.empty:
+            return "empty"
         return "malformed" if self.malformed else "drop"
 
 

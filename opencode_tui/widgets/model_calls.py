@@ -1,6 +1,7 @@
 """Model calls seen by the recording proxy, one row per call; Enter opens the call's request/response.
 
-``/`` filters the rows (:func:`call_matches`): ``status:error`` (no response, or HTTP >= 400),
+``/`` filters the rows (:func:`call_matches`): ``status:error`` (no response, HTTP >= 400, or a 2xx that
+was no answer or broke: shown as ``200 failed``),
 ``status:ok``, ``status:4xx``, ``status:429``, ``status:pending``; ``kind:agent``, ``kind:title``,
 ``kind:compaction``; alternatives with ``|`` (``status:429|5xx``); other words match the kind, status,
 call id, message id, session id or error. All terms must match.
@@ -23,17 +24,20 @@ COLUMNS = ("time", "kind", "status", "latency", "TTFT", "tok in", "tok out", "me
 
 
 def status_word(call: ModelCall) -> str:
+    """The status column: the HTTP status, and ``failed`` when a 2xx was no answer (or broke)."""
     if call.status is None:
         return "error" if call.error else "pending"
+    if call.failed and call.status < 400:
+        return f"{call.status} failed"
     return str(call.status)
 
 
 def _status_is(call: ModelCall, want: str) -> bool:
     status = call.status
     if want == "error":
-        return (status is None and bool(call.error)) or (status is not None and status >= 400)
+        return call.failed and (status is not None or bool(call.error))
     if want == "ok":
-        return status is not None and status < 400
+        return status is not None and not call.failed
     if want == "pending":
         return status is None and not call.error
     if len(want) == 3 and want.endswith("xx") and want[0].isdigit():
@@ -113,8 +117,8 @@ class ModelCallsTable(DataTable):
         colors = self.app.theme_variables
         if call.status is None:
             status = Text(status_word(call), style=colors.get("warning", ""))
-        elif call.status >= 400:
-            status = Text(str(call.status), style=colors.get("error", ""))
+        elif call.failed:
+            status = Text(status_word(call), style=colors.get("error", ""))
         else:
             status = Text(str(call.status), style=colors.get("success", ""))
         right = {"justify": "right"}

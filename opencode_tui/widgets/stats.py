@@ -59,6 +59,9 @@ class StatsPanel(Panel):
             n=str(len(state.model_calls)),
             kinds=" · ".join(f"{k} {v}" for k, v in kinds.items()),
         )
+        failed_calls = sum(1 for c in state.model_calls if c.failed and (c.status is not None or c.error))
+        if failed_calls:
+            row("", "[$state-failed]$n failed[/]", n=str(failed_calls))
         # One definition everywhere (core.tokens): every model call, title and compaction included.
         row(
             "Tokens",

@@ -129,3 +129,26 @@ def test_disabled_means_no_warning():
     assert m.observe(_tool(1, "bash", command="ls")) == []
     assert m.observe(_tool(2, "bash", command="ls")) == []
     assert not any(isinstance(w, HealthWarning) for w in m.silent_commands())
+
+
+def test_empty_answers_warn_once_per_run_before_the_limit():
+    """``empty_answers`` (issue 32): answers in a row with nothing in them; a good one starts over."""
+    mon = HealthMonitor(HealthThresholds(empty_answers=3), context_window=100_000)
+
+    def empty(n: int) -> ModelCall:
+        return _call(n).model_copy(
+            update={
+                "answer_fault": "empty_body",
+                "error": "no answer: HTTP 200 with an empty body",
+                "produced": False,
+            }
+        )
+
+    out = [w for n in range(1, 6) for w in mon.observe(empty(n))]
+    assert [w.kind.value for w in out] == ["empty_answers"]
+    assert (
+        out[0].data["call_ids"] == ["mc-1", "mc-2", "mc-3"] and "3 model answers in a row" in out[0].message
+    )
+    assert mon.observe(_call(6).model_copy(update={"produced": True})) == []
+    again = [w for n in range(7, 10) for w in mon.observe(empty(n))]
+    assert len(again) == 1 and again[0].data["calls"] == 3

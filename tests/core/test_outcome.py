@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from core.calls.progress import NoProgress
+from core.calls.records import AnswerFault, ModelCallRecord, answer_fault_error
 from core.exit_codes import ExitCode
 from core.failures import (
     DEFAULT_CLASSIFICATION,
@@ -27,6 +29,8 @@ from core.failures import (
     decide,
     merged,
 )
+from core.failures.evidence import utcnow
+from core.model.endpoint import failure_from_record
 from core.outcome import (
     AgentFacts,
     EpisodeFacts,
@@ -70,6 +74,20 @@ def model_500() -> FailureEvent:
         http_status=500,
         details=ModelCallDetails(call_id="c1", status=500),
     )
+
+
+def empty_200() -> FailureEvent:
+    """What the proxy's record of an empty 200 stream stands for (core.model.endpoint)."""
+    rec = ModelCallRecord(
+        call_id="c9",
+        method="POST",
+        path="/v1/chat/completions",
+        status=200,
+        started_at=utcnow(),
+        answer_fault=AnswerFault.EMPTY_BODY,
+        error=answer_fault_error(200, AnswerFault.EMPTY_BODY),
+    )
+    return failure_from_record(rec, FailureStage.AGENT)
 
 
 def failure(kind: str, stage: FailureStage, **kw) -> FailureEvent:
@@ -198,6 +216,28 @@ ROWS: dict[str, Row] = {
         attempt=3,
         outcome=Outcome.MARK_EVALUATION_ERROR,
         kind="model_server_error",
+        stage="agent",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    # issue 32: the endpoint answers HTTP 200 with nothing, call after call; the episode stopped the agent
+    # itself (no agent judgement, no grade): the endpoint is broken, the model is not judged.
+    "no progress: empty model answers in a row stopped the agent → an evaluation error": Row(
+        before=[
+            NoProgress(
+                limit="consecutive", count=5, calls_seen=6, call_ids=[f"mc-{n}" for n in range(2, 7)]
+            ).to_failure()
+        ],
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="model_empty_response",
+        stage="agent",
+        rule="evaluation",
+        exit=ExitCode.INFRA,
+    ),
+    "OpenCode gave up on an empty 200 (its last call) → model_empty_response, not a stall": Row(
+        agent=agent(receipt=receipt(1), finished_cleanly=False, failed_model_call=empty_200()),
+        outcome=Outcome.MARK_EVALUATION_ERROR,
+        kind="model_empty_response",
         stage="agent",
         rule="evaluation",
         exit=ExitCode.INFRA,
