@@ -29,6 +29,7 @@ from core.events import (
     EventBus,
     FailureRecorded,
     FailureRecovered,
+    Intervention,
     ModelCall,
     Phase,
     PhaseChanged,
@@ -123,6 +124,7 @@ class Episode(EpisodeControl):
         self._prewarming: asyncio.Future[None] | None = None  # the installer's digest check, early
         # [no progress] the failure that made the episode stop its own agent (core/calls/progress.py)
         self.stopped_for: FailureEvent | None = None
+        self.debugger: Any = None  # core.debugger.Debugger once the run directory exists (issue 27)
 
     # ---- control API ---------------------------------------------------------------------------
 
@@ -142,6 +144,7 @@ class Episode(EpisodeControl):
             await self._hurry(by)
             return
         self._cancel = CancelRequest(by=by, phase=self._phase)
+        self._release_held(self._cancel.words)
         self.emit(
             Warning_(
                 code="cancel_requested",
@@ -226,7 +229,7 @@ class Episode(EpisodeControl):
 
         return RecordedShell(handle, cast, closed)
 
-    def _human_intervened(self, phase: Phase) -> None:
+    def _human_intervened(self, phase: Phase, message: str | None = None) -> None:
         """Once per episode: the run.json flag, and a failure (or, if the policy scores such runs, a
         warning) so the outcome cannot be a clean sample without saying so."""
         if self.human_intervened:
@@ -235,7 +238,9 @@ class Episode(EpisodeControl):
         if self.info is not None and self.run_dir is not None:
             self.info.human_intervened = True
             self.run_dir.write_run_info(self.info)
-        message = f"a person opened a shell in the sandbox during {phase.value}, before verification finished"
+        message = message or (
+            f"a person opened a shell in the sandbox during {phase.value}, before verification finished"
+        )
         if self.policy.score_human_intervened:
             self.emit(
                 Warning_(
@@ -248,10 +253,40 @@ class Episode(EpisodeControl):
             FailureEvent(
                 kind="human_intervened",
                 stage=stage_of(phase),
-                operation="interactive shell",
+                operation="interactive shell" if message.startswith("a person opened") else "debugger",
                 message=message,
             )
         )
+
+    # ---- the debugger (issue 27) -----------------------------------------------------------------
+
+    def _start_debugger(self) -> None:
+        from core.debugger.debugger import Debugger
+
+        self.debugger = Debugger(
+            self.config.debug.breaks,
+            emit=self.emit,
+            on_intervened=self._debugger_intervened,
+            phase=lambda: self._phase.value,
+        )
+        self.bus.subscribe(self.debugger.observe)
+
+        def to_run_info(event: Event) -> None:
+            if isinstance(event, Intervention) and self.info is not None and self.run_dir is not None:
+                self.info.interventions.append(event)
+                self.run_dir.write_run_info(self.info)
+
+        self.bus.subscribe(to_run_info)
+
+    def _debugger_intervened(self, what: str) -> None:
+        phase = self._phase
+        self._human_intervened(
+            phase, f"a person used the debugger ({what}) during {phase.value}, before verification finished"
+        )
+
+    def _release_held(self, reason: str) -> None:
+        if self.debugger is not None:
+            self.debugger.release_all(reason)
 
     async def wait(self) -> EpisodeResult:
         await self._done.wait()
@@ -352,6 +387,7 @@ class Episode(EpisodeControl):
             controller=invocation.invocation_id(),
         )
         self.run_dir.write_run_info(self.info)
+        self._start_debugger()
 
     def _watch_progress(self) -> None:
         """[no progress] model answers that give the agent nothing, call after call, stop the agent."""
@@ -375,6 +411,7 @@ class Episode(EpisodeControl):
             return
         self.stopped_for = failure
         self.record_failure(failure)
+        self._release_held(f"the agent was stopped ({failure.kind})")
         launched = self.session is not None and self.session.launch_started
         if self._phase is not Phase.AGENT or not launched:
             return  # the agent is not running (any more): the close follows as usual
@@ -520,8 +557,13 @@ class Episode(EpisodeControl):
         assert self.run_dir is not None
         sb = self.config.sandbox
         self._enter(Phase.SEED)
+        from core.debugger.control_socket import ControlSocket
+
+        await stack.enter_async_context(ControlSocket(self.run_dir.path, self.debugger))
         self.endpoint = await stack.enter_async_context(
-            ModelEndpoint(self.task, self.config.model, self.run_dir.path, on_call=self.emit)
+            ModelEndpoint(
+                self.task, self.config.model, self.run_dir.path, on_call=self.emit, gate=self.debugger
+            )
         )
         provider = self._provider or get_provider(sb.provider, self.config)
         installer = self._installer = self._installer or seed.default_installer(self.config)
@@ -583,6 +625,9 @@ class Episode(EpisodeControl):
             user=seeded.user,
             emit=self.emit,
         )
+        from core.debugger.serve_acts import serve_acts
+
+        self.debugger.agent_started(self.run_budget_s, serve_acts(self.sandbox, self.installed))
         await agent.run_agent(
             self.session, self.installed, task=self.task, run_dir=self.run_dir, emit=self.emit
         )
@@ -593,6 +638,7 @@ class Episode(EpisodeControl):
         # [close budget] one deadline for the whole close, shared with the session (which started it
         # already when a cancel asked the supervisor to stop); each step below gets what remains.
         deadline = self._begin_close()
+        self._release_held("the agent phase is over")
         confirmed: bool | None = None
         if self.session is not None:
             assert self.sandbox is not None and self.installed is not None
@@ -716,6 +762,7 @@ class Episode(EpisodeControl):
             sandbox_kept=self._keep and self.sandbox is not None,
             health=self.health.summary() if self.health else {},
             human_intervened=self.human_intervened,
+            interventions=len(self.debugger.interventions) if self.debugger else 0,
             artifacts_error=self.run_dir.write_error,
             run_dir=str(self.run_dir.path),
         )
