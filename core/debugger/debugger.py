@@ -26,6 +26,8 @@ INTERVENING = frozenset({"say", "answer", "abort"})
 # A held call is failed this long after the run deadline at the latest (the session's own deadline
 # stops OpenCode first; this bound is for a hold that nothing else ends).
 DEADLINE_GRACE_S = 5.0
+DEADLINE_SLACK_S = 1.0  # the session's clock started a moment before the debugger's
+HELD_PAST_DEADLINE = "the run deadline passed while the call was held"
 
 # say/abort through OpenCode's server in the sandbox: (action, text) → None, or raises with the reason.
 ServeAct = Callable[[str, str], Awaitable[None]]
@@ -123,10 +125,12 @@ class Debugger:
             try:
                 return await asyncio.wait_for(asyncio.shield(held.verdict), timeout)
             except TimeoutError:
-                reason = "the run deadline passed while the call was held"
-                self._record("release", "engine", reason)
-                return HoldVerdict(action=Release.FAIL, reason=reason)
+                return HoldVerdict(action=Release.FAIL, reason=HELD_PAST_DEADLINE)
         finally:
+            if self._deadline is not None and time.monotonic() >= self._deadline - DEADLINE_SLACK_S:
+                # The hold, not the agent, used up the run: the record says so (not a clean sample).
+                self._record("release", "engine", HELD_PAST_DEADLINE)
+                self._on_intervened("a call held past the run deadline")
             if self.held is held:
                 self.held = None
 

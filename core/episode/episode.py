@@ -281,7 +281,7 @@ class Episode(EpisodeControl):
     def _debugger_intervened(self, what: str) -> None:
         phase = self._phase
         self._human_intervened(
-            phase, f"a person used the debugger ({what}) during {phase.value}, before verification finished"
+            phase, f"the debugger changed the run ({what}) during {phase.value}, before verification finished"
         )
 
     def _release_held(self, reason: str) -> None:

@@ -333,9 +333,28 @@ def control(action):
             sys.stderr.write(f"unknown control action {action!r}\n")
             return 2
     except RunnerError as exc:
+        if action == "abort" and session_ended(where, ABORT_SETTLE_S):
+            return 0  # the turn ended and the runner stopped its server before the server answered
         sys.stderr.write(f"{exc}\n")
         return 1
     return 0
+
+
+ABORT_SETTLE_S = 5.0
+
+
+def session_ended(where, timeout):
+    """True once the runner that published ``where`` is gone or has withdrawn its control file."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(where["pid"]), 0)
+        except OSError:
+            return True
+        if not os.path.exists(CONTROL_FILE):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def main():
