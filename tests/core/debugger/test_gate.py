@@ -1,0 +1,129 @@
+"""The debugger's gate in the real recording proxy, without a sandbox: a real loopback client sends
+agent requests through the proxy to the scripted model, and a person's acts come through the real
+control socket (a second thread, the ``ctl`` client). No OpenCode here, so ``say``/``abort`` have no
+server to reach: they are refused with the reason (the episode tests cover them with OpenCode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.breaks import BreakSyntaxError, parse_break
+from core.debugger.client import NotLive, request
+from core.debugger.control_socket import ControlSocket
+from core.debugger.debugger import Debugger
+from core.debugger.protocol import CtlRequest
+from core.events import Event, Intervention
+from core.model.hold import HandAnswer, HandToolCall
+from core.model.proxy import ModelProxy
+from core.model.readable import assemble_response
+from core.model.scripted import ScriptedModel
+
+TRAJECTORY = Path(__file__).resolve().parents[3] / "sample_tasks" / "fix-bug" / "trajectory.yaml"
+AGENT_BODY = {
+    "model": "scripted",
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "messages": [
+        {"role": "system", "content": "You are opencode, an interactive CLI tool."},
+        {"role": "user", "content": "Fix the bug."},
+    ],
+    "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("next", "next"), ("call:3", "call:3"), (" tool:bash ", "tool:bash"), ("ERROR", "error")],
+)
+def test_break_conditions_parse(text, words):
+    assert parse_break(text).words == words
+
+
+@pytest.mark.parametrize("text", ["cal:2", "call:0", "call:x", "tool:", "warning:1", ""])
+def test_bad_break_conditions_say_what_is_accepted(text):
+    with pytest.raises(BreakSyntaxError, match=r"call:N|tool:NAME|takes no argument"):
+        parse_break(text)
+
+
+async def _until(check, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_hold_answer_forward_and_release_through_the_control_socket(tmp_path):
+    events: list[Event] = []
+    intervened: list[str] = []
+    debugger = Debugger(
+        ["call:1"], emit=events.append, on_intervened=intervened.append, phase=lambda: "agent"
+    )
+    run_dir = tmp_path / ("r" * 120)  # longer than a Unix socket path may be: the socket is linked
+    run_dir.mkdir()
+    async with (
+        ScriptedModel(TRAJECTORY, placeholders={"workdir": "/app"}) as model,
+        ControlSocket(run_dir, debugger) as ctl,
+        ModelProxy(model.url, record_dir=run_dir, gate=debugger) as proxy,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30) as client,
+    ):
+        assert ctl.path is not None and stat.S_IMODE(os.stat(ctl.path).st_mode) == 0o600
+        assert (run_dir / "control.sock").is_symlink()
+
+        def ctl_says(**kw):
+            return asyncio.to_thread(request, run_dir, CtlRequest(**kw))
+
+        first = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+        await _until(lambda: debugger.held is not None)
+        status = await ctl_says(command="status")
+        assert status.status and status.status.held and status.status.held.call_number == 1
+        assert "[user] Fix the bug." in status.status.held.conversation
+        refused = await ctl_says(command="answer", answer=HandAnswer(tool_calls=[HandToolCall(name="rm")]))
+        assert not refused.ok and "offered: bash" in refused.message
+        no_server = await ctl_says(command="say", text="hello")
+        assert not no_server.ok and "not running yet" in no_server.message
+        assert not first.done()  # nothing changed: still held
+        answer = HandAnswer(
+            text="by hand", tool_calls=[HandToolCall(name="bash", arguments={"command": "ls"})]
+        )
+        assert (await ctl_says(command="answer", answer=answer)).ok
+        resp = await first
+        reply = assemble_response(resp.text)
+        assert resp.status_code == 200 and reply.text == "by hand"
+        assert [(c.name, c.arguments) for c in reply.tool_calls] == [("bash", {"command": "ls"})]
+
+        second = await client.post("/chat/completions", json=AGENT_BODY)  # no break: the model answers
+        assert second.status_code == 200 and "by hand" not in second.text
+
+        assert (await ctl_says(command="pause")).ok
+        third = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+        await _until(lambda: debugger.held is not None)
+        debugger.release_all("cancelled by SIGTERM")
+        failed = await third
+        assert failed.status_code == 503 and "cancelled by SIGTERM" in failed.text
+        later = await ctl_says(command="continue")
+        assert not later.ok and "not held" in later.message
+
+    records = [json.loads(x) for x in (run_dir / "model_calls.jsonl").read_text().splitlines()]
+    assert [r.get("answered_by") for r in records] == ["ctl", None, None]
+    assert records[0]["usage"]["tokens_in"] is None and records[1]["usage"]["tokens_in"] is not None
+    assert records[2]["proxy_status"] == 503
+    assert [e.what for e in events if isinstance(e, Intervention)] == [
+        "break",
+        "answer",
+        "pause",
+        "break",
+        "release",
+    ]
+    assert intervened == ["answer"]
+    assert not (run_dir / "control.sock").exists()
+    with pytest.raises(NotLive):
+        request(run_dir, CtlRequest(command="status"))
