@@ -20,8 +20,10 @@ from core.debugger.client import NotLive, request
 from core.debugger.control_socket import ControlSocket
 from core.debugger.debugger import Debugger
 from core.debugger.protocol import CtlRequest
-from core.events import Event, Intervention
-from core.model.hold import HandAnswer, HandToolCall
+from core.events import Event, FailureRecorded, HealthKind, HealthWarning, Intervention, ModelCall, ToolCall
+from core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, decide
+from core.failures.evidence import utcnow
+from core.model.hold import HandAnswer, HandToolCall, HeldCall, Release
 from core.model.proxy import ModelProxy
 from core.model.readable import assemble_response
 from core.model.scripted import ScriptedModel
@@ -127,3 +129,52 @@ async def test_hold_answer_forward_and_release_through_the_control_socket(tmp_pa
     assert not (run_dir / "control.sock").exists()
     with pytest.raises(NotLive):
         request(run_dir, CtlRequest(command="status"))
+
+
+def _tool(name: str) -> ToolCall:
+    return ToolCall(call_id="c1", tool=name, status="completed")
+
+
+def _failed_call() -> ModelCall:
+    return ModelCall(
+        call_id="mc-1",
+        method="POST",
+        path="/v1/chat/completions",
+        status=500,
+        started_at=utcnow(),
+        latency_s=0.1,
+    )
+
+
+def _failure() -> FailureRecorded:
+    failure = FailureEvent(kind="model_server_error", stage=FailureStage.AGENT, operation="x", message="x")
+    return FailureRecorded(failure=failure, decision=decide(failure, attempt=1, policy=DEFAULT_POLICY))
+
+
+def _health() -> HealthWarning:
+    return HealthWarning(kind=next(iter(HealthKind)), message="m")
+
+
+@pytest.mark.parametrize(
+    ("cond", "other", "event", "reason"),
+    [
+        ("tool:bash", _tool("read"), _tool("bash"), "tool:bash ran"),
+        ("error", _tool("bash"), _failed_call(), "error: call mc-1 failed"),
+        ("failure", _failed_call(), _failure(), "failure: model_server_error"),
+        ("warning", _failure(), _health(), "warning:"),
+    ],
+)
+async def test_stream_conditions_hold_the_next_call_once(cond, other, event, reason):
+    """Real events of the stream arm a condition; the next agent call is held, the one after is not."""
+    recorded: list[Event] = []
+    debugger = Debugger([cond], emit=recorded.append, on_intervened=lambda _: None, phase=lambda: "agent")
+    call = HeldCall(call_id="mc-2", kind="agent", request_body=AGENT_BODY)
+    debugger.observe(other)
+    assert (await debugger.hold(call)).action is Release.FORWARD  # another event arms nothing
+    debugger.observe(event)
+    held = asyncio.ensure_future(debugger.hold(call))
+    await _until(lambda: debugger.held is not None)
+    assert debugger.held is not None and debugger.held.reason.startswith(reason)
+    assert debugger.continue_("test").ok
+    assert (await held).action is Release.FORWARD
+    assert (await debugger.hold(call)).action is Release.FORWARD
