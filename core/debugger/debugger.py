@@ -126,13 +126,23 @@ class Debugger:
                 return await asyncio.wait_for(asyncio.shield(held.verdict), timeout)
             except TimeoutError:
                 return HoldVerdict(action=Release.FAIL, reason=HELD_PAST_DEADLINE)
+        except asyncio.CancelledError:
+            # OpenCode hung up (its request timeout, model.request_timeout_s): it retries the call,
+            # and the retry is held in its place, so a long look at a break does not lose the break.
+            if self._closed is None and not held.verdict.done() and not self._past_deadline():
+                self._record("release", "engine", "OpenCode stopped waiting for the held call")
+                self._pending = f"{held.reason} (OpenCode retried the call it stopped waiting for)"
+            raise
         finally:
-            if self._deadline is not None and time.monotonic() >= self._deadline - DEADLINE_SLACK_S:
+            if self._past_deadline():
                 # The hold, not the agent, used up the run: the record says so (not a clean sample).
                 self._record("release", "engine", HELD_PAST_DEADLINE)
                 self._on_intervened("a call held past the run deadline")
             if self.held is held:
                 self.held = None
+
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline - DEADLINE_SLACK_S
 
     def _reason(self, number: int) -> str | None:
         if self._pause:

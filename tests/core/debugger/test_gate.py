@@ -178,3 +178,25 @@ async def test_stream_conditions_hold_the_next_call_once(cond, other, event, rea
     assert debugger.continue_("test").ok
     assert (await held).action is Release.FORWARD
     assert (await debugger.hold(call)).action is Release.FORWARD
+
+
+async def test_a_client_that_hangs_up_while_held_has_its_retry_held(tmp_path):
+    """OpenCode gives up on a held call after its request timeout and retries: the retry is held."""
+    debugger = Debugger(["call:1"], emit=lambda _: None, on_intervened=lambda _: None, phase=lambda: "agent")
+    async with (
+        ScriptedModel(TRAJECTORY, placeholders={"workdir": "/app"}) as model,
+        ModelProxy(model.url, record_dir=tmp_path, gate=debugger) as proxy,
+    ):
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+            first = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+            await _until(lambda: debugger.held is not None)
+            first.cancel()  # the client's own timeout: it closes the connection
+            with pytest.raises(asyncio.CancelledError):
+                await first
+        await _until(lambda: debugger.held is None)
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+            retry = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+            await _until(lambda: debugger.held is not None)
+            assert debugger.held is not None and "retried" in debugger.held.reason
+            assert debugger.continue_("test").ok
+            assert (await retry).status_code == 200
