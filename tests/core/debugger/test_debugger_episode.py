@@ -91,8 +91,8 @@ def _run(
     for t in fired:
         if t is not threading.current_thread():
             t.join(30)
-    assert fired, "the moment to act never came"
     [result] = summary.results
+    assert fired, f"the moment to act never came: {result.summary}"
     return summary, result, replies
 
 
@@ -192,7 +192,13 @@ def test_abort_during_a_long_command_ends_the_turn(tmp_path, episode_provider):
 
 def test_a_call_held_past_the_run_deadline_ends_run_timeout(tmp_path, episode_provider):
     _, result, _ = _run(
-        tmp_path, episode_provider, breaks=["call:2"], when=_is_break, acts=lambda _: [], run_s=25
+        # The first agent call: the budget must cover OpenCode's start-up on a loaded machine.
+        tmp_path,
+        episode_provider,
+        breaks=["call:1"],
+        when=_is_break,
+        acts=lambda _: [],
+        run_s=45,
     )
     # The run deadline (this code base's ``agent_timeout``) fired, recorded as such; the hold used the
     # run up, so the run is not a clean sample of the agent either.
