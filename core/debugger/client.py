@@ -9,7 +9,7 @@ from pathlib import Path
 from core.debugger.control_socket import connect_path
 from core.debugger.protocol import CtlReply, CtlRequest
 
-TIMEOUT_S = 30.0
+TIMEOUT_S = 45.0  # above the engine's own bound on a say/abort in the sandbox (serve_acts: 30 s)
 
 
 class NotLive(Exception):
