@@ -198,7 +198,7 @@ def test_a_call_held_past_the_run_deadline_ends_run_timeout(tmp_path, episode_pr
         breaks=["call:1"],
         when=_is_break,
         acts=lambda _: [],
-        run_s=45,
+        run_s=90,
     )
     # The run deadline (this code base's ``agent_timeout``) fired, recorded as such; the hold used the
     # run up, so the run is not a clean sample of the agent either.
