@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from core import __version__
 from core.calls.records import ModelCallRecord, TokenUsage
 from core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
-from core.events import Event, FailureRecorded, FailureRecovered, ShellOpened, decode, encode
+from core.events import Event, FailureRecorded, FailureRecovered, Intervention, ShellOpened, decode, encode
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
@@ -131,6 +131,8 @@ class RunInfo(BaseModel):
     counts: dict[str, Any] = Field(default_factory=dict)
     # A person used a shell in the sandbox before verification finished (see ShellOpened).
     human_intervened: bool = False
+    # What a person did through the debugger (issue 27): breaks, continues, says, answers, aborts.
+    interventions: list[Intervention] = Field(default_factory=list)
     # The run ended without releasing its sandbox (``--keep-sandbox``/``k``): `opencode-tui attach`
     # reconnects with provider + sandbox_id, `sweep` removes it.
     sandbox_kept: bool = False

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.breaks import parse_break
 from core.failures import ClassificationConfig, OutcomePolicyOverrides
 
 # The pin. Checked against registry.npmjs.org: opencode-linux-x64-musl and opencode-linux-x64-baseline-musl
@@ -358,6 +359,18 @@ class ExecutorSettings(_Model):
         return executor_registry.check_name(value)
 
 
+class DebugSettings(_Model):
+    """The episode debugger (issue 27): where the recording proxy holds agent calls from the start
+    (``run --break COND``); more can be set live through the run's control socket."""
+
+    breaks: list[str] = Field(default_factory=list)  # core.breaks syntax: next, call:N, tool:NAME, ...
+
+    @field_validator("breaks")
+    @classmethod
+    def _parse(cls, value: list[str]) -> list[str]:
+        return [parse_break(b).words for b in value]
+
+
 class AgentConfig(_Model):
     """Everything that configures a run; the defaults are the embedded defaults (local, scripted)."""
 
@@ -372,6 +385,7 @@ class AgentConfig(_Model):
     runs_dir: str = "runs"
     theme: str = "opencode-dark"
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
+    debug: DebugSettings = Field(default_factory=DebugSettings)
 
 
 def yaml_error_text(exc: Exception) -> str:

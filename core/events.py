@@ -165,6 +165,7 @@ class ModelCall(_Event):
     # error_object); such a call has an ``error`` too and counts as failed.
     answer_fault: str | None = None
     produced: bool | None = None  # text, a tool call, reasoning or output tokens; None: not a chat answer
+    answered_by: str | None = None  # a person wrote this reply at a breakpoint: the model never saw it
 
     @property
     def failed(self) -> bool:
@@ -315,6 +316,18 @@ class SandboxFault(_Event):
     evidence: list[Evidence] = Field(default_factory=list)
 
 
+class Intervention(_Event):
+    """A person acted on the live agent through the debugger (issue 27): held a call, released it,
+    added a message, wrote the model's answer, or stopped the turn."""
+
+    type: Literal["intervention"] = "intervention"
+    what: Literal["break", "pause", "continue", "step", "say", "answer", "abort", "release"]
+    who: str  # "ctl", "tui", "engine" (a break condition or the run's end)
+    call_id: str | None = None  # the held call it concerns
+    call_number: int | None = None  # that call's number among the agent's calls
+    text: str | None = None  # what was said or answered; the break condition; a release's reason
+
+
 class OutcomeDecided(_Event):
     type: Literal["outcome"] = "outcome"
     action: Outcome
@@ -345,6 +358,7 @@ Event = Annotated[
     | ShellClosed
     | HealthWarning
     | SandboxFault
+    | Intervention
     | OutcomeDecided,
     Field(discriminator="type"),
 ]

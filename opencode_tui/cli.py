@@ -82,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="--batch: run every task again, even one already scored with the same task content and config",
     )
     run.add_argument("--config", help="config file (YAML or TOML)")
+    run.add_argument(
+        "--break",
+        dest="breaks",
+        action="append",
+        metavar="COND",
+        help="hold the agent's model call when COND holds (repeatable): next, call:N, tool:NAME, warning, "
+        "error, failure; then `opencode-tui ctl RUN continue|step|say|answer|abort`",
+    )
 
     op = sub.add_parser("open", help="open a run directory in the TUI (replay)")
     op.add_argument("run_dir")
@@ -143,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sm_sub.add_parser("copy", help="copy sample tasks into a directory (all, or the named ones)")
     cp.add_argument("dest", metavar="DIR", help="where the samples go (each as DIR/NAME)")
     cp.add_argument("names", nargs="*", metavar="NAME", help="only these samples (default: all)")
+    from opencode_tui.ctl_command import add_parser as add_ctl
+
+    add_ctl(sub)
     dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
     dr.add_argument("--json", action="store_true")
     dr.add_argument(

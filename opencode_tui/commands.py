@@ -25,6 +25,12 @@ def cmd_samples(args: argparse.Namespace) -> int:
     return samples(args)
 
 
+def cmd_ctl(args: argparse.Namespace) -> int:
+    from opencode_tui.ctl_command import cmd_ctl as ctl
+
+    return ctl(args)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from opencode_tui.run_command import cmd_run as run
 

@@ -41,6 +41,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         o["policy"] = {"max_attempts": args.attempts}
     if args.runs_dir:
         o["runs_dir"] = args.runs_dir
+    if getattr(args, "breaks", None):
+        o["debug"] = {"breaks": _checked_breaks(args.breaks)}
     if args.executor:
         o.setdefault("executor", {})["name"] = args.executor
     if args.ray_address:
@@ -50,6 +52,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             args.ray_num_cpus_per_episode
         )
     return o
+
+
+def _checked_breaks(breaks: list[str]) -> list[str]:
+    from core.breaks import parse_break
+
+    try:
+        return [parse_break(b).words for b in breaks]
+    except ValueError as exc:
+        raise AdmissionError(f"--break: {exc}") from None
 
 
 def _task_path(ref: str) -> Path:

@@ -150,6 +150,8 @@ class ModelCallRecord(BaseModel):
     answer_fault: AnswerFault | None = None  # a 2xx that is no answer (``error`` says it in words)
     # The answer carried text, a tool call, reasoning or output tokens; None: not a chat answer.
     produced: bool | None = None
+    # The reply was written by a person at a breakpoint (issue 27), not by the model: who wrote it.
+    answered_by: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -174,6 +176,7 @@ class ModelCallRecord(BaseModel):
             error=self.error,
             answer_fault=self.answer_fault.value if self.answer_fault else None,
             produced=self.produced,
+            answered_by=self.answered_by,
         )
 
 

@@ -30,6 +30,7 @@ from core.events import (
     EventBus,
     FailureRecorded,
     FailureRecovered,
+    Intervention,
     ModelCall,
     Phase,
     PhaseChanged,
@@ -68,6 +69,7 @@ from core.shells import RecordedShell
 from core.tasks import Task
 
 if TYPE_CHECKING:
+    from core.debugger.debugger import Debugger
     from core.model.endpoint import ModelEndpoint
     from core.runtime.installer import Installer
     from core.runtime.supervisor_client import CleanupReceipt
@@ -137,6 +139,7 @@ class Episode(EpisodeControl):
         self._prewarming: asyncio.Future[None] | None = None  # the installer's digest check, early
         # [no progress] the failure that made the episode stop its own agent (core/calls/progress.py)
         self.stopped_for: FailureEvent | None = None
+        self.debugger: Debugger | None = None  # once the run directory exists (issue 27)
 
     # ---- control API ---------------------------------------------------------------------------
 
@@ -156,6 +159,7 @@ class Episode(EpisodeControl):
             await self._hurry(by)
             return
         self._cancel = CancelRequest(by=by, phase=self._phase)
+        self._release_held(self._cancel.words)
         self.emit(
             Warning_(
                 code="cancel_requested",
@@ -240,7 +244,7 @@ class Episode(EpisodeControl):
 
         return RecordedShell(handle, cast, closed)
 
-    def _human_intervened(self, phase: Phase) -> None:
+    def _human_intervened(self, phase: Phase, message: str | None = None) -> None:
         """Once per episode: the run.json flag, and a failure (or, if the policy scores such runs, a
         warning) so the outcome cannot be a clean sample without saying so."""
         if self.human_intervened:
@@ -249,7 +253,9 @@ class Episode(EpisodeControl):
         if self.info is not None and self.run_dir is not None:
             self.info.human_intervened = True
             self.run_dir.write_run_info(self.info)
-        message = f"a person opened a shell in the sandbox during {phase.value}, before verification finished"
+        message = message or (
+            f"a person opened a shell in the sandbox during {phase.value}, before verification finished"
+        )
         if self.policy.score_human_intervened:
             self.emit(
                 Warning_(
@@ -262,10 +268,40 @@ class Episode(EpisodeControl):
             FailureEvent(
                 kind="human_intervened",
                 stage=stage_of(phase),
-                operation="interactive shell",
+                operation="interactive shell" if message.startswith("a person opened") else "debugger",
                 message=message,
             )
         )
+
+    # ---- the debugger (issue 27) -----------------------------------------------------------------
+
+    def _start_debugger(self) -> None:
+        from core.debugger.debugger import Debugger
+
+        self.debugger = Debugger(
+            self.config.debug.breaks,
+            emit=self.emit,
+            on_intervened=self._debugger_intervened,
+            phase=lambda: self._phase.value,
+        )
+        self.bus.subscribe(self.debugger.observe)
+
+        def to_run_info(event: Event) -> None:
+            if isinstance(event, Intervention) and self.info is not None and self.run_dir is not None:
+                self.info.interventions.append(event)
+                self.run_dir.write_run_info(self.info)
+
+        self.bus.subscribe(to_run_info)
+
+    def _debugger_intervened(self, what: str) -> None:
+        phase = self._phase
+        self._human_intervened(
+            phase, f"the debugger changed the run ({what}) during {phase.value}, before verification finished"
+        )
+
+    def _release_held(self, reason: str) -> None:
+        if self.debugger is not None:
+            self.debugger.release_all(reason)
 
     async def wait(self) -> EpisodeResult:
         await self._done.wait()
@@ -366,6 +402,7 @@ class Episode(EpisodeControl):
             controller=invocation.invocation_id(),
         )
         self.run_dir.write_run_info(self.info)
+        self._start_debugger()
 
     def _watch_progress(self) -> None:
         """[no progress] model answers that give the agent nothing, call after call, stop the agent."""
@@ -389,6 +426,7 @@ class Episode(EpisodeControl):
             return
         self.stopped_for = failure
         self.record_failure(failure)
+        self._release_held(f"the agent was stopped ({failure.kind})")
         launched = self.session is not None and self.session.launch_started
         if self._phase is not Phase.AGENT or not launched:
             return  # the agent is not running (any more): the close follows as usual
@@ -532,11 +570,16 @@ class Episode(EpisodeControl):
         from core.model.endpoint import ModelEndpoint
         from core.sandbox.providers import get_provider
 
-        assert self.run_dir is not None
+        assert self.run_dir is not None and self.debugger is not None  # made with the run directory
         sb = self.config.sandbox
         self._enter(Phase.SEED)
+        from core.debugger.control_socket import ControlSocket
+
+        await stack.enter_async_context(ControlSocket(self.run_dir.path, self.debugger))
         self.endpoint = await stack.enter_async_context(
-            ModelEndpoint(self.task, self.config.model, self.run_dir.path, on_call=self.emit)
+            ModelEndpoint(
+                self.task, self.config.model, self.run_dir.path, on_call=self.emit, gate=self.debugger
+            )
         )
         provider = self._provider or get_provider(sb.provider, self.config)
         installer = self._installer = self._installer or seed.default_installer(self.config)
@@ -599,6 +642,10 @@ class Episode(EpisodeControl):
             user=seeded.user,
             emit=self.emit,
         )
+        from core.debugger.serve_acts import serve_acts
+
+        assert self.debugger is not None
+        self.debugger.agent_started(self.run_budget_s, serve_acts(self.sandbox, self.installed))
         await agent.run_agent(
             self.session,
             self.installed,
@@ -614,6 +661,7 @@ class Episode(EpisodeControl):
         # [close budget] one deadline for the whole close, shared with the session (which started it
         # already when a cancel asked the supervisor to stop); each step below gets what remains.
         deadline = self._begin_close()
+        self._release_held("the agent phase is over")
         confirmed: bool | None = None
         if self.session is not None:
             assert self.sandbox is not None and self.installed is not None and self.endpoint is not None
@@ -738,6 +786,7 @@ class Episode(EpisodeControl):
             sandbox_kept=self._keep and self.sandbox is not None,
             health=self.health.summary() if self.health else {},
             human_intervened=self.human_intervened,
+            interventions=len(self.debugger.interventions) if self.debugger else 0,
             artifacts_error=self.run_dir.write_error,
             run_dir=str(self.run_dir.path),
         )

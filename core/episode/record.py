@@ -58,7 +58,10 @@ class EpisodeResult(BaseModel):
     previous_attempts: list[str] = Field(default_factory=list)
     resumed: bool = False
     started: bool = True  # false: a queued episode a cancelled batch never started
-    human_intervened: bool = False  # a person used a shell in the sandbox before verification finished
+    human_intervened: bool = False  # a person used a shell or the debugger before verification finished
+    interventions: int = 0  # the debugger's Intervention events (issue 27): breaks and acts
+    # Replies a person wrote at a breakpoint: the model never saw these calls (no tokens of theirs).
+    model_calls_answered: int = 0
     artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
     sandbox_kept: bool = False
     health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
@@ -104,6 +107,7 @@ def result_of(verdict: Verdict, tally: Tally, **fields: object) -> EpisodeResult
             "failure_class": deciding.decision.failure_class.value if deciding else None,
             "model_calls": len(tally.model_calls),
             "model_calls_failed": sum(1 for c in tally.model_calls if c.failed),
+            "model_calls_answered": sum(1 for c in tally.model_calls if c.answered_by),
             "tool_calls": tally.tool_call_count,
             "compactions": tally.compactions,
             "tokens_in": tokens.tokens_in,
@@ -142,6 +146,7 @@ def write_record(
     info.counts = {
         "model_calls": result.model_calls,
         "model_calls_failed": result.model_calls_failed,
+        "model_calls_answered_by_person": result.model_calls_answered,
         "tool_calls": tally.tool_calls,
         "compactions": result.compactions,
         "cleanup_confirmed": result.cleanup_confirmed,

@@ -85,7 +85,8 @@ _REGISTRY: dict[str, str] = {
     # lifecycle
     "run_cancelled": "the run was cancelled by the user",
     "run_interrupted": "the controller died mid-episode (SIGKILL, power loss): no outcome, cleanup unknown",
-    "human_intervened": "a person used a shell in the sandbox before verification finished",
+    "human_intervened": "a person used a shell in the sandbox or acted on the agent through the debugger "
+    "before verification finished",
 }
 
 _warned: set[str] = set()

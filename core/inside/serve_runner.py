@@ -21,6 +21,13 @@ Lines this runner adds itself have types starting with ``runner.``.
 Usage::
 
     python3 serve_runner.py OPENCODE_BINARY < prompt.txt
+    python3 serve_runner.py --control say < message.txt   # the debugger (issue 27), a second process
+    python3 serve_runner.py --control abort
+
+While a session runs, the runner keeps where its server listens (port, credentials, session id) in
+``control.json`` next to itself (mode 0600): ``--control`` reads it and posts a user message to the
+live session (``prompt_async``, taken into its next turn) or aborts the turn (``abort``). Exit status of
+``--control``: 0 done, 4 no live session, 1 the server refused.
 """
 
 import base64
@@ -222,6 +229,7 @@ def drive(server, prompt):
     sid = session["id"]
     ours = {sid}
     note("session", sessionID=sid)
+    publish_control(server, sid)
     server.request("POST", f"/session/{sid}/prompt_async", {"parts": [{"type": "text", "text": prompt}]})
     note("prompt_sent", sessionID=sid, chars=len(prompt))
     errors = 0
@@ -290,7 +298,69 @@ def drive(server, prompt):
             sys.stdout.buffer.flush()
 
 
+CONTROL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "control.json")
+
+
+def publish_control(server, sid):
+    """Where the live session can be reached, for ``--control`` (owner only)."""
+    tmp = CONTROL_FILE + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"port": server.port, "auth": server.auth, "session": sid, "pid": os.getpid()}, f)
+    os.replace(tmp, CONTROL_FILE)
+
+
+def control(action):
+    """``--control say|abort``: act on the live session through its server; the exit status."""
+    try:
+        with open(CONTROL_FILE) as f:
+            where = json.load(f)
+        os.kill(int(where["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        sys.stderr.write("no live OpenCode session in this sandbox\n")
+        return 4
+    server = Server.__new__(Server)
+    server.port, server.auth = where["port"], where["auth"]
+    sid = where["session"]
+    try:
+        if action == "say":
+            text = sys.stdin.buffer.read().decode("utf-8", "replace")
+            server.request(
+                "POST", f"/session/{sid}/prompt_async", {"parts": [{"type": "text", "text": text}]}
+            )
+        elif action == "abort":
+            server.request("POST", f"/session/{sid}/abort", {})
+        else:
+            sys.stderr.write(f"unknown control action {action!r}\n")
+            return 2
+    except RunnerError as exc:
+        if action == "abort" and session_ended(where, ABORT_SETTLE_S):
+            return 0  # the turn ended and the runner stopped its server before the server answered
+        sys.stderr.write(f"{exc}\n")
+        return 1
+    return 0
+
+
+ABORT_SETTLE_S = 5.0
+
+
+def session_ended(where, timeout):
+    """True once the runner that published ``where`` is gone or has withdrawn its control file."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(where["pid"]), 0)
+        except OSError:
+            return True
+        if not os.path.exists(CONTROL_FILE):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--control":
+        return control(sys.argv[2])
     if len(sys.argv) != 2:
         sys.stderr.write("usage: serve_runner.py OPENCODE_BINARY < prompt\n")
         return 2
@@ -328,6 +398,10 @@ def main():
         return status
     finally:
         server.stop()
+        try:
+            os.unlink(CONTROL_FILE)
+        except OSError:
+            pass
         sys.stdout.buffer.flush()
 
 

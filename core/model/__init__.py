@@ -4,6 +4,15 @@ The names below are the package's public surface: what code outside ``core`` (th
 may use (an import-linter contract in pyproject.toml keeps ``opencode_tui`` to these).
 """
 
+from core.model.hold import HandAnswer, HandToolCall
 from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
 
-__all__ = ["AssembledResponse", "Conversation", "ToolCallMade", "assemble_response", "conversation"]
+__all__ = [
+    "AssembledResponse",
+    "Conversation",
+    "HandAnswer",
+    "HandToolCall",
+    "ToolCallMade",
+    "assemble_response",
+    "conversation",
+]

@@ -16,6 +16,7 @@ from core.calls.records import AnswerFault, ModelCallRecord, body_excerpt
 from core.config import ModelSettings
 from core.events import Compaction, Event, ModelCall
 from core.failures import Evidence, FailureEvent, FailureStage, ModelCallDetails
+from core.model.hold import CallGate
 from core.model.proxy import ModelProxy
 from core.model.scripted import ScriptedModel
 from core.tasks import Task
@@ -84,7 +85,12 @@ class ModelEndpoint:
     ``ep.unix_path``; every call is recorded in ``run_dir/model_calls.jsonl`` and emitted live."""
 
     def __init__(
-        self, task: Task, settings: ModelSettings, run_dir: Path, on_call: Callable[[Event], Any]
+        self,
+        task: Task,
+        settings: ModelSettings,
+        run_dir: Path,
+        on_call: Callable[[Event], Any],
+        gate: CallGate | None = None,
     ) -> None:
         self.task = task
         self.settings = settings
@@ -94,6 +100,7 @@ class ModelEndpoint:
         self.proxy: ModelProxy | None = None
         self._tmp: str | None = None
         self.compactions = 0
+        self.gate = gate  # the debugger's breakpoints (core.model.hold)
         # OpenCode's API key for the proxy: only this episode's OpenCode can spend the upstream key.
         self.access_token = secrets.token_urlsafe(24)
 
@@ -119,6 +126,7 @@ class ModelEndpoint:
                 unix_path=f"{self._tmp}/model.sock",
                 host=self.settings.proxy_host,
                 access_token=self.access_token,
+                gate=self.gate,
             ).start()
         except BaseException:
             await self.__aexit__(None, None, None)

@@ -63,6 +63,7 @@ from core.model._http import (
     head_bytes,
     send_simple,
 )
+from core.model.hold import CallGate, HeldCall, HoldVerdict, Release, answer_json, answer_sse
 from core.redaction import REDACTED, redact, redact_headers, redact_text
 
 log = logging.getLogger(__name__)
@@ -319,6 +320,7 @@ class ModelProxy(HttpService):
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         call_id_prefix: str | None = None,
         access_token: str | None = None,
+        gate: CallGate | None = None,
     ) -> None:
         parts = urlsplit(upstream_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -342,6 +344,7 @@ class ModelProxy(HttpService):
         self._counter = itertools.count(1)
         self._api_key: str | None = None
         self.access_token = access_token
+        self.gate = gate  # the debugger's breakpoints (core.model.hold); None: every call goes through
         self._client: httpx.AsyncClient | None = None
         self._server = HttpServer(self._handle, name="model-proxy")
         self._file_lock = threading.Lock()
@@ -460,6 +463,40 @@ class ModelProxy(HttpService):
             rec.answer_fault = fault
             rec.error = answer_fault_error(status, fault, detail)
 
+    async def _release_by_hand(
+        self, rec: ModelCallRecord, verdict: HoldVerdict, body: Any, writer: asyncio.StreamWriter
+    ) -> None:
+        """A held call that never reaches the model: a person's answer, or a 503 (the run is ending)."""
+        if verdict.action is Release.FAIL:
+            rec.proxy_status = 503
+            rec.error = f"held by the debugger and failed: {verdict.reason or 'released without an answer'}"
+            message = {"error": {"message": rec.error, "type": "debugger_released", "code": 503}}
+            await send_simple(writer, 503, message)
+            return
+        assert verdict.answer is not None
+        model = rec.model
+        rec.status = rec.proxy_status = 200
+        rec.answered_by = verdict.by or "person"
+        rec.finish_reason = "tool_calls" if verdict.answer.tool_calls else "stop"
+        rec.produced = True
+        if rec.stream:
+            data = answer_sse(verdict.answer, model)
+            headers = [
+                ("Content-Type", "text/event-stream"),
+                ("Cache-Control", "no-cache"),
+                ("Transfer-Encoding", "chunked"),
+                ("Connection", "keep-alive"),
+            ]
+            writer.write(head_bytes(200, headers) + chunk_bytes(data) + LAST_CHUNK)
+            await writer.drain()
+            rec.response_headers = dict(headers)
+            rec.response_body = data.decode()
+            rec.response_bytes = len(data)
+        else:
+            reply = answer_json(verdict.answer, model)
+            await send_simple(writer, 200, reply)
+            rec.response_body = reply
+
     # -- the request path --------------------------------------------------------------------------
 
     async def _handle(self, req: Request, reader: BufferedReader, writer: asyncio.StreamWriter) -> bool:
@@ -504,6 +541,14 @@ class ModelProxy(HttpService):
         head_sent = False
         keep_alive = True
         try:
+            if self.gate is not None and rec.kind == "agent" and req.method == "POST":
+                held = HeldCall(call_id=rec.call_id, kind=rec.kind, request_body=body_json)
+                verdict = await watch.run(self.gate.hold(held))
+                if verdict.action is not Release.FORWARD:
+                    head_sent = True
+                    await self._release_by_hand(rec, verdict, body_json, writer)
+                    rec.latency_s = loop.time() - t0
+                    return True
             upstream_req = self._client.build_request(
                 req.method,
                 self._target(req),

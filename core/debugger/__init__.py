@@ -1,0 +1,1 @@
+"""The episode debugger (issue 27): breakpoints on model calls, a control socket, interventions."""

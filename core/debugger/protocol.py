@@ -1,0 +1,50 @@
+"""The control socket's wire format: one JSON request per line, one JSON reply per line."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.model.hold import HandAnswer
+
+CONTROL_SOCKET = "control.sock"  # in the run directory, mode 0600, while the run is live
+
+
+class CtlRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: Literal["status", "pause", "continue", "step", "say", "answer", "abort", "break"]
+    text: str | None = None  # say: the message; break: the condition
+    answer: HandAnswer | None = None  # answer: the model's reply, written by hand
+    who: str = "ctl"
+
+
+class HeldView(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    call_number: int
+    call_id: str
+    age_s: float
+    reason: str
+    run_deadline_in_s: float | None = None
+    conversation: str  # the held request, short and readable
+
+
+class StatusView(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    phase: str
+    live: bool
+    held: HeldView | None = None
+    breaks: list[str] = Field(default_factory=list)
+    agent_calls: int = 0
+    interventions: int = 0
+
+
+class CtlReply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ok: bool
+    message: str  # one line for a person
+    status: StatusView | None = None

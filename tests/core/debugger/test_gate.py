@@ -1,0 +1,202 @@
+"""The debugger's gate in the real recording proxy, without a sandbox: a real loopback client sends
+agent requests through the proxy to the scripted model, and a person's acts come through the real
+control socket (a second thread, the ``ctl`` client). No OpenCode here, so ``say``/``abort`` have no
+server to reach: they are refused with the reason (the episode tests cover them with OpenCode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.breaks import BreakSyntaxError, parse_break
+from core.debugger.client import NotLive, request
+from core.debugger.control_socket import ControlSocket
+from core.debugger.debugger import Debugger
+from core.debugger.protocol import CtlRequest
+from core.events import Event, FailureRecorded, HealthKind, HealthWarning, Intervention, ModelCall, ToolCall
+from core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, decide
+from core.failures.evidence import utcnow
+from core.model.hold import HandAnswer, HandToolCall, HeldCall, Release
+from core.model.proxy import ModelProxy
+from core.model.readable import assemble_response
+from core.model.scripted import ScriptedModel
+
+TRAJECTORY = Path(__file__).resolve().parents[3] / "sample_tasks" / "fix-bug" / "trajectory.yaml"
+AGENT_BODY = {
+    "model": "scripted",
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "messages": [
+        {"role": "system", "content": "You are opencode, an interactive CLI tool."},
+        {"role": "user", "content": "Fix the bug."},
+    ],
+    "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("next", "next"), ("call:3", "call:3"), (" tool:bash ", "tool:bash"), ("ERROR", "error")],
+)
+def test_break_conditions_parse(text, words):
+    assert parse_break(text).words == words
+
+
+@pytest.mark.parametrize("text", ["cal:2", "call:0", "call:x", "tool:", "warning:1", ""])
+def test_bad_break_conditions_say_what_is_accepted(text):
+    with pytest.raises(BreakSyntaxError, match=r"call:N|tool:NAME|takes no argument"):
+        parse_break(text)
+
+
+async def _until(check, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_hold_answer_forward_and_release_through_the_control_socket(tmp_path):
+    events: list[Event] = []
+    intervened: list[str] = []
+    debugger = Debugger(
+        ["call:1"], emit=events.append, on_intervened=intervened.append, phase=lambda: "agent"
+    )
+    run_dir = tmp_path / ("r" * 120)  # longer than a Unix socket path may be: the socket is linked
+    run_dir.mkdir()
+    async with (
+        ScriptedModel(TRAJECTORY, placeholders={"workdir": "/app"}) as model,
+        ControlSocket(run_dir, debugger) as ctl,
+        ModelProxy(model.url, record_dir=run_dir, gate=debugger) as proxy,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30) as client,
+    ):
+        assert ctl.path is not None and stat.S_IMODE(os.stat(ctl.path).st_mode) == 0o600
+        assert (run_dir / "control.sock").is_symlink()
+
+        def ctl_says(**kw):
+            return asyncio.to_thread(request, run_dir, CtlRequest(**kw))
+
+        first = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+        await _until(lambda: debugger.held is not None)
+        status = await ctl_says(command="status")
+        assert status.status and status.status.held and status.status.held.call_number == 1
+        assert "[user] Fix the bug." in status.status.held.conversation
+        refused = await ctl_says(command="answer", answer=HandAnswer(tool_calls=[HandToolCall(name="rm")]))
+        assert not refused.ok and "offered: bash" in refused.message
+        no_server = await ctl_says(command="say", text="hello")
+        assert not no_server.ok and "not running yet" in no_server.message
+        assert not first.done()  # nothing changed: still held
+        answer = HandAnswer(
+            text="by hand", tool_calls=[HandToolCall(name="bash", arguments={"command": "ls"})]
+        )
+        assert (await ctl_says(command="answer", answer=answer)).ok
+        resp = await first
+        reply = assemble_response(resp.text)
+        assert resp.status_code == 200 and reply.text == "by hand"
+        assert [(c.name, c.arguments) for c in reply.tool_calls] == [("bash", {"command": "ls"})]
+
+        second = await client.post("/chat/completions", json=AGENT_BODY)  # no break: the model answers
+        assert second.status_code == 200 and "by hand" not in second.text
+
+        assert (await ctl_says(command="pause")).ok
+        third = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+        await _until(lambda: debugger.held is not None)
+        debugger.release_all("cancelled by SIGTERM")
+        failed = await third
+        assert failed.status_code == 503 and "cancelled by SIGTERM" in failed.text
+        later = await ctl_says(command="continue")
+        assert not later.ok and "not held" in later.message
+
+    records = [json.loads(x) for x in (run_dir / "model_calls.jsonl").read_text().splitlines()]
+    assert [r.get("answered_by") for r in records] == ["ctl", None, None]
+    assert records[0]["usage"]["tokens_in"] is None and records[1]["usage"]["tokens_in"] is not None
+    assert records[2]["proxy_status"] == 503
+    assert [e.what for e in events if isinstance(e, Intervention)] == [
+        "break",
+        "answer",
+        "pause",
+        "break",
+        "release",
+    ]
+    assert intervened == ["answer"]
+    assert not (run_dir / "control.sock").exists()
+    with pytest.raises(NotLive):
+        request(run_dir, CtlRequest(command="status"))
+
+
+def _tool(name: str) -> ToolCall:
+    return ToolCall(call_id="c1", tool=name, status="completed")
+
+
+def _failed_call() -> ModelCall:
+    return ModelCall(
+        call_id="mc-1",
+        method="POST",
+        path="/v1/chat/completions",
+        status=500,
+        started_at=utcnow(),
+        latency_s=0.1,
+    )
+
+
+def _failure() -> FailureRecorded:
+    failure = FailureEvent(kind="model_server_error", stage=FailureStage.AGENT, operation="x", message="x")
+    return FailureRecorded(failure=failure, decision=decide(failure, attempt=1, policy=DEFAULT_POLICY))
+
+
+def _health() -> HealthWarning:
+    return HealthWarning(kind=next(iter(HealthKind)), message="m")
+
+
+@pytest.mark.parametrize(
+    ("cond", "other", "event", "reason"),
+    [
+        ("tool:bash", _tool("read"), _tool("bash"), "tool:bash ran"),
+        ("error", _tool("bash"), _failed_call(), "error: call mc-1 failed"),
+        ("failure", _failed_call(), _failure(), "failure: model_server_error"),
+        ("warning", _failure(), _health(), "warning:"),
+    ],
+)
+async def test_stream_conditions_hold_the_next_call_once(cond, other, event, reason):
+    """Real events of the stream arm a condition; the next agent call is held, the one after is not."""
+    recorded: list[Event] = []
+    debugger = Debugger([cond], emit=recorded.append, on_intervened=lambda _: None, phase=lambda: "agent")
+    call = HeldCall(call_id="mc-2", kind="agent", request_body=AGENT_BODY)
+    debugger.observe(other)
+    assert (await debugger.hold(call)).action is Release.FORWARD  # another event arms nothing
+    debugger.observe(event)
+    held = asyncio.ensure_future(debugger.hold(call))
+    await _until(lambda: debugger.held is not None)
+    assert debugger.held is not None and debugger.held.reason.startswith(reason)
+    assert debugger.continue_("test").ok
+    assert (await held).action is Release.FORWARD
+    assert (await debugger.hold(call)).action is Release.FORWARD
+
+
+async def test_a_client_that_hangs_up_while_held_has_its_retry_held(tmp_path):
+    """OpenCode gives up on a held call after its request timeout and retries: the retry is held."""
+    debugger = Debugger(["call:1"], emit=lambda _: None, on_intervened=lambda _: None, phase=lambda: "agent")
+    async with (
+        ScriptedModel(TRAJECTORY, placeholders={"workdir": "/app"}) as model,
+        ModelProxy(model.url, record_dir=tmp_path, gate=debugger) as proxy,
+    ):
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+            first = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+            await _until(lambda: debugger.held is not None)
+            first.cancel()  # the client's own timeout: it closes the connection
+            with pytest.raises(asyncio.CancelledError):
+                await first
+        await _until(lambda: debugger.held is None)
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+            retry = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+            await _until(lambda: debugger.held is not None)
+            assert debugger.held is not None and "retried" in debugger.held.reason
+            assert debugger.continue_("test").ok
+            assert (await retry).status_code == 200
