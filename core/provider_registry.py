@@ -11,28 +11,17 @@ from __future__ import annotations
 
 import abc
 import functools
-import importlib.metadata
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+# The names live in core/provider_names.py (cheap to read without loading a plug-in); re-exported.
+from core.provider_names import BUILTIN, ENTRY_POINT_GROUP, entry_points, names  # noqa: F401
+
 if TYPE_CHECKING:
     from core.config import AgentConfig
     from core.sandbox.base import SandboxProvider
-
-ENTRY_POINT_GROUP = "opencode_tui.providers"
-
-# The built-in providers, also declared as entry points in pyproject.toml (a test keeps the two
-# equal). Used only when the installed metadata lacks them: an editable install made before the
-# entry points existed, or running from a source tree that is not installed.
-BUILTIN = {
-    "docker": "core.sandbox.docker.plugin:PLUGIN",
-    "local": "core.sandbox.local.plugin:PLUGIN",
-    "opensandbox": "core.sandbox.opensandbox.plugin:PLUGIN",
-}
-_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
 
 class Capabilities(BaseModel):
@@ -119,23 +108,8 @@ class PluginLoadError(ValueError):
     config naming it fails validation with this message)."""
 
 
-@functools.cache
-def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    found: dict[str, importlib.metadata.EntryPoint] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
-    for name, value in BUILTIN.items():
-        found.setdefault(name, importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP))
-    return {name: ep for name, ep in found.items() if _NAME.fullmatch(name)}
-
-
-def names() -> list[str]:
-    """Every registered provider name, sorted."""
-    return sorted(_entry_points())
-
-
 def check_name(name: str) -> str:
-    if name not in _entry_points():
+    if name not in entry_points():
         raise UnknownProviderError(f"unknown sandbox provider {name!r}; registered: {', '.join(names())}")
     return name
 
@@ -143,7 +117,7 @@ def check_name(name: str) -> str:
 @functools.cache
 def get(name: str) -> ProviderPlugin:
     """The plug-in registered as ``name`` (loaded once)."""
-    ep = _entry_points().get(check_name(name))
+    ep = entry_points().get(check_name(name))
     assert ep is not None
     try:
         plugin = ep.load()

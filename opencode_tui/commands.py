@@ -13,6 +13,22 @@ from core.exit_codes import ExitCode
 THEME_ENV = "OPENCODE_TUI_THEME"
 
 
+def on_terminal() -> bool:
+    """Both ends are a terminal: only then may a command start the full-screen app (else it would draw
+    into a file or wait forever for keys a script never sends)."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _needs_terminal(command: str, instead: str) -> int:
+    """One line saying why ``command`` did not start, and what to run instead; exit 2."""
+    print(f"opencode-tui {command}: needs a terminal (stdin and stdout); {instead}", file=sys.stderr)
+    return ExitCode.USAGE
+
+
+def _print_lines(lines: list[str]) -> None:
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from opencode_tui.export_command import cmd_export as export
 
@@ -26,6 +42,8 @@ def cmd_samples(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if not args.batch and not on_terminal():
+        return _needs_terminal("run", "add --batch for JSON lines on stdout and progress on stderr")
     from opencode_tui.run_command import cmd_run as run
 
     return run(args)
@@ -59,6 +77,10 @@ def cmd_open(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"opencode-tui open: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    if not on_terminal():
+        return _needs_terminal(
+            "open", f"for text, `opencode-tui export {path} --format messages -o -` or `opencode-tui runs`"
+        )
     theme = _theme()
     if theme is None:
         return ExitCode.USAGE
@@ -81,6 +103,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.json:
         for path, info in run_rows(runs_dir):
             print(json.dumps(run_summary(path, info)))
+        return ExitCode.OK
+    if not on_terminal():  # a pipe or a file: the browser's table as text
+        from opencode_tui.plain_text import runs_table
+
+        _print_lines(runs_table(run_summary(path, info) for path, info in run_rows(runs_dir)))
         return ExitCode.OK
     theme = _theme()
     if theme is None:
@@ -105,6 +132,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if args.json:
             print(diff_runs(run_a, run_b).model_dump_json())
             return ExitCode.OK
+        if not on_terminal():  # a pipe or a file: the comparison as text
+            from opencode_tui.plain_text import diff_lines
+
+            _print_lines(diff_lines(diff_runs(run_a, run_b)))
+            return ExitCode.OK
         RunDirReader(run_a), RunDirReader(run_b)  # not a run directory: said here, before any screen
     except FileNotFoundError as exc:
         print(f"opencode-tui diff: {exc}", file=sys.stderr)
@@ -126,6 +158,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
+    if not on_terminal():
+        return _needs_terminal("attach", "run it from an interactive terminal")
     from opencode_tui.keep_commands import cmd_attach as attach
 
     return attach(args)
