@@ -16,6 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from core.events import FailureRecorded, Phase
+from opencode_tui import format as fmt
 from opencode_tui.messages import ShellStateChanged
 from opencode_tui.state import RunState
 from opencode_tui.widgets.pty import EXITED, OpenPty, PtyTerminal
@@ -32,7 +33,7 @@ def run_ended_it(state: RunState) -> str | None:
         return None
     failure = next((f.failure for f in reversed(state.failures) if isinstance(f, FailureRecorded)), None)
     if failure is not None:
-        return f"the run ended it ({failure.kind}: {failure.message})"
+        return f"the run ended it ({failure.kind}: {fmt.short(failure.message, 60)})"
     return f"the run ended it (the episode had moved on to {state.phase.phase})"
 
 
