@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -19,9 +20,9 @@ def on_terminal() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
-def _needs_terminal(command: str, instead: str) -> int:
+def _needs_terminal(command: str, instead: str, needs: str = "stdin and stdout") -> int:
     """One line saying why ``command`` did not start, and what to run instead; exit 2."""
-    print(f"opencode-tui {command}: needs a terminal (stdin and stdout); {instead}", file=sys.stderr)
+    print(f"opencode-tui {command}: needs a terminal ({needs}); {instead}", file=sys.stderr)
     return ExitCode.USAGE
 
 
@@ -42,11 +43,16 @@ def cmd_samples(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if not args.batch and not on_terminal():
-        return _needs_terminal("run", "add --batch for JSON lines on stdout and progress on stderr")
-    from opencode_tui.run_command import cmd_run as run
+    from opencode_tui import run_command
 
-    return run(args)
+    if not args.batch and not on_terminal():
+        try:  # bad input is said as such first (what is wrong with it matters more than the terminal)
+            run_command.admit(args)
+        except (run_command.UsageError, run_command.ConfigError) as exc:
+            print(f"opencode-tui run: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        return _needs_terminal("run", "add --batch for JSON lines on stdout and progress on stderr")
+    return run_command.cmd_run(args)
 
 
 def _theme() -> str | None:
@@ -77,13 +83,13 @@ def cmd_open(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"opencode-tui open: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    theme = _theme()
+    if theme is None:
+        return ExitCode.USAGE
     if not on_terminal():
         return _needs_terminal(
             "open", f"for text, `opencode-tui export {path} --format messages -o -` or `opencode-tui runs`"
         )
-    theme = _theme()
-    if theme is None:
-        return ExitCode.USAGE
     from opencode_tui.app import OpenCodeTUI
 
     OpenCodeTUI(run_dir=path, theme=theme).run()
@@ -157,12 +163,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return sweep(args)
 
 
-def cmd_attach(args: argparse.Namespace) -> int:
-    if not on_terminal():
-        return _needs_terminal("attach", "run it from an interactive terminal")
-    from opencode_tui.keep_commands import cmd_attach as attach
+def _stdin_streams() -> bool:
+    """stdin is a terminal, a pipe or a socket: what ``attach`` can relay to the sandbox's shell
+    (``echo 'ls' | opencode-tui attach RUN_DIR`` works; a file or /dev/null cannot be waited on)."""
+    mode = os.fstat(sys.stdin.fileno()).st_mode
+    return sys.stdin.isatty() or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
-    return attach(args)
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from opencode_tui import keep_commands
+
+    if not _stdin_streams():
+        try:  # an unknown or released target is said as such first
+            keep_commands._target(args.target)
+        except keep_commands.UsageError as exc:
+            print(f"opencode-tui attach: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        return _needs_terminal(
+            "attach", "run it in a terminal, or pipe commands in: `echo ls | opencode-tui attach …`", "stdin"
+        )
+    return keep_commands.cmd_attach(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

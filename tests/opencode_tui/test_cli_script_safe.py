@@ -20,11 +20,14 @@ from core.exit_codes import ExitCode
 COLS, ROWS = 160, 45
 
 
-def cli(*args: str, stdin=subprocess.DEVNULL, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, stdin=subprocess.DEVNULL, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """``opencode-tui ARGS`` with stdin and stdout not a terminal; a hang fails on the timeout."""
     return subprocess.run(
         [sys.executable, "-m", "opencode_tui.cli", *args],
-        stdin=stdin,
+        stdin=stdin if input is None else None,
+        input=input,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -58,18 +61,45 @@ def test_diff_without_a_terminal_prints_a_readable_diff(fixture_runs: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("args", "hint"),
-    [
-        (["open", "{run}"], "export"),
-        (["run", "hello-file"], "--batch"),
-        (["attach", "{run}"], "interactive terminal"),
-    ],
+    ("args", "hint"), [(["open", "{run}"], "export"), (["run", "hello-file"], "--batch")]
 )
 def test_app_commands_without_a_terminal_exit_2_with_one_line(fixture_runs: Path, args, hint) -> None:
     r = cli(*[a.format(run=fixture_runs / "oom") for a in args])
     assert r.returncode == ExitCode.USAGE, r.stderr
     assert r.stdout == ""
-    assert len(r.stderr.splitlines()) == 1 and "needs a terminal" in r.stderr and hint in r.stderr
+    last = r.stderr.splitlines()[-1]  # (run says first which bundled sample the name is)
+    assert "needs a terminal" in last and hint in last
+    assert sum("needs a terminal" in line for line in r.stderr.splitlines()) == 1
+
+
+def test_bad_input_is_said_before_the_missing_terminal(fixture_runs: Path, tmp_path: Path) -> None:
+    attempts = cli("run", "hello-file", "--attempts", "2", "--runs-dir", str(tmp_path / "runs"))
+    assert attempts.returncode == ExitCode.USAGE and "--attempts applies to --batch only" in attempts.stderr
+    released = cli("attach", str(fixture_runs / "oom"))
+    assert released.returncode == ExitCode.USAGE and "did not keep its sandbox" in released.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_attach_without_a_terminal_takes_piped_commands_or_says_what_to_do(tmp_path: Path) -> None:
+    """A kept local sandbox (a real run): commands piped in are run and their output printed; stdin
+    from /dev/null (nothing to relay) is exit 2 with a one-line hint (it was exit 3, "Operation not
+    permitted")."""
+    runs = tmp_path / "runs"
+    kept = cli(
+        "run", "hello-file", "--batch", "--provider", "local", "--keep-sandbox", "--runs-dir", str(runs)
+    )
+    assert kept.returncode == 0, kept.stderr
+    line = json.loads(kept.stdout.splitlines()[-1])
+    try:
+        nothing = cli("attach", line["run_dir"])
+        assert nothing.returncode == ExitCode.USAGE, nothing.stderr
+        assert len(nothing.stderr.splitlines()) == 1 and "pipe commands in" in nothing.stderr
+        piped = cli("attach", line["run_dir"], stdin=None, timeout=120, input="echo piped-$((6*7)); exit\n")
+        assert piped.returncode == 0, piped.stderr
+        assert "piped-42" in piped.stdout
+    finally:
+        cli("sweep", line["sandbox_id"], "--provider", "local", "--kept")
 
 
 def test_diff_in_a_terminal_redirected_to_a_file_writes_the_diff(fixture_runs: Path, tmp_path: Path) -> None:
