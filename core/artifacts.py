@@ -157,7 +157,8 @@ def make_private_dir(path: Path) -> Path:
 
 
 class CastWriter:
-    """asciinema v2: a header line, then ``[seconds, "o", text]`` per output chunk."""
+    """asciinema v2: a header line (the terminal's size when it opened), then ``[seconds, "o", text]``
+    per output chunk, ``"i"`` per input and ``[seconds, "r", "COLSxROWS"]`` per resize."""
 
     def __init__(
         self,
@@ -184,6 +185,10 @@ class CastWriter:
     def input(self, text: str, at: float | None = None) -> None:
         """What a person typed (asciinema's "i" events), for shells a human used."""
         self._write("i", text, at)
+
+    def resize(self, cols: int, rows: int, at: float | None = None) -> None:
+        """The terminal's new size (asciinema's "r" events): a player redraws at it from here."""
+        self._write("r", f"{cols}x{rows}", at)
 
     def _write(self, code: str, text: str, at: float | None) -> None:
         t = time.monotonic() - self._t0 if at is None else at

@@ -89,13 +89,29 @@ class BatchSummary(BaseModel):
     cancelled_by: str | None = None
 
     def line(self) -> str:
-        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.failures_by_kind.items()))
+        """One line: how many were scored (those counted as zero, and why), how many failed and why,
+        how many never ran, the health warnings. ``5 of 6 scored (1 as zero: provider_oom_killed x1);
+        1 failed: model_server_error x1``."""
+
+        def why(results: list[EpisodeResult]) -> str:
+            counts = Counter(r.failure_kind or str(r.action) for r in results)
+            return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
+
+        zeros = [r for r in self.results if r.action is Outcome.COUNT_AS_ZERO]
+        failed = [r for r in self.results if not r.action.is_sample and r.started]
+        not_run = self.total - len(self.results) + sum(1 for r in self.results if not r.started)
         health = ", ".join(f"{k} x{n}" for k, n in sorted(self.health_by_kind.items()))
         unenforced = ", ".join(f"{k} x{n}" for k, n in sorted(self.unenforced_by_limit.items()))
         kept = ", ".join(f"{k} x{n}" for k, n in sorted(self.warnings_by_kind.items()))
         return (
             f"{self.scored} of {self.total} scored"
-            + (f"; failures: {kinds}" if kinds else "")
+            + (f" ({len(zeros)} as zero: {why(zeros)})" if zeros else "")
+            + (f"; {len(failed)} failed: {why(failed)}" if failed else "")
+            + (
+                f"; {not_run} not run" + (f" (cancelled by {self.cancelled_by})" if self.cancelled_by else "")
+                if not_run > 0
+                else ""
+            )
             + (f"; warnings (reward kept): {kept}" if kept else "")
             + (f"; health warnings: {health}" if health else "")
             + (f"; limits not enforced: {unenforced}" if unenforced else "")

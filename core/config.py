@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core import DEFAULT_PROVIDER
 from core.breaks import parse_break
 from core.failures import ClassificationConfig, OutcomePolicyOverrides
 
@@ -190,7 +191,7 @@ class SandboxConfig(_Model):
     # validates each against its provider's model and refuses every other one.
     model_config = ConfigDict(extra="allow")
 
-    provider: str = "local"
+    provider: str = DEFAULT_PROVIDER
     mode: Literal["owned", "borrowed"] = "owned"
     sandbox_id: str | None = None  # required when borrowed
     network: NetworkPolicy = NetworkPolicy.MODEL_ONLY

@@ -114,10 +114,18 @@ class InstallProgress(_Event):
     cached: bool = False
 
 
+# Warning codes that report a step the engine took for the run, not a risk to it: shown as information.
+INFORMATIONAL_WARNINGS = frozenset({"ripgrep_provisioned"})
+
+
 class Warning_(_Event):
     type: Literal["warning"] = "warning"
     code: str
     message: str
+
+    @property
+    def informational(self) -> bool:
+        return self.code in INFORMATIONAL_WARNINGS
 
 
 class TerminalOutput(_Event):

@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     HANGUP = 129  # SIGHUP (after cleanup and release)
     INTERRUPTED = 130  # Ctrl-C / SIGINT, or cancelled in the TUI (after cleanup and release)
     TERMINATED = 143  # SIGTERM (after cleanup and release)
+    PIPE_CLOSED = 141  # stdout's reader went away (`| head`): the output stopped there, quietly
 
     @classmethod
     def for_cancel(cls, by: str | None) -> ExitCode:
@@ -37,4 +38,5 @@ _SEVERITY = {
     ExitCode.INTERRUPTED: 5,
     ExitCode.HANGUP: 5,
     ExitCode.TERMINATED: 5,
+    ExitCode.PIPE_CLOSED: 5,
 }

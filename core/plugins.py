@@ -17,6 +17,17 @@ from typing import Generic, Protocol, TypeVar, cast
 NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
 
+def scan(group: str, builtin: Mapping[str, str]) -> dict[str, importlib.metadata.EntryPoint]:
+    """Each name's entry point in ``group`` (none loaded): the installed metadata, then ``builtin``
+    for a name it lacks. Cheap: no plug-in is imported (the command line names them in its help)."""
+    found: dict[str, importlib.metadata.EntryPoint] = {}
+    for ep in importlib.metadata.entry_points(group=group):
+        found.setdefault(ep.name, ep)  # the first on sys.path wins, as for imports
+    for name, value in builtin.items():
+        found.setdefault(name, importlib.metadata.EntryPoint(name, value, group))
+    return {name: ep for name, ep in found.items() if NAME.fullmatch(name)}
+
+
 class Named(Protocol):
     name: str
 
@@ -45,12 +56,7 @@ class Registry(Generic[P]):
 
     def entry_points(self) -> dict[str, importlib.metadata.EntryPoint]:
         if self._found is None:
-            found: dict[str, importlib.metadata.EntryPoint] = {}
-            for ep in importlib.metadata.entry_points(group=self.group):
-                found.setdefault(ep.name, ep)
-            for name, value in self.builtin.items():
-                found.setdefault(name, importlib.metadata.EntryPoint(name, value, self.group))
-            self._found = {name: ep for name, ep in found.items() if NAME.fullmatch(name)}
+            self._found = scan(self.group, self.builtin)
         return self._found
 
     def names(self) -> list[str]:

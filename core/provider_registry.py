@@ -17,20 +17,12 @@ from pydantic import BaseModel, ConfigDict
 
 from core.plugins import Registry
 
+# The names and the built-in table live in core/provider_names.py (read without loading a plug-in).
+from core.provider_names import BUILTIN, ENTRY_POINT_GROUP
+
 if TYPE_CHECKING:
     from core.config import AgentConfig
     from core.sandbox.base import SandboxProvider
-
-ENTRY_POINT_GROUP = "opencode_tui.providers"
-
-# The built-in providers, also declared as entry points in pyproject.toml (a test keeps the two
-# equal). Used only when the installed metadata lacks them: an editable install made before the
-# entry points existed, or running from a source tree that is not installed.
-BUILTIN = {
-    "docker": "core.sandbox.docker.plugin:PLUGIN",
-    "local": "core.sandbox.local.plugin:PLUGIN",
-    "opensandbox": "core.sandbox.opensandbox.plugin:PLUGIN",
-}
 
 
 class Capabilities(BaseModel):

@@ -1,7 +1,7 @@
 """Shells a person opens in an episode's sandbox: recorded, and said in the record.
 
 Every shell is an event pair (``ShellOpened`` / ``ShellClosed``) and its own asciinema cast with what
-was typed and what was shown. A shell opened before verification has finished marks the sample: the
+was typed and what was shown, at the terminal's size (opened at it, and each resize recorded). A shell opened before verification has finished marks the sample: the
 hand in the sandbox may have changed what the verifier sees, so such an episode is never a clean score.
 """
 
@@ -44,6 +44,9 @@ class RecordedShell(PtyHandle):
 
     async def resize(self, cols: int, rows: int) -> None:
         await self._inner.resize(cols, rows)
+        if not self._closed:
+            with contextlib.suppress(OSError):  # as for output: the shell outlives a full disk
+                self._cast.resize(cols, rows)
 
     async def close(self) -> None:
         try:

@@ -1,5 +1,6 @@
-"""Progress for headless batches: a rich live display on stderr when it is a terminal, else
-one plain line per finished episode. Data never goes to stderr; diagnostics never to stdout."""
+"""Progress for headless batches, on stderr: a rich live display when it is a terminal, and in both
+cases one line when an attempt starts (a retry says why: the previous attempt's outcome), one when it
+ends, one per finished episode with the count. Data never goes to stderr; diagnostics never to stdout."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.episode import Episode, EpisodeResult
-from core.events import Event, HealthWarning, InstallProgress, PhaseChanged
+from core.events import Event, HealthWarning, InstallProgress, OutcomeDecided, PhaseChanged
 
 
 def health_words(counts: dict[str, int]) -> str:
@@ -27,6 +28,7 @@ class BatchProgress:
         self._overall: Any = None
         self._rows: dict[str, Any] = {}
         self._names: dict[str, str] = {}  # run id → "task aN" (an attempt on a Ray worker)
+        self._ended: dict[str, str] = {}  # task id → how its last attempt ended (a retry's reason)
 
     def __enter__(self) -> BatchProgress:
         if self.tty:
@@ -49,8 +51,37 @@ class BatchProgress:
         if self._progress is not None:
             self._progress.stop()
 
+    def say(self, line: str) -> None:
+        """One line on stderr (above the live display, when there is one)."""
+        if self._progress is not None:
+            self._progress.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def _start(self, task_id: str, attempt: int, run_id: str, where: str = "") -> None:
+        before = self._ended.pop(task_id, None)
+        if attempt > 1 and before is not None:
+            self.say(f"{task_id} a{attempt}: retrying{where} after {before} in a{attempt - 1}, as {run_id}")
+        elif attempt > 1:
+            self.say(f"{task_id} a{attempt}: retrying{where} as {run_id}")
+        else:
+            self.say(f"{task_id} a{attempt}: started{where} as {run_id}")
+
+    def _end(self, task_id: str, attempt: int, outcome: OutcomeDecided) -> None:
+        self._ended[task_id] = outcome.failure_kind or str(outcome.action)
+        why = f" ({outcome.failure_kind})" if outcome.failure_kind else ""
+        reward = "" if outcome.reward is None else f", reward {outcome.reward:g}"
+        self.say(f"{task_id} a{attempt}: ended: {outcome.action}{why}{reward}")
+
     def attach(self, episode: Episode) -> None:
+        task_id, attempt = episode.task.id, episode.attempt
+        self._start(task_id, attempt, episode.run_id)
         if self._progress is None:
+            episode.bus.subscribe(
+                lambda event: (
+                    self._end(task_id, attempt, event) if isinstance(event, OutcomeDecided) else None
+                )
+            )
             return
         row = self._progress.add_task(f"{episode.task.id} a{episode.attempt}: admission", total=None)
         self._rows[episode.run_id] = row
@@ -71,11 +102,15 @@ class BatchProgress:
                 self._progress.update(row, description=describe())
             elif isinstance(event, InstallProgress) and event.bytes_total:
                 self._progress.update(row, completed=event.bytes_done, total=event.bytes_total)
+            elif isinstance(event, OutcomeDecided):
+                self._end(task_id, attempt, event)
 
         episode.bus.subscribe(on_event)
 
     def started(self, task_id: str, attempt: int, run_id: str) -> None:
-        """An attempt submitted to another process (a Ray worker): one row until it finishes."""
+        """An attempt submitted to another process (a Ray worker): one row until it finishes (how each
+        attempt ended is not reported from there: the finished line says how the last one did)."""
+        self._start(task_id, attempt, run_id, " on Ray")
         if self._progress is None:
             return
         self._names[run_id] = f"{task_id} a{attempt}"
@@ -90,6 +125,7 @@ class BatchProgress:
 
     def finished(self, result: EpisodeResult) -> None:
         self.done += 1
+        self._ended.pop(result.task_id, None)
         if self._progress is not None:
             # The rows of this episode's earlier attempts too (a retry is a new row).
             for run_id in [result.run_id, *(Path(p).name for p in result.previous_attempts)]:

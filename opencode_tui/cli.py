@@ -7,18 +7,28 @@ Exit codes (stable, documented in README.md):
   3  infrastructure failure (evaluation-side: sandbox, install, model endpoint, verifier)
   4  cleanup unconfirmed (a sandbox may still hold processes; see `opencode-tui sweep`)
   129/130/143 SIGHUP / interrupted (Ctrl-C) / SIGTERM, after cleanup
+  141 stdout was closed early (e.g. `| head`): the output stops there, quietly, as for any command
 `attach` and `sweep` exit 2 on bad input (an unknown, released or not-ours sandbox) with nothing touched.
+A usage error is one line on stderr (what was wrong, where help is), exit 2.
+
+Start-up stays cheap: nothing here imports the provider registry, pydantic or the config. The
+``--provider`` choices are read from the installed metadata (core/provider_names.py, no plug-in
+loaded) only when argparse needs them (help, or checking a given name), and the default provider's
+name comes from ``core.DEFAULT_PROVIDER``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
-from core import __version__, executor_registry
-from core import provider_registry as registry
-from core.config import SandboxConfig
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
+from core import DEFAULT_PROVIDER, __version__
 from core.exit_codes import ExitCode
 
 # httpx imports its own command line (click, rich, pygments: about 0.1 s, on the path from `run` to the
@@ -28,8 +38,55 @@ from core.exit_codes import ExitCode
 sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]  # None on purpose (above)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line: what was wrong and where the help is (not a screen of usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.USAGE, f"{self.prog}: {message}; see `{self.prog} --help`\n")
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        # argparse swallows a failed write; a closed pipe is main's to report, as for every command.
+        if message:
+            (file or sys.stderr).write(message)
+
+
+class LazyChoices:
+    """Choices read only when argparse iterates or tests them (for help, and for a value given on the
+    command line): naming the providers, executors or export versions then costs nothing at start-up."""
+
+    def __init__(self, load: Callable[[], Sequence[str]], *extra: str) -> None:
+        self.load, self.extra = load, extra
+
+    def _names(self) -> list[str]:
+        return [*self.load(), *self.extra]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+
+def _provider_names() -> list[str]:
+    from core.provider_names import names  # the installed metadata only: no plug-in is loaded
+
+    return names()
+
+
+def _executor_names() -> list[str]:
+    from core import executor_registry
+
+    return executor_registry.names()
+
+
+def _atif_versions() -> Sequence[str]:
+    from core.export.atif_versions import VERSIONS
+
+    return VERSIONS
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="opencode-tui",
         description="Run the OpenCode coding agent in a sandbox, watch it live, and trust why it failed.",
     )
@@ -51,9 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--executor",
-        choices=executor_registry.names(),
         help="where --batch runs its episodes: this process (local, the default) or a Ray cluster",
-    )
+    ).choices = LazyChoices(_executor_names)
     run.add_argument(
         "--ray-address", metavar="ADDR", help="the Ray cluster's head HOST:PORT (--executor ray)"
     )
@@ -63,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Ray CPUs each episode attempt reserves (--executor ray; default 1)",
     )
+    # choices are set after add_argument: that call formats the metavar, which would iterate them.
     run.add_argument(
-        "--provider", choices=registry.names(), help=f"sandbox provider (default: {SandboxConfig().provider})"
-    )
+        "--provider", help=f"sandbox provider (default: {DEFAULT_PROVIDER})"
+    ).choices = LazyChoices(_provider_names)
     run.add_argument("--model-url", help="OpenAI-compatible base URL (default: the task's scripted model)")
     run.add_argument("--model", help="model name at --model-url")
     run.add_argument("--api-key-env", help="environment variable holding the model API key")
@@ -117,10 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true", help="list what would be removed")
     sw.add_argument(
         "--provider",
-        choices=[*registry.names(), "all"],
         default="all",
-        help=f"all = {', '.join(registry.swept_by_default())} (the others need configuring: name them)",
-    )
+        # Which providers those are is known only by loading each plug-in: not for a help text.
+        help="all = every provider that lists its sandboxes without configuration (the others: name them)",
+    ).choices = LazyChoices(_provider_names, "all")
     sw.add_argument(
         "--all-owners",
         action="store_true",
@@ -130,15 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write run directories as ATIF trajectories or chat messages")
     ex.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     ex.add_argument("--format", choices=["atif", "messages"], default="atif", help="default: atif (v1.8)")
-    from core.export.atif_versions import NEWEST, VERSIONS
-
     ex.add_argument(
         "--atif-version",
-        choices=VERSIONS,
-        default=NEWEST,
         help="ATIF version to write (default 1.8); 1.7 for Harbor releases before v1.8, written beside "
         "RUN_DIR/trajectory.json (which stays 1.8), saying what was dropped",
-    )
+    ).choices = LazyChoices(_atif_versions)
     ex.add_argument(
         "-o",
         "--output",
@@ -170,6 +223,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            code = _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        # The reader has gone (`| head`): stop quietly. stdout points at /dev/null from here on so
+        # that the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return ExitCode.PIPE_CLOSED
+    return code
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

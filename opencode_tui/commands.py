@@ -5,12 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
 from core.exit_codes import ExitCode
 
 THEME_ENV = "OPENCODE_TUI_THEME"
+
+
+def on_terminal() -> bool:
+    """Both ends are a terminal: only then may a command start the full-screen app (else it would draw
+    into a file or wait forever for keys a script never sends)."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _needs_terminal(command: str, instead: str, needs: str = "stdin and stdout") -> int:
+    """One line saying why ``command`` did not start, and what to run instead; exit 2."""
+    print(f"opencode-tui {command}: needs a terminal ({needs}); {instead}", file=sys.stderr)
+    return ExitCode.USAGE
+
+
+def _print_lines(lines: list[str]) -> None:
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -32,9 +49,16 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from opencode_tui.run_command import cmd_run as run
+    from opencode_tui import run_command
 
-    return run(args)
+    if not args.batch and not on_terminal():
+        try:  # bad input is said as such first (what is wrong with it matters more than the terminal)
+            run_command.admit(args)
+        except (run_command.AdmissionError, run_command.ConfigError) as exc:
+            print(f"opencode-tui run: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        return _needs_terminal("run", "add --batch for JSON lines on stdout and progress on stderr")
+    return run_command.cmd_run(args)
 
 
 def _theme() -> str | None:
@@ -68,6 +92,10 @@ def cmd_open(args: argparse.Namespace) -> int:
     theme = _theme()
     if theme is None:
         return ExitCode.USAGE
+    if not on_terminal():
+        return _needs_terminal(
+            "open", f"for text, `opencode-tui export {path} --format messages -o -` or `opencode-tui runs`"
+        )
     from opencode_tui.app import OpenCodeTUI
 
     OpenCodeTUI(run_dir=path, theme=theme).run()
@@ -87,6 +115,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.json:
         for path, info in run_rows(runs_dir):
             print(json.dumps(run_summary(path, info)))
+        return ExitCode.OK
+    if not on_terminal():  # a pipe or a file: the browser's table as text
+        from opencode_tui.plain_text import runs_table
+
+        _print_lines(runs_table(run_summary(path, info) for path, info in run_rows(runs_dir)))
         return ExitCode.OK
     theme = _theme()
     if theme is None:
@@ -111,6 +144,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if args.json:
             print(diff_runs(run_a, run_b).model_dump_json())
             return ExitCode.OK
+        if not on_terminal():  # a pipe or a file: the comparison as text
+            from opencode_tui.plain_text import diff_lines
+
+            _print_lines(diff_lines(diff_runs(run_a, run_b)))
+            return ExitCode.OK
         RunDirReader(run_a), RunDirReader(run_b)  # not a run directory: said here, before any screen
     except FileNotFoundError as exc:
         print(f"opencode-tui diff: {exc}", file=sys.stderr)
@@ -131,10 +169,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return sweep(args)
 
 
-def cmd_attach(args: argparse.Namespace) -> int:
-    from opencode_tui.keep_commands import cmd_attach as attach
+def _stdin_streams() -> bool:
+    """stdin is a terminal, a pipe or a socket: what ``attach`` can relay to the sandbox's shell
+    (``echo 'ls' | opencode-tui attach RUN_DIR`` works; a file or /dev/null cannot be waited on)."""
+    mode = os.fstat(sys.stdin.fileno()).st_mode
+    return sys.stdin.isatty() or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
-    return attach(args)
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from opencode_tui import keep_commands
+
+    if not _stdin_streams():
+        try:  # an unknown or released target is said as such first
+            keep_commands._target(args.target)
+        except keep_commands.UsageError as exc:
+            print(f"opencode-tui attach: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        return _needs_terminal(
+            "attach", "run it in a terminal, or pipe commands in: `echo ls | opencode-tui attach …`", "stdin"
+        )
+    return keep_commands.cmd_attach(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

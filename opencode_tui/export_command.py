@@ -50,7 +50,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             lines.append(json.dumps(record, ensure_ascii=False))
             continue
         text = traj.to_json()
-        version = getattr(args, "atif_version", NEWEST)
+        version = getattr(args, "atif_version", None) or NEWEST
         if version != NEWEST:
             # [atif versions] a copy for older readers; the run directory's trajectory.json stays newest
             doc, dropped = for_version(json.loads(text), version)

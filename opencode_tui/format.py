@@ -44,6 +44,11 @@ def duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def reward(value: float | None) -> str:
+    """A reward as shown: ``1``, ``0.5``, or ``–`` when unknown (never "None", never 0)."""
+    return DASH if value is None else f"{value:g}"
+
+
 def seconds(value: float | None, digits: int = 2) -> str:
     return DASH if value is None else f"{value:.{digits}f}s"
 
@@ -129,7 +134,7 @@ def summarize(ev: Event) -> str:
     if isinstance(ev, InstallProgress):
         return f"install {ev.package} {nbytes(ev.bytes_done)}/{nbytes(ev.bytes_total)}"
     if isinstance(ev, Warning_):
-        return f"warning {ev.code}: {short(ev.message, 50)}"
+        return f"{'note' if ev.informational else 'warning'} {ev.code}: {short(ev.message, 50)}"
     if isinstance(ev, Compaction):
         return f"compaction #{ev.count} ({ev.trigger})"
     if isinstance(ev, HealthWarning):
@@ -137,9 +142,10 @@ def summarize(ev: Event) -> str:
     if isinstance(ev, SandboxFault):
         return f"KERNEL {ev.kind}: {short(ev.message, 60)}"
     if isinstance(ev, VerificationFinished):
-        return f"verification reward={ev.reward} passed={ev.passed}"
+        passed = DASH if ev.passed is None else ("passed" if ev.passed else "not passed")
+        return f"verification reward {reward(ev.reward)} · {passed}"
     if isinstance(ev, TranscriptStats):
         return f"transcript {ev.messages} messages, {sum(ev.tool_calls.values())} tool calls"
     if isinstance(ev, OutcomeDecided):
-        return f"outcome {ev.action} reward={ev.reward}"
+        return f"outcome {ev.action} reward {reward(ev.reward)}"
     return getattr(ev, "type", type(ev).__name__)

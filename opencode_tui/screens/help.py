@@ -73,8 +73,9 @@ confirmed cleanup. The shell (`s`) needs a live sandbox; in a replay it is unava
 
 MORE_KEYS = """\
 More keys: `tab` / `shift+tab` move the focus between panels · `enter` opens the selected model call or
-failure · in a replay `{` / `}` jump to the previous/next event that changed a panel, `N` to the previous
-failure, and with the timeline focused `←` / `→` (`shift` for 100), `home` / `end` · `escape` stops a
+failure · in a replay `[` / `]` step one event back/forward (as in the footer), `shift+[` / `shift+]`
+(`{` / `}`) jump to the previous/next event that changed a panel, `N` to the previous failure, and with
+the timeline focused `←` / `→` (`shift` for 100), `home` / `end` · `escape` stops a
 playback or returns to the runs browser · in the shell every key goes to the shell, `ctrl+]` comes back ·
 `ctrl+p` opens the command palette.
 """

@@ -146,7 +146,10 @@ class InspectScreen(ModalScreen[None]):
         texts: dict[str, str] = {}
         reader = RunDirReader(self.run_dir, check=False) if self.run_dir is not None else None
         got = reader.verifier_output() if reader else None
-        if got is None:
+        if got is None and self.verification is not None:  # it ran (the line above says how): no files
+            texts["verify-stdout"] = f"{NOT_RECORDED} (no {RunFiles.VERIFY_STDOUT} in this run directory)"
+            texts["verify-stderr"] = f"{NOT_RECORDED} (no {RunFiles.VERIFY_STDERR} in this run directory)"
+        elif got is None:
             texts["verify-stdout"] = texts["verify-stderr"] = f"{NOT_RECORDED}: the verifier did not run"
         else:
             texts["verify-stdout"] = got[0] or "(empty)"

@@ -48,13 +48,18 @@ class InstallProgressBar(Horizontal):
 
 class WarningsBar(ShowsRunState, Panel):
     """Warnings the engine raised (e.g. ripgrep unavailable) and episode-health warnings, the latest
-    one shown (a health warning wins: it is about the agent, not the set-up); hidden when none."""
+    one shown (a health warning wins: it is about the agent, not the set-up); without any, the latest
+    informational notice (a step the engine took, e.g. ripgrep provisioned) as a plain ℹ line; hidden
+    when there is neither."""
 
     def show_state(self, state: RunState) -> None:
-        n = len(state.warnings) + len(state.health)
-        if self.display != bool(n):
-            self.display = bool(n)
-        if not n:
+        warnings = [w for w in state.warnings if not w.informational]
+        n = len(warnings) + len(state.health)
+        notes = [w for w in state.warnings if w.informational]
+        shown = bool(n or notes)
+        if self.display != shown:
+            self.display = shown
+        if not shown:
             return
         more = f" (+{n - 1} more)" if n > 1 else ""
         if state.health:
@@ -68,7 +73,17 @@ class WarningsBar(ShowsRunState, Panel):
                 )
             )
             return
-        last = state.warnings[-1]
+        if not warnings:
+            last_note = notes[-1]
+            self.show_content(
+                Content.from_markup(
+                    "[dim]ℹ $code[/] [dim]$message[/]",
+                    code=last_note.code,
+                    message=fmt.short(last_note.message, 160),
+                )
+            )
+            return
+        last = warnings[-1]
         self.show_content(
             Content.from_markup(
                 "[b $warning]⚠ $code[/] $message$more",

@@ -20,6 +20,7 @@ from textual.widget import Widget
 from core.sandbox import PtyHandle
 
 OpenPty = Callable[[int, int], Awaitable[PtyHandle]]
+EXITED = "the shell exited"  # its output ended: ``exit``, or its process was killed (the screen says which)
 
 KEYS: dict[str, str] = {
     "enter": "\r",
@@ -100,7 +101,9 @@ class PtyTerminal(Widget, can_focus=True):
         self.bytes_read = 0
 
     def on_mount(self) -> None:
-        self._run()
+        # Opened once laid out: the PTY (and its recording's header) get the widget's real size, not
+        # a placeholder of a widget that has no size yet.
+        self.call_after_refresh(self._run)
 
     @work(exclusive=True, group="pty")
     async def _run(self) -> None:
@@ -122,7 +125,7 @@ class PtyTerminal(Widget, can_focus=True):
             except Exception:
                 pass
         self.post_message(self.Opened())
-        reason = "the shell exited"
+        reason = EXITED
         try:
             while True:
                 data = await self.handle.read()

@@ -29,7 +29,7 @@ async def test_rerun_skips_scored_and_retries_the_rest(tmp_path):
     assert by_task["hello-file"].action == "scored"
     assert by_task["model-flaky-500"].action == "mark_evaluation_error"
     # model-flaky-500 answers 500 four times in a row: a retry storm (a health warning, not a failure).
-    assert first.line() == "1 of 2 scored; failures: model_server_error x1; health warnings: retry_storm x1"
+    assert first.line() == "1 of 2 scored; 1 failed: model_server_error x1; health warnings: retry_storm x1"
 
     second = await run_batch(tasks, config, runs_dir=runs, jobs=2)
     again = {r.task_id: r for r in second.results}

@@ -339,7 +339,7 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
     # The summary line is the local executor's.
     assert local.stderr.splitlines()[-1] == on_ray.stderr.splitlines()[-1]
     assert on_ray.stderr.splitlines()[-1].startswith(  # (then the health warnings, the same on both)
-        "opencode-tui: 5 of 6 scored; failures: model_server_error x1, provider_oom_killed x1"
+        "opencode-tui: 5 of 6 scored (1 as zero: provider_oom_killed x1); 1 failed: model_server_error x1"
     )
     # results.jsonl as the local executor writes it: one line per finished episode.
     recorded = [json.loads(line) for line in (tmp_path / "ray" / "results.jsonl").read_text().splitlines()]

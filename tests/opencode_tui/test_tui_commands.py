@@ -20,6 +20,7 @@ def test_open_on_a_non_run_directory_is_a_one_line_usage_error(tmp_path, capsys)
 
 def test_open_runs_the_app_on_the_run_dir(fixture_runs, monkeypatch):
     started: list[OpenCodeTUI] = []
+    monkeypatch.setattr(commands, "on_terminal", lambda: True)  # the app starts only on a terminal
     monkeypatch.setattr(OpenCodeTUI, "run", lambda self, *a, **k: started.append(self))
     monkeypatch.delenv(commands.THEME_ENV, raising=False)
     assert main(["open", str(fixture_runs / "oom")]) == 0
@@ -51,6 +52,7 @@ def test_runs_json_prints_one_line_per_run(fixture_runs, capsys):
 
 def test_runs_browser_and_missing_runs_dir(fixture_runs, tmp_path, monkeypatch, capsys):
     started: list[OpenCodeTUI] = []
+    monkeypatch.setattr(commands, "on_terminal", lambda: True)  # the app starts only on a terminal
     monkeypatch.setattr(OpenCodeTUI, "run", lambda self, *a, **k: started.append(self))
     assert commands.cmd_runs(argparse.Namespace(runs_dir=str(fixture_runs), json=False)) == 0
     assert started[0].runs_dir == fixture_runs

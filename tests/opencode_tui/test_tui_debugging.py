@@ -99,6 +99,28 @@ async def test_search_in_the_terminal_pane_rendered_and_raw(fixture_runs, replay
         assert term.matches == [] and "no match" in term.border_subtitle
 
 
+async def test_a_new_search_replaces_the_previous_query(fixture_runs, replay_loaded):
+    """/hello⏎ then /zzz⏎ searches zzz (it searched hellozzz): the bar reopens with the old query
+    selected, so typing replaces it."""
+    app = OpenCodeTUI(run_dir=fixture_runs / "hello-file")
+    async with app.run_test(size=SIZE) as pilot:
+        await replay_loaded(pilot)
+        term = app.screen.terminal
+        term.focus()
+        await pilot.press("slash", *"hello", "enter")
+        await pilot.pause()
+        assert term.query == "hello" and term.matches
+        await pilot.press("slash")
+        bar = app.screen.query_one("#terminal-find", FindBar)
+        assert bar.value == "hello" and bar.selected_text == "hello"
+        await pilot.press(*"zzz", "enter")
+        await pilot.pause()
+        assert term.query == "zzz" and term.matches == []
+        await pilot.press("slash", "end", *"y", "enter")  # End keeps the query to edit
+        await pilot.pause()
+        assert term.query == "zzzy"
+
+
 async def test_search_finds_output_that_arrives_later(constructed_run, replay_loaded):
     """n after new lines: the search extends over what arrived since (here: the timeline moved on)."""
     app = OpenCodeTUI(run_dir=constructed_run)
@@ -133,7 +155,8 @@ async def test_model_calls_filter_by_status_and_kind(constructed_run, fixture_ru
         await pilot.pause()
         assert [c.kind for c in table.calls] == ["title"] and table.row_count == 1
         assert f"1/{total}" in table.border_subtitle
-        await pilot.press("slash", *" status:2xx", "enter")  # the bar opens with the filter in it
+        # the bar opens with the filter in it, selected: End (or an arrow) keeps it to refine
+        await pilot.press("slash", "end", *" status:2xx", "enter")
         await pilot.pause()
         assert table.filter_text == "kind:title status:2xx" and table.row_count == 1
         await pilot.press("slash", "escape")  # Escape: no filter

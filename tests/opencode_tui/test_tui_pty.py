@@ -26,15 +26,17 @@ STEPS = ("Cleanup receipt", "Descendants drained", "Transcript snapshot", "Sandb
 class Tui:
     """A running `opencode-tui` process and the screen it draws."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, resizable: bool = False) -> None:
         self.screen = pyte.Screen(COLS, ROWS)
         self.stream = pyte.ByteStream(self.screen)
+        # COLUMNS/LINES pin Textual's size; without them it follows the terminal's (SIGWINCH).
+        size = {} if resizable else {"COLUMNS": str(COLS), "LINES": str(ROWS)}
         self.child = pexpect.spawn(
             sys.executable,
             ["-m", "opencode_tui.cli", *args],
             cwd=str(cwd),
             dimensions=(ROWS, COLS),
-            env={"TERM": "xterm-256color", "COLUMNS": str(COLS), "LINES": str(ROWS), **_env()},
+            env={"TERM": "xterm-256color", **size, **_env()},
         )
 
     def text(self) -> str:
@@ -149,3 +151,44 @@ def test_ctrl_c_keystroke_is_a_graceful_close(tui):
         "transcript_snapshot": "ok",
         "sandbox_released": "ok",
     }
+
+
+def test_a_shell_is_recorded_at_its_size_and_says_the_deadline_ended_it(tmp_path):
+    """`s` at 160×48: shells/shell-1.cast opens at the shell pane's real size (it said 20×5), a resize
+    of the terminal is an asciinema "r" event, and when the run's deadline kills the shell its title
+    says so (it said "the shell exited")."""
+    task = _busy_task(tmp_path)
+    spec = yaml.safe_load((task / "task.yaml").read_text())
+    (task / "task.yaml").write_text(yaml.safe_dump({**spec, "limits": {"run_s": 45}}))
+    runs = tmp_path / "runs"
+    t = Tui(["run", str(task), "--provider", "local", "--runs-dir", str(runs)], tmp_path, resizable=True)
+    try:
+        t.wait_for(lambda s: "sleep 60" in s, 120, "the agent's running command")
+        t.child.send("s")
+        t.wait_for(lambda s: "Shell in sandbox" in s and ":/app" in s, 60, "the shell's prompt")
+        t.pump(1.0)
+        t.child.setwinsize(30, 100)
+        t.screen.resize(30, 100)
+        t.pump(2.0)
+        t.child.send("echo resized-$((6*7))\r")
+        t.wait_for(lambda s: "resized-42" in s, 30, "the shell's output after the resize")
+        t.wait_for(lambda s: "Shell closed" in s and "agent_timeout" in s, 90, "the deadline named")
+        assert "Shell closed: the shell exited" not in t.text()
+        deadline = time.monotonic() + 120
+        while not any(json.loads(p.read_text()).get("outcome") for p in runs.glob("*/run.json")):
+            assert time.monotonic() < deadline, "the run never ended"
+            t.pump(0.5)
+        t.child.send("\x1d")  # ctrl+]: back to the run, which has ended: q quits at once
+        t.pump(1.0)
+        t.child.send("q")
+        t.exit_code()
+    finally:
+        if t.child.isalive():
+            t.child.terminate(force=True)
+    [cast] = list(runs.glob("*/shells/*.cast"))
+    lines = [json.loads(line) for line in cast.read_text().splitlines()]
+    header, frames = lines[0], lines[1:]
+    # the pane is the screen less its title and the app's header/footer rows, never the 20×5 placeholder
+    assert COLS - 4 <= header["width"] <= COLS and ROWS - 8 <= header["height"] < ROWS, header
+    resizes = [f[2] for f in frames if f[1] == "r"]
+    assert resizes and resizes[-1].split("x")[0] in {str(c) for c in range(96, 101)}, resizes

@@ -133,6 +133,22 @@ def test_inspect_cleanup_80x24(snap_compare, fixture_runs, replay_loaded, wait):
     )
 
 
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_inspect_verifier(snap_compare, fixture_runs, replay_loaded, wait, size):
+    """v, then the Verifier tab: stderr right under stdout (it sat below a screen of blank rows)."""
+
+    async def run_before(pilot) -> None:
+        await replay_loaded(pilot)
+        await pilot.press("v")
+        await wait(pilot, lambda: getattr(pilot.app.screen, "loaded", False), what="the run's files")
+        await pilot.press("right")
+        await pilot.pause()
+
+    assert snap_compare(
+        OpenCodeTUI(run_dir=fixture_runs / "hello-file"), terminal_size=size, run_before=run_before
+    )
+
+
 def test_runs_browser(snap_compare, fixture_runs, monkeypatch):
     async def run_before(pilot) -> None:
         await pilot.pause()

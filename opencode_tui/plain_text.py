@@ -1,0 +1,110 @@
+"""What ``runs`` and ``diff`` print when they are not on a terminal (a pipe, a file, a script): the
+runs browser's table and the diff screen's content as plain text lines, no escape codes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from core.diff import RunDiff, Step
+
+DASH = "–"
+RUNS_HEADER: tuple[str, ...] = ("run", "task", "outcome", "reward", "failure kind", "duration")
+RUNS_HEADER += ("started (UTC)", "cleanup", "human", "provider")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return DASH
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _cleanup(row: dict[str, Any]) -> str:
+    confirmed = row.get("cleanup_confirmed")
+    return DASH if confirmed is None else ("confirmed" if confirmed else "UNCONFIRMED")
+
+
+def run_cells(row: dict[str, Any]) -> list[str]:
+    """One run (``feeds.run_summary``'s dict) as the table's cells."""
+    if not row.get("readable", True):
+        return [row["run_id"], "run.json unreadable", *[""] * (len(RUNS_HEADER) - 2)]
+    reward = row.get("reward")
+    started = datetime.fromisoformat(row["started_at"]).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return [
+        row["run_id"],
+        row.get("task_id") or DASH,
+        row.get("outcome") or "running/unknown",
+        DASH if reward is None else f"{reward:g}",
+        row.get("failure_kind") or DASH,
+        _duration(row.get("duration_s")),
+        started,
+        _cleanup(row),
+        "yes" if row.get("human_intervened") else "",
+        row.get("provider") or "",
+    ]
+
+
+def table(header: Iterable[str], rows: Iterable[list[str]]) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart."""
+    cells = [list(header), *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+
+
+def runs_table(summaries: Iterable[dict[str, Any]]) -> list[str]:
+    return table(RUNS_HEADER, (run_cells(s) for s in summaries))
+
+
+def _value(v: object) -> str:
+    if v is None:
+        return DASH
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def _step(step: Step | None) -> str:
+    if step is None:
+        return DASH
+    took = "" if step.duration_s is None else f" ({step.duration_s:.2f}s)"
+    return step.label() + took
+
+
+def diff_lines(diff: RunDiff) -> list[str]:
+    """The comparison as the diff screen shows it: drift, then the aligned steps (``!`` marks a step
+    that differs, ``>`` the first divergence), then the deltas."""
+    out = [f"A: {diff.a.run_dir} ({diff.a.task_id or DASH}, {diff.a.steps} steps)"]
+    out.append(f"B: {diff.b.run_dir} ({diff.b.task_id or DASH}, {diff.b.steps} steps)")
+    out.append("")
+    if diff.drift:
+        out.append("Drift (settings that differed before the episode began):")
+        out += table(
+            ("area", "key", "A", "B"), ([d.area, d.key, _value(d.a), _value(d.b)] for d in diff.drift)
+        )
+    else:
+        out.append("Drift: none (same task, config and versions)")
+    out.append("")
+    if diff.first_divergence is None:
+        out.append(f"Steps: the same ({len(diff.steps)})")
+    else:
+        out.append(f"Steps: first divergence at step {diff.first_divergence + 1} of {len(diff.steps)}")
+    rows = []
+    for i, s in enumerate(diff.steps):
+        mark = ">" if i == diff.first_divergence else (" " if s.same else "!")
+        rows.append([f"{mark}{i + 1}", _step(s.a), _step(s.b)])
+    out += table(("#", "A", "B"), rows)
+    out.append("")
+    out.append("Deltas (B - A):")
+    changed = [d for d in diff.deltas if d.changed]
+    if not changed:
+        out.append("none")
+    for d in changed:
+        change = ""
+        if d.delta is not None and d.delta != 0:
+            change = f" ({d.delta:+.3g})" if isinstance(d.delta, float) else f" ({d.delta:+,})"
+        out.append(f"{d.key}: {_value(d.a)} → {_value(d.b)}{change}")
+    return out
