@@ -13,7 +13,6 @@ check) overrides the ``contract_provider_factory`` fixture; ``contract_run_id`` 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -97,13 +96,11 @@ def chosen_providers(config: pytest.Config) -> list[str]:
         raise pytest.UsageError(str(exc)) from None
 
 
-SUITE_PATH = Path(__file__).with_name("suite.py")
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    # Only the suite's tests: a test elsewhere may have a ``provider`` fixture of its own.
-    # (By the function's file: the repository's tests import the suite's functions into a module.)
-    if "provider" not in metafunc.fixturenames or Path(inspect.getfile(metafunc.function)) != SUITE_PATH:
+    # Every test using this plug-in's ``provider`` fixture (the suite's, and a project's own tests
+    # that take it), never one whose module defines a ``provider`` fixture of its own.
+    defs = metafunc._arg2fixturedefs.get("provider")
+    if not defs or getattr(defs[-1].func, "__module__", None) != __name__:
         return
     hook = metafunc.config.hook.pytest_opencode_contract_marks
     params = []
