@@ -27,7 +27,7 @@ Design notes
   daemon thread into an ``asyncio.Queue``; ``resize`` is ``exec_resize``.
 * **Evidence** (``inspect``) is scoped to this container id only: ``docker.state``,
   ``docker.events`` (bounded ``since``/``until`` query) and ``cgroup.memory`` (the container's own
-  cgroup, found from its PID and checked to contain its id). See ``core.sandbox.oom``.
+  cgroup, found from its PID and checked to contain its id). See ``oom_rules``.
 """
 
 from __future__ import annotations

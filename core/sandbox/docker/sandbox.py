@@ -65,9 +65,10 @@ from core.sandbox.docker.common import (
     _ts,
 )
 from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _Tail
+from core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
 from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
 from core.sandbox.faults import FaultWatcher, kernel_log_note
-from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
+from core.sandbox.oom import SOURCE_CGROUP
 from core.sandbox.pids import pids_evidence, read_pids_cgroup
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ Failure handling (docs/opensandbox.md has the full story):
 * **The execution's hard cap is the caller's ``timeout``**: recovery and diagnosis use what is left
   of it and start no request after it. execd is asked to kill the command itself ``headroom``
   seconds after the cap, as a backstop.
-* **OOM is confirmed only by structured evidence about this sandbox** (``core.sandbox.oom``): a
+* **OOM is confirmed only by structured evidence about this sandbox** (``oom_rules``): a
   terminal lifecycle state with a recognised reason code; the diagnostics reports' ``OOMKilled``
   only when ``oom_from_diagnostics`` is on. Free text (a status message, output) never confirms.
 * **Expected refusal**: a refusal the daemon confirms before launching anything (e.g. running as root
@@ -340,7 +340,7 @@ class OpenSandboxProvider(SandboxProvider):
         return sandbox
 
     async def _container_logs(self, sandbox_id: str, deadline: float) -> Evidence:
-        from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS
+        from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS
 
         try:
             response = await self._http.request(
