@@ -59,14 +59,13 @@ from core.sandbox.docker.common import (
     _blocking,
     _engine_error,
     _engine_timed_out,
-    _failure,
     _http_status,
     _now,
     _ts,
 )
 from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _Tail
 from core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
-from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
+from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError, sandbox_failure
 from core.sandbox.faults import FaultWatcher, kernel_log_note
 from core.sandbox.oom import SOURCE_CGROUP
 from core.sandbox.pids import pids_evidence, read_pids_cgroup
@@ -287,12 +286,13 @@ class DockerSandbox(Sandbox):
         else:
             delivery, kind = Delivery.DELIVERED, "command_status_lost"
         message = f"exec {execution_id} ({job.argv[0]!r}) failed at {stage}: {exc}"
-        failure = _failure(
+        failure = sandbox_failure(
             kind,
             stage=FailureStage.AGENT,
             operation="exec",
             message=message,
-            exc=exc,
+            cause=exc,
+            http_status=_http_status(exc),
             details=CommandDetails(execution_id=execution_id, delivery=delivery),
         )
         error = SandboxError(message, failure=failure)
@@ -389,7 +389,7 @@ class DockerSandbox(Sandbox):
             message = f"upload into {dest_dir!r}: the engine refused the archive"
             raise SandboxError(
                 message,
-                failure=_failure(
+                failure=sandbox_failure(
                     "sandbox_file_failed", stage=FailureStage.SEED, operation="upload", message=message
                 ),
             )
@@ -401,7 +401,7 @@ class DockerSandbox(Sandbox):
             message = f"upload: cannot create {dest_dir!r} in the sandbox: {detail}"
             raise SandboxError(
                 message,
-                failure=_failure(
+                failure=sandbox_failure(
                     "sandbox_file_failed", stage=FailureStage.SEED, operation="upload", message=message
                 ),
             )
@@ -421,12 +421,13 @@ class DockerSandbox(Sandbox):
             message = f"download: {path!r} does not exist in sandbox {self.sandbox_id[:12]}"
             raise SandboxFileNotFoundError(
                 message,
-                failure=_failure(
+                failure=sandbox_failure(
                     "sandbox_file_failed",
                     stage=FailureStage.SEED,
                     operation="download",
                     message=message,
-                    exc=exc,
+                    cause=exc,
+                    http_status=_http_status(exc),
                 ),
             ) from exc
         except Exception as exc:

@@ -44,7 +44,7 @@ from core.sandbox.base import (
     check_exec_args,
     new_execution_id,
 )
-from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
+from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError, sandbox_failure
 from core.sandbox.faults import NOT_WATCHED_NOTE, FaultWatcher, kernel_log_note
 from core.sandbox.local.bwrap import _system_fs_args
 from core.sandbox.local.cgroup import _Cgroup, _memory_cgroup_mount
@@ -56,7 +56,6 @@ from core.sandbox.local.common import (
     RUN_DIR,
     SANDBOX_PATH,
     _error,
-    _failure,
     _resolve_user,
 )
 from core.sandbox.local.execution import _ExecRun, _LocalPty
@@ -315,11 +314,11 @@ class LocalSandbox(Sandbox):
             raise SandboxClosedError(
                 f"local sandbox {self.sandbox_id} no longer exists (its state dir {self.state_dir} is gone); "
                 f"{operation} refused",
-                failure=_failure(
+                failure=sandbox_failure(
                     "sandbox_lost",
-                    operation,
-                    f"the state dir of {self.sandbox_id} is gone",
                     stage=FailureStage.AGENT,
+                    operation=operation,
+                    message=f"the state dir of {self.sandbox_id} is gone",
                 ),
             )
 
@@ -491,11 +490,11 @@ class LocalSandbox(Sandbox):
                 raise SandboxError(
                     f"local sandbox {self.sandbox_id} lost its pid 1 (every process in it was killed)"
                     + ("; the cgroup reports an OOM kill" if oom else ""),
-                    failure=_failure(
+                    failure=sandbox_failure(
                         "sandbox_lost",
-                        operation,
-                        f"the keeper process of {self.sandbox_id} is gone",
                         stage=FailureStage.AGENT,
+                        operation=operation,
+                        message=f"the keeper process of {self.sandbox_id} is gone",
                         evidence=evidence,
                     ),
                 )
@@ -829,8 +828,11 @@ class LocalSandbox(Sandbox):
         except FileNotFoundError as exc:
             raise SandboxFileNotFoundError(
                 f"{path!r} does not exist in local sandbox {self.sandbox_id}",
-                failure=_failure(
-                    "sandbox_file_failed", "download", f"{path!r} does not exist", stage=FailureStage.AGENT
+                failure=sandbox_failure(
+                    "sandbox_file_failed",
+                    stage=FailureStage.AGENT,
+                    operation="download",
+                    message=f"{path!r} does not exist",
                 ),
             ) from exc
         except SandboxError:

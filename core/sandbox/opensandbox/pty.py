@@ -18,8 +18,7 @@ from core.sandbox.base import (
     PtyHandle,
     QueuedOutput,
 )
-from core.sandbox.errors import SandboxClosedError
-from core.sandbox.opensandbox.common import _error, _failure
+from core.sandbox.errors import SandboxClosedError, sandbox_error, sandbox_failure
 
 if TYPE_CHECKING:
     from core.sandbox.opensandbox.sandbox import OpenSandboxSandbox
@@ -88,7 +87,7 @@ class OpenSandboxPty(PtyHandle):
             self._reattach_error = exc
             return False
         # An observation, not only the provider's memory: the episode puts it in events.jsonl.
-        dropped = _failure(
+        dropped = sandbox_failure(
             "sandbox_pty_failed",
             stage=FailureStage.AGENT,
             operation="pty.attach",
@@ -130,7 +129,7 @@ class OpenSandboxPty(PtyHandle):
         try:
             await asyncio.wait_for(self._ws.send(message), self._sandbox.settings.request_timeout_s)
         except Exception as exc:
-            failure = _failure(
+            failure = sandbox_failure(
                 "sandbox_pty_failed",
                 stage=FailureStage.AGENT,
                 operation=f"pty.{operation}",
@@ -138,7 +137,7 @@ class OpenSandboxPty(PtyHandle):
                 cause=exc,
                 details=GenericDetails(data={"session_id": self.session_id}),
             )
-            raise _error(failure, exc) from exc
+            raise sandbox_error(failure, exc) from exc
 
     async def write(self, data: bytes) -> None:
         await self._send("write", b"\x00" + bytes(data))

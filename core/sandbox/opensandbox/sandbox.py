@@ -44,7 +44,14 @@ from core.sandbox.base import (
     new_execution_id,
     parse_user_spec,
 )
-from core.sandbox.errors import ExpectedRefusal, SandboxClosedError, SandboxError, SandboxFileNotFoundError
+from core.sandbox.errors import (
+    ExpectedRefusal,
+    SandboxClosedError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    sandbox_error,
+    sandbox_failure,
+)
 from core.sandbox.faults import NOT_WATCHED_NOTE
 from core.sandbox.opensandbox.common import (
     _DROP_TO_USER_SH,
@@ -53,8 +60,6 @@ from core.sandbox.opensandbox.common import (
     NOT_FOUND_EXIT,
     PTY_OPEN_TIMEOUT_S,
     READY_PING_TIMEOUT_S,
-    _error,
-    _failure,
     _now,
     _Rejected,
     _Run,
@@ -171,7 +176,7 @@ class OpenSandboxSandbox(Sandbox):
         if not isinstance(endpoint, str) or not endpoint:
             raise SandboxError(
                 f"the server resolved no execd endpoint for sandbox {self.sandbox_id}: {body!r}",
-                failure=_failure(
+                failure=sandbox_failure(
                     "provider_protocol_error",
                     stage=FailureStage.SEED,
                     operation="endpoint",
@@ -338,7 +343,7 @@ class OpenSandboxSandbox(Sandbox):
         message = (
             f"exec {run.execution_id}: the hard cap of {timeout:g}s expired {when}; the exit was not observed"
         )
-        failure = _failure(
+        failure = sandbox_failure(
             "command_hard_cap_expired",
             stage=FailureStage.AGENT,
             operation="exec",
@@ -449,7 +454,7 @@ class OpenSandboxSandbox(Sandbox):
             # refusal too: a daemon (or the server's proxy to it) may refuse because the sandbox was
             # OOM-killed meanwhile, and the lifecycle says so.
             diagnosis = await self._diagnose(deadline, run.diagnosis)
-            raise _error(self._with_diagnosis(failure, diagnosis, run), run.cause)
+            raise sandbox_error(self._with_diagnosis(failure, diagnosis, run), run.cause)
 
     def _submit_failure(
         self, run: _Run, exc: BaseException, status: int | None, code: str | None
@@ -483,7 +488,7 @@ class OpenSandboxSandbox(Sandbox):
             )
         run.delivery = delivery
         run.cause = exc
-        return _failure(
+        return sandbox_failure(
             kind,
             stage=FailureStage.AGENT,
             operation="exec.submit",
@@ -576,7 +581,7 @@ class OpenSandboxSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         remote = run.remote_id
         assert remote is not None
-        stream_lost = _failure(
+        stream_lost = sandbox_failure(
             "command_stream_lost",
             stage=FailureStage.AGENT,
             operation="exec.stream",
@@ -638,7 +643,7 @@ class OpenSandboxSandbox(Sandbox):
                     )
                 await asyncio.sleep(max(min(poll, deadline - loop.time()), 0))
                 poll = min(poll * recovery.multiplier, recovery.poll_max_s)
-        failure = _failure(
+        failure = sandbox_failure(
             "command_status_lost",
             stage=FailureStage.AGENT,
             operation="exec.status",
@@ -649,7 +654,7 @@ class OpenSandboxSandbox(Sandbox):
         )
         run.cause = lost_cause
         diagnosis = await self._diagnose(deadline, run.diagnosis)
-        raise _error(self._with_diagnosis(failure, diagnosis, run), lost_cause)
+        raise sandbox_error(self._with_diagnosis(failure, diagnosis, run), lost_cause)
 
     async def _recover_logs(self, run: _Run, remote: str, deadline: float) -> None:
         if not self.policy.status_recovery.fetch_logs:
@@ -692,7 +697,7 @@ class OpenSandboxSandbox(Sandbox):
     ) -> FailureEvent:
         """The failure a diagnosis supports: OOM (confirmed), lost (terminal/gone), else the default."""
         if diagnosis.oom is not None:
-            return _failure(
+            return sandbox_failure(
                 "provider_oom_killed",
                 stage=FailureStage.AGENT,
                 operation=operation,
@@ -708,7 +713,7 @@ class OpenSandboxSandbox(Sandbox):
             )
         if diagnosis.terminal:
             state = "gone" if diagnosis.gone else diagnosis.state
-            return _failure(
+            return sandbox_failure(
                 "sandbox_lost",
                 stage=FailureStage.AGENT,
                 operation=operation,
@@ -719,7 +724,7 @@ class OpenSandboxSandbox(Sandbox):
                 evidence=diagnosis.evidence,
                 details=details,
             )
-        return _failure(
+        return sandbox_failure(
             default_kind,
             stage=FailureStage.AGENT,
             operation=operation,
@@ -811,7 +816,7 @@ class OpenSandboxSandbox(Sandbox):
             uncertain = (
                 exc.operation == "pty" and exc.method == "POST" and exc.delivery is not Delivery.NOT_SENT
             )
-            raise _error(
+            raise sandbox_error(
                 exc.failure(
                     stage=FailureStage.AGENT,
                     operation="pty.open",
@@ -829,14 +834,14 @@ class OpenSandboxSandbox(Sandbox):
                 exc,
             ) from exc
         except Exception as exc:
-            failure = _failure(
+            failure = sandbox_failure(
                 "sandbox_pty_failed",
                 stage=FailureStage.AGENT,
                 operation="pty.open",
                 message=f"opening a terminal ({argv[0]!r}) failed: {type(exc).__name__}: {exc}",
                 cause=exc,
             )
-            raise _error(failure, exc) from exc
+            raise sandbox_error(failure, exc) from exc
         handle = OpenSandboxPty(self, session_id, ws)
         self._ptys.add(handle)
         try:
@@ -868,7 +873,7 @@ class OpenSandboxSandbox(Sandbox):
                 default_kind="sandbox_file_failed",
             )
         except RequestFailed as exc:
-            raise _error(
+            raise sandbox_error(
                 exc.failure(
                     stage=FailureStage.SEED, operation=operation, message=f"upload of {path!r} failed: {exc}"
                 ),
@@ -902,7 +907,7 @@ class OpenSandboxSandbox(Sandbox):
                 raise SandboxFileNotFoundError(
                     f"download: {path!r} does not exist in sandbox {self.sandbox_id}", failure=failure
                 ) from exc
-            raise _error(failure, exc) from exc
+            raise sandbox_error(failure, exc) from exc
         return response.content
 
     def _file_error(self, operation: str, message: str, result: ExecResult | None = None) -> SandboxError:
@@ -913,7 +918,7 @@ class OpenSandboxSandbox(Sandbox):
             )
         return SandboxError(
             f"{message}: {detail}" if detail else message,
-            failure=_failure(
+            failure=sandbox_failure(
                 "sandbox_file_failed",
                 stage=FailureStage.SEED,
                 operation=operation,
@@ -958,7 +963,7 @@ class OpenSandboxSandbox(Sandbox):
                 message = f"download: {path!r} does not exist in sandbox {self.sandbox_id}"
                 raise SandboxFileNotFoundError(
                     message,
-                    failure=_failure(
+                    failure=sandbox_failure(
                         "sandbox_file_failed", stage=FailureStage.SEED, operation="download", message=message
                     ),
                 )
@@ -993,7 +998,7 @@ class OpenSandboxSandbox(Sandbox):
                 **kwargs,
             )
         except RequestFailed as exc:
-            raise _error(exc.failure(stage=FailureStage.AGENT, operation=operation), exc) from exc
+            raise sandbox_error(exc.failure(stage=FailureStage.AGENT, operation=operation), exc) from exc
 
     async def renew(self, seconds: float) -> datetime:
         """Move the server-side expiry to ``now + seconds``; returns the new expiry."""
@@ -1031,7 +1036,9 @@ class OpenSandboxSandbox(Sandbox):
                 default_kind="command_status_lost",
             )
         except RequestFailed as exc:
-            raise _error(exc.failure(stage=FailureStage.AGENT, operation="command.status"), exc) from exc
+            raise sandbox_error(
+                exc.failure(stage=FailureStage.AGENT, operation="command.status"), exc
+            ) from exc
         return response.json()
 
     async def command_logs(self, execution_id: str, cursor: int | None = None) -> tuple[bytes, int | None]:
@@ -1049,7 +1056,7 @@ class OpenSandboxSandbox(Sandbox):
                 default_kind="command_status_lost",
             )
         except RequestFailed as exc:
-            raise _error(exc.failure(stage=FailureStage.AGENT, operation="command.logs"), exc) from exc
+            raise sandbox_error(exc.failure(stage=FailureStage.AGENT, operation="command.logs"), exc) from exc
         tail = response.headers.get("EXECD-COMMANDS-TAIL-CURSOR")
         return response.content, int(tail) if tail and tail.isdigit() else None
 
@@ -1067,7 +1074,9 @@ class OpenSandboxSandbox(Sandbox):
                 default_kind="command_failed",
             )
         except RequestFailed as exc:
-            raise _error(exc.failure(stage=FailureStage.AGENT, operation="command.interrupt"), exc) from exc
+            raise sandbox_error(
+                exc.failure(stage=FailureStage.AGENT, operation="command.interrupt"), exc
+            ) from exc
 
     # ------------------------------------------------------------------------------ evidence
 
@@ -1157,7 +1166,7 @@ class OpenSandboxSandbox(Sandbox):
         try:
             await self._provider._delete(self.sandbox_id)
         except RequestFailed as exc:
-            raise _error(
+            raise sandbox_error(
                 exc.failure(
                     stage=FailureStage.CLEANUP,
                     operation="release",
