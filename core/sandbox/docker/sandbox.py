@@ -38,13 +38,13 @@ from core.sandbox.base import (
     check_exec_args,
     new_execution_id,
 )
+from core.sandbox.cgroup import read_memory
 from core.sandbox.docker.cgroup import (
     CGROUP_ROOT,
     CGROUP_V1_ROOT,
     _cgroup_present,
     find_memory_cgroup,
     find_pids_cgroup,
-    read_memory_cgroup,
 )
 from core.sandbox.docker.common import (
     _STATE_MAP,
@@ -142,7 +142,7 @@ class DockerSandbox(Sandbox):
         self._oom_killed_at_connect = bool(state.get("OOMKilled"))
         if found is not None:
             with contextlib.suppress(OSError, TimeoutError):
-                data = await _blocking(read_memory_cgroup, *found, within=5.0)
+                data = await _blocking(read_memory, *found, within=5.0)
                 if isinstance(data.get("oom_kill"), int):
                     self._oom_baseline = data["oom_kill"]
 
@@ -577,7 +577,7 @@ class DockerSandbox(Sandbox):
                         "reason": "memory cgroup not found (container stopped, or not visible)",
                     },
                 )
-            data = await _blocking(read_memory_cgroup, *found, within=budget_s)
+            data = await _blocking(read_memory, *found, within=budget_s)
         except (OSError, TimeoutError) as exc:
             return Evidence(
                 source=SOURCE_CGROUP,
