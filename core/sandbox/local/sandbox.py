@@ -48,6 +48,7 @@ from core.sandbox.local.keeper import (
     _stop_keeper,
 )
 from core.sandbox.local.keeping import SandboxKeeper
+from core.sandbox.local.probe import probe_local
 from core.sandbox.local.procs import (
     _ChildHandle,
     _pids_in_ns,
@@ -266,9 +267,7 @@ class LocalSandbox(SandboxTransfer, SandboxCommands, SandboxKeeper, SandboxBinds
 
     async def probe(self, timeout: float) -> SandboxProbe:
         """Whether the keeper lives; a dead keeper is proof that no process is left (issue 19)."""
-        from core.sandbox.local.probe import probe_local
-
-        return await probe_local(self, timeout)
+        return await probe_local(self.sandbox_id, self._keeper, self._cgroup, timeout)
 
     async def release(self) -> None:
         # One release, however many callers (a caller cancelled midway would otherwise leave the

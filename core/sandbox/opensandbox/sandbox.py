@@ -48,6 +48,7 @@ from core.sandbox.opensandbox.diagnostics import (
 )
 from core.sandbox.opensandbox.files import ExecdFiles
 from core.sandbox.opensandbox.http import RequestFailed
+from core.sandbox.opensandbox.probe import probe_sandbox
 from core.sandbox.opensandbox.pty import OpenSandboxPty
 from core.sandbox.opensandbox.terminal import ExecdTerminal
 
@@ -364,9 +365,8 @@ class OpenSandboxSandbox(ExecdTerminal, ExecdFiles, ExecdCommands, Sandbox):
 
     async def probe(self, timeout: float) -> SandboxProbe:
         """The server's answer about this sandbox, also after release (issue 19: engine lost)."""
-        from core.sandbox.opensandbox.probe import probe_sandbox
-
-        return await probe_sandbox(self, timeout)
+        url = self._provider.api_url(f"/sandboxes/{self.sandbox_id}")  # the sandbox's own provider
+        return await probe_sandbox(self._http, url, self.sandbox_id, timeout)
 
     # ------------------------------------------------------------------------------- release
 
