@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from core.events import SandboxFault
 from core.failures import (
@@ -32,6 +32,7 @@ from core.sandbox.base import (
 from core.sandbox.errors import SandboxClosedError, sandbox_failure
 from core.sandbox.faults import NOT_WATCHED_NOTE, FaultWatcher, kernel_log_note
 from core.sandbox.local.binds import SandboxBinds
+from core.sandbox.local.bwrap import HostTools
 from core.sandbox.local.cgroup import _Cgroup, _memory_cgroup_mount
 from core.sandbox.local.commands import SandboxCommands
 from core.sandbox.local.common import (
@@ -57,9 +58,6 @@ from core.sandbox.local.transfer import SandboxTransfer
 from core.sandbox.oom import oom_confirmed
 from core.sandbox.pids import pids_evidence
 
-if TYPE_CHECKING:
-    from core.sandbox.local.provider import LocalProvider
-
 log = logging.getLogger(__name__)
 
 
@@ -72,7 +70,7 @@ class LocalSandbox(SandboxTransfer, SandboxCommands, SandboxKeeper, SandboxBinds
 
     provider = PROVIDER_NAME
 
-    def __init__(self, provider: LocalProvider, state_dir: Path, meta: dict[str, Any], *, owned: bool):
+    def __init__(self, provider: HostTools, state_dir: Path, meta: dict[str, Any], *, owned: bool):
         self._provider = provider
         self.sandbox_id = meta["sandbox_id"]
         self.owned = owned
