@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -47,15 +47,26 @@ from core.sandbox.opensandbox.diagnostics import (
     Diagnoser,
 )
 from core.sandbox.opensandbox.files import ExecdFiles
-from core.sandbox.opensandbox.http import RequestFailed
+from core.sandbox.opensandbox.http import Http, RequestFailed
 from core.sandbox.opensandbox.probe import probe_sandbox
 from core.sandbox.opensandbox.pty import OpenSandboxPty
+from core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig, OpenSandboxSettings
 from core.sandbox.opensandbox.terminal import ExecdTerminal
 
-if TYPE_CHECKING:
-    from core.sandbox.opensandbox.provider import OpenSandboxProvider
-
 log = logging.getLogger(__name__)
+
+
+class SandboxOwner(Protocol):
+    """What a sandbox needs of the provider that made or connected it (``OpenSandboxProvider`` is one)."""
+
+    settings: OpenSandboxSettings
+    policy: OpenSandboxPolicyConfig
+    _http: Http  # the provider's client, shared by its sandboxes
+    server_version: str | None
+
+    def api_url(self, path: str) -> str: ...
+
+    async def _delete(self, sandbox_id: str, *, deadline: float | None = None) -> None: ...
 
 
 class OpenSandboxSandbox(ExecdTerminal, ExecdFiles, ExecdCommands, Sandbox):
@@ -65,7 +76,7 @@ class OpenSandboxSandbox(ExecdTerminal, ExecdFiles, ExecdCommands, Sandbox):
 
     def __init__(
         self,
-        owner: OpenSandboxProvider,
+        owner: SandboxOwner,
         sandbox_id: str,
         *,
         owned: bool,
