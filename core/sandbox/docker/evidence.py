@@ -8,7 +8,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -42,6 +42,12 @@ from core.sandbox.pids import pids_evidence, read_pids_cgroup
 
 class ContainerEvidence:
     """``inspect``, ``watch_faults`` and the OOM baseline of ``DockerSandbox``."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+        _oom_baseline: int | None
+        _oom_killed_at_connect: bool | None
+
+        def __getattr__(self, name: str) -> Any: ...
 
     async def _record_baseline(self, *, attrs: dict[str, Any] | None = None) -> None:
         """Remember the cgroup OOM counter (and, borrowed, OOMKilled) as found at create/connect."""

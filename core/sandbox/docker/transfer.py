@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -23,6 +24,10 @@ from core.sandbox.errors import SandboxError, SandboxFileNotFoundError, sandbox_
 
 class ContainerTransfer:
     """``upload_tar``/``download_tar`` of ``DockerSandbox``."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+
+        def __getattr__(self, name: str) -> Any: ...
 
     async def upload_tar(self, dest_dir: str, archive: bytes) -> None:
         self._ensure_open("upload")

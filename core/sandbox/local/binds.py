@@ -7,7 +7,7 @@ import fnmatch
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.failures import (
     CommandDetails,
@@ -48,6 +48,11 @@ class Bind:
 
 class SandboxBinds:
     """The binds and path translation of ``LocalSandbox``."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+        _fs_cache: list[str] | None
+
+        def __getattr__(self, name: str) -> Any: ...
 
     @property
     def overlays(self) -> Path:

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.failures import (
     CommandDetails,
@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 
 class SandboxCommands:
     """``exec``, ``pty`` and the users of ``LocalSandbox``."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def _env(self, extra: Mapping[str, str] | None, *, tty: bool) -> dict[str, str]:
         env = {

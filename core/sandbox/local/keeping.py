@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import subprocess
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.failures import (
     FailureStage,
@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 
 class SandboxKeeper:
     """The keeper of ``LocalSandbox``: start, revive, put commands in its cgroup."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+        _keeper: _Keeper | None
+
+        def __getattr__(self, name: str) -> Any: ...
 
     async def _start_keeper(self, timeout: float) -> _Keeper:
         """Start the sandbox's pid 1 (see the module docstring) and record it in the label file."""

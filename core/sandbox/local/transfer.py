@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import tarfile
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.failures import (
     FailureStage,
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 class SandboxTransfer:
     """``upload_tar``/``download_tar`` of ``LocalSandbox``."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+
+        def __getattr__(self, name: str) -> Any: ...
 
     async def upload_tar(self, dest_dir: str, archive: bytes) -> None:
         # Owners in the archive are not applied: whatever the engine writes appears inside as the

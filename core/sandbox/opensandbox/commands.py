@@ -9,7 +9,7 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 
 class ExecdCommands:
     """``exec`` and the execd command calls of ``OpenSandboxSandbox`` (its connection state lives there)."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+
+        def __getattr__(self, name: str) -> Any: ...
 
     async def exec(
         self,

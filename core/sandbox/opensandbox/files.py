@@ -6,6 +6,7 @@ import contextlib
 import json
 import uuid
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from core.failures import (
     FailureStage,
@@ -29,6 +30,10 @@ from core.sandbox.opensandbox.http import RequestFailed
 
 class ExecdFiles:
     """The file transfer of ``OpenSandboxSandbox``."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+
+        def __getattr__(self, name: str) -> Any: ...
 
     async def _upload_bytes(
         self, path: str, data: bytes, mode: int, *, operation: str = "upload", deadline: float | None = None

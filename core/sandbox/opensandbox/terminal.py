@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.failures import (
     Delivery,
@@ -29,6 +29,10 @@ from core.sandbox.opensandbox.pty import OpenSandboxPty
 
 class ExecdTerminal:
     """``pty()`` of ``OpenSandboxSandbox``."""
+
+    if TYPE_CHECKING:  # the state and the other parts live on the sandbox class this is mixed into
+
+        def __getattr__(self, name: str) -> Any: ...
 
     async def _pty_socket(self, session_id: str, *, since: int = 0) -> Any:
         from websockets.asyncio.client import connect
