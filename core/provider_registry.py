@@ -23,6 +23,7 @@ from core.provider_names import BUILTIN, ENTRY_POINT_GROUP
 if TYPE_CHECKING:
     from core.config import AgentConfig
     from core.sandbox.base import SandboxProvider
+    from core.sandbox.oom import OomRule
 
 
 class Capabilities(BaseModel):
@@ -38,7 +39,8 @@ class Capabilities(BaseModel):
     pids_limit: bool = False
     disk_limit: bool = False
     pty: bool = False  # pty(): an interactive terminal (the TUI's shell, attach)
-    # Evidence sources (core.sandbox.oom SOURCE_*) from which an OOM kill can be confirmed.
+    # Evidence sources from which an OOM kill can be confirmed: each has a rule, core's
+    # (core.sandbox.oom.CORE_RULES) or the plug-in's own (ProviderPlugin.oom_rules).
     oom_evidence: frozenset[str] = frozenset()
     borrowed: bool = False  # connect() to a sandbox it did not create (sandbox.mode: borrowed)
     images: bool = False  # spec.image is what runs (False: the host's own system)
@@ -68,6 +70,9 @@ class ProviderPlugin(abc.ABC):
     summary: str = ""  # one line for help texts
     settings_model: type[BaseModel]  # pydantic, extra="forbid"; the config's ``sandbox.<name>:``
     capabilities: Capabilities = Capabilities()
+    # How each kind of OOM evidence this provider produces confirms a kill (core.sandbox.oom): a
+    # provider with a new kind of evidence contributes its rule here, core iterates over them.
+    oom_rules: Sequence[OomRule] = ()
 
     @abc.abstractmethod
     def provider(self, settings: BaseModel) -> SandboxProvider:

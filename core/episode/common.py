@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from core.artifacts import RunDir
 from core.events import CleanupObserved, CleanupStep, Event, Phase, StepState
 from core.failures import Evidence, FailureEvent, FailureStage
+from core.sandbox.errors import failure_of
 
 
 class StageFailure(Exception):
@@ -52,10 +53,8 @@ def failure_from(exc: BaseException, kind: str, stage: FailureStage, operation: 
     A provider knows what failed, not what the episode was doing: an OOM or a lost sandbox during
     verification is a grading failure, not the agent's.
     """
-    failure = getattr(exc, "failure", None)
-    if isinstance(failure, FailureEvent):
-        return failure if failure.stage is stage else failure.model_copy(update={"stage": stage})
-    return FailureEvent.from_exception(exc, kind=kind, stage=stage, operation=operation)
+    failure = failure_of(exc, kind=kind, stage=stage, operation=operation)
+    return failure if failure.stage is stage else failure.model_copy(update={"stage": stage})
 
 
 def evidence_key(evidence: Evidence) -> tuple[str, str]:

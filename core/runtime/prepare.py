@@ -29,6 +29,7 @@ from core.runtime.targets import (
     probe_script,
 )
 from core.sandbox.base import ExecResult, Sandbox, SandboxError, describe_exit
+from core.sandbox.errors import failure_of
 
 # What a shell reports when the program it was asked to run is missing or not executable: the only
 # exits that say "preinstall something". Any other failure of a probe is the sandbox's or the
@@ -99,12 +100,9 @@ def install_failure(exc: InstallError) -> RuntimeNotReady:
 def _kept(exc: BaseException, operation: str) -> RuntimeNotReady:
     """A provider failure during preparation (sandbox lost, OOM, I/O timeout) keeps its own kind,
     cause and evidence; the episode stamps the stage. Only an untyped error gets a generic kind."""
-    failure = getattr(exc, "failure", None)
-    if not isinstance(failure, FailureEvent):
-        failure = FailureEvent.from_exception(
-            exc, kind="command_failed", stage=FailureStage.INSTALL, operation=operation
-        )
-    return RuntimeNotReady(failure)
+    return RuntimeNotReady(
+        failure_of(exc, kind="command_failed", stage=FailureStage.INSTALL, operation=operation)
+    )
 
 
 def _unobserved(r: ExecResult, operation: str, timeout: float) -> RuntimeNotReady:

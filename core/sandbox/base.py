@@ -270,6 +270,13 @@ def new_execution_id() -> str:
     return "ex-" + uuid.uuid4().hex[:16]
 
 
+def exec_start(argv: Sequence[str], timeout: float, execution_id: str | None) -> tuple[str, float]:
+    """The start every provider's ``exec`` shares: the arguments checked (``check_exec_args``), the
+    execution id (the caller's or a new one) and the hard cap's deadline on the running loop's clock."""
+    check_exec_args(argv, timeout)
+    return execution_id or new_execution_id(), asyncio.get_running_loop().time() + timeout
+
+
 class QueuedOutput:
     """Terminal output handed from a reader (thread or task) to ``PtyHandle.read`` through a queue.
 

@@ -7,9 +7,13 @@ never leaves the provider) may use private exceptions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from core.failures import Evidence, FailureEvent, FailureStage
+from core.failures import Evidence, FailureCause, FailureDetails, FailureEvent, FailureStage
+
+# A failure's message is one line of a report, not a log: longer ones are cut here.
+MESSAGE_CHARS = 2000
 
 
 class SandboxError(Exception):
@@ -18,6 +22,52 @@ class SandboxError(Exception):
     def __init__(self, message: str, *, failure: FailureEvent | None = None):
         super().__init__(message)
         self.failure = failure
+
+
+def sandbox_failure(
+    kind: str,
+    *,
+    stage: FailureStage,
+    operation: str,
+    message: str,
+    cause: BaseException | None = None,
+    http_status: int | None = None,
+    evidence: Sequence[Evidence] = (),
+    details: FailureDetails | None = None,
+) -> FailureEvent:
+    """The FailureEvent a provider attaches to a ``SandboxError`` (every provider builds it here).
+
+    ``stage`` is the provider's best knowledge (``seed`` for create/connect, ``agent`` on a running
+    sandbox); the episode re-stamps it (``failure_of``). ``cause`` is the exception behind it.
+    """
+    return FailureEvent(
+        kind=kind,
+        stage=stage,
+        operation=operation,
+        message=message[:MESSAGE_CHARS],
+        http_status=http_status,
+        cause=FailureCause.from_exception(cause) if cause is not None else None,
+        evidence=list(evidence),
+        details=details,
+    )
+
+
+def sandbox_error(failure: FailureEvent, cause: BaseException | None = None) -> SandboxError:
+    """A ``SandboxError`` carrying ``failure`` (its message), chained to ``cause``."""
+    error = SandboxError(failure.message, failure=failure)
+    if cause is not None:
+        error.__cause__ = cause
+    return error
+
+
+def failure_of(exc: BaseException, *, kind: str, stage: FailureStage, operation: str) -> FailureEvent:
+    """The one translation of an exception into a FailureEvent: a sandbox exception's own failure
+    (kind, cause, evidence as the provider knew them) or, for an untyped exception, one of ``kind``
+    at ``stage``. Callers that know the stage better re-stamp the typed one."""
+    failure = getattr(exc, "failure", None)
+    if isinstance(failure, FailureEvent):
+        return failure
+    return FailureEvent.from_exception(exc, kind=kind, stage=stage, operation=operation)
 
 
 class SandboxClosedError(SandboxError):

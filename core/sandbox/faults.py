@@ -28,6 +28,7 @@ from typing import Any
 
 from core.events import FaultKind, SandboxFault
 from core.failures import Evidence
+from core.sandbox import cgroup
 from core.sandbox.kernel_log import KernelLog, OomKillRecord
 from core.sandbox.oom import SOURCE_CGROUP
 
@@ -93,12 +94,7 @@ class FaultWatcher:
     def _procs(self) -> list[int]:
         if self.list_pids is not None:
             return self.list_pids()
-        if self.memory is None:
-            return []
-        try:
-            return [int(x) for x in (self.memory[0] / "cgroup.procs").read_text().split()]
-        except (OSError, ValueError):
-            return []
+        return cgroup.procs(self.memory[0]) if self.memory is not None else []
 
     def _refresh_table(self) -> set[int]:
         """Update the table; returns the pids that left it since the last poll."""
@@ -163,19 +159,7 @@ class FaultWatcher:
         return faults
 
     def _read_oom_count(self) -> int | None:
-        if self.memory is None:
-            return None
-        path, version = self.memory
-        name = "memory.oom_control" if version == 1 else "memory.events"
-        try:
-            text = (path / name).read_text()
-        except OSError:
-            return None
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value)
-        return None
+        return cgroup.oom_kill_count(*self.memory) if self.memory is not None else None
 
     def _kernel_records(self) -> list[OomKillRecord]:
         if self._log is not None and self.memcg is not None:

@@ -1,4 +1,5 @@
-"""A container's memory cgroup (v1 or v2), found from its id: the OOM counter evidence."""
+"""Where a container's memory and pids cgroups are (v1 or v2), found from its id (read by
+``core.sandbox.cgroup``), and whether the engine can limit its disk."""
 
 from __future__ import annotations
 
@@ -6,30 +7,10 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from core.sandbox.cgroup import counters_file
+
 CGROUP_V1_ROOT = Path("/sys/fs/cgroup/memory")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def _parse_kv(text: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text == "max":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
 
 
 def find_memory_cgroup(container_id: str, pid: int | None) -> tuple[Path, int] | None:
@@ -65,35 +46,9 @@ def find_memory_cgroup(container_id: str, pid: int | None) -> tuple[Path, int] |
     return None
 
 
-def read_memory_cgroup(path: Path, version: int) -> dict[str, Any]:
-    """Read the OOM counter and memory numbers of one memory cgroup (v1 or v2)."""
-    if version == 1:
-        oom = _parse_kv((path / "memory.oom_control").read_text())
-        return {
-            "cgroup_version": 1,
-            "path": str(path),
-            "oom_kill": oom.get("oom_kill"),
-            "under_oom": oom.get("under_oom"),
-            "max_usage_in_bytes": _read_int(path / "memory.max_usage_in_bytes"),
-            "usage_in_bytes": _read_int(path / "memory.usage_in_bytes"),
-            "limit_in_bytes": _read_int(path / "memory.limit_in_bytes"),
-            "failcnt": _read_int(path / "memory.failcnt"),
-        }
-    events = _parse_kv((path / "memory.events").read_text())
-    return {
-        "cgroup_version": 2,
-        "path": str(path),
-        "oom_kill": events.get("oom_kill"),
-        "oom": events.get("oom"),
-        "max_usage_in_bytes": _read_int(path / "memory.peak"),
-        "usage_in_bytes": _read_int(path / "memory.current"),
-        "limit_in_bytes": _read_int(path / "memory.max"),
-    }
-
-
 def _cgroup_present(found: tuple[Path, int]) -> bool:
     path, version = found
-    return (path / ("memory.oom_control" if version == 1 else "memory.events")).is_file()
+    return (path / counters_file(version)).is_file()
 
 
 def find_pids_cgroup(container_id: str, pid: int | None) -> Path | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -13,16 +13,13 @@ import docker.errors
 import requests
 
 from core.failures import (
-    Evidence,
-    FailureCause,
-    FailureEvent,
     FailureStage,
 )
 from core.failures.model import FailureDetails
 from core.sandbox.base import (
     SandboxState,
 )
-from core.sandbox.errors import SandboxError
+from core.sandbox.errors import SandboxError, sandbox_failure
 
 T = TypeVar("T")
 
@@ -105,28 +102,6 @@ def _engine_unreachable(exc: BaseException) -> bool:
     )
 
 
-def _failure(
-    kind: str,
-    *,
-    stage: FailureStage,
-    operation: str,
-    message: str,
-    exc: BaseException | None = None,
-    evidence: Sequence[Evidence] = (),
-    details: FailureDetails | None = None,
-) -> FailureEvent:
-    return FailureEvent(
-        kind=kind,
-        stage=stage,
-        operation=operation,
-        message=message[:2000],
-        http_status=_http_status(exc) if exc is not None else None,
-        cause=FailureCause.from_exception(exc) if exc is not None else None,
-        evidence=list(evidence),
-        details=details,
-    )
-
-
 def _engine_error(
     exc: BaseException,
     *,
@@ -148,7 +123,15 @@ def _engine_error(
         )
     else:
         kind, message = default_kind, f"{what}: {exc}"
-    failure = _failure(kind, stage=stage, operation=operation, message=message, exc=exc, details=details)
+    failure = sandbox_failure(
+        kind,
+        stage=stage,
+        operation=operation,
+        message=message,
+        cause=exc,
+        http_status=_http_status(exc),
+        details=details,
+    )
     error = SandboxError(message, failure=failure)
     error.__cause__ = exc
     return error

@@ -14,12 +14,13 @@ import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from core.failures import (
     FailureStage,
 )
 from core.sandbox.base import (
+    ExecResult,
     PtyHandle,
     QueuedOutput,
 )
@@ -34,10 +35,22 @@ from core.sandbox.docker.common import (
 )
 from core.sandbox.errors import SandboxClosedError, SandboxError
 
-if TYPE_CHECKING:
-    from core.sandbox.docker.sandbox import DockerSandbox
-
 log = logging.getLogger(__name__)
+
+
+class TerminalHost(Protocol):
+    """What a terminal needs of its container (``DockerSandbox`` is one)."""
+
+    owned: bool
+    _api: Any  # the engine's low-level API client
+    _ptys: set[DockerPty]  # open terminals (one forgets itself when it closes)
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def _run_exec(
+        self, argv: Sequence[str], *, timeout: float, user: str | None = None
+    ) -> ExecResult: ...
 
 
 _END_MARKED_SH = r"""
@@ -291,7 +304,7 @@ class DockerPty(PtyHandle):
 
     def __init__(
         self,
-        sandbox: DockerSandbox,
+        sandbox: TerminalHost,
         exec_id: str,
         conn: _AttachConn,
         loop: asyncio.AbstractEventLoop,

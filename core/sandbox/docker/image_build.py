@@ -123,8 +123,7 @@ def _base_ids(client: Any, bases: list[str]) -> str:
     return ",".join(ids)
 
 
-def _failure(task: Any, message: str, log: str, **data: Any) -> Exception:
-    return image_build_failure(task, message, log, source="docker.build", **data)
+BUILD_SOURCE = "docker.build"  # the evidence source of a failed build's log
 
 
 async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[str], None]) -> str:
@@ -142,7 +141,9 @@ async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[s
     try:
         client = _docker_client(settings, max(60, int(task.build.timeout)))
     except DockerException as exc:
-        raise _failure(task, f"the Docker engine is not reachable to build {task.image}: {exc}", "") from exc
+        raise image_build_failure(
+            task, f"the Docker engine is not reachable to build {task.image}: {exc}", "", source=BUILD_SOURCE
+        ) from exc
     try:
         with contextlib.suppress(APIError, DockerException):
             for tag in await asyncio.to_thread(remove_expired_scratch, client):
@@ -195,27 +196,32 @@ async def build_task_image(task: Any, settings: DockerSettings, log: Callable[[s
             await asyncio.wait_for(asyncio.to_thread(build), task.build.timeout)
         except TimeoutError as exc:
             client.close()  # breaks the build's stream; the engine stops the build with it
-            raise _failure(
+            raise image_build_failure(
                 task,
                 f"building {task.image} did not finish within {task.build.timeout:g}s",
                 "".join(log_parts),
                 timeout_s=task.build.timeout,
+                source=BUILD_SOURCE,
             ) from exc
         except (APIError, DockerException) as exc:
             error.append(str(exc))
         if error:
-            raise _failure(
+            raise image_build_failure(
                 task,
                 f"building {task.image} failed: {error[-1][:500]}",
                 "".join(log_parts),
                 error=error[-1][:2000],
+                source=BUILD_SOURCE,
             )
         try:
             client.api.tag(scratch, repo, final_tag)
             client.api.remove_image(scratch)  # only the scratch name: the image keeps its real tag
         except (APIError, DockerException) as exc:
-            raise _failure(
-                task, f"tagging the built image as {task.image} failed: {exc}", "".join(log_parts)
+            raise image_build_failure(
+                task,
+                f"tagging the built image as {task.image} failed: {exc}",
+                "".join(log_parts),
+                source=BUILD_SOURCE,
             ) from exc
         return task.image
     finally:

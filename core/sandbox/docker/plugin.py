@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from core.provider_registry import Capabilities, Check, ProviderPlugin
+from core.sandbox.docker.oom_rules import RULES, SOURCE_EVENTS, SOURCE_STATE
 from core.sandbox.docker.settings import DockerSettings
-from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
+from core.sandbox.oom import SOURCE_CGROUP
 
 if TYPE_CHECKING:
     from core.config import AgentConfig
@@ -50,6 +51,7 @@ class DockerPlugin(ProviderPlugin):
         listing=True,
         sweep_by_default=True,
     )
+    oom_rules = RULES
 
     def provider(self, settings: BaseModel) -> DockerProvider:
         from core.sandbox.docker.provider import DockerProvider

@@ -21,15 +21,12 @@ import docker.errors
 
 from core.failures import Evidence
 from core.sandbox.base import SandboxProbe, SandboxState
+from core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
 
 # The engine's own states that mean: no process of this container runs.
 _DEAD = {"exited": SandboxState.EXITED, "dead": SandboxState.FAILED}
 
 SOURCE_ENGINE = "docker.engine"
-SOURCE_STATE = "docker.state"
-
-
-SOURCE_EVENTS = "docker.events"
 
 
 def _start_events(api: Any, container_id: str, since: float) -> int:

@@ -27,7 +27,7 @@ Design notes
   daemon thread into an ``asyncio.Queue``; ``resize`` is ``exec_resize``.
 * **Evidence** (``inspect``) is scoped to this container id only: ``docker.state``,
   ``docker.events`` (bounded ``since``/``until`` query) and ``cgroup.memory`` (the container's own
-  cgroup, found from its PID and checked to contain its id). See ``core.sandbox.oom``.
+  cgroup, found from its PID and checked to contain its id). See ``oom_rules``.
 """
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ from core.sandbox.docker.common import (
     RELEASE_DEADLINE_S,
     _blocking,
     _engine_error,
-    _failure,
+    _http_status,
     _slug,
 )
 from core.sandbox.docker.sandbox import DockerSandbox
-from core.sandbox.errors import SandboxError
+from core.sandbox.errors import SandboxError, sandbox_failure
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +139,13 @@ class DockerProvider(SandboxProvider):
             message = f"image {image!r} is not available on this Docker engine; {BUILD_HINT}"
             raise SandboxError(
                 message,
-                failure=_failure(
+                failure=sandbox_failure(
                     "provider_image_missing",
                     stage=stage,
                     operation=op,
                     message=message,
-                    exc=exc,
+                    cause=exc,
+                    http_status=_http_status(exc),
                     details=GenericDetails(data={"image": image}),
                 ),
             ) from exc
@@ -167,7 +168,9 @@ class DockerProvider(SandboxProvider):
                 message = f"model socket {source!r} does not exist on the host; start the model proxy first"
                 raise SandboxError(
                     message,
-                    failure=_failure("sandbox_allocation_failed", stage=stage, operation=op, message=message),
+                    failure=sandbox_failure(
+                        "sandbox_allocation_failed", stage=stage, operation=op, message=message
+                    ),
                 )
             # Read-only: connect() still works, but the sandbox cannot chmod/chown the host's socket.
             mounts.append(
@@ -255,7 +258,7 @@ class DockerProvider(SandboxProvider):
             )
             raise SandboxError(
                 message,
-                failure=_failure(
+                failure=sandbox_failure(
                     "sandbox_not_ready", stage=stage, operation=op, message=message, evidence=evidence
                 ),
             )
@@ -290,7 +293,15 @@ class DockerProvider(SandboxProvider):
         except docker.errors.NotFound as exc:
             message = f"no container {sandbox_id!r} on this Docker engine"
             raise SandboxError(
-                message, failure=_failure("sandbox_lost", stage=stage, operation=op, message=message, exc=exc)
+                message,
+                failure=sandbox_failure(
+                    "sandbox_lost",
+                    stage=stage,
+                    operation=op,
+                    message=message,
+                    cause=exc,
+                    http_status=_http_status(exc),
+                ),
             ) from exc
         except Exception as exc:
             raise _engine_error(
@@ -338,7 +349,7 @@ class DockerProvider(SandboxProvider):
             )
             raise SandboxError(
                 message,
-                failure=_failure("sandbox_release_failed", stage=stage, operation=op, message=message),
+                failure=sandbox_failure("sandbox_release_failed", stage=stage, operation=op, message=message),
             )
         return removed
 

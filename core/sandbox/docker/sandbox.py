@@ -1,4 +1,5 @@
-"""One Docker container as a sandbox; the design notes are in core/sandbox/docker/provider.py."""
+"""One Docker container as a sandbox: exec, terminal, status and release; its evidence (evidence.py) and
+tar transfer (transfer.py) are mixins over the same state. Design notes: core/sandbox/docker/provider.py."""
 
 from __future__ import annotations
 
@@ -6,24 +7,19 @@ import asyncio
 import contextlib
 import inspect as pyinspect
 import logging
-import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
 
-from core.events import FaultKind, SandboxFault
 from core.failures import (
     CommandDetails,
     Delivery,
-    Evidence,
     FailureStage,
 )
-from core.sandbox import tarsafe
 from core.sandbox.base import (
     ExecResult,
     OutputCallback,
@@ -35,45 +31,30 @@ from core.sandbox.base import (
     SandboxStatus,
     SandboxUser,
     SingleFlight,
-    check_exec_args,
-    new_execution_id,
-)
-from core.sandbox.docker.cgroup import (
-    CGROUP_ROOT,
-    CGROUP_V1_ROOT,
-    _cgroup_present,
-    find_memory_cgroup,
-    find_pids_cgroup,
-    read_memory_cgroup,
+    exec_start,
 )
 from core.sandbox.docker.common import (
     _STATE_MAP,
     CALL_DEADLINE_S,
-    EVENTS_DEADLINE_S,
-    EVENTS_KEPT,
-    EVENTS_POLL_S,
-    FILE_DEADLINE_S,
-    INSPECT_DEADLINE_S,
     PTY_MARKER_ENV,
     RELEASE_DEADLINE_S,
     _blocking,
     _engine_error,
     _engine_timed_out,
-    _failure,
     _http_status,
     _now,
-    _ts,
 )
+from core.sandbox.docker.evidence import ContainerEvidence
 from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _Tail
-from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
-from core.sandbox.faults import FaultWatcher, kernel_log_note
-from core.sandbox.oom import SOURCE_CGROUP, SOURCE_EVENTS, SOURCE_STATE
-from core.sandbox.pids import pids_evidence, read_pids_cgroup
+from core.sandbox.docker.oom_rules import SOURCE_STATE
+from core.sandbox.docker.transfer import ContainerTransfer
+from core.sandbox.errors import SandboxClosedError, SandboxError, sandbox_failure
+from core.sandbox.faults import kernel_log_note
 
 log = logging.getLogger(__name__)
 
 
-class DockerSandbox(Sandbox):
+class DockerSandbox(ContainerTransfer, ContainerEvidence, Sandbox):
     """One container, owned (destroyed on release) or borrowed (never destroyed by us)."""
 
     provider = "docker"
@@ -122,32 +103,6 @@ class DockerSandbox(Sandbox):
             )
 
     # ----------------------------------------------------------------------------------- setup
-
-    async def _record_baseline(self, *, attrs: dict[str, Any] | None = None) -> None:
-        """Remember the cgroup OOM counter (and, borrowed, OOMKilled) as found at create/connect."""
-        if attrs is None:
-            inspected: dict[str, Any] = await _blocking(
-                self._api.inspect_container, self.sandbox_id, within=CALL_DEADLINE_S
-            )
-            attrs = inspected
-        state = attrs.get("State") or {}
-        found = await _blocking(find_memory_cgroup, self.sandbox_id, state.get("Pid"), within=5.0)
-        self._cgroup = found
-        # The process limit's refused-fork counter as found now (0 for a container we created).
-        pids_cg = await _blocking(find_pids_cgroup, self.sandbox_id, state.get("Pid"), within=5.0)
-        self._pids_cgroup = pids_cg
-        if pids_cg is not None:
-            self._pids_baseline = (await _blocking(read_pids_cgroup, pids_cg, within=5.0)).get("max_events")
-        if self.owned:
-            # We created it: its cgroup is fresh, so every OOM kill it ever counts is ours.
-            self._oom_baseline = 0
-            return
-        self._oom_killed_at_connect = bool(state.get("OOMKilled"))
-        if found is not None:
-            with contextlib.suppress(OSError, TimeoutError):
-                data = await _blocking(read_memory_cgroup, *found, within=5.0)
-                if isinstance(data.get("oom_kill"), int):
-                    self._oom_baseline = data["oom_kill"]
 
     async def _wait_ready(self, budget_s: float) -> str | None:
         """Exec ``true`` until it succeeds; None when ready, else the last reason."""
@@ -214,10 +169,8 @@ class DockerSandbox(Sandbox):
         execution_id: str | None = None,
         user: str | None = None,
     ) -> ExecResult:
-        check_exec_args(argv, timeout)
-        execution_id = execution_id or new_execution_id()
+        execution_id, deadline = exec_start(argv, timeout, execution_id)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         started_at = _now()
         self._jobs = {j for j in self._jobs if not j.finished}
         job = _ExecJob(self._api, self.sandbox_id, argv, cwd, env, stdin, loop, user)
@@ -289,12 +242,13 @@ class DockerSandbox(Sandbox):
         else:
             delivery, kind = Delivery.DELIVERED, "command_status_lost"
         message = f"exec {execution_id} ({job.argv[0]!r}) failed at {stage}: {exc}"
-        failure = _failure(
+        failure = sandbox_failure(
             kind,
             stage=FailureStage.AGENT,
             operation="exec",
             message=message,
-            exc=exc,
+            cause=exc,
+            http_status=_http_status(exc),
             details=CommandDetails(execution_id=execution_id, delivery=delivery),
         )
         error = SandboxError(message, failure=failure)
@@ -351,245 +305,11 @@ class DockerSandbox(Sandbox):
 
     # ----------------------------------------------------------------------------------- files
 
-    async def upload_tar(self, dest_dir: str, archive: bytes) -> None:
-        self._ensure_open("upload")
-        if not PurePosixPath(dest_dir).is_absolute():
-            raise ValueError(f"dest_dir must be an absolute path inside the sandbox, got {dest_dir!r}")
-        members = tarsafe.check_archive(archive)  # raises UnsafeArchiveError before anything is written
-        archive = tarsafe.without_special_bits(archive)  # put_archive keeps setuid/setgid as given
-        target = PurePosixPath(dest_dir)
-        if target.name and any(m.isdir() and PurePosixPath(m.name) == PurePosixPath(".") for m in members):
-            # The engine skips a "." entry when the target exists; extracted from the parent, the
-            # target's own owner and mode come from the archive (and "." is the target by name).
-            archive = tarsafe.reroot(archive, target.name)
-            dest_dir = str(target.parent)
-        try:
-            try:
-                ok = await _blocking(
-                    self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
-                )
-            except docker.errors.NotFound:
-                # The destination does not exist yet (the engine refused before writing anything):
-                # create it, as root whatever the image's user (the engine extracts as root with the
-                # archive's owners), and put the archive once more. Usually it exists (the workdir,
-                # /tmp): then no exec is spent on it.
-                await self._mkdir_as_root(dest_dir)
-                ok = await _blocking(
-                    self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
-                )
-        except SandboxError:
-            raise
-        except Exception as exc:
-            raise _engine_error(
-                exc,
-                stage=FailureStage.SEED,
-                operation="upload",
-                default_kind="sandbox_file_failed",
-                what=f"upload into {dest_dir!r} failed",
-            ) from exc
-        if not ok:
-            message = f"upload into {dest_dir!r}: the engine refused the archive"
-            raise SandboxError(
-                message,
-                failure=_failure(
-                    "sandbox_file_failed", stage=FailureStage.SEED, operation="upload", message=message
-                ),
-            )
-
-    async def _mkdir_as_root(self, dest_dir: str) -> None:
-        made = await self.exec(["mkdir", "-p", "--", dest_dir], timeout=CALL_DEADLINE_S, user="0")
-        if not made.ok:
-            detail = made.stderr.decode("utf-8", "replace").strip() or made.error or f"exit {made.exit_code}"
-            message = f"upload: cannot create {dest_dir!r} in the sandbox: {detail}"
-            raise SandboxError(
-                message,
-                failure=_failure(
-                    "sandbox_file_failed", stage=FailureStage.SEED, operation="upload", message=message
-                ),
-            )
-
-    async def download_tar(self, path: str) -> bytes:
-        self._ensure_open("download")
-        if not PurePosixPath(path).is_absolute():
-            raise ValueError(f"path must be absolute inside the sandbox, got {path!r}")
-
-        def fetch() -> bytes:
-            chunks, _stat = self._api.get_archive(self.sandbox_id, path)
-            return b"".join(chunks)
-
-        try:
-            archive = await _blocking(fetch, within=FILE_DEADLINE_S)
-        except docker.errors.NotFound as exc:
-            message = f"download: {path!r} does not exist in sandbox {self.sandbox_id[:12]}"
-            raise SandboxFileNotFoundError(
-                message,
-                failure=_failure(
-                    "sandbox_file_failed",
-                    stage=FailureStage.SEED,
-                    operation="download",
-                    message=message,
-                    exc=exc,
-                ),
-            ) from exc
-        except Exception as exc:
-            raise _engine_error(
-                exc,
-                stage=FailureStage.SEED,
-                operation="download",
-                default_kind="sandbox_file_failed",
-                what=f"download of {path!r} failed",
-            ) from exc
-        tarsafe.check_archive(archive)
-        return archive
-
     def host_ids(self, user: SandboxUser) -> tuple[int, int] | None:
         # Without user-namespace remapping in the engine, ids inside a container are host ids.
         return user.ids
 
     # -------------------------------------------------------------------------------- evidence
-
-    async def inspect(self) -> list[Evidence]:
-        self._ensure_open("inspect")
-        _attrs, evidence = await self._gather()
-        return evidence
-
-    async def _gather(self) -> tuple[dict[str, Any] | None, list[Evidence]]:
-        """Engine state, this container's events and its cgroup, all inside INSPECT_DEADLINE_S."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + INSPECT_DEADLINE_S
-        cid = self.sandbox_id
-        evidence: list[Evidence] = []
-        attrs: dict[str, Any] | None = None
-        try:
-            attrs = await _blocking(self._api.inspect_container, cid, within=deadline - loop.time())
-        except docker.errors.NotFound:
-            evidence.append(Evidence(source=SOURCE_STATE, scope=cid, data={"exists": False}))
-        except Exception as exc:
-            evidence.append(
-                Evidence(source=SOURCE_STATE, scope=cid, data={"error": f"{type(exc).__name__}: {exc}"})
-            )
-        if attrs is not None:
-            state = attrs.get("State") or {}
-            data = {
-                "exists": True,
-                "Status": state.get("Status"),
-                "Running": state.get("Running"),
-                "ExitCode": state.get("ExitCode"),
-                "OOMKilled": state.get("OOMKilled"),
-                "Error": state.get("Error") or None,
-                "StartedAt": state.get("StartedAt"),
-                "FinishedAt": state.get("FinishedAt"),
-                "MemoryLimit": (attrs.get("HostConfig") or {}).get("Memory") or None,
-            }
-            if self._oom_killed_at_connect is not None:
-                data["OOMKilledAtConnect"] = self._oom_killed_at_connect
-            evidence.append(Evidence(source=SOURCE_STATE, scope=cid, data=data))
-        evidence.extend(await self._events_evidence(min(EVENTS_DEADLINE_S, max(deadline - loop.time(), 0.5))))
-        evidence.append(await self._cgroup_evidence(attrs, max(deadline - loop.time(), 0.5)))
-        if self._pids_cgroup is not None:
-            with contextlib.suppress(OSError, TimeoutError):
-                cg, base = self._pids_cgroup, self._pids_baseline
-                evidence.append(
-                    await _blocking(pids_evidence, cg, base, cid, within=max(deadline - loop.time(), 0.5))
-                )
-        return attrs, evidence
-
-    async def _events_evidence(self, budget_s: float) -> list[Evidence]:
-        cid = self.sandbox_id
-        since, until = self._since, time.time()
-        holder: dict[str, Any] = {}
-
-        def query() -> list[dict[str, Any]]:
-            stream = self._api.events(
-                since=_ts(since),
-                until=_ts(until),
-                filters={"container": cid, "type": "container", "event": ["oom", "die", "kill"]},
-                decode=True,
-            )
-            holder["stream"] = stream
-            try:
-                return list(stream)
-            finally:
-                with contextlib.suppress(Exception):
-                    stream.close()
-
-        window = {"since": _ts(since), "until": _ts(until)}
-        try:
-            events = await _blocking(query, within=budget_s)
-        except Exception as exc:
-            if "stream" in holder:
-                with contextlib.suppress(Exception):
-                    holder["stream"].close()
-            return [
-                Evidence(
-                    source=SOURCE_EVENTS, scope=cid, data={**window, "error": f"{type(exc).__name__}: {exc}"}
-                )
-            ]
-        ours = [ev for ev in events if ((ev.get("Actor") or {}).get("ID") or ev.get("id")) == cid]
-        # Capped (a restart loop makes thousands): every oom report first, then the latest others.
-        ooms = [ev for ev in ours if (ev.get("Action") or ev.get("status")) == "oom"][-EVENTS_KEPT:]
-        others = [ev for ev in ours if (ev.get("Action") or ev.get("status")) != "oom"]
-        kept = ooms + others[len(others) - max(EVENTS_KEPT - len(ooms), 0) :] if ours else []
-        kept.sort(key=lambda ev: ev.get("timeNano") or 0)
-        summary = {**window, "matched": len(events)}
-        if len(kept) < len(ours):
-            summary["omitted"] = len(ours) - len(kept)
-        out = [Evidence(source=SOURCE_EVENTS, scope=cid, data=summary)]
-        for ev in kept:
-            actor = ev.get("Actor") or {}
-            container_id = actor.get("ID") or ev.get("id")
-            nano = ev.get("timeNano")
-            observed = (
-                datetime.fromtimestamp(nano / 1e9, UTC)
-                if isinstance(nano, int)
-                else datetime.fromtimestamp(ev.get("time", until), UTC)
-            )
-            attributes = actor.get("Attributes") or {}
-            out.append(
-                Evidence(
-                    source=SOURCE_EVENTS,
-                    scope=cid,
-                    observed_at=observed,
-                    data={
-                        "action": ev.get("Action") or ev.get("status"),
-                        "container_id": container_id,
-                        "time_nano": nano,
-                        **{k: attributes[k] for k in ("exitCode", "signal") if k in attributes},
-                    },
-                )
-            )
-        return out
-
-    async def _cgroup_evidence(self, attrs: dict[str, Any] | None, budget_s: float) -> Evidence:
-        cid = self.sandbox_id
-        try:
-            found = self._cgroup
-            if found is None or not _cgroup_present(found):
-                pid = ((attrs or {}).get("State") or {}).get("Pid")
-                found = await _blocking(find_memory_cgroup, cid, pid, within=budget_s)
-                if found is not None:
-                    self._cgroup = found
-            if found is None:
-                return Evidence(
-                    source=SOURCE_CGROUP,
-                    scope=cid,
-                    data={
-                        "available": False,
-                        "reason": "memory cgroup not found (container stopped, or not visible)",
-                    },
-                )
-            data = await _blocking(read_memory_cgroup, *found, within=budget_s)
-        except (OSError, TimeoutError) as exc:
-            return Evidence(
-                source=SOURCE_CGROUP,
-                scope=cid,
-                data={"available": False, "reason": f"{type(exc).__name__}: {exc}"},
-            )
-        return Evidence(
-            source=SOURCE_CGROUP,
-            scope=cid,
-            data={"available": True, **data, "oom_kill_baseline": self._oom_baseline},
-        )
 
     async def status(self) -> SandboxStatus:
         if self._closed:
@@ -640,74 +360,6 @@ class DockerSandbox(Sandbox):
             notes=notes,
             evidence=evidence,
         )
-
-    async def watch_faults(self, stop: asyncio.Event) -> AsyncIterator[SandboxFault]:
-        """The container's memory cgroup and the kernel's record of a kill (``FaultWatcher``) when the
-        host sees them (a local engine); else Docker's own ``oom`` events, polled every second."""
-        if self._closed:
-            return
-        if self._cgroup is not None:
-            path, version = self._cgroup
-            root = CGROUP_V1_ROOT if version == 1 else CGROUP_ROOT
-            memcg = "/" + str(path.relative_to(root)) if path.is_relative_to(root) else None
-            watcher = FaultWatcher(scope=self.sandbox_id, memory=self._cgroup, memcg=memcg)
-            watcher.oom_baseline = self._oom_baseline
-            async for fault in watcher.watch(stop):
-                yield fault
-            return
-        since = time.time()
-        while True:
-            stopping = stop.is_set()
-            until = time.time()
-            for ev in await self._oom_events(since, until):
-                yield ev
-            since = until
-            if stopping:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), EVENTS_POLL_S)
-
-    async def _oom_events(self, since: float, until: float) -> list[SandboxFault]:
-        cid = self.sandbox_id
-
-        def query() -> list[dict[str, Any]]:
-            stream = self._api.events(
-                since=_ts(since), until=_ts(until), filters={"container": cid, "event": "oom"}, decode=True
-            )
-            try:
-                return list(stream)
-            finally:
-                with contextlib.suppress(Exception):
-                    stream.close()
-
-        try:
-            events = await _blocking(query, within=EVENTS_DEADLINE_S)
-        except Exception:
-            return []  # the close-time inspect reads the same events again, and says what failed
-        out = []
-        for ev in events:
-            if ((ev.get("Actor") or {}).get("ID") or ev.get("id")) != cid:
-                continue
-            nano = ev.get("timeNano")
-            at = datetime.fromtimestamp(nano / 1e9, UTC) if isinstance(nano, int) else datetime.now(UTC)
-            out.append(
-                SandboxFault(
-                    ts=at,
-                    kind=FaultKind.OOM_KILL,
-                    source=SOURCE_EVENTS,
-                    message="the kernel OOM-killed a process of the container (Docker's oom event; "
-                    "it does not say which)",
-                    evidence=[
-                        Evidence(
-                            source=SOURCE_EVENTS,
-                            scope=cid,
-                            observed_at=at,
-                            data={"action": "oom", "container_id": cid, "time_nano": nano},
-                        )
-                    ],
-                )
-            )
-        return out
 
     async def probe(self, timeout: float) -> SandboxProbe:
         """The engine's answer about this container, also after release (issue 19: engine lost)."""

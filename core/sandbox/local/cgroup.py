@@ -1,4 +1,5 @@
-"""One local sandbox's cgroup v1 memory controller: limit, OOM counter (the evidence), kill-all."""
+"""One local sandbox's cgroup v1 memory controller: limit, OOM counter evidence (read by
+``core.sandbox.cgroup``), kill-all, removal."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from core.failures import (
     Evidence,
 )
+from core.sandbox import cgroup
 from core.sandbox.oom import SOURCE_CGROUP
 
 log = logging.getLogger(__name__)
@@ -41,13 +43,6 @@ def _cgroup_v1_mount(controller: str) -> Path | None:
     return None
 
 
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
 class _Cgroup:
     """One sandbox's memory cgroup (v1)."""
 
@@ -68,22 +63,10 @@ class _Cgroup:
             memsw.write_text(str(limit))
 
     def oom_control(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        try:
-            text = (self.path / "memory.oom_control").read_text()
-        except OSError:
-            return out
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            with contextlib.suppress(ValueError):
-                out[key] = int(value)
-        return out
+        return cgroup.oom_counters(self.path, 1)
 
     def pids(self) -> list[int]:
-        try:
-            return [int(x) for x in self.procs_file.read_text().split()]
-        except (OSError, ValueError):
-            return []
+        return cgroup.procs(self.path)
 
     def evidence(self, baseline: int | None) -> Evidence:
         oc = self.oom_control()
@@ -91,9 +74,9 @@ class _Cgroup:
             "oom_kill": oc.get("oom_kill"),
             "oom_kill_baseline": baseline,
             "under_oom": oc.get("under_oom"),
-            "limit_in_bytes": _read_int(self.path / "memory.limit_in_bytes"),
-            "usage_in_bytes": _read_int(self.path / "memory.usage_in_bytes"),
-            "max_usage_in_bytes": _read_int(self.path / "memory.max_usage_in_bytes"),
+            "limit_in_bytes": cgroup.read_int(self.path / "memory.limit_in_bytes"),
+            "usage_in_bytes": cgroup.read_int(self.path / "memory.usage_in_bytes"),
+            "max_usage_in_bytes": cgroup.read_int(self.path / "memory.max_usage_in_bytes"),
         }
         return Evidence(source=SOURCE_CGROUP, scope=str(self.path), data=data)
 

@@ -8,16 +8,12 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from core.failures import (
-    Evidence,
-    FailureEvent,
-    FailureStage,
-)
+from core.failures import Evidence, FailureStage
 from core.sandbox.base import (
     SANDBOX_MODEL_SOCKET,
     parse_user_spec,
 )
-from core.sandbox.errors import SandboxError
+from core.sandbox.errors import SandboxError, sandbox_failure
 
 PROVIDER_NAME = "local"
 LABEL_FILE = "sandbox.json"
@@ -35,7 +31,7 @@ _RESERVED = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/e
 # failures
 
 
-def _failure(
+def _error(
     kind: str,
     operation: str,
     message: str,
@@ -44,27 +40,12 @@ def _failure(
     exc: BaseException | None = None,
     evidence: Sequence[Evidence] = (),
     details: Any = None,
-) -> FailureEvent:
-    """A FailureEvent for this provider.
-
-    ``stage`` is our best knowledge: ``seed`` for create/connect, ``agent`` for operations on a running
-    sandbox. The provider cannot know the episode stage; callers re-stamp it when they know better.
-    """
-    fields: dict[str, Any] = {
-        "kind": kind,
-        "stage": stage,
-        "operation": operation,
-        "message": message,
-        "evidence": list(evidence),
-        "details": details,
-    }
-    if exc is not None:
-        return FailureEvent.from_exception(exc, **fields)
-    return FailureEvent(**fields)
-
-
-def _error(kind: str, operation: str, message: str, **kw: Any) -> SandboxError:
-    return SandboxError(message, failure=_failure(kind, operation, message, **kw))
+) -> SandboxError:
+    """A SandboxError for this provider; ``stage`` defaults to ``seed`` (create/connect)."""
+    failure = sandbox_failure(
+        kind, stage=stage, operation=operation, message=message, cause=exc, evidence=evidence, details=details
+    )
+    return SandboxError(message, failure=failure)
 
 
 def _resolve_user(value: str) -> tuple[int, int]:

@@ -12,7 +12,7 @@ import signal
 import time
 from collections.abc import Awaitable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from core.failures import (
     CommandDetails,
@@ -28,11 +28,18 @@ from core.sandbox.base import (
 )
 from core.sandbox.errors import SandboxClosedError
 from core.sandbox.local.common import _error
-from core.sandbox.local.keeper import _Launch, _StatusReader
+from core.sandbox.local.keeper import _Keeper, _Launch, _StatusReader
 from core.sandbox.local.procs import _ChildHandle, _kill_tree, _pidfd_wait_status
 
-if TYPE_CHECKING:
-    from core.sandbox.local.sandbox import LocalSandbox
+
+class ExecHost(Protocol):
+    """What a running command or terminal needs of its local sandbox (``LocalSandbox`` is one)."""
+
+    sandbox_id: str
+    share_pidns: bool  # commands join the keeper's PID namespace
+    _keeper: _Keeper | None  # the sandbox's pid 1, when one is known
+    _ptys: set[_LocalPty]  # open terminals (one forgets itself when it closes)
+
 
 _DRAIN_IDLE_S = 0.1  # after the command exits: keep reading while output still arrives this often
 _DRAIN_MAX_S = 1.0
@@ -80,7 +87,7 @@ class _Pump:
                 loop.remove_reader(self.fd)
 
 
-def _kill_exec_tree(sb: LocalSandbox, child: int, pidfd: int | None) -> None:
+def _kill_exec_tree(sb: ExecHost, child: int, pidfd: int | None) -> None:
     """Kill what one exec started. In the sandbox's shared PID namespace: the command's session and
     descendants. In an exec's own PID namespace (non-root): its pid 1, and the kernel kills the rest.
 
@@ -102,7 +109,7 @@ class _ExecRun:
 
     def __init__(
         self,
-        sandbox: LocalSandbox,
+        sandbox: ExecHost,
         eid: str,
         proc: asyncio.subprocess.Process,
         launch: _Launch,
@@ -304,7 +311,7 @@ class _ExecRun:
 class _LocalPty(PtyHandle):
     """A terminal inside the sandbox: bwrap spawned on a pty (ptyprocess), read via ``add_reader``."""
 
-    def __init__(self, sandbox: LocalSandbox, proc: Any, child: int, pidfd: int | None):
+    def __init__(self, sandbox: ExecHost, proc: Any, child: int, pidfd: int | None):
         self._sb = sandbox
         self._proc = proc
         self._child = child

@@ -10,23 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from core.failures import Evidence
 from core.sandbox.base import SandboxProbe, SandboxState
-
-if TYPE_CHECKING:
-    from core.sandbox.local.sandbox import LocalSandbox
+from core.sandbox.local.cgroup import _Cgroup
+from core.sandbox.local.keeper import _Keeper
+from core.sandbox.local.procs import _ns_inode
 
 SOURCE_KEEPER = "local.keeper"
 
 
-def _probe(sb: LocalSandbox, timeout: float) -> SandboxProbe:
-    from core.sandbox.local.procs import _ns_inode
-
-    k = sb._keeper  # the probe is the sandbox's own, kept out of the long provider module
+def _probe(sandbox_id: str, k: _Keeper | None, cgroup: _Cgroup | None, timeout: float) -> SandboxProbe:
     if k is None:
-        return SandboxProbe(engine_reachable=True, detail=f"local sandbox {sb.sandbox_id} has no keeper")
+        return SandboxProbe(engine_reachable=True, detail=f"local sandbox {sandbox_id} has no keeper")
     # A killed pid 1 first drops its namespaces (its /proc/PID/ns/uts no longer opens; ns/pid still
     # does) and leaves its cgroup, then waits for the kernel to kill everything else in its PID
     # namespace: while it shows in /proc like that it is on its way out, so wait (bounded) for it.
@@ -35,10 +31,9 @@ def _probe(sb: LocalSandbox, timeout: float) -> SandboxProbe:
     while alive and _ns_inode(k.pid, "uts") is None and time.monotonic() < end:
         time.sleep(0.05)
         alive = k.alive()
-    cgroup = sb._cgroup
     cgroup_pids = cgroup.pids() if cgroup is not None and cgroup.exists() else None
     data = {"pid": k.pid, "start_time": k.start_time, "pidns": k.pidns, "alive": alive}
-    evidence = [Evidence(source=SOURCE_KEEPER, scope=sb.sandbox_id, data=data)]
+    evidence = [Evidence(source=SOURCE_KEEPER, scope=sandbox_id, data=data)]
     if cgroup is not None and cgroup_pids is not None:
         evidence.append(Evidence(source="cgroup.procs", scope=str(cgroup.path), data={"pids": cgroup_pids}))
     if alive:
@@ -46,7 +41,7 @@ def _probe(sb: LocalSandbox, timeout: float) -> SandboxProbe:
             engine_reachable=True,
             dead=False,
             state=SandboxState.RUNNING,
-            detail=f"the keeper (pid {k.pid}) of local sandbox {sb.sandbox_id} is alive",
+            detail=f"the keeper (pid {k.pid}) of local sandbox {sandbox_id} is alive",
             evidence=evidence,
         )
     # pid 1 of a PID namespace is only gone once the kernel has killed every process in it. What the
@@ -59,11 +54,16 @@ def _probe(sb: LocalSandbox, timeout: float) -> SandboxProbe:
         dead=True,
         engine_lost=True,  # nothing of ours kills the keeper before the release: it was killed from outside
         state=SandboxState.EXITED,
-        detail=f"the keeper (pid {k.pid}, the sandbox's pid 1) of local sandbox {sb.sandbox_id} is gone: "
+        detail=f"the keeper (pid {k.pid}, the sandbox's pid 1) of local sandbox {sandbox_id} is gone: "
         f"the kernel ended every process in its PID namespace{where}",
         evidence=evidence,
     )
 
 
-async def probe_local(sb: LocalSandbox, timeout: float) -> SandboxProbe:
-    return await asyncio.wait_for(asyncio.to_thread(_probe, sb, timeout * 0.8), max(timeout, 0.05))
+async def probe_local(
+    sandbox_id: str, keeper: _Keeper | None, cgroup: _Cgroup | None, timeout: float
+) -> SandboxProbe:
+    """Whether ``keeper`` (the sandbox's pid 1) lives, with its memory cgroup's remaining pids."""
+    return await asyncio.wait_for(
+        asyncio.to_thread(_probe, sandbox_id, keeper, cgroup, timeout * 0.8), max(timeout, 0.05)
+    )

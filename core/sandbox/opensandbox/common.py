@@ -14,18 +14,13 @@ from core.failures import (
     CommandDetails,
     Delivery,
     Evidence,
-    FailureCause,
-    FailureEvent,
-    FailureStage,
 )
-from core.failures.model import FailureDetails
 from core.sandbox.base import (
     ExecResult,
     OutputCallback,
     OutputChunk,
     SandboxState,
 )
-from core.sandbox.errors import SandboxError
 from core.sandbox.opensandbox.diagnostics import (
     Diagnosis,
 )
@@ -77,36 +72,6 @@ def _image_missing(exc: RequestFailed) -> bool:
     code = (exc.code or "").upper()
     body = (exc.body_excerpt or "").lower()
     return "IMAGE" in code or ("image" in body and ("not found" in body or "pull" in body))
-
-
-def _failure(
-    kind: str,
-    *,
-    stage: FailureStage,
-    operation: str,
-    message: str,
-    cause: BaseException | None = None,
-    http_status: int | None = None,
-    evidence: Sequence[Evidence] = (),
-    details: FailureDetails | None = None,
-) -> FailureEvent:
-    return FailureEvent(
-        kind=kind,
-        stage=stage,
-        operation=operation,
-        message=message[:2000],
-        http_status=http_status,
-        cause=FailureCause.from_exception(cause) if cause is not None else None,
-        evidence=list(evidence),
-        details=details,
-    )
-
-
-def _error(failure: FailureEvent, cause: BaseException | None = None) -> SandboxError:
-    error = SandboxError(failure.message, failure=failure)
-    if cause is not None:
-        error.__cause__ = cause
-    return error
 
 
 # Become uid/gid, then exec "$@": setpriv (util-linux) where present, else python3 (the process

@@ -1,6 +1,6 @@
 """Evidence from the OpenSandbox server about one sandbox, and the shared diagnosis entry point.
 
-Sources (all scoped to the sandbox id; see ``core.sandbox.oom`` for what confirms an OOM kill):
+Sources (all scoped to the sandbox id; see ``oom_rules`` for what confirms an OOM kill):
 
 * ``opensandbox.lifecycle`` – ``GET /sandboxes/{id}``: ``status.state/reason/message``. Only the
   structured fields count: a terminal ``state`` (Failed, Terminated) whose ``reason`` *code* is one
@@ -35,8 +35,9 @@ from typing import Any
 import httpx
 
 from core.failures import Evidence
-from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
+from core.sandbox.oom import oom_confirmed
 from core.sandbox.opensandbox.http import Http, RequestFailed
+from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
 from core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig
 
 LIFECYCLE_FORMAT = "opensandbox-lifecycle/v1"

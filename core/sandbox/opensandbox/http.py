@@ -25,12 +25,12 @@ import httpx
 from core.failures import (
     Delivery,
     Evidence,
-    FailureCause,
     FailureEvent,
     FailureStage,
     HttpDetails,
 )
 from core.failures.model import FailureDetails
+from core.sandbox.errors import sandbox_failure
 from core.sandbox.opensandbox.policy import RequestDecision, decide_request
 from core.sandbox.opensandbox.settings import OpenSandboxAction, OpenSandboxPolicyConfig, OpenSandboxSettings
 
@@ -96,15 +96,14 @@ class RequestFailed(Exception):
         evidence: list[Evidence] | None = None,
     ) -> FailureEvent:
         """The FailureEvent for this request: kind, HTTP status, original cause, details, evidence."""
-        cause = self.__cause__
-        return FailureEvent(
-            kind=kind or self.kind,
+        return sandbox_failure(
+            kind or self.kind,
             stage=stage,
             operation=operation or self.operation,
-            message=(message or str(self))[:2000],
+            message=message or str(self),
+            cause=self.__cause__,
             http_status=self.http_status,
-            cause=FailureCause.from_exception(cause) if cause is not None else None,
-            evidence=list(evidence or []),
+            evidence=evidence or (),
             details=details if details is not None else self.details(),
         )
 

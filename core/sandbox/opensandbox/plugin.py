@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from core.provider_registry import Capabilities, Check, ProviderPlugin
-from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
+from core.sandbox.opensandbox.oom_rules import RULES, SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
 from core.sandbox.opensandbox.settings import OpenSandboxSettings
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class OpenSandboxPlugin(ProviderPlugin):
         listing=True,
         sweep_by_default=False,  # listing needs the configured server: sweep names it explicitly
     )
+    oom_rules = RULES
 
     def provider(self, settings: BaseModel) -> OpenSandboxProvider:
         from core.sandbox.opensandbox.provider import OpenSandboxProvider

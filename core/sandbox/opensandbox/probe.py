@@ -8,25 +8,21 @@ means the server is not reachable, which is the probe's answer, not an error.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from core.failures import Evidence
 from core.sandbox.base import SandboxProbe, SandboxState
-from core.sandbox.opensandbox.http import RequestFailed
-
-if TYPE_CHECKING:
-    from core.sandbox.opensandbox.sandbox import OpenSandboxSandbox
+from core.sandbox.opensandbox.http import Http, RequestFailed
+from core.sandbox.opensandbox.oom_rules import SOURCE_OS_LIFECYCLE as SOURCE_LIFECYCLE
 
 SOURCE_SERVER = "opensandbox.server"
-SOURCE_LIFECYCLE = "opensandbox.lifecycle"
 _DEAD = {"Terminated": SandboxState.EXITED, "Failed": SandboxState.FAILED}
 
 
-async def probe_sandbox(sb: OpenSandboxSandbox, timeout: float) -> SandboxProbe:
+async def probe_sandbox(http: Http, url: str, sandbox_id: str, timeout: float) -> SandboxProbe:
+    """What the server at ``url`` (the sandbox's lifecycle resource) says about ``sandbox_id``."""
     loop = asyncio.get_running_loop()
-    url = sb._provider.api_url(f"/sandboxes/{sb.sandbox_id}")  # the sandbox's own provider
     try:
-        response = await sb._http.request(
+        response = await http.request(
             "read", "GET", url, timeout=max(timeout, 0.05), deadline=loop.time() + max(timeout, 0.05)
         )
     except RequestFailed as exc:
@@ -35,8 +31,8 @@ async def probe_sandbox(sb: OpenSandboxSandbox, timeout: float) -> SandboxProbe:
                 engine_reachable=True,
                 dead=True,
                 state=SandboxState.GONE,
-                detail=f"sandbox {sb.sandbox_id} no longer exists on the OpenSandbox server",
-                evidence=[Evidence(source=SOURCE_LIFECYCLE, scope=sb.sandbox_id, data={"exists": False})],
+                detail=f"sandbox {sandbox_id} no longer exists on the OpenSandbox server",
+                evidence=[Evidence(source=SOURCE_LIFECYCLE, scope=sandbox_id, data={"exists": False})],
             )
         reachable = not exc.transport
         return SandboxProbe(
@@ -55,9 +51,9 @@ async def probe_sandbox(sb: OpenSandboxSandbox, timeout: float) -> SandboxProbe:
         engine_reachable=True,
         dead=dead,
         state=_DEAD.get(str(state), SandboxState.RUNNING if state == "Running" else SandboxState.UNKNOWN),
-        detail=f"sandbox {sb.sandbox_id} is {state or 'in an unknown state'} on the OpenSandbox server",
+        detail=f"sandbox {sandbox_id} is {state or 'in an unknown state'} on the OpenSandbox server",
         evidence=[
             Evidence(source=SOURCE_SERVER, data={"reachable": True}),
-            Evidence(source=SOURCE_LIFECYCLE, scope=sb.sandbox_id, data={"state": state}),
+            Evidence(source=SOURCE_LIFECYCLE, scope=sandbox_id, data={"state": state}),
         ],
     )

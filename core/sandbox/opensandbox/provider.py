@@ -22,7 +22,7 @@ Failure handling (docs/opensandbox.md has the full story):
 * **The execution's hard cap is the caller's ``timeout``**: recovery and diagnosis use what is left
   of it and start no request after it. execd is asked to kill the command itself ``headroom``
   seconds after the cap, as a backstop.
-* **OOM is confirmed only by structured evidence about this sandbox** (``core.sandbox.oom``): a
+* **OOM is confirmed only by structured evidence about this sandbox** (``oom_rules``): a
   terminal lifecycle state with a recognised reason code; the diagnostics reports' ``OOMKilled``
   only when ``oom_from_diagnostics`` is on. Free text (a status message, output) never confirms.
 * **Expected refusal**: a refusal the daemon confirms before launching anything (e.g. running as root
@@ -58,15 +58,13 @@ from core.sandbox.base import (
     default_owner,
     invocation_id,
 )
-from core.sandbox.errors import SandboxError
+from core.sandbox.errors import SandboxError, sandbox_error, sandbox_failure
 from core.sandbox.opensandbox.common import (
     CLEANUP_DEADLINE_S,
     CONNECT_DEADLINE_S,
     LABEL_CREATE,
     READY_PING_TIMEOUT_S,
     _cpu_quantity,
-    _error,
-    _failure,
     _image_missing,
     _memory_quantity,
     label_value,
@@ -138,7 +136,9 @@ class OpenSandboxProvider(SandboxProvider):
             hint = f"; is the OpenSandbox server running at {self.settings.url}?"
         elif exc.kind == "provider_auth_failed":
             hint = f"; check the API key (settings.api_key_env={self.settings.api_key_env!r})"
-        return _error(exc.failure(stage=stage, operation=operation, message=f"{what}: {exc}{hint}"), exc)
+        return sandbox_error(
+            exc.failure(stage=stage, operation=operation, message=f"{what}: {exc}{hint}"), exc
+        )
 
     # ------------------------------------------------------------------------------ create
 
@@ -281,7 +281,9 @@ class OpenSandboxProvider(SandboxProvider):
             message = f"the server's create answer names no sandbox id: {str(created)[:300]}"
             raise SandboxError(
                 message,
-                failure=_failure("provider_protocol_error", stage=stage, operation=op, message=message),
+                failure=sandbox_failure(
+                    "provider_protocol_error", stage=stage, operation=op, message=message
+                ),
             )
         sandbox = OpenSandboxSandbox(
             self,
@@ -317,7 +319,7 @@ class OpenSandboxProvider(SandboxProvider):
             )
             raise SandboxError(
                 message,
-                failure=_failure(
+                failure=sandbox_failure(
                     "sandbox_not_ready",
                     stage=stage,
                     operation=op,
@@ -340,7 +342,7 @@ class OpenSandboxProvider(SandboxProvider):
         return sandbox
 
     async def _container_logs(self, sandbox_id: str, deadline: float) -> Evidence:
-        from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS
+        from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS
 
         try:
             response = await self._http.request(
@@ -401,7 +403,7 @@ class OpenSandboxProvider(SandboxProvider):
             message = f"sandbox {sandbox_id!r} is {state}; nothing to connect to"
             raise SandboxError(
                 message,
-                failure=_failure(
+                failure=sandbox_failure(
                     "sandbox_lost",
                     stage=stage,
                     operation=op,
@@ -457,7 +459,7 @@ class OpenSandboxProvider(SandboxProvider):
             )
             raise SandboxError(
                 message,
-                failure=_failure("sandbox_release_failed", stage=stage, operation=op, message=message),
+                failure=sandbox_failure("sandbox_release_failed", stage=stage, operation=op, message=message),
             )
         return removed
 

@@ -6,9 +6,12 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import httpx
 
 from core.failures import (
+    FailureDetails,
     FailureEvent,
     FailureStage,
     GenericDetails,
@@ -18,19 +21,53 @@ from core.sandbox.base import (
     PtyHandle,
     QueuedOutput,
 )
-from core.sandbox.errors import SandboxClosedError
-from core.sandbox.opensandbox.common import _error, _failure
-
-if TYPE_CHECKING:
-    from core.sandbox.opensandbox.sandbox import OpenSandboxSandbox
+from core.sandbox.errors import SandboxClosedError, sandbox_error, sandbox_failure
+from core.sandbox.opensandbox.diagnostics import Diagnosis
+from core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig, OpenSandboxSettings
 
 log = logging.getLogger(__name__)
+
+
+class TerminalHost(Protocol):
+    """What a terminal needs of its sandbox (``OpenSandboxSandbox`` is one): its settings, execd,
+    its record of failures and recoveries, and the diagnosis of a loss."""
+
+    owned: bool
+    settings: OpenSandboxSettings
+    policy: OpenSandboxPolicyConfig
+    _ptys: set[OpenSandboxPty]  # open terminals (one forgets itself when it closes)
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def _execd_request(
+        self, operation: str, method: str, path: str, **kwargs: Any
+    ) -> httpx.Response: ...
+
+    async def _pty_socket(self, session_id: str, *, since: int = 0) -> Any: ...
+
+    async def _diagnose(self, deadline: float, into: Diagnosis | None = None) -> Diagnosis: ...
+
+    def _lost_failure(
+        self,
+        diagnosis: Diagnosis,
+        *,
+        default_kind: str,
+        operation: str,
+        what: str,
+        cause: BaseException | None = None,
+        details: FailureDetails | None = None,
+    ) -> FailureEvent: ...
+
+    def _observe(self, failure: FailureEvent) -> None: ...
+
+    def _recovered(self, failure: FailureEvent, how: Recovery) -> None: ...
 
 
 class OpenSandboxPty(PtyHandle):
     """An interactive terminal over execd's PTY WebSocket (binary 0x00+stdin in, 0x01..+output out)."""
 
-    def __init__(self, sandbox: OpenSandboxSandbox, session_id: str, ws: Any):
+    def __init__(self, sandbox: TerminalHost, session_id: str, ws: Any):
         self._sandbox = sandbox
         self.session_id = session_id
         self._ws = ws
@@ -88,7 +125,7 @@ class OpenSandboxPty(PtyHandle):
             self._reattach_error = exc
             return False
         # An observation, not only the provider's memory: the episode puts it in events.jsonl.
-        dropped = _failure(
+        dropped = sandbox_failure(
             "sandbox_pty_failed",
             stage=FailureStage.AGENT,
             operation="pty.attach",
@@ -130,7 +167,7 @@ class OpenSandboxPty(PtyHandle):
         try:
             await asyncio.wait_for(self._ws.send(message), self._sandbox.settings.request_timeout_s)
         except Exception as exc:
-            failure = _failure(
+            failure = sandbox_failure(
                 "sandbox_pty_failed",
                 stage=FailureStage.AGENT,
                 operation=f"pty.{operation}",
@@ -138,7 +175,7 @@ class OpenSandboxPty(PtyHandle):
                 cause=exc,
                 details=GenericDetails(data={"session_id": self.session_id}),
             )
-            raise _error(failure, exc) from exc
+            raise sandbox_error(failure, exc) from exc
 
     async def write(self, data: bytes) -> None:
         await self._send("write", b"\x00" + bytes(data))

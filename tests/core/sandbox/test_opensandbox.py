@@ -25,7 +25,8 @@ import pytest
 
 from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails, decide
 from core.sandbox.base import LABEL_OWNER, LABEL_RUN, ExpectedRefusal, Recovery, SandboxError, SandboxState
-from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
+from core.sandbox.oom import oom_confirmed
+from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
 from core.sandbox.opensandbox.provider import OpenSandboxProvider, OpenSandboxSandbox
 
 pytestmark = [pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(120)]

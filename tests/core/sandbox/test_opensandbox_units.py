@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from core.config import AgentConfig, load_config
 from core.failures import Delivery, Evidence
-from core.sandbox.oom import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE, oom_confirmed
+from core.sandbox.oom import oom_confirmed
 from core.sandbox.opensandbox.common import _Run, _shell_command, label_value
 from core.sandbox.opensandbox.diagnostics import (
     diagnostics_evidence,
@@ -20,6 +20,7 @@ from core.sandbox.opensandbox.diagnostics import (
     parse_inspect_text,
 )
 from core.sandbox.opensandbox.http import classify_status
+from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
 from core.sandbox.opensandbox.policy import DEFAULT_OPENSANDBOX_POLICY, decide_request, merged_policy
 from core.sandbox.opensandbox.settings import OpenSandboxPolicyOverrides, OpenSandboxSettings
 
