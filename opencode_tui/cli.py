@@ -138,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="file (one run), directory (several, atif) or - for stdout; "
         "default: RUN_DIR/trajectory.json (atif), stdout (messages)",
     )
+    rp = sub.add_parser("report", help="write a run (or a batch's runs) as one self-contained HTML file")
+    rp.add_argument("path", metavar="RUN_DIR", help="the run directory (with --batch: the runs directory)")
+    rp.add_argument("--batch", metavar="ID", help="report every attempt of this batch found in RUNS_DIR")
+    rp.add_argument(
+        "-o", "--output", metavar="FILE", help="default: RUN_DIR/report.html, RUNS_DIR/report-ID.html"
+    )
     sm = sub.add_parser("samples", help="list the sample tasks that ship with opencode-tui, or copy them")
     sm_sub = sm.add_subparsers(dest="samples_command", metavar="ACTION")
     cp = sm_sub.add_parser("copy", help="copy sample tasks into a directory (all, or the named ones)")

@@ -25,6 +25,12 @@ def cmd_samples(args: argparse.Namespace) -> int:
     return samples(args)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from opencode_tui.report.command import cmd_report as report
+
+    return report(args)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from opencode_tui.run_command import cmd_run as run
 

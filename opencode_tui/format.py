@@ -143,3 +143,12 @@ def summarize(ev: Event) -> str:
     if isinstance(ev, OutcomeDecided):
         return f"outcome {ev.action} reward={ev.reward}"
     return getattr(ev, "type", type(ev).__name__)
+
+
+def status_word(call: ModelCall) -> str:
+    """The status column: the HTTP status, and ``failed`` when a 2xx was no answer (or broke)."""
+    if call.status is None:
+        return "error" if call.error else "pending"
+    if call.failed and call.status < 400:
+        return f"{call.status} failed"
+    return str(call.status)
