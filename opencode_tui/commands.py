@@ -31,6 +31,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return report(args)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from opencode_tui.serve_command import cmd_serve as serve
+
+    return serve(args)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from opencode_tui.run_command import cmd_run as run
 
@@ -95,7 +101,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     app = OpenCodeTUI(runs_dir=runs_dir, theme=theme)
     app.run()
-    if app.rerun_request is not None:  # `r` in the browser: run the chosen run again, live
+    if app.rerun_request is not None and not app.read_only:  # `r` in the browser: run it again, live
         from opencode_tui.run_command import rerun
 
         return rerun(app.rerun_request)
