@@ -224,3 +224,10 @@ def test_port_in_use_is_one_line_and_exit_2(runs_dir: Path, capsys) -> None:
         assert main(["serve", "--port", str(port), "--runs-dir", str(runs_dir)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"127.0.0.1:{port} is in use" in err, err
+
+
+def test_only_loopback_addresses_serve_without_a_warning() -> None:
+    from opencode_tui.serve_command import is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org"))
