@@ -122,6 +122,7 @@ class OpenCodeTUI(EpisodeHost):
         self.diff = diff
         self.rerun_request: Path | None = None  # the runs browser's `r`: the run to run again on exit
         self.read_only = read_only.enabled()  # `serve --read-only`: nothing that changes state
+        self.served = read_only.served()  # a `serve` session: one app per process (no re-run)
         self._diff_result = diff_result
         self.themes = load_themes(theme_dirs)
         for t in self.themes.values():
@@ -327,11 +328,14 @@ class OpenCodeTUI(EpisodeHost):
         namespaces: Mapping[str, DOMNode] | None = None,
     ) -> bool:
         """Every action (key, footer, palette) passes here: read-only refuses the state-changing ones."""
-        if self.read_only:
+        if self.read_only or self.served:
             ns = self if default_namespace is None else default_namespace
             _, name, _ = self._parse_action(action, ns, namespaces)
-            if name in read_only.REFUSED_ACTIONS:
+            if self.read_only and name in read_only.REFUSED_ACTIONS:
                 self.notify(read_only.refusal(name.replace("_", " ")), severity="warning", timeout=4)
+                return True
+            if self.served and name in read_only.SERVED_REFUSED_ACTIONS:
+                self.notify(read_only.served_refusal(name.replace("_", " ")), severity="warning", timeout=6)
                 return True
         return await super().run_action(action, default_namespace, namespaces)
 

@@ -101,7 +101,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     app = OpenCodeTUI(runs_dir=runs_dir, theme=theme)
     app.run()
-    if app.rerun_request is not None and not app.read_only:  # `r` in the browser: run it again, live
+    if app.rerun_request is not None and not (app.read_only or app.served):  # `r`: run it again, live
         from opencode_tui.run_command import rerun
 
         return rerun(app.rerun_request)

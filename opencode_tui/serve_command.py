@@ -1,7 +1,8 @@
 """``opencode-tui serve [--host 127.0.0.1] [--port P] [--read-only] [--runs-dir DIR]``: the TUI in a browser.
 
-``textual-serve`` runs the app (the runs browser, and from it replays and re-runs) in a process of its
-own for each browser session, ended when the session's websocket closes. Around it:
+``textual-serve`` runs the app (the runs browser, and from it replays and diffs) in a process of its
+own for each browser session, ended when the session's websocket closes (a re-run, which starts a
+second app in that process, is refused there). Around it:
 
 - a random token: the one URL printed carries it; the first request with it sets an HttpOnly,
   SameSite=Strict cookie and redirects to the bare path (the token leaves the address bar), and every
@@ -156,8 +157,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "controls the app, and plain HTTP carries the token in clear (prefer an SSH tunnel to 127.0.0.1)",
             file=sys.stderr,
         )
+    # The sessions' app processes inherit these (nothing secret).
+    os.environ[read_only.SERVED_ENV] = "1"
     if args.read_only:
-        os.environ[read_only.ENV] = "1"  # the sessions' app processes inherit it (nothing secret)
+        os.environ[read_only.ENV] = "1"
     token = secrets.token_urlsafe(24)
     server = make_server(app_command(runs_dir), sock, token, args.max_sessions, "opencode-tui")
     mode = " (read-only)" if args.read_only else ""

@@ -59,3 +59,19 @@ async def test_without_read_only_nothing_is_refused(runs: Path, monkeypatch) -> 
         app.post_message(ShellWanted(None))
         await pilot.pause()
         assert _said(app, "Shell unavailable in a replay") and not _said(app, "Read-only")
+
+
+async def test_a_served_session_refuses_rerun(runs: Path, monkeypatch) -> None:
+    """`serve` runs one app per process: a re-run (a second app after it) is refused, the rest is not."""
+    monkeypatch.delenv(read_only.ENV, raising=False)
+    monkeypatch.setenv(read_only.SERVED_ENV, "1")
+    app = OpenCodeTUI(runs_dir=runs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("r")
+        await pilot.pause()
+        assert app.rerun_request is None and isinstance(app.screen, RunsScreen)
+        assert _said(app, "Not in a browser session: rerun")
+        app.post_message(ShellWanted(None))
+        await pilot.pause()
+        assert _said(app, "Shell unavailable in a replay") and not _said(app, "Read-only")

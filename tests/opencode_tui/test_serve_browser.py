@@ -183,6 +183,8 @@ def test_serve_with_token_shows_the_runs_and_a_run_without_it_nothing(
     try:
         text = term.wait_for("Runs in", "provider_oom_killed", "hello-file")
         assert "count_as_zero" in text and "scored" in text
+        term.press("r")  # a re-run would start a second app in this session's process: refused
+        term.wait_for("Not in a browser session")
         term.press("Enter")  # the newest run (oom) opens: its outcome
         term.wait_for("provider_oom_killed", "count_as_zero", "Cleanup receipt")
         term.press("s")  # not read-only: a replay has no shell, and nothing is refused
