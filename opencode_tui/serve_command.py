@@ -43,16 +43,55 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+QUIT_DEADLINE_S = (
+    30.0  # a session's app, asked to quit when its socket closed, has this long; then it is ended
+)
+END_DEADLINE_S = 5.0
+
+
 def app_command(runs_dir: Path) -> str:
-    """The command each session runs (textual-serve starts it through the shell)."""
-    return shlex.join([sys.executable, "-m", "opencode_tui.cli", "runs", "--runs-dir", str(runs_dir)])
+    """The command each session runs. textual-serve starts it through the shell: ``exec`` makes the app
+    the process the server holds, so ending that process ends the app."""
+    return "exec " + shlex.join(
+        [sys.executable, "-m", "opencode_tui.cli", "runs", "--runs-dir", str(runs_dir)]
+    )
 
 
 def make_server(command: str, sock: socket.socket, token: str, max_sessions: int, title: str):
     """The textual-serve server with the token check and the session limit (imported here: aiohttp and
     textual-serve load only for `serve`)."""
+    import asyncio
+    import contextlib
+    import logging
+
     from aiohttp import web
+    from textual_serve.app_service import AppService
     from textual_serve.server import Server
+
+    class SessionProcess(AppService):
+        """One session's app process, which ends with the session: asked to quit, then ended."""
+
+        async def stop(self) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(super().stop(), QUIT_DEADLINE_S)
+            proc = self._process
+            if proc is None or proc.returncode is not None:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), END_DEADLINE_S)  # quitting: give it a moment
+                return
+            for end in (proc.terminate, proc.kill):
+                with contextlib.suppress(ProcessLookupError):
+                    end()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), END_DEADLINE_S)
+                    return
+
+    def size(request: web.Request, name: str, default: int) -> int:
+        try:
+            return max(1, min(int(request.query.get(name, default)), 1000))
+        except ValueError:
+            return default
 
     host, port = sock.getsockname()[:2]
     shown_host = f"[{host}]" if ":" in host else host
@@ -102,11 +141,38 @@ def make_server(command: str, sock: socket.socket, token: str, max_sessions: int
             return app
 
         async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
+            """A browser session: its own app process, counted, and ended when the socket closes."""
             self.sessions += 1
+            websocket = web.WebSocketResponse(heartbeat=15)
+            session: SessionProcess | None = None
             try:
-                return await super().handle_websocket(request)
+                await websocket.prepare(request)
+
+                async def close_socket() -> None:
+                    await websocket.close()
+
+                session = SessionProcess(
+                    self.command,
+                    write_bytes=websocket.send_bytes,
+                    write_str=websocket.send_str,
+                    close=close_socket,
+                    download_manager=self.download_manager,
+                    debug=self.debug,
+                )
+                await session.start(size(request, "width", 80), size(request, "height", 24))
+                await self._process_messages(websocket, session)
+            except asyncio.CancelledError:
+                await websocket.close()
+                raise
+            except Exception:
+                logging.getLogger("textual-serve").exception("browser session failed")
             finally:
-                self.sessions -= 1
+                try:
+                    if session is not None:
+                        await session.stop()
+                finally:
+                    self.sessions -= 1
+            return websocket
 
         async def on_startup(self, app: web.Application) -> None:
             pass  # the URL is printed once, by serve(); the library's banner would add another

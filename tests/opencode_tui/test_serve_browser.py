@@ -128,6 +128,19 @@ class PageTerminal:
         self.page.keyboard.press(key)
 
 
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
 def _ws_status(base: str, cookie: str | None, origin: str | None = None) -> int:
     """The HTTP status of a websocket handshake to /ws (101 when it opened)."""
 
@@ -182,6 +195,7 @@ def test_serve_with_token_shows_the_runs_and_a_run_without_it_nothing(
     context, page, term = _open(chromium_browser, served)
     try:
         text = term.wait_for("Runs in", "provider_oom_killed", "hello-file")
+        assert len(_children(served.proc.pid)) == 1  # the session's own app process
         assert "count_as_zero" in text and "scored" in text
         term.press("r")  # a re-run would start a second app in this session's process: refused
         term.wait_for("Not in a browser session")
@@ -192,6 +206,11 @@ def test_serve_with_token_shows_the_runs_and_a_run_without_it_nothing(
         assert "Read-only" not in term.text()
     finally:
         context.close()
+    # the session's app process ends with its socket
+    deadline = time.monotonic() + SCREEN_DEADLINE_S
+    while _children(served.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _children(served.proc.pid) == []
     # the token is in no log line and no run directory
     served.proc.send_signal(signal.SIGTERM)
     out, _ = served.proc.communicate(timeout=20)
