@@ -8,6 +8,7 @@ from typing import Any
 
 from core.events import (
     CleanupObserved,
+    CleanupStep,
     Compaction,
     EpisodeStarted,
     Event,
@@ -73,6 +74,14 @@ def nbytes(value: int | None) -> str:
         size /= 1024
     return f"{value} B"
 
+
+CLEANUP_LABELS = {
+    CleanupStep.RECEIPT: "Cleanup receipt",
+    CleanupStep.DESCENDANTS: "Descendants drained",
+    CleanupStep.TRANSCRIPT_SNAPSHOT: "Transcript snapshot",
+    CleanupStep.SANDBOX_RELEASED: "Sandbox released",
+}
+STEP_ICONS = {"pending": "○", "running": "◐", "ok": "✓", "failed": "✗", "skipped": DASH}
 
 RECOVERY_LABELS = {
     Recovery.FOLLOWED_EXECUTION_ID: "followed by execution id",

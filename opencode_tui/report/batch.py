@@ -9,7 +9,8 @@ from core.artifacts import list_runs
 from core.events import FailureRecorded
 from opencode_tui import format as fmt
 from opencode_tui.report.collect import BATCH_LIMITS, ReportInputError, RunReport, collect
-from opencode_tui.report.page import esc, page, run_body
+from opencode_tui.report.html import esc, page
+from opencode_tui.report.page import run_body
 
 
 def signature(rec: FailureRecorded) -> str:
