@@ -21,19 +21,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual import work
+from textual.actions import ActionParseResult
 from textual.app import SystemCommand
 from textual.binding import Binding
+from textual.dom import DOMNode
 from textual.reactive import reactive
 from textual.screen import Screen
 
 from core.control import CANCELLED_BY_USER
 from core.events import CleanupStep, Event, StepState
 from core.signals import closing_signals
+from opencode_tui import read_only
 from opencode_tui.host import EpisodeHost
 from opencode_tui.messages import (
     CancelRequested,
@@ -119,6 +122,8 @@ class OpenCodeTUI(EpisodeHost):
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
         self.diff = diff
         self.rerun_request: Path | None = None  # the runs browser's `r`: the run to run again on exit
+        self.read_only = read_only.enabled()  # `serve --read-only`: nothing that changes state
+        self.served = read_only.served()  # a `serve` session: one app per process (no re-run)
         self._diff_result = diff_result
         self.themes = load_themes(theme_dirs)
         for t in self.themes.values():
@@ -300,14 +305,40 @@ class OpenCodeTUI(EpisodeHost):
         self.post_message(Copied(what, text))
         self.notify(f"Copied {what} ({len(text):,} characters) to the clipboard (OSC 52)", timeout=2)
 
+    async def run_action(
+        self,
+        action: str | ActionParseResult,
+        default_namespace: DOMNode | None = None,
+        namespaces: Mapping[str, DOMNode] | None = None,
+    ) -> bool:
+        """Every action (key, footer, palette) passes here: read-only refuses the state-changing ones."""
+        if self.read_only or self.served:
+            ns = self if default_namespace is None else default_namespace
+            _, name, _ = self._parse_action(action, ns, namespaces)
+            if self.read_only and name in read_only.REFUSED_ACTIONS:
+                self.notify(read_only.refusal(name.replace("_", " ")), severity="warning", timeout=4)
+                return True
+            if self.served and name in read_only.SERVED_REFUSED_ACTIONS:
+                self.notify(read_only.served_refusal(name.replace("_", " ")), severity="warning", timeout=6)
+                return True
+        return await super().run_action(action, default_namespace, namespaces)
+
+    def _refused(self, what: str) -> bool:
+        if self.read_only:
+            self.notify(read_only.refusal(what), severity="warning", timeout=4)
+        return self.read_only
+
     def on_shell_wanted(self, message: ShellWanted) -> None:
-        self.open_shell(message.sandbox)
+        if not self._refused("the shell"):
+            self.open_shell(message.sandbox)
 
     def on_cancel_wanted(self, _message: CancelWanted) -> None:
-        self.request_cancel()
+        if not self._refused("cancel"):
+            self.request_cancel()
 
     def on_keep_toggle_wanted(self, _message: KeepToggleWanted) -> None:
-        self.toggle_keep()
+        if not self._refused("keep sandbox"):
+            self.toggle_keep()
 
     def open_shell(self, sandbox: str | None) -> None:
         if self.control is None:

@@ -199,6 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="file (one run), directory (several, atif) or - for stdout; "
         "default: RUN_DIR/trajectory.json (atif), stdout (messages)",
     )
+    rp = sub.add_parser("report", help="write a run (or a batch's runs) as one self-contained HTML file")
+    rp.add_argument("path", metavar="RUN_DIR", help="the run directory (with --batch: the runs directory)")
+    rp.add_argument("--batch", metavar="ID", help="report every attempt of this batch found in RUNS_DIR")
+    rp.add_argument(
+        "-o", "--output", metavar="FILE", help="default: RUN_DIR/report.html, RUNS_DIR/report-ID.html"
+    )
+    sv = sub.add_parser("serve", help="serve the TUI (runs browser, replays) to a browser, behind a token")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others warn)")
+    sv.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port")
+    sv.add_argument("--read-only", action="store_true", help="no shell, cancel, keep or re-run")
+    sv.add_argument("--runs-dir", default="runs")
+    sv.add_argument("--max-sessions", type=int, default=4, help="browser sessions at once (default 4)")
     sm = sub.add_parser("samples", help="list the sample tasks that ship with opencode-tui, or copy them")
     sm_sub = sm.add_subparsers(dest="samples_command", metavar="ACTION")
     cp = sm_sub.add_parser("copy", help="copy sample tasks into a directory (all, or the named ones)")

@@ -42,6 +42,18 @@ def cmd_samples(args: argparse.Namespace) -> int:
     return samples(args)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from opencode_tui.report.command import cmd_report as report
+
+    return report(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from opencode_tui.serve_command import cmd_serve as serve
+
+    return serve(args)
+
+
 def cmd_ctl(args: argparse.Namespace) -> int:
     from opencode_tui.ctl_command import cmd_ctl as ctl
 
@@ -128,7 +140,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     app = OpenCodeTUI(runs_dir=runs_dir, theme=theme)
     app.run()
-    if app.rerun_request is not None:  # `r` in the browser: run the chosen run again, live
+    if app.rerun_request is not None and not (app.read_only or app.served):  # `r`: run it again, live
         from opencode_tui.run_command import rerun
 
         return rerun(app.rerun_request)

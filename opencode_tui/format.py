@@ -8,6 +8,7 @@ from typing import Any
 
 from core.events import (
     CleanupObserved,
+    CleanupStep,
     Compaction,
     EpisodeStarted,
     Event,
@@ -79,6 +80,14 @@ def nbytes(value: int | None) -> str:
     return f"{value} B"
 
 
+CLEANUP_LABELS = {
+    CleanupStep.RECEIPT: "Cleanup receipt",
+    CleanupStep.DESCENDANTS: "Descendants drained",
+    CleanupStep.TRANSCRIPT_SNAPSHOT: "Transcript snapshot",
+    CleanupStep.SANDBOX_RELEASED: "Sandbox released",
+}
+STEP_ICONS = {"pending": "○", "running": "◐", "ok": "✓", "failed": "✗", "skipped": DASH}
+
 RECOVERY_LABELS = {
     Recovery.FOLLOWED_EXECUTION_ID: "followed by execution id",
     Recovery.RESUBMITTED: "resubmitted",
@@ -149,3 +158,12 @@ def summarize(ev: Event) -> str:
     if isinstance(ev, OutcomeDecided):
         return f"outcome {ev.action} reward {reward(ev.reward)}"
     return getattr(ev, "type", type(ev).__name__)
+
+
+def status_word(call: ModelCall) -> str:
+    """The status column: the HTTP status, and ``failed`` when a 2xx was no answer (or broke)."""
+    if call.status is None:
+        return "error" if call.error else "pending"
+    if call.failed and call.status < 400:
+        return f"{call.status} failed"
+    return str(call.status)

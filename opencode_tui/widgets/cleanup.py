@@ -6,17 +6,13 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.message import Message
 
-from core.events import CleanupStep
+from opencode_tui import format as fmt
 from opencode_tui.state import CLEANUP_ORDER, RunState
 from opencode_tui.widgets.base import Panel, ShowsRunState
 
-LABELS = {
-    CleanupStep.RECEIPT: "Cleanup receipt",
-    CleanupStep.DESCENDANTS: "Descendants drained",
-    CleanupStep.TRANSCRIPT_SNAPSHOT: "Transcript snapshot",
-    CleanupStep.SANDBOX_RELEASED: "Sandbox released",
-}
-ICONS = {"pending": "○", "running": "◐", "ok": "✓", "failed": "✗", "skipped": "\u2013"}
+# Kept under these names for the screens that import them from here.
+LABELS = fmt.CLEANUP_LABELS
+ICONS = fmt.STEP_ICONS
 
 
 class CleanupPanel(ShowsRunState, Panel, can_focus=True):

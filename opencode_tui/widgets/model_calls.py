@@ -18,20 +18,12 @@ from textual.widgets import DataTable
 
 from core.events import ModelCall
 from opencode_tui import format as fmt
+from opencode_tui.format import status_word
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import ShowsRunState
 
 # latency and TTFT before the long ids, so they stay on screen at 120 columns
 COLUMNS = ("time", "kind", "status", "latency", "TTFT", "tok in", "tok out", "message id")
-
-
-def status_word(call: ModelCall) -> str:
-    """The status column: the HTTP status, and ``failed`` when a 2xx was no answer (or broke)."""
-    if call.status is None:
-        return "error" if call.error else "pending"
-    if call.failed and call.status < 400:
-        return f"{call.status} failed"
-    return str(call.status)
 
 
 def _status_is(call: ModelCall, want: str) -> bool:

@@ -248,3 +248,25 @@ def write_constructed_run(runs_dir: Path, run_id: str = "constructed-oom") -> Pa
 @pytest.fixture
 def constructed_run(tmp_path) -> Path:
     return write_constructed_run(tmp_path / "runs")
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def chromium_browser():
+    """Debian's headless chromium driven by Playwright (its own browser download is not used).
+    scripts/test installs the package; without it these tests fail, saying so.
+
+    Per test: Playwright's sync API runs an event loop in this thread while it is open, and the async
+    tests that may follow on the same worker need the thread's loop free."""
+    if not CHROMIUM.exists():
+        pytest.fail("no /usr/bin/chromium: apt-get install -y chromium (scripts/test installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            yield browser
+        finally:
+            browser.close()

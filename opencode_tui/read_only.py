@@ -1,0 +1,39 @@
+"""Read-only mode (``opencode-tui serve --read-only``) and the served app: the switches, what they refuse.
+
+The served app runs in a process of its own per browser session; the server turns the mode on for it
+through ``ENV``. The app refuses ``REFUSED_ACTIONS`` wherever they come from (a key, the footer, the
+command palette: every action goes through ``App.run_action``) and the requests screens post for them.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "OPENCODE_TUI_READ_ONLY"
+
+# The actions that change something: a shell in the sandbox, cancelling or keeping a live episode, and
+# running a run again. (The run screen's and the runs browser's action names.)
+REFUSED_ACTIONS = frozenset({"open_shell", "cancel_episode", "toggle_keep", "rerun"})
+
+
+# Set by `serve` for its sessions' app processes. A served session is one app in one process, ended
+# when its socket closes; a re-run starts a second app after the first exits (``cmd_runs``), which a
+# browser session cannot show, so it is refused there too.
+SERVED_ENV = "OPENCODE_TUI_SERVED"
+SERVED_REFUSED_ACTIONS = frozenset({"rerun"})
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV) == "1"
+
+
+def served() -> bool:
+    return os.environ.get(SERVED_ENV) == "1"
+
+
+def refusal(what: str) -> str:
+    return f"Read-only: {what} is disabled (opencode-tui serve --read-only)"
+
+
+def served_refusal(what: str) -> str:
+    return f"Not in a browser session: {what} (use `opencode-tui runs` or `run` in a terminal)"
