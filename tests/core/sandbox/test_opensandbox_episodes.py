@@ -156,7 +156,7 @@ def test_a_shells_dropped_socket_is_an_event_in_events_jsonl(
     task_dir = tmp_path / "task"
     shutil.copytree(SAMPLES / "hello-file", task_dir)
     trajectory = yaml.safe_load((task_dir / "trajectory.yaml").read_text())
-    wait = {"name": "bash", "arguments": {"command": "sleep 8", "description": "Wait"}}
+    wait = {"name": "bash", "arguments": {"command": "sleep 20", "description": "Wait"}}
     trajectory["steps"].insert(-1, {"tool_calls": [wait]})
     (task_dir / "trajectory.yaml").write_text(yaml.safe_dump(trajectory))
     seen: list[bytes] = []
@@ -195,7 +195,7 @@ def test_a_shells_dropped_socket_is_an_event_in_events_jsonl(
             if isinstance(event, FailureRecovered):
                 recovered.append(event)
             running = getattr(event, "status", None) == "running" and getattr(event, "tool", None) == "bash"
-            if running and "sleep 8" in str(getattr(event, "input", "")) and not started:
+            if running and "sleep 20" in str(getattr(event, "input", "")) and not started:
                 started.append(asyncio.get_running_loop().create_task(use_a_shell(episode)))
 
         episode.bus.subscribe(on_event)
