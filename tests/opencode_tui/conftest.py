@@ -22,6 +22,8 @@ import pytest
 
 from core.artifacts import RunFiles
 from core.calls.records import ModelCallRecord
+from core.control import EpisodeControl
+from core.events import EventBus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE_RUNS = FIXTURES / "runs"
@@ -270,3 +272,42 @@ def chromium_browser():
             yield browser
         finally:
             browser.close()
+
+
+class RecordedEpisode(EpisodeControl):
+    """A live episode whose events are a recorded run's, emitted on a real EventBus as the engine would
+    (the engine itself would need Docker and minutes per snapshot; what is compared is the screen)."""
+
+    def __init__(self, events: list) -> None:
+        self.bus = EventBus()
+        self.events = events
+        self._done = asyncio.Event()
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    async def cancel(self, by: str = "user") -> None:
+        self._done.set()
+
+    @property
+    def kept(self) -> bool:
+        return False
+
+    @property
+    def keep_changeable(self) -> bool:
+        return self.running
+
+    def keep_sandbox(self, keep: bool = True) -> None:
+        del keep
+
+    async def open_shell(self, cols: int = 80, rows: int = 24):
+        raise RuntimeError("no sandbox behind a recorded episode")
+
+    async def wait(self) -> object:
+        await self._done.wait()
+        return None
+
+    async def play(self) -> None:
+        for ev in self.events:
+            self.bus.emit(ev)

@@ -8,15 +8,11 @@ engine would need Docker and minutes; what is checked is the screen's layout).
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 
 from core.artifacts import RunDirReader
-from core.control import EpisodeControl
-from core.events import EventBus
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.panels import RUN_PANELS
 from opencode_tui.screens.live import LiveRunScreen
@@ -25,52 +21,15 @@ from opencode_tui.screens.run import RunScreen
 from opencode_tui.widgets.base import ShowsRunState
 from opencode_tui.widgets.findbar import FindBar
 from opencode_tui.widgets.tabs import PANELS, PanelTabs
+from tests.opencode_tui.conftest import RecordedEpisode
 
 REGIONS = {"main": "#main", "side": "#side", "bottom": "#bottom"}
-
-
-class _RecordedEpisode(EpisodeControl):
-    """A live episode whose events are a recorded run's, emitted on a real EventBus."""
-
-    def __init__(self, events: list) -> None:
-        self.bus = EventBus()
-        self.events = events
-        self._done = asyncio.Event()
-
-    @property
-    def running(self) -> bool:
-        return not self._done.is_set()
-
-    async def cancel(self, by: str = "user") -> None:
-        self._done.set()
-
-    @property
-    def kept(self) -> bool:
-        return False
-
-    @property
-    def keep_changeable(self) -> bool:
-        return self.running
-
-    def keep_sandbox(self, keep: bool = True) -> None:
-        del keep
-
-    async def open_shell(self, cols: int = 80, rows: int = 24):
-        raise RuntimeError("no sandbox behind a recorded episode")
-
-    async def wait(self) -> object:
-        await self._done.wait()
-        return None
-
-    async def play(self) -> None:
-        for ev in self.events:
-            self.bus.emit(ev)
 
 
 def _app(kind: str, run_dir) -> OpenCodeTUI:
     if kind == "replay":
         return OpenCodeTUI(run_dir=run_dir)
-    episode = _RecordedEpisode(list(RunDirReader(run_dir).events()))
+    episode = RecordedEpisode(list(RunDirReader(run_dir).events()))
     return OpenCodeTUI(control=episode, run_dir=run_dir, run_episode=episode.play)
 
 

@@ -7,7 +7,6 @@ SVGs in ``__snapshots__``.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 from pathlib import Path
 
@@ -15,13 +14,13 @@ import pytest
 
 import opencode_tui.screens.run as run_screen_module
 from core.artifacts import RunDirReader
-from core.control import EpisodeControl
-from core.events import EventBus, FailureRecorded, ModelCall, TerminalOutput, ToolCall
+from core.events import FailureRecorded, ModelCall, TerminalOutput, ToolCall
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.themes import BUILTIN_ORDER
 from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.model_calls import ModelCallsTable
+from tests.opencode_tui.conftest import RecordedEpisode
 
 SIZE = (160, 45)
 
@@ -185,45 +184,6 @@ def test_theme(snap_compare, fixture_runs, replay_loaded, theme):
 SIZES = [(80, 24), (120, 40), (200, 60)]
 
 
-class _RecordedEpisode(EpisodeControl):
-    """A live episode whose events are a recorded run's, emitted on a real EventBus as the engine would
-    (the engine itself would need Docker and minutes per snapshot; what is compared is the screen)."""
-
-    def __init__(self, events: list) -> None:
-        self.bus = EventBus()
-        self.events = events
-        self._done = asyncio.Event()
-
-    @property
-    def running(self) -> bool:
-        return not self._done.is_set()
-
-    async def cancel(self, by: str = "user") -> None:
-        self._done.set()
-
-    @property
-    def kept(self) -> bool:
-        return False
-
-    @property
-    def keep_changeable(self) -> bool:
-        return self.running
-
-    def keep_sandbox(self, keep: bool = True) -> None:
-        del keep
-
-    async def open_shell(self, cols: int = 80, rows: int = 24):
-        raise RuntimeError("no sandbox behind a recorded episode")
-
-    async def wait(self) -> object:
-        await self._done.wait()
-        return None
-
-    async def play(self) -> None:
-        for ev in self.events:
-            self.bus.emit(ev)
-
-
 def _frozen_clock(at: datetime) -> type[datetime]:
     """The live header's clock, stopped at ``at``: a snapshot of a running episode must not show the
     wall-clock elapsed time (a fake for the clock only)."""
@@ -253,7 +213,7 @@ def test_live_sizes(snap_compare, fixture_runs, wait, monkeypatch, size):
     failed = next(i for i, e in enumerate(events) if isinstance(e, FailureRecorded))
     shown = events[: failed + 1]
     monkeypatch.setattr(run_screen_module, "datetime", _frozen_clock(shown[-1].ts))
-    episode = _RecordedEpisode(shown)
+    episode = RecordedEpisode(shown)
 
     async def run_before(pilot) -> None:
         screen = pilot.app.screen
