@@ -55,11 +55,10 @@ class ControlSocket:
         if len(os.fsencode(path)) > SUN_PATH_MAX:
             self._tmp = tempfile.mkdtemp(prefix="octui-ctl-")
             path = Path(self._tmp) / "c.sock"
-        old = os.umask(0o177)  # created 0600: never a moment when others could connect
-        try:
-            self._server = await asyncio.start_unix_server(self._serve, path=str(path), limit=MAX_LINE)
-        finally:
-            os.umask(old)
+        # No moment when others could connect, without touching the process's umask (shared by every
+        # episode and thread of this process: a changed umask made their files unusable): the socket's
+        # directory is owner-only (a run directory is made 0700, as is mkdtemp's), then the socket is.
+        self._server = await asyncio.start_unix_server(self._serve, path=str(path), limit=MAX_LINE)
         os.chmod(path, 0o600)
         if self._tmp is not None:
             os.symlink(path, self.link)
