@@ -99,7 +99,9 @@ class BatchSummary(BaseModel):
 
         zeros = [r for r in self.results if r.action is Outcome.COUNT_AS_ZERO]
         failed = [r for r in self.results if not r.action.is_sample and r.started]
-        not_run = self.total - len(self.results) + sum(1 for r in self.results if not r.started)
+        # (``scored`` too: a summary may carry counts without its results)
+        not_run = max(0, self.total - max(len(self.results), self.scored))
+        not_run += sum(1 for r in self.results if not r.started)
         health = ", ".join(f"{k} x{n}" for k, n in sorted(self.health_by_kind.items()))
         unenforced = ", ".join(f"{k} x{n}" for k, n in sorted(self.unenforced_by_limit.items()))
         kept = ", ".join(f"{k} x{n}" for k, n in sorted(self.warnings_by_kind.items()))

@@ -124,6 +124,9 @@ class OpenCodeTUI(EpisodeHost):
         self.rerun_request: Path | None = None  # the runs browser's `r`: the run to run again on exit
         self.read_only = read_only.enabled()  # `serve --read-only`: nothing that changes state
         self.served = read_only.served()  # a `serve` session: one app per process (no re-run)
+        if self.read_only:
+            # `s` says the shell is disabled on every screen (a replay has no shell key of its own).
+            self.bind("s", "open_shell", show=False)
         self._diff_result = diff_result
         self.themes = load_themes(theme_dirs)
         for t in self.themes.values():

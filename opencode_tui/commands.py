@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import stat
@@ -15,8 +16,11 @@ THEME_ENV = "OPENCODE_TUI_THEME"
 
 
 def on_terminal() -> bool:
-    """Both ends are a terminal: only then may a command start the full-screen app (else it would draw
-    into a file or wait forever for keys a script never sends)."""
+    """Both ends are a terminal, or a browser (``serve``: textual-serve runs the app with Textual's web
+    driver over pipes): only then may a command start the full-screen app (else it would draw into a
+    file or wait forever for keys a script never sends)."""
+    if os.environ.get("TEXTUAL_DRIVER", "").endswith(":WebDriver"):
+        return True
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
@@ -192,8 +196,9 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from opencode_tui import keep_commands
 
     if not _stdin_streams():
-        try:  # an unknown or released target is said as such first
-            keep_commands._target(args.target)
+        try:  # an unknown or released target is said as such first (the process ends right after)
+            provider, sandbox_id, run, _ = keep_commands._target(args.target)
+            asyncio.run(keep_commands._connect(provider, sandbox_id, run))
         except keep_commands.UsageError as exc:
             print(f"opencode-tui attach: {exc}", file=sys.stderr)
             return ExitCode.USAGE

@@ -111,8 +111,9 @@ class _Shells:
     """The agent's shell commands with when they ran (call id -> command, start, end), to name the one
     a fault happened during: the fault is reported after it happened, maybe after the command ended."""
 
-    # The command's running event reaches us a little after it started.
-    START_SLACK = timedelta(seconds=1)
+    # The command's running event reaches us after it started: OpenCode reports it over its event
+    # stream, seconds late on a busy machine (a disk filled by ``dd`` is full within a second).
+    START_SLACK = timedelta(seconds=5)
 
     def __init__(self) -> None:
         self.calls: dict[str, tuple[str, datetime, datetime | None]] = {}
@@ -127,9 +128,11 @@ class _Shells:
 
     def during(self, ts: datetime) -> tuple[str | None, str | None]:
         """The latest command that was running at ``ts``: (call id, command), or (None, None)."""
-        for call_id, (command, started, ended) in reversed(self.calls.items()):
-            if started - self.START_SLACK <= ts and (ended is None or ended >= ts):
-                return call_id, command
+        # A command seen running at ``ts`` first; only then one whose running event came late.
+        for slack in (timedelta(0), self.START_SLACK):
+            for call_id, (command, started, ended) in reversed(self.calls.items()):
+                if started - slack <= ts and (ended is None or ended >= ts):
+                    return call_id, command
         return None, None
 
 

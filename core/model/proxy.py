@@ -540,6 +540,9 @@ class ModelProxy(HttpService):
         resp: httpx.Response | None = None
         head_sent = False
         keep_alive = True
+        # Before the try: a client that hangs up mid-stream (OpenCode does, on a malformed chunk) must
+        # not hide what the stream had already shown (its malformed chunks decide the failure's kind).
+        scanner = _StreamScanner()
         try:
             if self.gate is not None and rec.kind == "agent" and req.method == "POST":
                 held = HeldCall(call_id=rec.call_id, kind=rec.kind, request_body=body_json)
@@ -643,12 +646,14 @@ class ModelProxy(HttpService):
             return keep_alive
         except _ClientGone:
             rec.client_disconnected = True
+            rec.stream_errors = rec.stream_errors or list(scanner.errors)
             rec.error = "client disconnected before the response completed"
             rec.latency_s = loop.time() - t0
             keep_alive = False
             return False
         except (ConnectionError, OSError) as exc:  # writing to the client failed
             rec.client_disconnected = True
+            rec.stream_errors = rec.stream_errors or list(scanner.errors)
             rec.error = f"client connection lost: {type(exc).__name__}: {exc}"
             rec.latency_s = loop.time() - t0
             return False

@@ -49,12 +49,12 @@ async def test_ripgrep_provisioned_is_an_info_line_not_a_warning() -> None:
     app = _Bar()
     async with app.run_test(size=(120, 5)) as pilot:
         bar = app.query_one(WarningsBar)
-        bar.show(RunState.fold([rg]))
+        bar.show_state(RunState.fold([rg]))
         await pilot.pause()
         shown = bar.render_line(0).text + "".join(bar.render_line(y).text for y in range(1, bar.size.height))
         assert bar.display and "ℹ ripgrep_provisioned" in shown and "⚠" not in shown
         other = Warning_(ts=NOW, code="disk_limit_unenforced", message="no disk limit here")
-        bar.show(RunState.fold([rg, other]))
+        bar.show_state(RunState.fold([rg, other]))
         await pilot.pause()
         shown = "".join(bar.render_line(y).text for y in range(bar.size.height))
         assert "⚠ disk_limit_unenforced" in shown and "(+" not in shown  # the notice is no warning
