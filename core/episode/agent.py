@@ -114,6 +114,7 @@ class _Shells:
     # The command's running event reaches us after it started: OpenCode reports it over its event
     # stream, seconds late on a busy machine (a disk filled by ``dd`` is full within a second).
     START_SLACK = timedelta(seconds=5)
+    END_SLACK = timedelta(seconds=1)  # the fault watch polls (0.2 s); its report may follow the end
 
     def __init__(self) -> None:
         self.calls: dict[str, tuple[str, datetime, datetime | None]] = {}
@@ -128,10 +129,11 @@ class _Shells:
 
     def during(self, ts: datetime) -> tuple[str | None, str | None]:
         """The latest command that was running at ``ts``: (call id, command), or (None, None)."""
-        # A command seen running at ``ts`` first; only then one whose running event came late.
-        for slack in (timedelta(0), self.START_SLACK):
+        # A command seen running at ``ts`` first; only then one whose running event came late, or that
+        # had just ended (a full disk is seen by a poll: the writing command may have failed already).
+        for start_slack, end_slack in ((timedelta(0), timedelta(0)), (self.START_SLACK, self.END_SLACK)):
             for call_id, (command, started, ended) in reversed(self.calls.items()):
-                if started - slack <= ts and (ended is None or ended >= ts):
+                if started - start_slack <= ts and (ended is None or ended + end_slack >= ts):
                     return call_id, command
         return None, None
 
