@@ -79,10 +79,13 @@ def _executor_names() -> list[str]:
     return executor_registry.names()
 
 
-def _atif_versions() -> Sequence[str]:
+def _atif_version(value: str) -> str:
     from core.export.atif_versions import VERSIONS
 
-    return VERSIONS
+    if value not in VERSIONS:
+        choices = ", ".join(repr(v) for v in VERSIONS)
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {choices})")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,9 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--format", choices=["atif", "messages"], default="atif", help="default: atif (v1.8)")
     ex.add_argument(
         "--atif-version",
+        metavar="VERSION",
+        # Checked when given, not listed in the help: naming the versions loads the exporter.
+        type=_atif_version,
         help="ATIF version to write (default 1.8); 1.7 for Harbor releases before v1.8, written beside "
         "RUN_DIR/trajectory.json (which stays 1.8), saying what was dropped",
-    ).choices = LazyChoices(_atif_versions)
+    )
     ex.add_argument(
         "-o",
         "--output",
