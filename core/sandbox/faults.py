@@ -47,6 +47,8 @@ COMMAND_CAP = 300
 # Processes that ended this recently are still listed with the ones running (``ended``).
 RECENT_S = 2.0
 PROCESSES_SHOWN = 12
+# Started processes waiting for the next poll (a watcher that is not polling keeps no more).
+STARTED_CAP = 256
 
 SOURCE_KERNEL_LOG = "kernel.log"
 SOURCE_DISK = "sandbox.disk"
@@ -83,6 +85,9 @@ class FaultWatcher:
     # Where the process table comes from without a memory cgroup (e.g. the sandbox's PID namespace).
     list_pids: Callable[[], list[int]] | None = None
     _table: dict[int, _Proc] = field(default_factory=dict)
+    # Processes named by the provider as it started them (``remember``), merged at the next poll: a
+    # command killed within one poll of its start is still named by its pid in the sandbox.
+    _started: list[_Proc] = field(default_factory=list)
     _oom_count: int | None = None
     _records: list[OomKillRecord] = field(default_factory=list)
     _named: set[int] = field(default_factory=set)
@@ -96,9 +101,20 @@ class FaultWatcher:
             return self.list_pids()
         return cgroup.procs(self.memory[0]) if self.memory is not None else []
 
+    def remember(self, host_pid: int, command: str) -> None:
+        """A process the provider just started (still held before its command runs): its pid in the
+        sandbox is read now, while it exists. Called from the event loop; the poll thread merges it."""
+        proc = _describe(host_pid) if len(self._started) < STARTED_CAP else None
+        if proc is not None:
+            proc.command = command[:COMMAND_CAP]
+            self._started.append(proc)  # list.append is atomic: no lock shared with the poll thread
+
     def _refresh_table(self) -> set[int]:
         """Update the table; returns the pids that left it since the last poll."""
         now = time.monotonic()
+        while self._started:
+            started = self._started.pop(0)
+            self._table.setdefault(started.host_pid, started)
         live = set(self._procs())
         for host_pid in live:
             known = self._table.get(host_pid)

@@ -190,7 +190,7 @@ class SandboxCommands:
                 os.close(out_w)
             with contextlib.suppress(OSError):
                 os.close(err_w)
-        run = _ExecRun(self, eid, proc, launch, out_r, err_r, on_output)
+        run = _ExecRun(self, eid, proc, launch, out_r, err_r, on_output, argv)
         self._execs[proc] = run.launcher
         try:
             return await run.run(deadline, stdin, started)

@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -39,6 +39,9 @@ class ExecHost(Protocol):
     share_pidns: bool  # commands join the keeper's PID namespace
     _keeper: _Keeper | None  # the sandbox's pid 1, when one is known
     _ptys: set[_LocalPty]  # open terminals (one forgets itself when it closes)
+
+    def _command_started(self, host_pid: int, argv: Sequence[str]) -> None:
+        """The live fault watch learns the command's process before it runs (see ``FaultWatcher.remember``)."""
 
 
 _DRAIN_IDLE_S = 0.1  # after the command exits: keep reading while output still arrives this often
@@ -116,9 +119,11 @@ class _ExecRun:
         out_r: int,
         err_r: int,
         on_output: OutputCallback | None,
+        argv: Sequence[str],
     ):
         self.sb = sandbox
         self.eid = eid
+        self.argv = list(argv)
         self.proc = proc
         self.launch = launch
         self.launcher = _ChildHandle(proc.pid)  # bwrap: signalled by pidfd, never by its number
@@ -170,6 +175,7 @@ class _ExecRun:
         self.child = child
         with contextlib.suppress(OSError):
             self.pidfd = os.pidfd_open(child)
+        self.sb._command_started(child, self.argv)
         # The command is held by --block-fd until now: it starts only once we can observe it.
         os.write(self.launch.block_w, b"x")
         self.dispatcher = asyncio.ensure_future(self._dispatch())

@@ -12,7 +12,8 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+import shlex
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,10 @@ class LocalSandbox(SandboxTransfer, SandboxCommands, SandboxKeeper, SandboxBinds
                 list_pids=None if self._cgroup is not None else self.host_pids,
             )
         return self._watcher
+
+    def _command_started(self, host_pid: int, argv: Sequence[str]) -> None:
+        if self._watcher is not None:
+            self._watcher.remember(host_pid, shlex.join(argv))
 
     async def watch_faults(self, stop: asyncio.Event) -> AsyncIterator[SandboxFault]:
         watcher = self._fault_watcher()

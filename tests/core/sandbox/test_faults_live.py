@@ -90,6 +90,34 @@ async def test_a_real_oom_kill_in_a_docker_container_is_seen_live_with_its_pid(
 
 
 @pytest.mark.bwrap
+async def test_a_command_killed_between_two_polls_is_still_named_by_its_pid(tmp_path: Path) -> None:
+    """The worst case of the poll's timing, made certain: the watch takes no look between the command's
+    start and its kill (no poll runs), so only what exec handed the watch can name the process."""
+    from core.sandbox.local.provider import LocalProvider
+
+    provider = LocalProvider(base_dir=tmp_path / "state")
+    sb = await provider.create(SandboxSpec(run_id="test-faults-fast", memory_bytes=128 << 20))
+    try:
+        if not (await sb.status()).memory_limit_enforced:
+            pytest.skip("no memory cgroup here")
+        watcher = sb._fault_watcher()  # type: ignore[attr-defined]  # the local provider's own watch
+        await asyncio.to_thread(watcher.start)
+        try:
+            if watcher._log is None or watcher._log.fd is None:
+                pytest.skip("the kernel log is not readable here: the pid comes from the table only")
+            r = await sb.exec(["/bin/sh", "-c", HOG], timeout=60)
+            faults = await asyncio.to_thread(watcher.poll)
+        finally:
+            watcher.stop()
+        pid = int(r.stdout.split()[0])
+        kills = [f for f in faults if f.kind is FaultKind.OOM_KILL]
+        assert len(kills) == 1 and kills[0].pid == pid, (kills, pid)
+        assert kills[0].host_pid != pid and "bytearray" in (kills[0].command or "")
+    finally:
+        await sb.release()
+
+
+@pytest.mark.bwrap
 async def test_a_real_disk_fill_of_a_local_sandbox_is_seen_live_and_at_the_close(tmp_path: Path) -> None:
     from core.sandbox.local.provider import LocalProvider
 
