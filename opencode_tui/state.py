@@ -166,7 +166,7 @@ class RunState:
     @property
     def human_intervened(self) -> bool:
         """A person used a shell before verification finished, or acted on the agent through the debugger
-    (run.json says so for old runs too)."""
+        (run.json says so for old runs too)."""
         return (
             any(s.marks_sample for s in self.shells)
             or any(i.what in INTERVENING for i in self.interventions)
