@@ -64,26 +64,39 @@ class LiveRunScreen(RunScreen):
             tooltip="Keep the sandbox after the run for debugging",
             id="run.keep",
         ),
-        # The debugger's keys (issue 27): shown in the footer only when they apply (check_action).
+        # The debugger's keys (issue 27), only when they apply (check_action); the held bar lists the
+        # ones for a held call (the footer has no room for them at 80 columns).
         Binding("b", "debug_break", "Break", tooltip="Hold the agent's next model call", id="debug.break"),
         Binding(
             "g",
             "debug_continue",
             "Continue",
             tooltip="Send the held call; run to the next break",
+            show=False,
             id="debug.continue",
         ),
         Binding(
-            "n", "debug_step", "Step", tooltip="Send the held call; hold the one after it", id="debug.step"
+            "n",
+            "debug_step",
+            "Step",
+            tooltip="Send the held call; hold the one after it",
+            show=False,
+            id="debug.step",
         ),
         Binding(
-            "h", "debug_held", "Held call", tooltip="The held request as a conversation", id="debug.held"
+            "h",
+            "debug_held",
+            "Held call",
+            tooltip="The held request as a conversation",
+            show=False,
+            id="debug.held",
         ),
         Binding(
             "m",
             "debug_say",
             "Say",
             tooltip="Add a user message OpenCode takes into its next turn",
+            show=False,
             id="debug.say",
         ),
         Binding(
@@ -91,6 +104,7 @@ class LiveRunScreen(RunScreen):
             "debug_answer",
             "Answer",
             tooltip="Write the model's reply by hand (text or a tool call)",
+            show=False,
             id="debug.answer",
         ),
         Binding(
@@ -98,6 +112,7 @@ class LiveRunScreen(RunScreen):
             "debug_edit",
             "Edit reply",
             tooltip="Send the held call, then edit the model's reply before OpenCode sees it",
+            show=False,
             id="debug.edit",
         ),
         Binding(
@@ -235,12 +250,17 @@ class LiveRunScreen(RunScreen):
             return False
         held = self.state.held
         if action == "debug_break":
-            return held is None
+            return held is None and self._agent_to_come()
         if action == "debug_abort":
             return self._agent_running()
         if action == "debug_answer":
             return held is not None and held.what == "break"
         return held is not None  # continue, step, say, edit, the held call: while a call is held
+
+    def _agent_to_come(self) -> bool:
+        """The agent runs, or will: a break can still hold one of its calls."""
+        phase = self.state.phase
+        return phase is None or str(phase.phase) in ("admission", "seed", "install", "agent")
 
     def _agent_running(self) -> bool:
         phase = self.state.phase
