@@ -161,9 +161,14 @@ def summarize(ev: Event) -> str:
 
 
 def status_word(call: ModelCall) -> str:
-    """The status column: the HTTP status, and ``failed`` when a 2xx was no answer (or broke)."""
+    """The status column: the HTTP status, and ``failed`` when a 2xx was no answer (or broke); a reply a
+    person wrote or edited at a break says so (it is not the model's)."""
     if call.status is None:
         return "error" if call.error else "pending"
     if call.failed and call.status < 400:
         return f"{call.status} failed"
+    if call.answered_by:
+        return f"{call.status} answered"
+    if call.edited_by:
+        return f"{call.status} edited"
     return str(call.status)

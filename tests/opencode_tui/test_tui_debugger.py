@@ -25,7 +25,6 @@ from opencode_tui.screens.live import LiveRunScreen
 from opencode_tui.screens.modals import ConfirmScreen, ModelCallScreen
 from opencode_tui.widgets.header import RunHeader
 
-pytestmark = [pytest.mark.slow, pytest.mark.bwrap]
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 SAID = "A note from the keyboard: mention PELICAN-7 in your last message."
 
@@ -77,6 +76,8 @@ def test_answer_box_reads_text_a_tool_call_and_the_full_form():
         assert debug_acts.parse_answer(debug_acts.answer_text(answer)) == answer
 
 
+@pytest.mark.slow
+@pytest.mark.bwrap
 async def test_keys_at_a_break_say_refuse_step_edit_at_80x24(tmp_path, wait):
     """break call:2 → h shows the held request; a bad answer is refused (one line, nothing changed);
     m says; n steps to call 3; e forwards it and opens the model's reply in the edit box; the edit is
@@ -164,6 +165,8 @@ async def test_keys_at_a_break_say_refuse_step_edit_at_80x24(tmp_path, wait):
     assert info.human_intervened and info.counts["cleanup_confirmed"] is True
 
 
+@pytest.mark.slow
+@pytest.mark.bwrap
 async def test_break_now_then_abort_the_running_command(tmp_path, wait):
     """b while a long command runs holds the next call; x (confirmed) aborts the turn: the episode
     closes long before the command would have ended, cleanup confirmed."""
@@ -195,3 +198,60 @@ async def test_break_now_then_abort_the_running_command(tmp_path, wait):
     assert info is not None and info.counts["cleanup_confirmed"] is True
     assert info.phase_durations_s["agent"] < 100
     assert [i.what for i in info.interventions if isinstance(i, Intervention)][:2] == ["pause", "abort"]
+
+
+def _run_with_interventions(tmp_path: Path, fixture_runs: Path) -> tuple[Path, list[int]]:
+    """hello-file's recorded run with a break, a say and a continue before its 2nd agent call (lines
+    written as the engine writes them); returns the run and the interventions' stream indices."""
+    from core.events import ModelCall, encode
+
+    run = tmp_path / "hello-file"
+    shutil.copytree(fixture_runs / "hello-file", run)
+    events = list(RunDirReader(run).events())
+    agent = [i for i, e in enumerate(events) if isinstance(e, ModelCall) and e.kind == "agent"]
+    at = agent[1]
+    ts = events[at - 1].ts
+    call_id = events[at].call_id
+    acts = [
+        Intervention(what="break", who="engine", call_id=call_id, call_number=2, text="call:2", ts=ts),
+        Intervention(what="say", who="tui", call_id=call_id, call_number=2, text="PELICAN-7", ts=ts),
+        Intervention(what="continue", who="ctl", call_id=call_id, call_number=2, ts=ts),
+    ]
+    lines = (run / RunFiles.EVENTS).read_text().splitlines()
+    lines[at:at] = [encode(a) for a in acts]
+    (run / RunFiles.EVENTS).write_text("\n".join(lines) + "\n")
+    return run, [at, at + 1, at + 2]
+
+
+async def test_replay_marks_interventions_jumps_to_them_and_shows_the_hold(
+    tmp_path, fixture_runs, replay_loaded
+):
+    from opencode_tui.widgets.stats import StatsPanel
+    from opencode_tui.widgets.timeline import Timeline
+
+    run, indices = _run_with_interventions(tmp_path, fixture_runs)
+    app = OpenCodeTUI(run_dir=run)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await replay_loaded(pilot)
+        screen = app.screen
+        timeline = screen.query_one(Timeline)
+        timeline.focus()
+        assert timeline.markers["intervention"] == indices
+        assert "I" in timeline.render().plain.split("\n")[1]
+        stats = str(screen.query_one(StatsPanel).render())
+        assert "Debugger     3  break 1 · say 1 · continue 1" in stats
+        header = screen.query_one(RunHeader)
+        assert "HELD" not in header.plain and "human intervened" in header.plain
+        await pilot.press("home", "i")  # the break: the header says the call was held here
+        assert screen.cursor == indices[0]
+        await pilot.pause()
+        assert header.plain.startswith("HELD before call 2 (0 s)") and "deadline" not in header.plain
+        assert not screen.query_one("#held-bar").display  # nothing to act on in a replay
+        await pilot.press("i", "i")
+        assert screen.cursor == indices[2]
+        await pilot.pause()
+        assert "HELD" not in header.plain  # continued
+        await pilot.press("I")
+        assert screen.cursor == indices[1]
+        bindings = {b.binding.id for b in app.active_bindings.values() if b.binding.id}
+        assert "timeline-next-intervention" in bindings
