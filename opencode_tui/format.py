@@ -16,6 +16,7 @@ from core.events import (
     FailureRecovered,
     HealthWarning,
     InstallProgress,
+    Intervention,
     ModelCall,
     OpenCodeEvent,
     OutcomeDecided,
@@ -150,6 +151,10 @@ def summarize(ev: Event) -> str:
         return f"health {ev.kind}: {short(ev.message, 50)}"
     if isinstance(ev, SandboxFault):
         return f"KERNEL {ev.kind}: {short(ev.message, 60)}"
+    if isinstance(ev, Intervention):
+        call = f" call {ev.call_number}" if ev.call_number is not None else ""
+        text = f": {short(ev.text, 60)}" if ev.text else ""
+        return f"debugger {ev.what}{call} by {ev.who}{text}"
     if isinstance(ev, VerificationFinished):
         passed = DASH if ev.passed is None else ("passed" if ev.passed else "not passed")
         return f"verification reward {reward(ev.reward)} · {passed}"

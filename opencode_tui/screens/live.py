@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from textual import work
 from textual.app import SystemCommand
@@ -19,8 +19,7 @@ from textual.binding import Binding, BindingType
 from core.calls.records import ModelCallRecord
 from core.debugger.protocol import CtlReply, CtlRequest
 from core.events import CleanupStep, Event, Intervention, StepState, TerminalOutput
-from core.model import HandAnswer
-from core.model.hold import answer_json
+from core.model import HandAnswer, answer_json
 from opencode_tui import debug_acts
 from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted
 from opencode_tui.screens import run
@@ -129,7 +128,7 @@ class LiveRunScreen(RunScreen):
     def __init__(self, control: EpisodeControl, run_dir: Path | None = None) -> None:
         super().__init__(run_dir)
         self.control = control
-        self._action_key: tuple[bool, bool, bool] | None = None
+        self._action_key: tuple[bool, bool, bool, str | None] | None = None
         # one batch handed over at a time, sized by the measured ingest rate
         self._batch_taken = asyncio.Event()
         self._batch_chars = 256 * 1024
@@ -305,8 +304,8 @@ class LiveRunScreen(RunScreen):
     def index_keys(self, events: list[Event], keys: list[int], base: int) -> None:
         for index in keys:
             ev = events[index - base]
-            if type(ev) is Intervention:
-                self._on_intervention(cast(Intervention, ev))
+            if isinstance(ev, Intervention):
+                self._on_intervention(ev)
 
     def _on_intervention(self, ev: Intervention) -> None:
         if ev.what == "break":

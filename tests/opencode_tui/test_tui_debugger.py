@@ -247,6 +247,7 @@ async def test_replay_marks_interventions_jumps_to_them_and_shows_the_hold(
         await pilot.pause()
         assert header.plain.startswith("HELD before call 2 (0 s)") and "deadline" not in header.plain
         assert not screen.query_one("#held-bar").display  # nothing to act on in a replay
+        assert "debugger break call 2 by engine: call:2" in timeline.render().plain
         await pilot.press("i", "i")
         assert screen.cursor == indices[2]
         await pilot.pause()
