@@ -78,19 +78,29 @@ def test_ctl_from_a_second_process_acts_on_the_live_tui(tmp_path):
     assert info["human_intervened"] is True and info["counts"]["cleanup_confirmed"] is True
 
 
-def test_q_while_held_releases_the_call_and_confirms_cleanup(tmp_path):
+@pytest.mark.parametrize("key", ["q", "c", "ctrl-c"])
+def test_leaving_while_held_releases_the_call_and_confirms_cleanup(tmp_path, key):
+    """q, c (each confirmed) and Ctrl-C while a call is held: the hold is released, cleanup confirmed."""
     t, runs = _start(tmp_path)
     try:
-        t.child.send("q")
-        t.wait_for(lambda s: "(y)" in s, 15, "the quit question")
-        t.child.send("y")
+        if key == "ctrl-c":
+            t.child.sendcontrol("c")
+        else:
+            t.child.send(key)
+            t.wait_for(lambda s: "(y)" in s, 15, "the question")
+            t.child.send("y")
+        if key == "c":
+            t.wait_for(lambda s: "✓ Sandbox released" in s, 90, "the cleanup confirmed")
+            t.wait_for(lambda s: "HELD" not in s.splitlines()[0], 10, "the hold gone from the header")
+            t.child.send("q")  # the episode has ended: q quits at once
         code = t.exit_code()
     finally:
         if t.child.isalive():
             t.child.terminate(force=True)
     assert code == 130
     info = _run_json(runs)
-    assert info["counts"]["cleanup_confirmed"] is True and info["counts"]["cancelled_by"] == "user"
+    by = "Ctrl-C" if key == "ctrl-c" else "user"
+    assert info["counts"]["cleanup_confirmed"] is True and info["counts"]["cancelled_by"] == by
     whats = [i["what"] for i in info["interventions"]]
     assert whats[0] == "break" and "release" in whats
     release = next(i for i in info["interventions"] if i["what"] == "release")
