@@ -57,7 +57,7 @@ def held_words(state: RunState, now: datetime | None, *, live: bool) -> str | No
     age = max((at - held.ts).total_seconds(), 0.0) if at is not None else 0.0
     seconds = f"{age:.0f} s" if age < 60 else fmt.duration(age)
     n = held.call_number if held.call_number is not None else "?"
-    where = f"reply of call {n} held for editing" if held.what == "reply" else f"before call {n}"
+    where = f"reply of call {n} for editing" if held.what == "reply" else f"before call {n}"
     counting = ", run deadline counting" if live else ""
     return f"HELD {where} ({seconds}{counting})"
 

@@ -256,8 +256,9 @@ def test_diff_screen(snap_compare, fixture_runs, size, wait):
 # ---- the debugger's hold (issue 27) ------------------------------------------------------------
 
 
-def _held_episode(monkeypatch, fixture_runs) -> tuple[RecordedEpisode, int]:
-    """hello-file live, held before its 2nd agent call for 12 s by the clock (frozen)."""
+def _held_episode(monkeypatch, fixture_runs, reply: bool = False) -> tuple[RecordedEpisode, int]:
+    """hello-file live, held before its 2nd agent call (``reply``: its reply, held for editing) for 12 s
+    by the clock (frozen)."""
     events = list(RunDirReader(fixture_runs / "hello-file").events())
     agent = [i for i, e in enumerate(events) if isinstance(e, ModelCall) and e.kind == "agent"]
     shown = events[: agent[1]]  # up to (not including) the 2nd agent call's record
@@ -266,6 +267,10 @@ def _held_episode(monkeypatch, fixture_runs) -> tuple[RecordedEpisode, int]:
         what="break", who="engine", call_id=events[agent[1]].call_id, call_number=2, text="call:2", ts=held_at
     )
     shown.append(hold)
+    if reply:
+        model_reply = '{"text":"Done: hello.txt holds the greeting."}'
+        shown.append(hold.model_copy(update={"what": "edit", "who": "tui", "text": None}))
+        shown.append(hold.model_copy(update={"what": "reply", "text": model_reply}))
     monkeypatch.setattr(run_screen_module, "datetime", _frozen_clock(held_at + timedelta(seconds=12)))
     return RecordedEpisode(shown), len(shown)
 
@@ -299,6 +304,24 @@ def test_live_held_say_box_80x24(snap_compare, fixture_runs, wait, monkeypatch):
         screen.redraw()
         pilot.app.clear_notifications()
         await pilot.press("m")
+        await pilot.pause()
+
+    app = OpenCodeTUI(control=episode, run_dir=fixture_runs / "hello-file", run_episode=episode.play)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_live_reply_held_and_the_answer_box_80x24(snap_compare, fixture_runs, wait, monkeypatch):
+    """The model's reply held for editing: the header says so, the bar lists the keys for a reply; a
+    (one-line, several-line) answer box over it fits 80×24."""
+    episode, total = _held_episode(monkeypatch, fixture_runs, reply=True)
+
+    async def run_before(pilot) -> None:
+        screen = pilot.app.screen
+        await wait(pilot, lambda: screen.total == total, what="the recorded events")
+        await pilot.pause(0.3)
+        screen.redraw()
+        pilot.app.clear_notifications()
+        await pilot.press("e")  # the reply is held: e opens it in the edit box, prefilled
         await pilot.pause()
 
     app = OpenCodeTUI(control=episode, run_dir=fixture_runs / "hello-file", run_episode=episode.play)

@@ -269,3 +269,32 @@ async def test_edit_forwards_the_call_and_holds_the_models_reply(tmp_path):
         "reply",
         "continue",
     ]
+
+
+async def test_edit_a_json_reply(tmp_path):
+    """A call that is not streamed: the held reply is a JSON completion; the edit is one too."""
+    debugger = Debugger(["call:1"], emit=lambda _: None, on_intervened=lambda _: None, phase=lambda: "agent")
+    body = {**AGENT_BODY, "stream": False}
+    body.pop("stream_options")
+    async with (
+        ScriptedModel(TRAJECTORY, placeholders={"workdir": "/app"}) as model,
+        ModelProxy(model.url, record_dir=tmp_path, gate=debugger) as proxy,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30) as client,
+    ):
+        first = asyncio.ensure_future(client.post("/chat/completions", json=body))
+        await _until(lambda: debugger.held is not None)
+        assert debugger.edit(None, "test").ok
+        await _until(lambda: debugger.held is not None and debugger.held.stage == "reply")
+        assert debugger.held is not None and debugger.held.reply is not None
+        assert debugger.held.reply.tool_calls[0].name == "bash"
+        edited = HandAnswer(tool_calls=[HandToolCall(name="bash", arguments={"command": "echo edited"})])
+        assert debugger.edit(edited, "test").ok
+        resp = await first
+        data = resp.json()
+        assert resp.status_code == 200 and data["object"] == "chat.completion"
+        call = data["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert json.loads(call["arguments"]) == {"command": "echo edited"}
+        assert (await client.post("/chat/completions", json=body)).json()["choices"]  # no hold: as is
+    [rec, plain] = [json.loads(x) for x in (tmp_path / "model_calls.jsonl").read_text().splitlines()]
+    assert rec["edited_by"] == "test" and rec["model_response_body"]["object"] == "chat.completion"
+    assert plain.get("edited_by") is None
