@@ -174,6 +174,7 @@ class ModelCall(_Event):
     answer_fault: str | None = None
     produced: bool | None = None  # text, a tool call, reasoning or output tokens; None: not a chat answer
     answered_by: str | None = None  # a person wrote this reply at a breakpoint: the model never saw it
+    edited_by: str | None = None  # the model answered, a person edited the reply before OpenCode saw it
 
     @property
     def failed(self) -> bool:
@@ -329,7 +330,11 @@ class Intervention(_Event):
     added a message, wrote the model's answer, or stopped the turn."""
 
     type: Literal["intervention"] = "intervention"
-    what: Literal["break", "pause", "continue", "step", "say", "answer", "abort", "release"]
+    # edit: forward the held call and hold its reply; reply: the model's reply is held (text: the reply
+    # as JSON); edited: a person replaced that reply (text: the new one).
+    what: Literal[
+        "break", "pause", "continue", "step", "say", "answer", "edit", "reply", "edited", "abort", "release"
+    ]
     who: str  # "ctl", "tui", "engine" (a break condition or the run's end)
     call_id: str | None = None  # the held call it concerns
     call_number: int | None = None  # that call's number among the agent's calls

@@ -151,5 +151,14 @@ class BatchProgress:
 
 
 def _health_suffix(result: EpisodeResult) -> str:
-    words = health_words(result.health)
+    """Health warnings, and what a person did through the debugger (issue 27), in parentheses."""
+    parts = [health_words(result.health)]
+    if result.interventions:
+        acts = f"debugger: {result.interventions} intervention" + ("s" if result.interventions != 1 else "")
+        if result.model_calls_answered:
+            acts += f", {result.model_calls_answered} answered by hand"
+        if result.model_calls_edited:
+            acts += f", {result.model_calls_edited} edited by hand"
+        parts.append(acts)
+    words = "; ".join(p for p in parts if p)
     return f" ({words})" if words else ""

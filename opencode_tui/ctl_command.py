@@ -13,23 +13,29 @@ from pathlib import Path
 
 from core.exit_codes import ExitCode
 
-ACTIONS = ("status", "pause", "continue", "step", "say", "answer", "abort", "break")
+ACTIONS = ("status", "pause", "continue", "step", "say", "answer", "edit", "abort", "break")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     ct = sub.add_parser(
         "ctl",
-        help="debug a live run: status, pause, continue, step, say TEXT, answer TEXT|--file F, abort, break COND",
+        help="debug a live run: status, pause, continue, step, say TEXT, answer TEXT|--file F, "
+        "edit [TEXT|--file F], abort, break COND",
     )
     ct.add_argument(
         "run", metavar="RUN_ID|RUN_DIR", help="the live run (its directory, or its id in --runs-dir)"
     )
     ct.add_argument("action", choices=ACTIONS, metavar="ACTION", help=", ".join(ACTIONS))
-    ct.add_argument("text", nargs="?", help="say: the message; answer: the reply text; break: the condition")
+    ct.add_argument(
+        "text",
+        nargs="?",
+        help="say: the message; answer: the reply text; edit: the edited reply (none: forward the held "
+        "call and hold the model's reply for editing); break: the condition",
+    )
     ct.add_argument(
         "--file",
         metavar="F",
-        help='answer: a JSON file {"text": "...", "tool_calls": [{"name": "bash", "arguments": {...}}]}',
+        help='answer/edit: a JSON file {"text": "...", "tool_calls": [{"name": "bash", "arguments": {...}}]}',
     )
     ct.add_argument("--json", action="store_true", help="status: print the reply as JSON")
     ct.add_argument("--runs-dir", default="runs", help="where run ids are looked up (default ./runs)")
@@ -63,8 +69,10 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         if not args.text:
             return _fail(f"{args.action} needs its text: opencode-tui ctl RUN {args.action} TEXT")
         req.text = args.text
-    elif args.action == "answer":
-        if (args.text is None) == (args.file is None):
+    elif args.action in ("answer", "edit"):
+        if args.text is not None and args.file is not None:
+            return _fail(f"{args.action}: give the reply text or --file F, not both")
+        if args.action == "answer" and args.text is None and args.file is None:
             return _fail("answer needs the reply text, or --file F with a JSON answer (one of them)")
         if args.file is not None:
             try:
@@ -75,7 +83,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
                 first = exc.errors()[0]
                 where = ".".join(str(p) for p in first["loc"]) or "answer"
                 return _fail(f"{args.file}: {where}: {first['msg']} (expected {{'text', 'tool_calls'}})")
-        else:
+        elif args.text is not None:
             req.answer = HandAnswer(text=args.text)
     elif args.text is not None:
         return _fail(f"{args.action} takes no text")
@@ -88,7 +96,11 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     else:
         print(reply.message)
         if reply.status is not None and reply.status.held is not None:
-            print(reply.status.held.conversation)
+            held = reply.status.held
+            print(held.conversation)
+            if held.reply is not None:
+                print("the model's reply, held for editing:")
+                print(held.reply.model_dump_json(exclude_defaults=True, indent=2))
     return ExitCode.OK if reply.ok else 1
 
 

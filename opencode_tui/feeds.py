@@ -64,5 +64,6 @@ def run_summary(path: Path, info: RunInfo | None) -> dict[str, Any]:
         "ended_at": info.ended_at.isoformat() if info.ended_at else None,
         "cleanup_confirmed": info.counts.get("cleanup_confirmed"),
         "human_intervened": info.human_intervened,
+        "interventions": len(info.interventions),  # the debugger's (issue 27)
         "health": info.counts.get("health") or {},  # episode-health warnings by kind
     }

@@ -16,6 +16,7 @@ from core.events import (
     FailureRecovered,
     HealthWarning,
     InstallProgress,
+    Intervention,
     ModelCall,
     OpenCodeEvent,
     OutcomeDecided,
@@ -150,6 +151,10 @@ def summarize(ev: Event) -> str:
         return f"health {ev.kind}: {short(ev.message, 50)}"
     if isinstance(ev, SandboxFault):
         return f"KERNEL {ev.kind}: {short(ev.message, 60)}"
+    if isinstance(ev, Intervention):
+        call = f" call {ev.call_number}" if ev.call_number is not None else ""
+        text = f": {short(ev.text, 60)}" if ev.text else ""
+        return f"debugger {ev.what}{call} by {ev.who}{text}"
     if isinstance(ev, VerificationFinished):
         passed = DASH if ev.passed is None else ("passed" if ev.passed else "not passed")
         return f"verification reward {reward(ev.reward)} · {passed}"
@@ -161,9 +166,14 @@ def summarize(ev: Event) -> str:
 
 
 def status_word(call: ModelCall) -> str:
-    """The status column: the HTTP status, and ``failed`` when a 2xx was no answer (or broke)."""
+    """The status column: the HTTP status, and ``failed`` when a 2xx was no answer (or broke); a reply a
+    person wrote or edited at a break says so (it is not the model's)."""
     if call.status is None:
         return "error" if call.error else "pending"
     if call.failed and call.status < 400:
         return f"{call.status} failed"
+    if call.answered_by:
+        return f"{call.status} answered"
+    if call.edited_by:
+        return f"{call.status} edited"
     return str(call.status)

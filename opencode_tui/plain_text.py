@@ -28,6 +28,14 @@ def _cleanup(row: dict[str, Any]) -> str:
     return DASH if confirmed is None else ("confirmed" if confirmed else "UNCONFIRMED")
 
 
+def _human(row: dict[str, Any]) -> str:
+    """``yes`` when a person acted; with the debugger's interventions counted (issue 27)."""
+    n = row.get("interventions") or 0
+    if not row.get("human_intervened"):
+        return f"no ({n} debugger)" if n else ""  # breaks and continues alone change nothing
+    return f"yes ({n} debugger)" if n else "yes"
+
+
 def run_cells(row: dict[str, Any]) -> list[str]:
     """One run (``feeds.run_summary``'s dict) as the table's cells."""
     if not row.get("readable", True):
@@ -43,7 +51,7 @@ def run_cells(row: dict[str, Any]) -> list[str]:
         _duration(row.get("duration_s")),
         started,
         _cleanup(row),
-        "yes" if row.get("human_intervened") else "",
+        _human(row),
         row.get("provider") or "",
     ]
 

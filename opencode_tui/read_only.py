@@ -11,9 +11,24 @@ import os
 
 ENV = "OPENCODE_TUI_READ_ONLY"
 
-# The actions that change something: a shell in the sandbox, cancelling or keeping a live episode, and
-# running a run again. (The run screen's and the runs browser's action names.)
-REFUSED_ACTIONS = frozenset({"open_shell", "cancel_episode", "toggle_keep", "rerun"})
+# The actions that change something: a shell in the sandbox, cancelling or keeping a live episode, acting
+# on its agent through the debugger, and running a run again. (The run screen's and the runs browser's action names.)
+REFUSED_ACTIONS = frozenset(
+    {
+        "open_shell",
+        "cancel_episode",
+        "toggle_keep",
+        "rerun",
+        # the debugger's acts on the agent (issue 27)
+        "debug_break",
+        "debug_continue",
+        "debug_step",
+        "debug_say",
+        "debug_answer",
+        "debug_edit",
+        "debug_abort",
+    }
+)
 
 
 # Set by `serve` for its sessions' app processes. A served session is one app in one process, ended

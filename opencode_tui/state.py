@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import cast
 
 from core.artifacts import RunInfo
+from core.debugger.debugger import INTERVENING
 from core.events import (
     CleanupObserved,
     CleanupStep,
@@ -24,6 +25,7 @@ from core.events import (
     FailureRecovered,
     HealthWarning,
     InstallProgress,
+    Intervention,
     ModelCall,
     OpenCodeEvent,
     OutcomeDecided,
@@ -47,6 +49,11 @@ CLEANUP_ORDER = (
 )
 
 
+# Interventions that start a hold, and those that end it (say and pause leave it as it is).
+HOLDS = frozenset({"break", "reply"})
+RELEASES = frozenset({"continue", "step", "answer", "edit", "edited", "abort", "release"})
+
+
 @dataclass
 class RunState:
     """Everything the header and the panels show, folded from events (plus run.json when replaying)."""
@@ -65,6 +72,10 @@ class RunState:
     verification: VerificationFinished | None = None
     outcome: OutcomeDecided | None = None
     shells: list[ShellOpened] = field(default_factory=list)
+    interventions: list[Intervention] = field(default_factory=list)  # the debugger's (issue 27)
+    # The hold in force: the ``break`` (a call held before it is sent) or ``reply`` (its reply held for
+    # editing) intervention that started it; None once released.
+    held: Intervention | None = None
     first_ts: datetime | None = None
     last_ts: datetime | None = None
     events: int = 0
@@ -136,6 +147,12 @@ class RunState:
             self.health.append(ev)
         elif isinstance(ev, SandboxFault):
             self.faults.append(ev)
+        elif isinstance(ev, Intervention):
+            self.interventions.append(ev)
+            if ev.what in HOLDS:
+                self.held = ev
+            elif ev.what in RELEASES:
+                self.held = None
 
     # -- derived values ------------------------------------------------------------------------
 
@@ -148,8 +165,13 @@ class RunState:
 
     @property
     def human_intervened(self) -> bool:
-        """A person used a shell before verification finished (run.json says so for old runs too)."""
-        return any(s.marks_sample for s in self.shells) or bool(self.info and self.info.human_intervened)
+        """A person used a shell before verification finished, or acted on the agent through the debugger
+        (run.json says so for old runs too)."""
+        return (
+            any(s.marks_sample for s in self.shells)
+            or any(i.what in INTERVENING for i in self.interventions)
+            or bool(self.info and self.info.human_intervened)
+        )
 
     @property
     def task_id(self) -> str | None:

@@ -152,6 +152,11 @@ class ModelCallRecord(BaseModel):
     produced: bool | None = None
     # The reply was written by a person at a breakpoint (issue 27), not by the model: who wrote it.
     answered_by: str | None = None
+    # The model answered, then a person replaced its reply before OpenCode saw it (issue 27): who.
+    # ``response_body`` is what OpenCode received; ``model_response_body`` the model's own reply. The
+    # usage is the model's (it did spend those tokens).
+    edited_by: str | None = None
+    model_response_body: Any = None
 
     @property
     def failed(self) -> bool:
@@ -177,6 +182,7 @@ class ModelCallRecord(BaseModel):
             answer_fault=self.answer_fault.value if self.answer_fault else None,
             produced=self.produced,
             answered_by=self.answered_by,
+            edited_by=self.edited_by,
         )
 
 

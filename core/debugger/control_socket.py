@@ -112,7 +112,7 @@ class ControlSocket:
             return CtlReply(ok=False, message=f"bad request: {where}: {first['msg']}")
         d, who = self.debugger, req.who
         if req.command == "status":
-            return d.status()
+            return d.status(req.with_request)
         if req.command == "pause":
             return d.pause(who)
         if req.command == "continue":
@@ -125,6 +125,8 @@ class ControlSocket:
             return await d.say(req.text or "", who)
         if req.command == "abort":
             return await d.abort(who)
+        if req.command == "edit":
+            return d.edit(req.answer, who)
         if req.answer is None:
             return CtlReply(ok=False, message="answer: give the reply (text or a tool call); nothing changed")
         return d.answer(req.answer, who)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from core.breaks import BreakCondition, BreakKind, parse_break
 from core.debugger.protocol import CtlReply, HeldView, StatusView
@@ -22,7 +22,7 @@ from core.events import Event, FailureRecorded, HealthWarning, Intervention, Mod
 from core.model.hold import FORWARD, HandAnswer, HeldCall, HoldVerdict, Release, answer_problem
 
 # Acts that change what the agent sees: a run with any of them is human_intervened.
-INTERVENING = frozenset({"say", "answer", "abort"})
+INTERVENING = frozenset({"say", "answer", "edited", "abort"})
 # A held call is failed this long after the run deadline at the latest (the session's own deadline
 # stops OpenCode first; this bound is for a hold that nothing else ends).
 DEADLINE_GRACE_S = 5.0
@@ -34,10 +34,14 @@ ServeAct = Callable[[str, str], Awaitable[None]]
 
 
 class _Held:
-    def __init__(self, call: HeldCall, number: int, reason: str) -> None:
+    """A held call: before it is forwarded (``request``), or its reply, held for editing (``reply``)."""
+
+    def __init__(self, call: HeldCall, number: int, reason: str, reply: HandAnswer | None = None) -> None:
         self.call = call
         self.number = number
         self.reason = reason
+        self.reply = reply
+        self.stage: Literal["request", "reply"] = "request" if reply is None else "reply"
         self.since = time.monotonic()
         self.verdict: asyncio.Future[HoldVerdict] = asyncio.get_running_loop().create_future()
 
@@ -66,6 +70,7 @@ class Debugger:
         self._serve: ServeAct | None = None
         self._closed: str | None = None  # the run is ending: every call goes through (or fails)
         self._fired_tools: set[str] = set()
+        self._edits: dict[str, int] = {}  # call id → number: forwarded to have the reply held
         self.interventions: list[Intervention] = []
 
     # ---- wiring ---------------------------------------------------------------------------------
@@ -118,6 +123,19 @@ class Debugger:
         self._pending, self._pause = None, False
         held = self.held = _Held(call, number, reason)
         self._record("break", "engine", reason)
+        return await self._wait(held)
+
+    async def hold_reply(self, call: HeldCall, reply: HandAnswer) -> HoldVerdict:
+        """The model's reply to a call forwarded by ``edit``: held until a person edits or sends it."""
+        number = self._edits.pop(call.call_id, None)
+        if number is None or self._closed is not None or self.held is not None:
+            return FORWARD
+        held = self.held = _Held(call, number, "reply held for editing", reply)
+        self._record("reply", "engine", reply.model_dump_json(exclude_defaults=True))
+        return await self._wait(held)
+
+    async def _wait(self, held: _Held) -> HoldVerdict:
+        """Until a person (or the run's end, or its deadline) gives the verdict."""
         try:
             timeout = None
             if self._deadline is not None:
@@ -167,7 +185,7 @@ class Debugger:
 
     # ---- acts -----------------------------------------------------------------------------------
 
-    def status(self) -> CtlReply:
+    def status(self, with_request: bool = False) -> CtlReply:
         held = self.held
         view = None
         if held is not None:
@@ -179,6 +197,9 @@ class Debugger:
                 reason=held.reason,
                 run_deadline_in_s=None if left is None else round(left, 1),
                 conversation=short_conversation(held.call.request_body),
+                stage=held.stage,
+                reply=held.reply,
+                request_body=held.call.request_body if with_request else None,
             )
         status = StatusView(
             phase=self._phase(),
@@ -238,11 +259,46 @@ class Debugger:
             return CtlReply(
                 ok=False, message="not held: an answer replaces a held call's reply; nothing changed"
             )
+        if held.stage == "reply":
+            return self.edit(answer, who)  # the model's reply is held: an answer is its edit
         problem = answer_problem(answer, held.call.request_body)
         if problem is not None:
             return CtlReply(ok=False, message=f"answer refused: {problem}; nothing changed")
         verdict = HoldVerdict(action=Release.ANSWER, answer=answer, by=who)
         return self._release("answer", who, verdict, answer.model_dump_json(exclude_defaults=True))
+
+    def edit(self, answer: HandAnswer | None, who: str) -> CtlReply:
+        """No answer: forward the held call and hold the model's reply; an answer: replace that reply."""
+        held = self.held
+        if held is None:
+            return CtlReply(ok=False, message="not held: `edit` acts on a held call; nothing changed")
+        if answer is None:
+            if held.stage == "reply":
+                return CtlReply(
+                    ok=False,
+                    message=f"the reply of call {held.number} is held: give the edited reply "
+                    "(edit TEXT or --file F), or `continue` to send it as it came; nothing changed",
+                )
+            if held.verdict.done():
+                return CtlReply(ok=False, message="not held: nothing to edit; nothing changed")
+            self._edits[held.call.call_id] = held.number
+            self._record("edit", who)
+            held.verdict.set_result(HoldVerdict(edit_reply=True, by=who))
+            return CtlReply(
+                ok=True,
+                message=f"edit: call {held.number} forwarded; its reply will be held for editing",
+            )
+        if held.stage != "reply":
+            return CtlReply(
+                ok=False,
+                message=f"call {held.number} has no reply yet: `edit` alone forwards it and holds the "
+                "model's reply (`answer` replaces the model instead); nothing changed",
+            )
+        problem = answer_problem(answer, held.call.request_body)
+        if problem is not None:
+            return CtlReply(ok=False, message=f"edit refused: {problem}; nothing changed")
+        verdict = HoldVerdict(action=Release.ANSWER, answer=answer, by=who)
+        return self._release("edited", who, verdict, answer.model_dump_json(exclude_defaults=True))
 
     async def say(self, text: str, who: str) -> CtlReply:
         if self.held is None:
@@ -284,7 +340,8 @@ def _status_line(s: StatusView) -> str:
         return f"phase {s.phase}: running, {s.agent_calls} agent call(s), breaks: {', '.join(s.breaks) or 'none'}"
     h = s.held
     left = "" if h.run_deadline_in_s is None else f", run deadline in {h.run_deadline_in_s:.0f} s"
-    return f"phase {s.phase}: HELD before call {h.call_number} ({h.age_s:.0f} s, {h.reason}{left})"
+    where = f"reply of call {h.call_number}" if h.stage == "reply" else f"before call {h.call_number}"
+    return f"phase {s.phase}: HELD {where} ({h.age_s:.0f} s, {h.reason}{left})"
 
 
 __all__ = ["Debugger", "ServeAct"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,10 +14,13 @@ CONTROL_SOCKET = "control.sock"  # in the run directory, mode 0600, while the ru
 class CtlRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    command: Literal["status", "pause", "continue", "step", "say", "answer", "abort", "break"]
+    command: Literal["status", "pause", "continue", "step", "say", "answer", "edit", "abort", "break"]
     text: str | None = None  # say: the message; break: the condition
-    answer: HandAnswer | None = None  # answer: the model's reply, written by hand
+    # answer: the model's reply, written by hand; edit: the model's held reply, edited (none: forward
+    # the held call and hold its reply)
+    answer: HandAnswer | None = None
     who: str = "ctl"
+    with_request: bool = False  # status: the held request's whole body too (the TUI's call view)
 
 
 class HeldView(BaseModel):
@@ -29,6 +32,9 @@ class HeldView(BaseModel):
     reason: str
     run_deadline_in_s: float | None = None
     conversation: str  # the held request, short and readable
+    stage: Literal["request", "reply"] = "request"  # reply: the model answered, held for editing
+    reply: HandAnswer | None = None  # that reply
+    request_body: Any = None  # the whole request (asked for with ``with_request``)
 
 
 class StatusView(BaseModel):

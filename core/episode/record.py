@@ -62,6 +62,7 @@ class EpisodeResult(BaseModel):
     interventions: int = 0  # the debugger's Intervention events (issue 27): breaks and acts
     # Replies a person wrote at a breakpoint: the model never saw these calls (no tokens of theirs).
     model_calls_answered: int = 0
+    model_calls_edited: int = 0  # the model answered, a person edited the reply (issue 27)
     artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
     sandbox_kept: bool = False
     health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
@@ -108,6 +109,7 @@ def result_of(verdict: Verdict, tally: Tally, **fields: object) -> EpisodeResult
             "model_calls": len(tally.model_calls),
             "model_calls_failed": sum(1 for c in tally.model_calls if c.failed),
             "model_calls_answered": sum(1 for c in tally.model_calls if c.answered_by),
+            "model_calls_edited": sum(1 for c in tally.model_calls if c.edited_by),
             "tool_calls": tally.tool_call_count,
             "compactions": tally.compactions,
             "tokens_in": tokens.tokens_in,
@@ -147,6 +149,7 @@ def write_record(
         "model_calls": result.model_calls,
         "model_calls_failed": result.model_calls_failed,
         "model_calls_answered_by_person": result.model_calls_answered,
+        "model_calls_edited_by_person": result.model_calls_edited,
         "tool_calls": tally.tool_calls,
         "compactions": result.compactions,
         "cleanup_confirmed": result.cleanup_confirmed,

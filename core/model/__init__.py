@@ -4,7 +4,7 @@ The names below are the package's public surface: what code outside ``core`` (th
 may use (an import-linter contract in pyproject.toml keeps ``opencode_tui`` to these).
 """
 
-from core.model.hold import HandAnswer, HandToolCall
+from core.model.hold import HandAnswer, HandToolCall, answer_json
 from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "HandAnswer",
     "HandToolCall",
     "ToolCallMade",
+    "answer_json",
     "assemble_response",
     "conversation",
 ]

@@ -3,7 +3,9 @@
 The proxy knows nothing of breakpoints: it asks a ``CallGate`` (implemented by ``core.debugger``)
 what to do with each agent call and acts on the ``HoldVerdict``: forward it, answer it with a reply a
 person wrote (streamed back in the chat-completions format, never sent to the model), or fail it
-(a cancelled run, a passed deadline) with a 503 the agent sees as a failed call.
+(a cancelled run, a passed deadline) with a 503 the agent sees as a failed call. A call forwarded with
+``edit_reply`` has its reply held too, once the model answered, and asked of the gate again
+(``hold_reply``): the person may replace it before OpenCode sees it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from core.model.readable import assemble_response
 
 
 class HandToolCall(BaseModel):
@@ -48,6 +52,7 @@ class HoldVerdict(BaseModel):
     answer: HandAnswer | None = None
     reason: str | None = None
     by: str | None = None  # who wrote the answer (the intervention's ``who``)
+    edit_reply: bool = False  # FORWARD: hold the model's reply for editing (``CallGate.hold_reply``)
 
 
 FORWARD = HoldVerdict()
@@ -67,6 +72,11 @@ class CallGate(Protocol):
     async def hold(self, call: HeldCall) -> HoldVerdict:
         """Return at once (no break) or when a person (or the run's end) releases the call; cancelled
         when the client goes away."""
+        ...
+
+    async def hold_reply(self, call: HeldCall, reply: HandAnswer) -> HoldVerdict:
+        """The model's ``reply`` to a call forwarded with ``edit_reply``: FORWARD sends it as it came,
+        ANSWER sends the person's edited reply instead, FAIL a 503."""
         ...
 
 
@@ -91,6 +101,22 @@ def answer_problem(answer: HandAnswer, request_body: Any) -> str | None:
             listed = ", ".join(offered) if offered else "none"
             return f"the held request does not offer a tool named {call.name!r} (offered: {listed})"
     return None
+
+
+def reply_of(response_body: Any) -> HandAnswer | None:
+    """The model's reply (text and tool calls) from a recorded chat response, for a person to edit;
+    None when it is no such reply (an error, reasoning only, a format this cannot rebuild)."""
+    resp = assemble_response(response_body)
+    if not resp.understood or resp.errors:
+        return None
+    calls = []
+    for c in resp.tool_calls:
+        if not isinstance(c.arguments, dict):
+            return None  # arguments that are not a JSON object cannot be edited as one
+        calls.append(HandToolCall(name=c.name, arguments=c.arguments))
+    if not resp.text and not calls:
+        return None
+    return HandAnswer(text=resp.text, tool_calls=calls)
 
 
 def answer_chunks(answer: HandAnswer, model: str | None) -> list[dict[str, Any]]:

@@ -63,7 +63,17 @@ from core.model._http import (
     head_bytes,
     send_simple,
 )
-from core.model.hold import CallGate, HeldCall, HoldVerdict, Release, answer_json, answer_sse
+from core.model.hold import (
+    FORWARD,
+    CallGate,
+    HandAnswer,
+    HeldCall,
+    HoldVerdict,
+    Release,
+    answer_json,
+    answer_sse,
+    reply_of,
+)
 from core.redaction import REDACTED, redact, redact_headers, redact_text
 
 log = logging.getLogger(__name__)
@@ -468,19 +478,28 @@ class ModelProxy(HttpService):
     ) -> None:
         """A held call that never reaches the model: a person's answer, or a 503 (the run is ending)."""
         if verdict.action is Release.FAIL:
-            rec.proxy_status = 503
-            rec.error = f"held by the debugger and failed: {verdict.reason or 'released without an answer'}"
-            message = {"error": {"message": rec.error, "type": "debugger_released", "code": 503}}
-            await send_simple(writer, 503, message)
+            await self._fail_held(rec, verdict, writer)
             return
         assert verdict.answer is not None
-        model = rec.model
         rec.status = rec.proxy_status = 200
         rec.answered_by = verdict.by or "person"
-        rec.finish_reason = "tool_calls" if verdict.answer.tool_calls else "stop"
+        await self._send_answer(rec, verdict.answer, writer)
+
+    @staticmethod
+    async def _fail_held(rec: ModelCallRecord, verdict: HoldVerdict, writer: asyncio.StreamWriter) -> None:
+        rec.proxy_status = 503
+        rec.error = f"held by the debugger and failed: {verdict.reason or 'released without an answer'}"
+        message = {"error": {"message": rec.error, "type": "debugger_released", "code": 503}}
+        await send_simple(writer, 503, message)
+
+    @staticmethod
+    async def _send_answer(rec: ModelCallRecord, answer: HandAnswer, writer: asyncio.StreamWriter) -> None:
+        """A reply a person wrote (or edited), in the format the client asked for (stream or JSON)."""
+        model = rec.model
+        rec.finish_reason = "tool_calls" if answer.tool_calls else "stop"
         rec.produced = True
         if rec.stream:
-            data = answer_sse(verdict.answer, model)
+            data = answer_sse(answer, model)
             headers = [
                 ("Content-Type", "text/event-stream"),
                 ("Cache-Control", "no-cache"),
@@ -493,9 +512,40 @@ class ModelProxy(HttpService):
             rec.response_body = data.decode()
             rec.response_bytes = len(data)
         else:
-            reply = answer_json(verdict.answer, model)
+            reply = answer_json(answer, model)
             await send_simple(writer, 200, reply)
             rec.response_body = reply
+
+    async def _deliver_reply(
+        self,
+        rec: ModelCallRecord,
+        held: HeldCall,
+        head: bytes,
+        body: bytes,
+        no_body: bool,
+        watch: _Watch,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """A reply held back for editing (``HoldVerdict.edit_reply``): asked of the gate once the model
+        answered; sent as it came, replaced by the person's edit, or failed (the run is ending). A reply
+        that is no plain answer (an error, a broken or cut stream) goes through unasked."""
+        reply = None
+        if rec.status is not None and 200 <= rec.status < 300 and not rec.failed and not rec.truncated:
+            reply = reply_of(rec.response_body)
+        verdict = FORWARD
+        if reply is not None and self.gate is not None:
+            verdict = await watch.run(self.gate.hold_reply(held, reply))
+        if verdict.action is Release.FORWARD:
+            writer.write(head + (b"" if no_body else (chunk_bytes(body) if body else b"") + LAST_CHUNK))
+            await writer.drain()
+            return
+        rec.model_response_body = rec.response_body
+        if verdict.action is Release.FAIL:
+            await self._fail_held(rec, verdict, writer)
+            return
+        assert verdict.answer is not None
+        rec.edited_by = verdict.by or "person"
+        await self._send_answer(rec, verdict.answer, writer)
 
     # -- the request path --------------------------------------------------------------------------
 
@@ -543,11 +593,14 @@ class ModelProxy(HttpService):
         # Before the try: a client that hangs up mid-stream (OpenCode does, on a malformed chunk) must
         # not hide what the stream had already shown (its malformed chunks decide the failure's kind).
         scanner = _StreamScanner()
+        edit: HeldCall | None = None  # forwarded to have its reply held for editing
         try:
             if self.gate is not None and rec.kind == "agent" and req.method == "POST":
                 held = HeldCall(call_id=rec.call_id, kind=rec.kind, request_body=body_json)
                 verdict = await watch.run(self.gate.hold(held))
-                if verdict.action is not Release.FORWARD:
+                if verdict.edit_reply:
+                    edit = held
+                elif verdict.action is not Release.FORWARD:
                     head_sent = True
                     await self._release_by_hand(rec, verdict, body_json, writer)
                     rec.latency_s = loop.time() - t0
@@ -588,8 +641,11 @@ class ModelProxy(HttpService):
             if not no_body:
                 headers.append(("Transfer-Encoding", "chunked"))
             headers.append(("Connection", "keep-alive"))
-            writer.write(head_bytes(resp.status_code, headers, resp.reason_phrase or None))
-            head_sent = True
+            head = head_bytes(resp.status_code, headers, resp.reason_phrase or None)
+            held_back = bytearray()  # an edited call's reply: sent whole, once the person decided
+            if edit is None:
+                writer.write(head)
+                head_sent = True
             scanner = _StreamScanner()
             is_sse = "text/event-stream" in resp.headers.get("content-type", "")
             encoding = resp.headers.get("content-encoding")
@@ -615,10 +671,12 @@ class ModelProxy(HttpService):
                     captured.extend(data[: self.max_record_bytes + 1 - len(captured)])
                 if is_sse and not encoding and scanner.feed(data) and rec.ttft_s is None:
                     rec.ttft_s = now - t0
-                if not no_body:
+                if edit is not None:
+                    held_back.extend(data)
+                elif not no_body:
                     writer.write(chunk_bytes(data))
                     await writer.drain()
-            if keep_alive and not no_body:
+            if keep_alive and not no_body and edit is None:
                 writer.write(LAST_CHUNK)
                 await writer.drain()
             raw = _decode_body(bytes(captured), encoding)
@@ -642,6 +700,9 @@ class ModelProxy(HttpService):
                     if rec.ttfb_s is not None and resp.status_code < 400:
                         rec.ttft_s = rec.ttfb_s
             self._judge(rec, req, is_sse, scanner)
+            if edit is not None and keep_alive:
+                head_sent = True
+                await self._deliver_reply(rec, edit, head, bytes(held_back), no_body, watch, writer)
             rec.latency_s = loop.time() - t0
             return keep_alive
         except _ClientGone:

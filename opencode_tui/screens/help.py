@@ -49,9 +49,14 @@ PANELS = """\
   429/5xx storm), never the outcome; the latest is on the warnings line under the header.
 - **Stats › Verification**: *not run*, *inconclusive*, or *passed/failed · reward N*; when the outcome is
   not *scored* the verifier's result is not the run's reward and the line says so.
+- **Debugger** (live, issue 27): a held model call leads the header (`HELD before call N (12 s, run
+  deadline counting)`) and the line under it lists what to do: `g` continue, `n` step, `h` the held
+  request, `m` say, `a` answer by hand, `e` edit the model's reply, `x` abort the turn; `b` holds the
+  next call. The answer/edit box takes plain text or `{"tool": NAME, "arguments": {...}}`; `ctrl+s` sends.
 - **Timeline** (replay): the position in the event stream, with markers: `m` model call, `o` tool call,
-  `$` shell, `C` compaction, `!` health warning, `✗` failure. With the timeline focused the same letters
-  jump to the next one (shift: the previous; `h` for shells, `w` for health warnings, `x` for failures). The panels show the run as it was at that
+  `$` shell, `C` compaction, `!` health warning, `I` debugger intervention, `✗` failure. With the
+  timeline focused the same letters jump to the next one (shift: the previous; `h` for shells, `w` for
+  health warnings, `i` for interventions, `x` for failures). The panels show the run as it was at that
   event. `p` plays the terminal recording and then the rest of the run (cleanup, verification, outcome);
   at the end `p` plays again from the start.
 

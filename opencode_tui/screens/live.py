@@ -1,23 +1,30 @@
 """The live run screen: a running episode's events from its bus (``EpisodeControl.bus``), with the keys
-that act on it (shell, cancel, keep)."""
+that act on it (shell, cancel, keep) and on its agent through the debugger (issue 27: break, continue,
+step, say, answer, edit, abort; the held request in the call view)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from textual import work
 from textual.app import SystemCommand
 from textual.binding import Binding, BindingType
 
-from core.events import CleanupStep, Event, StepState, TerminalOutput
+from core.calls.records import ModelCallRecord
+from core.debugger.protocol import CtlReply, CtlRequest
+from core.events import CleanupStep, Event, Intervention, StepState, TerminalOutput
+from core.model import HandAnswer, answer_json
+from opencode_tui import debug_acts
 from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted
 from opencode_tui.screens import run
+from opencode_tui.screens.debug_input import DebugInputScreen
+from opencode_tui.screens.modals import ConfirmScreen, ModelCallScreen
 from opencode_tui.screens.run import (
     LIVE_BATCH_CHARS_MAX,
     LIVE_BATCH_CHARS_MIN,
@@ -56,6 +63,64 @@ class LiveRunScreen(RunScreen):
             tooltip="Keep the sandbox after the run for debugging",
             id="run.keep",
         ),
+        # The debugger's keys (issue 27), only when they apply (check_action); the held bar lists the
+        # ones for a held call (the footer has no room for them at 80 columns).
+        Binding("b", "debug_break", "Break", tooltip="Hold the agent's next model call", id="debug.break"),
+        Binding(
+            "g",
+            "debug_continue",
+            "Continue",
+            tooltip="Send the held call; run to the next break",
+            show=False,
+            id="debug.continue",
+        ),
+        Binding(
+            "n",
+            "debug_step",
+            "Step",
+            tooltip="Send the held call; hold the one after it",
+            show=False,
+            id="debug.step",
+        ),
+        Binding(
+            "h",
+            "debug_held",
+            "Held call",
+            tooltip="The held request as a conversation",
+            show=False,
+            id="debug.held",
+        ),
+        Binding(
+            "m",
+            "debug_say",
+            "Say",
+            tooltip="Add a user message OpenCode takes into its next turn",
+            show=False,
+            id="debug.say",
+        ),
+        Binding(
+            "a",
+            "debug_answer",
+            "Answer",
+            tooltip="Write the model's reply by hand (text or a tool call)",
+            show=False,
+            id="debug.answer",
+        ),
+        Binding(
+            "e",
+            "debug_edit",
+            "Edit reply",
+            tooltip="Send the held call, then edit the model's reply before OpenCode sees it",
+            show=False,
+            id="debug.edit",
+        ),
+        Binding(
+            "x",
+            "debug_abort",
+            "Abort turn",
+            tooltip="Stop the agent's current turn or running tool",
+            id="debug.abort",
+        ),
         *SHARED_BINDINGS,
     ]
     mode = "live"
@@ -63,11 +128,12 @@ class LiveRunScreen(RunScreen):
     def __init__(self, control: EpisodeControl, run_dir: Path | None = None) -> None:
         super().__init__(run_dir)
         self.control = control
-        self._action_key: tuple[bool, bool, bool] | None = None
+        self._action_key: tuple[bool, bool, bool, str | None] | None = None
         # one batch handed over at a time, sized by the measured ingest rate
         self._batch_taken = asyncio.Event()
         self._batch_chars = 256 * 1024
         self._ingest_rate: float | None = None
+        self._edit_asked = False  # this TUI asked for `edit`: the held reply opens in the edit box
 
     def start(self) -> None:
         self.watch(self.tui, "episode_done", self._on_episode_done, init=False)
@@ -174,7 +240,30 @@ class LiveRunScreen(RunScreen):
         if action == "open_shell":
             # a live sandbox can be shelled into until cleanup released it
             return not self._sandbox_released()
+        if action.startswith("debug_"):
+            return self._debug_applies(action)
         return super().check_action(action, parameters)
+
+    def _debug_applies(self, action: str) -> bool:
+        if self._episode_ended():
+            return False
+        held = self.state.held
+        if action == "debug_break":
+            return held is None and self._agent_to_come()
+        if action == "debug_abort":
+            return self._agent_running()
+        if action == "debug_answer":
+            return held is not None and held.what == "break"
+        return held is not None  # continue, step, say, edit, the held call: while a call is held
+
+    def _agent_to_come(self) -> bool:
+        """The agent runs, or will: a break can still hold one of its calls."""
+        phase = self.state.phase
+        return phase is None or str(phase.phase) in ("admission", "seed", "install", "agent")
+
+    def _agent_running(self) -> bool:
+        phase = self.state.phase
+        return phase is not None and str(phase.phase) == "agent"
 
     def _episode_ended(self) -> bool:
         return self.state.finished or not self.tui.episode_running
@@ -188,7 +277,13 @@ class LiveRunScreen(RunScreen):
 
     def refresh_action_states(self) -> None:
         """Hide the actions that no longer apply as soon as the events say so (not on the next key)."""
-        key = (self._episode_ended(), self._sandbox_released(), not self.control.keep_changeable)
+        held = self.state.held
+        key = (
+            self._episode_ended(),
+            self._sandbox_released(),
+            not self.control.keep_changeable,
+            None if held is None else held.what,
+        )
         if key != self._action_key:
             self._action_key = key
             self.refresh_bindings()
@@ -203,3 +298,174 @@ class LiveRunScreen(RunScreen):
         tui = self.tui
         yield SystemCommand("Cancel episode", "Stop the agent; cleanup is confirmed (c)", tui.request_cancel)
         yield SystemCommand("Keep sandbox", "Toggle keeping the sandbox after the run (k)", tui.toggle_keep)
+
+    # -- the debugger (issue 27): acts go through the run's control socket, as `ctl` sends them ---
+
+    def index_keys(self, events: list[Event], keys: list[int], base: int) -> None:
+        for index in keys:
+            ev = events[index - base]
+            if isinstance(ev, Intervention):
+                self._on_intervention(ev)
+
+    def _on_intervention(self, ev: Intervention) -> None:
+        if ev.what == "break":
+            self.notify(
+                f"before call {ev.call_number} ({ev.text}) · h request · g continue · n step · m say · "
+                "a answer · e edit reply",
+                title="Held",
+                timeout=6,
+            )
+        elif ev.what == "reply":
+            if self._edit_asked:
+                self._edit_asked = False
+                self._open_edit(ev)
+            else:
+                self.notify(
+                    f"The reply of call {ev.call_number} is held for editing: e edit · g send it as it came",
+                    title="Held",
+                    timeout=6,
+                )
+
+    def _act(self, req: CtlRequest, then: Callable[[CtlReply], None] | None = None) -> None:
+        self._send_act(req, then)
+
+    @work(thread=True, group="debugger")
+    def _send_act(self, req: CtlRequest, then: Callable[[CtlReply], None] | None) -> None:
+        reply = debug_acts.send(self.bodies_dir, req)
+        self.app.call_from_thread(self._acted, reply, then)
+
+    def _acted(self, reply: CtlReply, then: Callable[[CtlReply], None] | None) -> None:
+        if reply.ok:
+            self.notify(reply.message, timeout=3)
+        else:
+            self.notify(reply.message, title="Refused", severity="error", timeout=8)
+        if then is not None:
+            then(reply)
+
+    def _held_number(self) -> str:
+        held = self.state.held
+        return "?" if held is None or held.call_number is None else str(held.call_number)
+
+    def action_debug_break(self) -> None:
+        self._act(CtlRequest(command="pause"))
+
+    def action_debug_continue(self) -> None:
+        self._act(CtlRequest(command="continue"))
+
+    def action_debug_step(self) -> None:
+        self._act(CtlRequest(command="step"))
+
+    def action_debug_abort(self) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._act(CtlRequest(command="abort"))
+
+        self.app.push_screen(
+            ConfirmScreen(
+                "Abort the agent's current turn?",
+                "OpenCode stops the turn (or the running tool); the episode goes on to its close, "
+                "cleanup confirmed. The run is marked human_intervened.",
+                yes="Abort turn",
+                no="Keep going",
+            ),
+            answered,
+        )
+
+    def action_debug_say(self) -> None:
+        def said(text: str | None) -> None:
+            if text is None:
+                return
+            if not text.strip():
+                self.notify("Nothing said: the message was empty.", severity="warning", timeout=4)
+                return
+            self._act(CtlRequest(command="say", text=text))
+
+        self.app.push_screen(
+            DebugInputScreen(
+                f"Say to the agent (call {self._held_number()} is held)",
+                "A user message OpenCode takes into its next turn; the held call goes as it is.",
+            ),
+            said,
+        )
+
+    def action_debug_answer(self) -> None:
+        self.app.push_screen(
+            DebugInputScreen(
+                f"Answer call {self._held_number()} by hand",
+                f"The model never sees this call; OpenCode gets this reply. Write {debug_acts.ANSWER_FORMS}.",
+                multiline=True,
+            ),
+            lambda text: self._send_reply("answer", text),
+        )
+
+    def action_debug_edit(self) -> None:
+        held = self.state.held
+        if held is not None and held.what == "reply":
+            self._open_edit(held)
+            return
+
+        def forwarded(reply: CtlReply) -> None:
+            if not reply.ok:
+                self._edit_asked = False
+
+        self._edit_asked = True
+        self._act(CtlRequest(command="edit"), forwarded)
+
+    def _open_edit(self, ev: Intervention) -> None:
+        try:
+            reply = HandAnswer.model_validate_json(ev.text or "")
+        except ValueError:
+            reply = HandAnswer()
+        self.app.push_screen(
+            DebugInputScreen(
+                f"Edit the model's reply to call {ev.call_number}",
+                "OpenCode gets your edit instead of the model's reply. Esc keeps it held "
+                "(g sends it as it came).",
+                text=debug_acts.answer_text(reply),
+                multiline=True,
+            ),
+            lambda text: self._send_reply("edit", text),
+        )
+
+    def _send_reply(self, command: Literal["answer", "edit"], text: str | None) -> None:
+        if text is None:
+            return
+        try:
+            answer = debug_acts.parse_answer(text)
+        except debug_acts.BadAnswer as exc:
+            self.notify(
+                f"{command} not sent: {exc}; nothing changed", title="Refused", severity="error", timeout=8
+            )
+            return
+        self._act(CtlRequest(command=command, answer=answer))
+
+    def action_debug_held(self) -> None:
+        self._fetch_held()
+
+    @work(thread=True, exclusive=True, group="debugger-held")
+    def _fetch_held(self) -> None:
+        reply = debug_acts.send(self.bodies_dir, CtlRequest(command="status", with_request=True))
+        self.app.call_from_thread(self._show_held, reply)
+
+    def _show_held(self, reply: CtlReply) -> None:
+        held = reply.status.held if reply.status is not None else None
+        if held is None:
+            self.notify(
+                reply.message if not reply.ok else "Nothing is held now.", severity="warning", timeout=4
+            )
+            return
+        record = ModelCallRecord(
+            call_id=held.call_id,
+            method="POST",
+            path="/v1/chat/completions",
+            started_at=run.clock_now(),
+            kind="agent",
+            request_body=held.request_body,
+            response_body=None if held.reply is None else answer_json(held.reply, None),
+        )
+        where = "reply held for editing" if held.stage == "reply" else "not sent yet"
+        self.app.push_screen(
+            ModelCallScreen(
+                record.to_event(), None, record=record, held=f"call {held.call_number}, HELD, {where}"
+            )
+        )

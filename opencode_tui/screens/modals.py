@@ -35,6 +35,7 @@ from opencode_tui import format as fmt
 from opencode_tui.messages import Copied
 
 NOT_RECORDED = "not recorded"
+NOT_SENT = "no reply yet: the debugger holds this call before it is sent to the model"
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -191,17 +192,27 @@ class ModelCallScreen(ModalScreen[None]):
 
     raw: reactive[bool] = reactive(False, init=False)
 
-    def __init__(self, call: ModelCall, run_dir: Path | None) -> None:
+    def __init__(
+        self,
+        call: ModelCall,
+        run_dir: Path | None,
+        *,
+        record: ModelCallRecord | None = None,
+        held: str | None = None,
+    ) -> None:
+        """``record``: the bodies, when they are not read from model_calls.jsonl (a call the debugger
+        holds is recorded only once it is released); ``held``: the words for such a call's title."""
         super().__init__(classes="modal")
         self.call = call
         self.run_dir = run_dir
-        self.record: ModelCallRecord | None = None
+        self.record: ModelCallRecord | None = record
+        self.held = held
         self.loaded = False
 
     def compose(self) -> ComposeResult:
         c = self.call
         with Vertical(id="dialog", classes="dialog detail") as dialog:
-            dialog.border_title = f"Model call {c.call_id}"
+            dialog.border_title = f"Model call {c.call_id}" + (f" · {self.held}" if self.held else "")
             dialog.border_subtitle = self._subtitle()
             with TabbedContent(id="call-tabs"):
                 with TabPane("Call", id="tab-call"), VerticalScroll(id="call-view"):
@@ -249,7 +260,9 @@ class ModelCallScreen(ModalScreen[None]):
                 or fmt.DASH,
             ),
         ]
-        if self.loaded:
+        if self.held is not None:
+            fields.append(("bodies", "from the debugger (recorded once the call is released)"))
+        elif self.loaded:
             fields.append(
                 ("bodies", "from model_calls.jsonl" if self.record else f"{NOT_RECORDED} (no record)")
             )
@@ -263,7 +276,11 @@ class ModelCallScreen(ModalScreen[None]):
         for area in self.query(TextArea):
             area.cursor_blink = False
         self._show_mode()
-        self._load()
+        if self.held is not None:
+            self._loaded(self.record)
+            self.query_one(TabbedContent).active = "tab-request"
+        else:
+            self._load()
 
     @work(thread=True, exclusive=True)
     def _load(self) -> None:
@@ -300,7 +317,7 @@ class ModelCallScreen(ModalScreen[None]):
                 else:  # the first block is the model and settings line, then one per message
                     request.mount(Static(block, classes="settings" if i == 0 else "message"))
         if record is None or record.response_body is None:
-            response.mount(Static(NOT_RECORDED))
+            response.mount(Static(NOT_SENT if self.held else NOT_RECORDED))
         else:
             resp = assemble_response(record.response_body)
             if resp.understood:

@@ -23,6 +23,7 @@ from core.events import (
     FailureRecorded,
     FailureRecovered,
     HealthWarning,
+    Intervention,
     ModelCall,
     SandboxFault,
     ShellClosed,
@@ -123,6 +124,7 @@ class ReplayRunScreen(RunScreen):
             "shell": [],
             "health": [],
             "fault": [],
+            "intervention": [],
         }
         self._marked_calls: set[tuple[str, str]] = set()  # a call is marked where it first appears
         # playback
@@ -196,6 +198,8 @@ class ReplayRunScreen(RunScreen):
                 markers["health"].append(index)
             elif kind is SandboxFault:
                 markers["fault"].append(index)
+            elif kind is Intervention:
+                markers["intervention"].append(index)
             elif kind is ModelCall or kind is ToolCall:
                 marker = "model_call" if kind is ModelCall else "tool_call"
                 call_id = cast("ModelCall | ToolCall", ev).call_id  # (``type() is``: the fast test)

@@ -44,6 +44,7 @@ from opencode_tui.widgets.cleanup import CleanupPanel
 from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.findbar import FindBar
 from opencode_tui.widgets.header import RunHeader
+from opencode_tui.widgets.held_bar import HeldBar
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.progress import InstallProgressBar, WarningsBar
 from opencode_tui.widgets.tabs import PANELS, PanelTabs, is_compact
@@ -170,6 +171,7 @@ class RunScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header").data_bind(keep=RunScreen.keep)
+        yield HeldBar(id="held-bar", live=self.mode == "live").data_bind(RunScreen.view_state)
         yield WarningsBar(id="warnings").data_bind(RunScreen.view_state)
         yield InstallProgressBar(id="install")
         yield PanelTabs(id="tabs")

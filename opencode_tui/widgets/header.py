@@ -46,6 +46,22 @@ def phase_words(state: RunState) -> tuple[str, str]:
     return f"{name} {pstate}", _PHASE_STYLE.get(pstate, "$foreground")
 
 
+def held_words(state: RunState, now: datetime | None, *, live: bool) -> str | None:
+    """The debugger's hold, as the header says it: ``HELD before call 4 (12 s)`` (None: nothing held).
+
+    Live, it adds that the run deadline keeps counting (a hold spends the run's budget)."""
+    held = state.held
+    if held is None or state.finished:
+        return None
+    at = now or state.last_ts
+    age = max((at - held.ts).total_seconds(), 0.0) if at is not None else 0.0
+    seconds = f"{age:.0f} s" if age < 60 else fmt.duration(age)
+    n = held.call_number if held.call_number is not None else "?"
+    where = f"reply of call {n} for editing" if held.what == "reply" else f"before call {n}"
+    counting = ", run deadline counting" if live else ""
+    return f"HELD {where} ({seconds}{counting})"
+
+
 class RunHeader(Widget):
     """One line: phase/outcome · elapsed · mode · keep · task · provider · version · model · sandbox."""
 
@@ -67,6 +83,7 @@ class RunHeader(Widget):
         self._shown = (state, mode, now)
         keep = self.keep
         words, style = phase_words(state)
+        held = held_words(state, now, live=mode == "LIVE")
         elapsed = state.elapsed_s(now)
         budget = state.run_budget_s
         owned = state.sandbox_owned
@@ -78,6 +95,7 @@ class RunHeader(Widget):
         # Called on every redraw while output streams: the markup is parsed only when a word changed
         # (the elapsed time: once a second).
         key = (
+            held,
             words,
             style,
             fmt.duration(elapsed),
@@ -98,13 +116,16 @@ class RunHeader(Widget):
             return
         self._key = key
         line = Content.from_markup(
-            f"[b {style}]$words[/] · $elapsed / $budget"
+            # the hold first: at 80 columns it is what must not be cut
+            ("[b reverse $warning]$held[/] · " if held else "")
+            + f"[b {style}]$words[/] · $elapsed / $budget"
             + (" · [b $error]human intervened[/]" if state.human_intervened else "")
             + (" · [b $warning]$unenforced limit not enforced[/]" if unenforced else "")
             # the sandbox last: a container id is 64 characters, and the ellipsis may take its tail
             + " · [b]$mode[/]$keep · [b $primary]$task[/] · $provider · opencode $version · model $model"
             " · sandbox [b]$sandbox[/]$ownership$user",
             words=words,
+            held=held or "",
             unenforced=" and ".join(unenforced),
             elapsed=fmt.duration(elapsed),
             budget=fmt.duration(budget) if budget else "?",

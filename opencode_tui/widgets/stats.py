@@ -37,6 +37,13 @@ def verification_words(state: RunState) -> tuple[str, str, str]:
     return f"{verdict} · reward {reward}", style, note
 
 
+def _by_person(answered: int, edited: int) -> str:
+    parts = [f"{answered} answered by a person"] if answered else []
+    if edited:
+        parts.append(f"{edited} reply edited by a person" if edited == 1 else f"{edited} replies edited")
+    return " · ".join(parts)
+
+
 class StatsPanel(ShowsRunState, Panel):
     """Live counts from events; the transcript's counts (the source of truth) once cleanup confirmed."""
 
@@ -62,6 +69,19 @@ class StatsPanel(ShowsRunState, Panel):
         failed_calls = sum(1 for c in state.model_calls if c.failed and (c.status is not None or c.error))
         if failed_calls:
             row("", "[$state-failed]$n failed[/]", n=str(failed_calls))
+        # a person's replies are not the model's: said where the calls are counted
+        answered = sum(1 for c in state.model_calls if c.answered_by)
+        edited = sum(1 for c in state.model_calls if c.edited_by)
+        if answered or edited:
+            row("", "[b $warning]$words[/]", words=_by_person(answered, edited))
+        if state.interventions:
+            acts = Counter(i.what for i in state.interventions)
+            row(
+                "Debugger",
+                "$n  $acts",
+                n=str(len(state.interventions)),
+                acts=" · ".join(f"{what} {n}" for what, n in acts.items()),
+            )
         # One definition everywhere (core.tokens): every model call, title and compaction included.
         row(
             "Tokens",

@@ -1,5 +1,5 @@
 """The replay timeline: where the cursor is in the event stream, with markers on the bar for model calls,
-tool calls, compactions, shells, kernel kills (and a full disk) and failures, and keys (when focused) to jump to the next/previous of each.
+tool calls, compactions, shells, kernel kills (and a full disk), the debugger's interventions and failures, and keys (when focused) to jump to the next/previous of each.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ MARKERS: dict[str, tuple[str, str, str, str, str]] = {
     "compaction": ("C", "bold $warning", "c", "compaction", "Compaction"),
     "health": ("!", "bold $warning", "w", "health warning", "Health"),
     "fault": ("K", "bold $error", "e", "kernel kill or full disk", "Kernel"),
+    "intervention": ("I", "bold $accent", "i", "debugger intervention", "Debugger"),
     "failure": ("✗", "bold $error", "x", "failure", "Failure"),
 }
 

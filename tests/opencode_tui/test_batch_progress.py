@@ -77,3 +77,33 @@ def test_a_batch_says_when_attempts_start_retry_and_end(tmp_path: Path) -> None:
         err[-1]
         == "opencode-tui: 1 of 2 scored; 1 failed: model_server_error x1; health warnings: retry_storm x1"
     )
+
+
+def test_the_batch_line_counts_the_debuggers_interventions() -> None:
+    """A run a person acted on says so on its batch line, answered and edited replies counted."""
+    import io
+
+    from opencode_tui.batch_progress import BatchProgress
+
+    plain = _result("a", Outcome.SCORED)
+    acted = _result("b", Outcome.MARK_EVALUATION_ERROR, "human_intervened").model_copy(
+        update={"interventions": 7, "model_calls_answered": 1, "model_calls_edited": 2, "summary": "s"}
+    )
+    out = io.StringIO()
+    progress = BatchProgress(2, out)
+    progress.finished(plain)
+    progress.finished(acted)
+    lines = out.getvalue().splitlines()
+    assert "debugger" not in lines[0]
+    assert lines[1].endswith("(debugger: 7 interventions, 1 answered by hand, 2 edited by hand)")
+
+
+def test_the_plain_runs_list_counts_interventions() -> None:
+    from opencode_tui.plain_text import RUNS_HEADER, run_cells
+
+    row = {"run_id": "r", "started_at": "2026-01-01T00:00:00+00:00", "human_intervened": True}
+    human = RUNS_HEADER.index("human")
+    assert run_cells({**row, "interventions": 3})[human] == "yes (3 debugger)"
+    assert run_cells(row)[human] == "yes"
+    assert run_cells({**row, "human_intervened": False, "interventions": 2})[human] == "no (2 debugger)"
+    assert run_cells({**row, "human_intervened": False})[human] == ""

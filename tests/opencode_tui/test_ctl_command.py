@@ -47,6 +47,20 @@ def test_ctl_on_an_unknown_run_is_one_line_and_exit_2(tmp_path):
     assert r.returncode == 2 and "not a live run" in r.stderr
 
 
+def test_ctl_edit_takes_a_reply_or_none_never_both(tmp_path):
+    ended = tmp_path / "ended"
+    ended.mkdir()
+    (tmp_path / "reply.json").write_text('{"text": "edited"}')
+    both = _cli("ctl", str(ended), "edit", "text", "--file", str(tmp_path / "reply.json"), cwd=tmp_path)
+    assert both.returncode == 2 and both.stderr.count("\n") == 1 and "not both" in both.stderr
+    (tmp_path / "bad.json").write_text('{"tool_calls": [{"arguments": {}}]}')
+    bad = _cli("ctl", str(ended), "edit", "--file", str(tmp_path / "bad.json"), cwd=tmp_path)
+    assert bad.returncode == 2 and "tool_calls.0.name" in bad.stderr
+    for args in (["edit"], ["edit", "new reply"]):  # well formed: then the run must be live
+        r = _cli("ctl", str(ended), *args, cwd=tmp_path)
+        assert r.returncode == 2 and "not a live run" in r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.bwrap
 def test_ctl_from_a_second_process_against_a_live_batch_run(tmp_path):

@@ -7,14 +7,14 @@ SVGs in ``__snapshots__``.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 import opencode_tui.screens.run as run_screen_module
 from core.artifacts import RunDirReader
-from core.events import FailureRecorded, ModelCall, TerminalOutput, ToolCall
+from core.events import FailureRecorded, Intervention, ModelCall, TerminalOutput, ToolCall
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.themes import BUILTIN_ORDER
@@ -251,3 +251,78 @@ def test_diff_screen(snap_compare, fixture_runs, size, wait):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+# ---- the debugger's hold (issue 27) ------------------------------------------------------------
+
+
+def _held_episode(monkeypatch, fixture_runs, reply: bool = False) -> tuple[RecordedEpisode, int]:
+    """hello-file live, held before its 2nd agent call (``reply``: its reply, held for editing) for 12 s
+    by the clock (frozen)."""
+    events = list(RunDirReader(fixture_runs / "hello-file").events())
+    agent = [i for i, e in enumerate(events) if isinstance(e, ModelCall) and e.kind == "agent"]
+    shown = events[: agent[1]]  # up to (not including) the 2nd agent call's record
+    held_at = shown[-1].ts + timedelta(seconds=0.2)
+    hold = Intervention(
+        what="break", who="engine", call_id=events[agent[1]].call_id, call_number=2, text="call:2", ts=held_at
+    )
+    shown.append(hold)
+    if reply:
+        model_reply = '{"text":"Done: hello.txt holds the greeting."}'
+        shown.append(hold.model_copy(update={"what": "edit", "who": "tui", "text": None}))
+        shown.append(hold.model_copy(update={"what": "reply", "text": model_reply}))
+    monkeypatch.setattr(run_screen_module, "datetime", _frozen_clock(held_at + timedelta(seconds=12)))
+    return RecordedEpisode(shown), len(shown)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_live_held_before_a_call(snap_compare, fixture_runs, wait, monkeypatch, size):
+    """HELD before call 2 (12 s, run deadline counting) leads the header; the footer lists the keys
+    that apply while held (continue, step, the held call, say, answer, edit, abort)."""
+    episode, total = _held_episode(monkeypatch, fixture_runs)
+
+    async def run_before(pilot) -> None:
+        screen = pilot.app.screen
+        await wait(pilot, lambda: screen.total == total, what="the recorded events")
+        await pilot.pause(0.3)
+        screen.redraw()
+        pilot.app.clear_notifications()  # the toast's timing is not what is compared
+        await pilot.pause()
+
+    app = OpenCodeTUI(control=episode, run_dir=fixture_runs / "hello-file", run_episode=episode.play)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_live_held_say_box_80x24(snap_compare, fixture_runs, wait, monkeypatch):
+    """m at a break: the say box fits 80×24 over the held run."""
+    episode, total = _held_episode(monkeypatch, fixture_runs)
+
+    async def run_before(pilot) -> None:
+        screen = pilot.app.screen
+        await wait(pilot, lambda: screen.total == total, what="the recorded events")
+        await pilot.pause(0.3)
+        screen.redraw()
+        pilot.app.clear_notifications()
+        await pilot.press("m")
+        await pilot.pause()
+
+    app = OpenCodeTUI(control=episode, run_dir=fixture_runs / "hello-file", run_episode=episode.play)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_live_reply_held_and_the_answer_box_80x24(snap_compare, fixture_runs, wait, monkeypatch):
+    """The model's reply held for editing: the header says so, the bar lists the keys for a reply; a
+    (one-line, several-line) answer box over it fits 80×24."""
+    episode, total = _held_episode(monkeypatch, fixture_runs, reply=True)
+
+    async def run_before(pilot) -> None:
+        screen = pilot.app.screen
+        await wait(pilot, lambda: screen.total == total, what="the recorded events")
+        await pilot.pause(0.3)
+        screen.redraw()
+        pilot.app.clear_notifications()
+        await pilot.press("e")  # the reply is held: e opens it in the edit box, prefilled
+        await pilot.pause()
+
+    app = OpenCodeTUI(control=episode, run_dir=fixture_runs / "hello-file", run_episode=episode.play)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

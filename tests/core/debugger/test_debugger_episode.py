@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -166,6 +167,54 @@ def test_answer_with_a_tool_call_runs_that_tool(tmp_path, episode_provider):
     assert answered_calls[0]["usage"]["tokens_in"] is None  # the model's tokens only count the model's
     assert result.model_calls_answered == 1 and result.human_intervened
     assert _interventions(run_dir) == ["break", "answer"]
+    assert result.cleanup_confirmed is True
+
+
+def test_edit_replaces_the_models_reply_before_opencode_sees_it(tmp_path, episode_provider):
+    """``edit`` forwards the held call; the model's reply is held; the person's edit (a different
+    command) is what OpenCode runs. The call is marked edited, with the model's own reply kept."""
+    command = "echo EDITED-REPLY > edited.txt"
+
+    def acts(run_dir: Path) -> list[CtlReply]:
+        replies = [request(run_dir, CtlRequest(command="edit"))]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status = request(run_dir, CtlRequest(command="status"))
+            held = status.status.held if status.status else None
+            if held is not None and held.stage == "reply":
+                replies.append(status)
+                break
+            time.sleep(0.1)
+        edited = HandAnswer(
+            text="Writing a marker instead.",
+            tool_calls=[HandToolCall(name="bash", arguments={"command": command, "description": "marker"})],
+        )
+        replies.append(request(run_dir, CtlRequest(command="edit", answer=edited)))
+        return replies
+
+    _, result, replies = _run(tmp_path, episode_provider, breaks=["call:2"], when=_is_break, acts=acts)
+    forwarded, reply_held, edited = replies
+    assert forwarded.ok and edited.ok, (forwarded.message, edited.message)
+    assert reply_held.status is not None and reply_held.status.held is not None
+    model_reply = reply_held.status.held.reply
+    assert model_reply is not None and model_reply.tool_calls  # the scripted model's own tool call
+    assert model_reply.tool_calls[0].arguments.get("command") != command
+    run_dir = Path(result.run_dir)
+    events = list(RunDirReader(run_dir).events())
+    ran = [e for e in events if isinstance(e, ToolCall) and e.status == "completed"]
+    assert any(e.tool == "bash" and e.input.get("command") == command for e in ran)
+    assert not any(
+        e.tool == "bash" and e.input.get("command") == model_reply.tool_calls[0].arguments.get("command")
+        for e in ran[:1]
+    )
+    edited_calls = [c for c in _requests(run_dir) if c.get("edited_by")]
+    assert [c["call_id"] for c in edited_calls] == [reply_held.status.held.call_id]
+    assert edited_calls[0]["edited_by"] == "ctl" and not edited_calls[0].get("answered_by")
+    assert command in edited_calls[0]["response_body"]
+    assert model_reply.tool_calls[0].name in json.dumps(edited_calls[0]["model_response_body"])
+    assert result.model_calls_edited == 1 and result.model_calls_answered == 0
+    assert result.human_intervened and result.failure_kind == "human_intervened"
+    assert _interventions(run_dir) == ["break", "edit", "reply", "edited"]
     assert result.cleanup_confirmed is True
 
 

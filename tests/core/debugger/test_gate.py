@@ -200,3 +200,101 @@ async def test_a_client_that_hangs_up_while_held_has_its_retry_held(tmp_path):
             assert debugger.held is not None and "retried" in debugger.held.reason
             assert debugger.continue_("test").ok
             assert (await retry).status_code == 200
+
+
+async def test_edit_forwards_the_call_and_holds_the_models_reply(tmp_path):
+    """``edit`` sends the held call to the model; its reply is held until a person replaces it (or lets
+    it go as it came). The edited call is marked, with the model's own reply and its tokens kept."""
+    events: list[Event] = []
+    debugger = Debugger(["call:1"], emit=events.append, on_intervened=lambda _: None, phase=lambda: "agent")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    async with (
+        ScriptedModel(TRAJECTORY, placeholders={"workdir": "/app"}) as model,
+        ControlSocket(run_dir, debugger),
+        ModelProxy(model.url, record_dir=run_dir, gate=debugger) as proxy,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30) as client,
+    ):
+
+        def ctl_says(**kw):
+            return asyncio.to_thread(request, run_dir, CtlRequest(**kw))
+
+        first = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+        await _until(lambda: debugger.held is not None)
+        early = await ctl_says(command="edit", answer=HandAnswer(text="too soon"))
+        assert not early.ok and "has no reply yet" in early.message
+        assert (await ctl_says(command="edit")).ok
+        await _until(lambda: debugger.held is not None and debugger.held.stage == "reply")
+        status = await ctl_says(command="status")
+        assert status.status and status.status.held and status.status.held.stage == "reply"
+        model_reply = status.status.held.reply
+        assert model_reply is not None and [c.name for c in model_reply.tool_calls] == ["bash"]
+        assert "HELD reply of call 1" in status.message
+        assert not first.done()  # OpenCode has seen nothing yet
+        again = await ctl_says(command="edit")
+        assert not again.ok and "give the edited reply" in again.message
+        bad = await ctl_says(command="edit", answer=HandAnswer(tool_calls=[HandToolCall(name="rm")]))
+        assert not bad.ok and "edit refused" in bad.message and "offered: bash" in bad.message
+        edited = HandAnswer(text="edited by hand")
+        assert (await ctl_says(command="edit", answer=edited)).ok
+        resp = await first
+        reply = assemble_response(resp.text)
+        assert resp.status_code == 200 and reply.text == "edited by hand" and not reply.tool_calls
+
+        assert (await ctl_says(command="pause")).ok  # the next reply goes through unedited on continue
+        second = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+        await _until(lambda: debugger.held is not None)
+        assert (await ctl_says(command="edit")).ok
+        await _until(lambda: debugger.held is not None and debugger.held.stage == "reply")
+        assert (await ctl_says(command="continue")).ok
+        unedited = await second
+        assert unedited.status_code == 200 and "edited by hand" not in unedited.text
+        assert assemble_response(unedited.text).tool_calls  # the model's reply, as it came
+
+    records = [json.loads(x) for x in (run_dir / "model_calls.jsonl").read_text().splitlines()]
+    assert [r.get("edited_by") for r in records] == ["ctl", None]
+    first_rec = records[0]
+    assert "edited by hand" in first_rec["response_body"]
+    assert "bash" in first_rec["model_response_body"]  # the model's own reply is kept
+    assert first_rec["usage"]["tokens_in"] is not None  # the model did spend these tokens
+    assert records[1]["model_response_body"] is None
+    assert [e.what for e in events if isinstance(e, Intervention)] == [
+        "break",
+        "edit",
+        "reply",
+        "edited",
+        "pause",
+        "break",
+        "edit",
+        "reply",
+        "continue",
+    ]
+
+
+async def test_edit_a_json_reply(tmp_path):
+    """A call that is not streamed: the held reply is a JSON completion; the edit is one too."""
+    debugger = Debugger(["call:1"], emit=lambda _: None, on_intervened=lambda _: None, phase=lambda: "agent")
+    body = {**AGENT_BODY, "stream": False}
+    body.pop("stream_options")
+    async with (
+        ScriptedModel(TRAJECTORY, placeholders={"workdir": "/app"}) as model,
+        ModelProxy(model.url, record_dir=tmp_path, gate=debugger) as proxy,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30) as client,
+    ):
+        first = asyncio.ensure_future(client.post("/chat/completions", json=body))
+        await _until(lambda: debugger.held is not None)
+        assert debugger.edit(None, "test").ok
+        await _until(lambda: debugger.held is not None and debugger.held.stage == "reply")
+        assert debugger.held is not None and debugger.held.reply is not None
+        assert debugger.held.reply.tool_calls[0].name == "bash"
+        edited = HandAnswer(tool_calls=[HandToolCall(name="bash", arguments={"command": "echo edited"})])
+        assert debugger.edit(edited, "test").ok
+        resp = await first
+        data = resp.json()
+        assert resp.status_code == 200 and data["object"] == "chat.completion"
+        call = data["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert json.loads(call["arguments"]) == {"command": "echo edited"}
+        assert (await client.post("/chat/completions", json=body)).json()["choices"]  # no hold: as is
+    [rec, plain] = [json.loads(x) for x in (tmp_path / "model_calls.jsonl").read_text().splitlines()]
+    assert rec["edited_by"] == "test" and rec["model_response_body"]["object"] == "chat.completion"
+    assert plain.get("edited_by") is None
