@@ -100,7 +100,7 @@ def call_html(n: int, c: CallDetail, r: RunReport) -> str:
         response = (
             response_html(resp, limit) if resp.understood else pre(fmt.pretty_json(rec.response_body), limit)
         )
-        meta = rec.model_dump(mode="json", exclude={"request_body", "response_body"})
+        meta = rec.model_dump(mode="json", exclude={"request_body", "response_body", "model_response_body"})
         body = (
             details("Request (conversation)", request, open_=True)
             + details("Response (assembled)", response, open_=True)

@@ -69,7 +69,8 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(answer)
 
 
-BODIES = frozenset({"request_body", "response_body"})
+# The bodies have their own tabs; an edited call's own model reply is shown under what OpenCode got.
+BODIES = frozenset({"request_body", "response_body", "model_response_body"})
 
 
 def _body(record: ModelCallRecord | None, which: str) -> str:
@@ -77,7 +78,11 @@ def _body(record: ModelCallRecord | None, which: str) -> str:
     if record is None:
         return NOT_RECORDED
     body = record.request_body if which == "request" else record.response_body
-    return NOT_RECORDED if body is None else fmt.pretty_json(body)
+    text = NOT_RECORDED if body is None else fmt.pretty_json(body)
+    if which == "response" and record.model_response_body is not None:
+        text += "\n\n── the model's own reply (a person edited it; above is what OpenCode got) ──\n"
+        text += fmt.pretty_json(record.model_response_body)
+    return text
 
 
 def _record_meta(record: ModelCallRecord) -> dict[str, Any]:
