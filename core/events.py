@@ -189,6 +189,8 @@ class ToolCall(_Event):
     input: dict[str, Any] = Field(default_factory=dict)
     output: str | None = None
     message_id: str | None = None
+    # bash: the command's exit status as OpenCode reported it (``state.metadata.exit``); None: not known
+    exit_code: int | None = None
 
 
 class Compaction(_Event):

@@ -152,6 +152,8 @@ class _Translator:
         if output is None and status == "error":
             output = state.get("output")
         inp = state.get("input")
+        metadata = v if isinstance(v := state.get("metadata"), dict) else {}
+        exit_code = metadata.get("exit")
         return ToolCall(
             call_id=str(part.get("callID") or part.get("id") or ""),
             tool=str(part.get("tool", "unknown")),
@@ -160,6 +162,7 @@ class _Translator:
             input=inp if isinstance(inp, dict) else {},
             output=str(output)[:TOOL_OUTPUT_CAP] if output is not None else None,
             message_id=part.get("messageID"),
+            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
         )
 
     def render_tool(self, call: ToolCall) -> str:
