@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field

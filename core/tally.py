@@ -30,10 +30,10 @@ from core.events import (
     ToolCall,
     TranscriptStats,
 )
+from core.tokens import TokenTotals, token_totals
 
 # The serve runner's line naming the session it created (core/inside/serve_runner.py): the episode's own.
 ROOT_SESSION_EVENT = "runner.session"
-from core.tokens import TokenTotals, token_totals
 
 
 @dataclass

@@ -54,7 +54,13 @@ class StepScreen(ModalScreen[str | None]):
 
     BINDINGS = [
         Binding("escape,q", "dismiss(None)", "Close", id="step.close"),
-        Binding("m", "open_call", "Model call", tooltip="Open the model call that asked for this step", id="step.call"),
+        Binding(
+            "m",
+            "open_call",
+            "Model call",
+            tooltip="Open the model call that asked for this step",
+            id="step.call",
+        ),
         Binding("y", "copy", "Copy", tooltip="Copy the command and its output", id="step.copy"),
     ]
 
@@ -90,9 +96,7 @@ class StepScreen(ModalScreen[str | None]):
             ("started", fmt.offset(s.started_at, self.start)),
             ("asked for by", asked_by_words(s, self.asked, self.start)),
         ]
-        return Content("\n").join(
-            Content.from_markup("[b]$k[/]$v", k=f"{k:<14}", v=v) for k, v in fields
-        )
+        return Content("\n").join(Content.from_markup("[b]$k[/]$v", k=f"{k:<14}", v=v) for k, v in fields)
 
     def on_mount(self) -> None:
         for area in self.query(TextArea):
