@@ -50,6 +50,21 @@ def typed_lines(cast: Cast) -> list[tuple[float, str]]:
     return out
 
 
+class ShellCastView(TerminalView):
+    """The terminal pane showing a shell's recording (no raw view: a shell has no harness bytes)."""
+
+    def _update_title(self) -> None:
+        super()._update_title()
+        self.border_title = "What the shell showed"
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return (
+            False
+            if action == "toggle_raw" or action == "open_step"
+            else super().check_action(action, parameters)
+        )
+
+
 class ShellReplayScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back", tooltip="Back to the run", id="shell-replay.back"),
@@ -75,7 +90,7 @@ class ShellReplayScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(self._title(), id="shell-replay-title")
         with Horizontal(id="shell-replay-body"):
-            yield TerminalView(id="shell-replay-output")
+            yield ShellCastView(id="shell-replay-output")
             yield Static(id="shell-replay-typed")
         yield Footer()
 
@@ -88,12 +103,12 @@ class ShellReplayScreen(Screen[None]):
         marks = "marks the sample (before verification finished)" if o.marks_sample else "marks nothing"
         took = fmt.duration(self.closed.duration_s) if self.closed else fmt.DASH
         return Content.from_markup(
-            "[b]Shell $n[/] · $cast · opened in $phase · $marks · $user · size $sizes · $took",
+            "[b]Shell $n[/] · $cast · opened in $phase · $marks$user · size $sizes · $took",
             n=str(o.shell),
             cast=o.cast,
             phase=str(o.phase),
             marks=marks,
-            user=o.user or "user unknown",
+            user=f" · as {o.user}" if o.user else "",
             sizes=" → ".join(sizes) or fmt.DASH,
             took=took,
         )
@@ -101,7 +116,6 @@ class ShellReplayScreen(Screen[None]):
     def on_mount(self) -> None:
         term = self.query_one(TerminalView)
         term.view = "cast"
-        term.border_title = "What the shell showed"
         self._timer = self.set_interval(TICK, self._tick, pause=True)
         if self.cast is None:
             term.cast_feed(f"The recording {self.opened.cast} is missing from the run directory.\n")
