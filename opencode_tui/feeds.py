@@ -65,4 +65,6 @@ def run_summary(path: Path, info: RunInfo | None) -> dict[str, Any]:
         "cleanup_confirmed": info.counts.get("cleanup_confirmed"),
         "human_intervened": info.human_intervened,
         "health": info.counts.get("health") or {},  # episode-health warnings by kind
+        "batch_id": info.batch_id,
+        "sandbox_kept": info.sandbox_kept,
     }

@@ -11,7 +11,7 @@ from core.diff import RunDiff, Step
 
 DASH = "–"
 RUNS_HEADER: tuple[str, ...] = ("run", "task", "outcome", "reward", "failure kind", "duration")
-RUNS_HEADER += ("started (UTC)", "cleanup", "human", "provider")
+RUNS_HEADER += ("started (UTC)", "cleanup", "human", "provider", "health", "batch", "kept")
 
 
 def _duration(seconds: float | None) -> str:
@@ -45,7 +45,15 @@ def run_cells(row: dict[str, Any]) -> list[str]:
         _cleanup(row),
         "yes" if row.get("human_intervened") else "",
         row.get("provider") or "",
+        _health(row.get("health")),
+        row.get("batch_id") or "",
+        "kept" if row.get("sandbox_kept") else "",
     ]
+
+
+def _health(health: object) -> str:
+    n = sum(v for v in health.values() if isinstance(v, int)) if isinstance(health, dict) else 0
+    return f"{n} warning{'s' if n != 1 else ''}" if n else ""
 
 
 def table(header: Iterable[str], rows: Iterable[list[str]]) -> list[str]:
