@@ -50,25 +50,25 @@ class Column:
 # Cells in this order (tests read them by position). The run column (0) takes what the others leave,
 # between RUN_MIN and RUN_MAX. Below the full widths' total the narrow widths are used (the cells say the
 # same in fewer characters: ``✓`` for a confirmed cleanup, the start without the year and the seconds),
-# and below those, the batch, the provider, the duration, human (the outcome says it) and cleanup are
-# dropped in turn, so the list fits down to 80 columns and never scrolls sideways there. The start and
+# and below those, the batch, the provider, the duration and human (the outcome says it) are dropped in
+# turn, so the list fits down to 80 columns and never scrolls sideways there. The start and
 # the reward are never dropped: without them two attempts of a task look the same.
 COLUMNS: tuple[Column, ...] = (
     Column("run", 0, "run", 0),
-    Column("task", 14, "task", 11),
+    Column("task", 14, "task", 10),
     Column("outcome", 17, "outcome", 13),
     Column("reward", 6, "rew", 4),
-    Column("failure kind", 20, "failure kind", 12),
+    Column("failure kind", 20, "failure", 10),
     Column("duration", 8, "dur", 6, drop=3),
     Column("started (UTC)", 19, "started", 11),
-    Column("cleanup", 11, "cln", 3, drop=5),
+    Column("cleanup", 11, "cln", 3),
     Column("human", 5, "hum", 3, drop=4),
     Column("provider", 8, "prov", 6, drop=2),
     Column("health", 6, "⚠", 3),  # episode-health warnings (run.json's counts)
     Column("batch", 12, "batch", 6, drop=1),
     Column("kept", 4, "kept", 4),  # the sandbox was kept (attach, sweep)
 )
-RUN_MIN, RUN_MAX = 12, 44
+RUN_MIN, RUN_MAX = 11, 44  # 11: "…4c24da-a1", the end of a run's name (its hash and attempt)
 MARK_WIDTH = 2  # the mark and a space before the cells
 
 
