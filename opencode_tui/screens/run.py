@@ -448,19 +448,14 @@ class RunScreen(Screen[None]):
 
     # -- a step in full (Enter on a tool call: the terminal pane, the replay's timeline) ------------
 
-    def shown_events(self) -> list[Event]:
-        """The key events up to the timeline's cursor (live: all of them)."""
-        pos = self.total if self.cursor is None else self.cursor + 1
-        return [e for i, e in zip(self.key_idx, self.key_evs, strict=True) if i < pos]
-
     def open_step(self, call_id: str) -> None:
-        """The tool call ``call_id`` in full, as of the cursor (``m`` there opens its model call)."""
+        """The tool call ``call_id`` in full: as it ended, wherever the timeline's cursor is (live: as far
+        as it got); ``m`` there opens its model call."""
         step = next(
-            (s for s in episode_steps(self.shown_events()) if s.kind == "tool_call" and s.call_id == call_id),
-            None,
+            (s for s in episode_steps(self.key_evs) if s.kind == "tool_call" and s.call_id == call_id), None
         )
         if step is None:
-            self.notify(f"Tool call {call_id} is not in the run up to here.", severity="warning", timeout=4)
+            self.notify(f"Tool call {call_id} is not among this run's events.", severity="warning", timeout=4)
             return
         asked = next((c for c in self.state.model_calls if c.call_id == step.asked_by), None)
         self.app.push_screen(StepScreen(step, asked, self.state.start_time), self.open_call_id)

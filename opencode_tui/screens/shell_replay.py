@@ -72,8 +72,17 @@ class ShellReplayScreen(Screen[None]):
             "p", "play", "Play/pause", tooltip="Play/pause the shell from where it is", id="shell-replay.play"
         ),
         Binding("f", "fast", "Fast", tooltip=f"1{fmt.TIMES} / fast playback", id="shell-replay.fast"),
-        Binding("home", "restart", "Start", show=False, id="shell-replay.start"),
-        Binding("end", "to_end", "End", tooltip="Show the whole session", id="shell-replay.end"),
+        # before the pane's own home/end (scrolling): here they move the playback
+        Binding("home", "restart", "Start", show=False, priority=True, id="shell-replay.start"),
+        Binding(
+            "end",
+            "to_end",
+            "End",
+            show=False,
+            tooltip="Show the whole session",
+            priority=True,
+            id="shell-replay.end",
+        ),
     ]
 
     def __init__(self, opened: ShellOpened, cast: Cast | None, closed: ShellClosed | None = None) -> None:
