@@ -138,7 +138,10 @@ def episode_steps(events: Iterable[Event]) -> list[Step]:
                         "status": ev.status,
                         "args": ev.input or prior.args,
                         "title": ev.title or prior.title,
-                        "duration_s": (ev.ts - prior.started_at).total_seconds(),
+                        # OpenCode's own measure when it gave one, else between the events
+                        "duration_s": ev.duration_s
+                        if ev.duration_s is not None
+                        else (ev.ts - prior.started_at).total_seconds(),
                         "output": ev.output if ev.output is not None else prior.output,
                         "exit_code": ev.exit_code if ev.exit_code is not None else prior.exit_code,
                     }

@@ -1,4 +1,4 @@
-"""A bash call's exit status, as OpenCode reports it (``state.metadata.exit``), is on its ToolCall event:
+"""A bash call's exit status, as OpenCode reports it (``state.metadata.exit``), and its duration by OpenCode's clock are on its ToolCall event:
 the step view and the diff show it. A tool without one (write, task) or a status of another type: None."""
 
 from __future__ import annotations
@@ -33,3 +33,11 @@ def test_no_exit_status_is_not_zero():
     [write] = _calls(_tool("write", "completed", {"filepath": "/app/x"}))
     [odd] = _calls(_tool("bash", "completed", {"exit": True}))
     assert write.exit_code is None and odd.exit_code is None
+
+
+def test_a_tools_duration_is_opencodes_own_measure():
+    timed = _tool("bash", "completed", {"exit": 0})
+    timed["properties"]["part"]["state"]["time"] = {"start": 1_795_958_862_329, "end": 1_795_958_862_661}
+    [done] = _calls(timed)
+    [untimed] = _calls(_tool("bash", "completed", {"exit": 0}))
+    assert done.duration_s == 0.332 and untimed.duration_s is None
