@@ -156,7 +156,9 @@ class _Translator:
         exit_code = metadata.get("exit")
         times = v if isinstance(v := state.get("time"), dict) else {}
         start, end = times.get("start"), times.get("end")
-        timed = all(isinstance(t, int | float) and not isinstance(t, bool) for t in (start, end))
+        took: float | None = None
+        if isinstance(start, int | float) and isinstance(end, int | float) and not isinstance(start, bool):
+            took = max(end - start, 0) / 1000  # OpenCode's times are in ms
         return ToolCall(
             call_id=str(part.get("callID") or part.get("id") or ""),
             tool=str(part.get("tool", "unknown")),
@@ -166,7 +168,7 @@ class _Translator:
             output=str(output)[:TOOL_OUTPUT_CAP] if output is not None else None,
             message_id=part.get("messageID"),
             exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
-            duration_s=max(end - start, 0) / 1000 if timed else None,  # OpenCode's times are in ms
+            duration_s=took,
         )
 
     def render_tool(self, call: ToolCall) -> str:
