@@ -319,3 +319,31 @@ async def test_runs_browser_health_batch_kept_and_diff_with_the_previous_attempt
         assert any(d.key == "sandbox.keep_sandbox" for d in app.screen.diff.drift)
         await pilot.press("escape")
         assert app.screen is screen
+
+
+async def test_a_missing_shell_recording_is_said(tmp_path, replay_loaded, wait):
+    """The events name shells/shell-1.cast but the file is gone (a copied run directory): the shell view
+    says so instead of playing nothing."""
+    run = tmp_path / "human-shell"
+    shutil.copytree(HUMAN_SHELL, run)
+    shutil.rmtree(run / "shells")
+    app = OpenCodeTUI(run_dir=run)
+    async with app.run_test(size=SIZE) as pilot:
+        await _replay(pilot, replay_loaded)
+        await pilot.press("S")
+        await wait(pilot, lambda: isinstance(app.screen, ShellReplayScreen), what="the shell")
+        text = app.screen.query_one("#shell-replay-output").visible_text()
+        assert "shells/shell-1.cast is missing" in text
+        await pilot.press("p")  # nothing to play: no error
+        assert not app.screen.playing
+
+
+async def test_enter_on_an_event_that_opens_nothing_says_what_does(replay_loaded):
+    app = OpenCodeTUI(run_dir=HUMAN_SHELL)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _replay(pilot, replay_loaded)
+        screen.query_one(Timeline).focus()
+        await pilot.press("home", "enter")  # the first event: the episode's start
+        await pilot.pause()
+        assert app.screen is screen
+        assert any("Enter opens a tool call" in n.message for n in app._notifications)
