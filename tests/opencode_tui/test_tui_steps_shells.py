@@ -347,3 +347,23 @@ async def test_enter_on_an_event_that_opens_nothing_says_what_does(replay_loaded
         await pilot.pause()
         assert app.screen is screen
         assert any("Enter opens a tool call" in n.message for n in app._notifications)
+
+
+def test_plain_runs_table_has_health_batch_and_kept(attempts):
+    r = subprocess.run(
+        [sys.executable, "-m", "opencode_tui.cli", "runs", "--runs-dir", str(attempts)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    assert header.split()[-3:] == ["health", "batch", "kept"]
+    for p in attempts.iterdir():
+        info = RunDirReader(p).info()
+        [row] = [line for line in rows if line.startswith(info.run_id)]
+        health = sum((info.counts.get("health") or {}).values())
+        assert (f"{health} warning" in row) == bool(health)
+        assert (info.batch_id or "") in row
+        assert row.endswith("kept") == info.sandbox_kept
