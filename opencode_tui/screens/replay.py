@@ -298,7 +298,7 @@ class ReplayRunScreen(RunScreen):
     @on(Timeline.Open)
     def on_timeline_open(self, message: Timeline.Open) -> None:
         """Enter on the timeline: a tool call's step, a model call, a shell's recording."""
-        ev = self.index.event_at(message.index)
+        ev = self.index.event_at(self.total - 1 if self.cursor is None else self.cursor)
         if isinstance(ev, ToolCall):
             self.open_step(ev.call_id)
         elif isinstance(ev, ModelCall):

@@ -80,11 +80,9 @@ class Timeline(Widget, can_focus=True):
             return isinstance(message, Timeline.Seek)
 
     class Open(Message):
-        """Enter: open what the event at ``index`` names (the screen decides what that is)."""
-
-        def __init__(self, index: int) -> None:
-            self.index = index
-            super().__init__()
+        """Enter: open what the event at the cursor names (the screen decides what that is). It carries
+        no index: the screen reads its cursor when the message arrives, after the seeks sent before it
+        (keys typed ahead would otherwise open the event the cursor was leaving)."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -155,7 +153,7 @@ class Timeline(Widget, can_focus=True):
 
     def action_open(self) -> None:
         if self.total:
-            self.post_message(self.Open(self.position))
+            self.post_message(self.Open())
 
     def action_seek_start(self) -> None:
         self.post_message(self.Seek(0))
