@@ -47,7 +47,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from core import __version__
 from core.calls.records import ModelCallRecord, TokenUsage
 from core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
-from core.events import Event, FailureRecorded, FailureRecovered, Intervention, ShellOpened, decode, encode
+from core.events import (
+    Event,
+    FailureRecorded,
+    FailureRecovered,
+    Intervention,
+    OpenCodeEvent,
+    ShellOpened,
+    decode,
+    encode,
+)
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
@@ -403,6 +412,22 @@ class RunDirReader:
                 if strict:
                     raise
 
+    def opencode_events(self, event_type: str) -> list[OpenCodeEvent]:
+        """OpenCode's raw events of one ``event_type`` (e.g. the serve runner's ``runner.session``),
+        without decoding the others: a reader that skips OpenCode's events still gets these few."""
+        marker = b'"event_type":"%s"' % event_type.encode()
+        out: list[OpenCodeEvent] = []
+        for _, line in _lines(self.events_path):
+            if marker not in line:
+                continue
+            try:
+                ev = decode(line)
+            except ValueError:
+                continue
+            if isinstance(ev, OpenCodeEvent) and ev.event_type == event_type:
+                out.append(ev)
+        return out
+
     def event_records(self, types: Collection[str]) -> list[dict[str, Any]]:
         """The events of ``types`` as plain data, in order, without reading the others: a long run has
         100k events and a handful of failures, so their lines are found in the file's bytes and only
@@ -473,6 +498,10 @@ class RunDirReader:
         return sorted((self.path / RunFiles.SHELLS_DIR).glob("shell-*.cast"))
 
     # -- model calls -----------------------------------------------------------------------------
+
+    def shell_cast(self, opened: ShellOpened) -> Cast | None:
+        """The recording of a person's shell (``shells/shell-N.cast``), None when it is missing."""
+        return read_cast(self.path / opened.cast)
 
     def model_calls(self) -> Iterator[ModelCallRecord]:
         """``model_calls.jsonl``: one record per call, in completion order (records that do not parse,
@@ -643,10 +672,24 @@ class LoadStats:
 
 @dataclass
 class Cast:
-    """An asciinema v2 recording: header and output frames ``(seconds, text)`` (input frames dropped)."""
+    """An asciinema v2 recording: header and output frames ``(seconds, text)``; what was typed
+    (``inputs``, a shell's) and the terminal's size changes (``resizes``, ``(seconds, cols, rows)``)."""
 
     header: dict[str, Any]
     frames: list[tuple[float, str]]
+    inputs: list[tuple[float, str]] = field(default_factory=list)
+    resizes: list[tuple[float, int, int]] = field(default_factory=list)
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """The terminal's size at the start (the header's width and height)."""
+        w, h = self.header.get("width"), self.header.get("height")
+        return (w, h) if isinstance(w, int) and isinstance(h, int) else None
+
+    @property
+    def end(self) -> float:
+        """The time of the recording's last frame of any kind (a shell may end on what was typed)."""
+        return max([self.duration, *(t for t, _ in self.inputs), *(t for t, _, _ in self.resizes)])
 
     @property
     def duration(self) -> float:
@@ -676,6 +719,8 @@ def read_cast(path: Path) -> Cast | None:
         return None
     header: dict[str, Any] = {}
     frames: list[tuple[float, str]] = []
+    inputs: list[tuple[float, str]] = []
+    resizes: list[tuple[float, int, int]] = []
     with path.open(encoding="utf-8", errors="replace") as f:
         first = f.readline()
         try:
@@ -688,9 +733,17 @@ def read_cast(path: Path) -> Cast | None:
                 t, kind, text = json.loads(line)
             except (ValueError, TypeError):
                 continue  # a torn last line of a live recording
-            if kind == "o" and isinstance(text, str):
+            if not isinstance(text, str):
+                continue
+            if kind == "o":
                 frames.append((float(t), text))
-    return Cast(header, frames)
+            elif kind == "i":
+                inputs.append((float(t), text))
+            elif kind == "r":
+                cols, _, rows = text.partition("x")
+                if cols.isdigit() and rows.isdigit():
+                    resizes.append((float(t), int(cols), int(rows)))
+    return Cast(header, frames, inputs, resizes)
 
 
 # ---- which directories are runs ------------------------------------------------------------------

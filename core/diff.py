@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +33,7 @@ from core.events import (
     OutcomeDecided,
     ToolCall,
 )
-from core.tally import Tally
+from core.tally import ROOT_SESSION_EVENT, Tally
 
 # What the agent was given, as recorded in the run directory: compared when both runs have the file.
 TASK_FILES = (RunFiles.TASK_YAML, RunFiles.PROMPT, RunFiles.INSTRUCTIONS)
@@ -57,6 +58,11 @@ class Step(_Model):
     tokens_in: int | None = None
     tokens_out: int | None = None
     duration_s: float | None = None
+    output: str | None = None  # a tool call's output as last reported (OpenCode's, capped by the engine)
+    exit_code: int | None = None  # a bash call's exit status (None: not reported)
+    asked_by: str | None = None  # a tool call's model call (its call id): the answer that asked for it
+    session_id: str | None = None  # a model call's OpenCode session
+    subagent: bool = False  # a model call made in a subagent's session, not the episode's own
 
     @property
     def key(self) -> str:
@@ -68,7 +74,8 @@ class Step(_Model):
     def label(self) -> str:
         if self.kind == "model_call":
             tokens = "" if self.tokens_in is None else f" {self.tokens_in}→{self.tokens_out}"
-            return f"model {self.name} [{self.status}]{tokens}"
+            who = " (subagent)" if self.subagent else ""
+            return f"model {self.name}{who} [{self.status}]{tokens}"
         return f"{self.name} {short_args(self.args)}"
 
 
@@ -84,10 +91,13 @@ def short_args(args: dict[str, Any], width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def episode_steps(events: list[Event]) -> list[Step]:
-    """Model calls (not title calls) and tool calls in the order they began."""
+def episode_steps(events: Iterable[Event]) -> list[Step]:
+    """Model calls (not title calls) and tool calls in the order they began; each tool call names the
+    model call that asked for it (``asked_by``) and each model call says whether a subagent made it."""
     steps: dict[str, Step] = {}
+    tally = Tally()  # for the episode's own session (``Tally.subagent_call``)
     for ev in events:
+        tally.count(ev)
         if isinstance(ev, ModelCall):
             if ev.kind == "title":
                 continue
@@ -103,6 +113,7 @@ def episode_steps(events: list[Event]) -> list[Step]:
                 tokens_out=ev.tokens_out,
                 duration_s=ev.latency_s,
                 message_id=ev.message_id,
+                session_id=ev.session_id,
             )
         elif isinstance(ev, ToolCall):
             key = "t:" + ev.call_id
@@ -118,6 +129,8 @@ def episode_steps(events: list[Event]) -> list[Step]:
                     args=ev.input,
                     title=ev.title,
                     message_id=ev.message_id,
+                    output=ev.output,
+                    exit_code=ev.exit_code,
                 )
             else:
                 steps[key] = prior.model_copy(
@@ -125,12 +138,25 @@ def episode_steps(events: list[Event]) -> list[Step]:
                         "status": ev.status,
                         "args": ev.input or prior.args,
                         "title": ev.title or prior.title,
-                        "duration_s": (ev.ts - prior.started_at).total_seconds(),
+                        # OpenCode's own measure when it gave one, else between the events
+                        "duration_s": ev.duration_s
+                        if ev.duration_s is not None
+                        else (ev.ts - prior.started_at).total_seconds(),
+                        "output": ev.output if ev.output is not None else prior.output,
+                        "exit_code": ev.exit_code if ev.exit_code is not None else prior.exit_code,
                     }
                 )
+    for key, step in steps.items():
+        if step.kind == "model_call" and step.session_id is not None:
+            steps[key] = step.model_copy(update={"subagent": tally.subagent_session(step.session_id)})
     calls = sorted((s for s in steps.values() if s.kind == "model_call"), key=lambda s: (s.started_at, s.seq))
     by_message: dict[str, datetime] = {c.message_id: c.started_at for c in calls if c.message_id}
-    tools = [s for s in steps.values() if s.kind == "tool_call"]
+    asker: dict[str, str] = {c.message_id: c.call_id for c in calls if c.message_id}
+    tools = [
+        s.model_copy(update={"asked_by": asker.get(s.message_id or "")})
+        for s in steps.values()
+        if s.kind == "tool_call"
+    ]
     # A tool call sorts right after its model call (rank 1 within the same instant), in stream order.
     keyed = [((c.started_at, 0, c.seq), c) for c in calls]
     keyed += [
@@ -308,7 +334,11 @@ class _Run:
         for e in self.events:
             if isinstance(e, HealthWarning):
                 self.health[e.kind.value] = self.health.get(e.kind.value, 0) + 1
-        self.steps = episode_steps(self.events)
+        # the episode's own session (its model calls vs. a subagent's): one line among OpenCode's events
+        sessions = self.reader.opencode_events(ROOT_SESSION_EVENT)[:1]
+        for e in sessions:
+            self.tally.count(e)
+        self.steps = episode_steps([*sessions, *self.events])
 
     @property
     def run_id(self) -> str:

@@ -190,6 +190,11 @@ class ToolCall(_Event):
     input: dict[str, Any] = Field(default_factory=dict)
     output: str | None = None
     message_id: str | None = None
+    # bash: the command's exit status as OpenCode reported it (``state.metadata.exit``); None: not known
+    exit_code: int | None = None
+    # how long the tool ran, by OpenCode's own clock (``state.time``, once it ended): the events reach
+    # the engine later than the tool starts and ends, so their times would not say
+    duration_s: float | None = None
 
 
 class Compaction(_Event):

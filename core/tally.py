@@ -9,6 +9,10 @@ stats panel, live and in replay) and read back (``opencode-tui diff``). They can
   a late, lower one).
 - Model calls: one per call id (a later record of the same call replaces it); their tokens are
   ``core.tokens.token_totals`` (unknown is None, never 0). Agent tokens: the transcript's.
+- A subagent's model calls: the episode's own session is the one the serve runner created (its
+  ``runner.session`` line); a call that names another session (OpenCode's ``x-opencode-session`` header,
+  recorded as the call's ``session_id``) was made by a subagent (the ``task`` tool's child session).
+  Either fact missing (an older record, a call without the header): not marked.
 """
 
 from __future__ import annotations
@@ -16,8 +20,20 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from core.events import Compaction, Event, ModelCall, SandboxFault, SandboxReady, ToolCall, TranscriptStats
+from core.events import (
+    Compaction,
+    Event,
+    ModelCall,
+    OpenCodeEvent,
+    SandboxFault,
+    SandboxReady,
+    ToolCall,
+    TranscriptStats,
+)
 from core.tokens import TokenTotals, token_totals
+
+# The serve runner's line naming the session it created (core/inside/serve_runner.py): the episode's own.
+ROOT_SESSION_EVENT = "runner.session"
 
 
 @dataclass
@@ -32,10 +48,16 @@ class Tally:
     last_command: str | None = None  # the agent's last bash command (for the record)
     unenforced_limits: list[str] = field(default_factory=list)  # from SandboxReady
     faults: list[SandboxFault] = field(default_factory=list)  # kernel kills, a full disk, seen live
+    root_session: str | None = None  # the episode's own OpenCode session (ROOT_SESSION_EVENT)
     _call_rows: dict[str, int] = field(default_factory=dict, repr=False)
 
     def count(self, event: Event) -> None:
-        if isinstance(event, SandboxFault):
+        if isinstance(event, OpenCodeEvent):
+            if event.event_type == ROOT_SESSION_EVENT and self.root_session is None:
+                props = event.payload.get("properties")
+                sid = props.get("sessionID") if isinstance(props, dict) else None
+                self.root_session = sid if isinstance(sid, str) and sid else None
+        elif isinstance(event, SandboxFault):
             self.faults.append(event)
         elif isinstance(event, SandboxReady):
             self.unenforced_limits = event.unenforced_limits
@@ -58,6 +80,17 @@ class Tally:
             self.compaction_events.append(event)
         elif isinstance(event, TranscriptStats):
             self.transcript = event
+
+    def subagent_session(self, session_id: str | None) -> bool:
+        """Is ``session_id`` a subagent's (known, and not the episode's own session)?"""
+        return session_id is not None and self.root_session is not None and session_id != self.root_session
+
+    def subagent_call(self, call: ModelCall) -> bool:
+        return self.subagent_session(call.session_id)
+
+    @property
+    def subagent_calls(self) -> int:
+        return sum(1 for c in self.model_calls if self.subagent_call(c))
 
     @property
     def tool_calls(self) -> dict[str, int]:

@@ -66,4 +66,6 @@ def run_summary(path: Path, info: RunInfo | None) -> dict[str, Any]:
         "human_intervened": info.human_intervened,
         "interventions": len(info.interventions),  # the debugger's (issue 27)
         "health": info.counts.get("health") or {},  # episode-health warnings by kind
+        "batch_id": info.batch_id,
+        "sandbox_kept": info.sandbox_kept,
     }

@@ -11,7 +11,7 @@ from core.diff import RunDiff, Step
 
 DASH = "–"
 RUNS_HEADER: tuple[str, ...] = ("run", "task", "outcome", "reward", "failure kind", "duration")
-RUNS_HEADER += ("started (UTC)", "cleanup", "human", "provider")
+RUNS_HEADER += ("started (UTC)", "cleanup", "human", "provider", "health", "batch", "kept")
 
 
 def _duration(seconds: float | None) -> str:
@@ -53,7 +53,15 @@ def run_cells(row: dict[str, Any]) -> list[str]:
         _cleanup(row),
         _human(row),
         row.get("provider") or "",
+        _health(row.get("health")),
+        row.get("batch_id") or "",
+        "kept" if row.get("sandbox_kept") else "",
     ]
+
+
+def _health(health: object) -> str:
+    n = sum(v for v in health.values() if isinstance(v, int)) if isinstance(health, dict) else 0
+    return f"{n} warning{'s' if n != 1 else ''}" if n else ""
 
 
 def table(header: Iterable[str], rows: Iterable[list[str]]) -> list[str]:
@@ -82,9 +90,59 @@ def _step(step: Step | None) -> str:
     return step.label() + took
 
 
+OUTPUT_WIDTH = 60  # each side of the tool outputs
+OUTPUT_LINES = 40  # of each side's output, at most (the rest is counted)
+
+
+def output_cells(step: Step | None, width: int, limit: int) -> list[str]:
+    """A step's side of the outputs: what the tool printed, folded to ``width``, at most ``limit`` lines."""
+    if step is None:
+        return ["(no step here)"]
+    if step.kind != "tool_call":
+        return [f"(model call {step.call_id})"]
+    head = [f"exit {step.exit_code}" if step.exit_code is not None else f"({step.status})"]
+    text = (step.output or "").expandtabs(4)
+    lines = [
+        line[i : i + width] or "" for line in text.splitlines() for i in range(0, max(len(line), 1), width)
+    ]
+    if not text:
+        lines = ["(no output recorded)"]
+    if len(lines) > limit:
+        lines = [*lines[:limit], f"… {len(lines) - limit} more lines"]
+    return head + lines
+
+
+def side_by_side(a: list[str], b: list[str], width: int = OUTPUT_WIDTH) -> list[str]:
+    """Two columns of lines, ``│`` between them."""
+    n = max(len(a), len(b))
+    return [
+        f"{(a[i] if i < len(a) else '').ljust(width)} │ {b[i] if i < len(b) else ''}".rstrip()
+        for i in range(n)
+    ]
+
+
+def output_lines(diff: RunDiff, width: int = OUTPUT_WIDTH, limit: int = OUTPUT_LINES) -> list[str]:
+    """Each aligned step with a tool call on either side: both runs' tool outputs side by side."""
+    out: list[str] = []
+    for i, s in enumerate(diff.steps):
+        if not any(x is not None and x.kind == "tool_call" for x in (s.a, s.b)):
+            continue
+        mark = ">" if i == diff.first_divergence else (" " if s.same else "!")
+        same = "same step" if s.same else "differs"
+        out.append(f"{mark}{i + 1} ({same})")
+        out += side_by_side(
+            [f"A: {_step(s.a)}"[:width], *output_cells(s.a, width, limit)],
+            [f"B: {_step(s.b)}"[:width], *output_cells(s.b, width, limit)],
+            width,
+        )
+        out.append("")
+    return out
+
+
 def diff_lines(diff: RunDiff) -> list[str]:
     """The comparison as the diff screen shows it: drift, then the aligned steps (``!`` marks a step
-    that differs, ``>`` the first divergence), then the deltas."""
+    that differs, ``>`` the first divergence), the tool outputs side by side at each step, then the
+    deltas."""
     out = [f"A: {diff.a.run_dir} ({diff.a.task_id or DASH}, {diff.a.steps} steps)"]
     out.append(f"B: {diff.b.run_dir} ({diff.b.task_id or DASH}, {diff.b.steps} steps)")
     out.append("")
@@ -106,6 +164,10 @@ def diff_lines(diff: RunDiff) -> list[str]:
         rows.append([f"{mark}{i + 1}", _step(s.a), _step(s.b)])
     out += table(("#", "A", "B"), rows)
     out.append("")
+    outputs = output_lines(diff)
+    if outputs:
+        out.append("Tool outputs (A │ B) at each step:")
+        out += outputs
     out.append("Deltas (B - A):")
     changed = [d for d in diff.deltas if d.changed]
     if not changed:

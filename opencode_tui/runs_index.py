@@ -217,6 +217,13 @@ class RunsIndex:
             if progress is not None and n % 500 == 0:
                 progress(n)
 
+    def previous_attempt(self, entry: RunEntry) -> RunEntry | None:
+        """The latest run of the same task that started before ``entry`` (whatever the filter shows):
+        what a re-run or a retry is compared with."""
+        task, stamp = entry.task, entry.sort_stamp
+        earlier = [e for e in self.entries if e is not entry and e.task == task and e.sort_stamp < stamp]
+        return max(earlier, key=lambda e: (e.sort_stamp, e.name), default=None)
+
     def entry(self, row: int) -> RunEntry | None:
         return self.entries[self.view[row]] if 0 <= row < len(self.view) else None
 

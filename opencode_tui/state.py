@@ -2,7 +2,8 @@
 
 Live and replay feed the same :meth:`RunState.apply_batch`. For the replay timeline the state "as of" an
 event is rebuilt by folding only the key events (everything but terminal output and OpenCode's own
-events, which only affect the terminal pane) up to that point, which is cheap.
+events, which only affect the terminal pane, but for the line naming the episode's own session, which
+tells a subagent's model calls apart) up to that point, which is cheap.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from core.events import (
     VerificationFinished,
     Warning_,
 )
-from core.tally import Tally
+from core.tally import ROOT_SESSION_EVENT, Tally
 
 CLEANUP_ORDER = (
     CleanupStep.RECEIPT,
@@ -101,7 +102,7 @@ class RunState:
             kind = type(ev)
             if kind is TerminalOutput:
                 self.terminal_chars += len(cast(TerminalOutput, ev).data)
-            elif kind is not OpenCodeEvent:
+            elif kind is not OpenCodeEvent or cast(OpenCodeEvent, ev).event_type == ROOT_SESSION_EVENT:
                 self._apply_key(ev)
                 keys.append(base + i)
         return keys
@@ -115,13 +116,13 @@ class RunState:
         if isinstance(ev, TerminalOutput):
             self.terminal_chars += len(ev.data)
             return False
-        if isinstance(ev, OpenCodeEvent):
+        if isinstance(ev, OpenCodeEvent) and ev.event_type != ROOT_SESSION_EVENT:
             return False
         self._apply_key(ev)
         return True
 
     def _apply_key(self, ev: Event) -> None:
-        if isinstance(ev, ModelCall | ToolCall | Compaction | TranscriptStats):
+        if isinstance(ev, ModelCall | ToolCall | Compaction | TranscriptStats | OpenCodeEvent):
             self.tally.count(ev)
         elif isinstance(ev, PhaseChanged):
             self.phase = ev

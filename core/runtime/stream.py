@@ -152,6 +152,13 @@ class _Translator:
         if output is None and status == "error":
             output = state.get("output")
         inp = state.get("input")
+        metadata = v if isinstance(v := state.get("metadata"), dict) else {}
+        exit_code = metadata.get("exit")
+        times = v if isinstance(v := state.get("time"), dict) else {}
+        start, end = times.get("start"), times.get("end")
+        took: float | None = None
+        if isinstance(start, int | float) and isinstance(end, int | float) and not isinstance(start, bool):
+            took = max(end - start, 0) / 1000  # OpenCode's times are in ms
         return ToolCall(
             call_id=str(part.get("callID") or part.get("id") or ""),
             tool=str(part.get("tool", "unknown")),
@@ -160,6 +167,8 @@ class _Translator:
             input=inp if isinstance(inp, dict) else {},
             output=str(output)[:TOOL_OUTPUT_CAP] if output is not None else None,
             message_id=part.get("messageID"),
+            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
+            duration_s=took,
         )
 
     def render_tool(self, call: ToolCall) -> str:

@@ -17,13 +17,15 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, Static, TextArea
 
 from core.diff import AlignedStep, Delta, RunDiff, Step, diff_runs
 from opencode_tui import format as fmt
+from opencode_tui.plain_text import output_cells, side_by_side
+from opencode_tui.screens.step import exit_words, step_command
 
 STEP_COLUMNS = ("#", "A", "A time", "B", "B time")
 
@@ -60,7 +62,8 @@ def step_time(step: Step | None) -> Text:
 
 class StepsTable(DataTable):
     BINDINGS = [
-        Binding("f", "first_divergence", "First divergence", tooltip="Move to the first step that differs")
+        Binding("f", "first_divergence", "First divergence", tooltip="Move to the first step that differs"),
+        Binding("enter", "select_cursor", "Outputs", tooltip="Both runs' tool outputs at this step, in full"),
     ]
 
     def action_first_divergence(self) -> None:
@@ -189,9 +192,25 @@ class DiffScreen(Screen[None]):
             return f"{name}: {fmt.short(what, width)}"
 
         verdict = "same" if row.same else "differs"
-        self.query_one("#diff-step", Static).update(
-            Content(f"step {event.cursor_row + 1} ({verdict})\n{side('A', row.a)}\n{side('B', row.b)}")
-        )
+        lines = [f"step {event.cursor_row + 1} ({verdict})", side("A", row.a), side("B", row.b)]
+        box = self.query_one("#diff-step", Static)
+        if any(x is not None and x.kind == "tool_call" for x in (row.a, row.b)):
+            # the two tool outputs side by side (Enter: both in full)
+            half = max((self.app.size.width - 5) // 2, 12)
+            limit = 1 if self.compact else 8
+            a, b = output_cells(row.a, half, limit), output_cells(row.b, half, limit)
+            lines += side_by_side(a, b, half)
+            if not self.compact:  # (the footer says it too)
+                lines.append("Enter: both outputs in full")
+        box.styles.height = len(lines)
+        box.update(Content("\n".join(lines)))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on a step: both sides' tool outputs in full, side by side."""
+        event.stop()
+        if self.diff is None or not 0 <= event.cursor_row < len(self.diff.steps):
+            return
+        self.app.push_screen(OutputsScreen(event.cursor_row, self.diff.steps[event.cursor_row]))
 
     def _row(self, i: int, row: AlignedStep, colors: dict[str, str]) -> list[Text]:
         assert self.diff is not None
@@ -236,3 +255,50 @@ class DiffScreen(Screen[None]):
             self.app.pop_screen()
         else:
             self.app.exit()
+
+
+class OutputsScreen(ModalScreen[None]):
+    """One aligned step of the diff: each run's tool call (command, exit status, whole output) side by side."""
+
+    BINDINGS = [Binding("escape,q", "dismiss(None)", "Close", id="diff-outputs.close")]
+
+    def __init__(self, index: int, row: AlignedStep) -> None:
+        super().__init__(classes="modal")
+        self.index = index
+        self.row = row
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog detail") as dialog:
+            verdict = "the same step" if self.row.same else "differs"
+            dialog.border_title = f"Step {self.index + 1} · {verdict}"
+            dialog.border_subtitle = "tab: the other side · esc close"
+            with Horizontal(id="diff-outputs"):
+                for name, step in (("A", self.row.a), ("B", self.row.b)):
+                    with Vertical(classes="diff-output"):
+                        yield Static(self._head(name, step), classes="diff-output-head")
+                        yield TextArea(
+                            self._body(step), read_only=True, soft_wrap=True, id=f"diff-output-{name.lower()}"
+                        )
+
+    @staticmethod
+    def _head(name: str, step: Step | None) -> Content:
+        if step is None:
+            return Content.from_markup("[b]$n[/] no step here", n=name)
+        if step.kind == "model_call":
+            return Content.from_markup(
+                "[b]$n[/] model call $id ($what)", n=name, id=step.call_id, what=step.label()
+            )
+        took = fmt.seconds(step.duration_s, 2)
+        return Content.from_markup(
+            "[b]$n[/] $tool · exit $exit · $took", n=name, tool=step.name, exit=exit_words(step), took=took
+        )
+
+    @staticmethod
+    def _body(step: Step | None) -> str:
+        if step is None or step.kind != "tool_call":
+            return ""
+        return f"{step_command(step)}\n\n{step.output or '(no output recorded)'}"
+
+    def on_mount(self) -> None:
+        for area in self.query(TextArea):
+            area.cursor_blink = False

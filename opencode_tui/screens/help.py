@@ -23,7 +23,9 @@ PANELS = """\
   `l` follows new output or pauses (scrolling up pauses too); `r` shows the harness's raw stdout/stderr
   byte for byte, escape sequences visible. Select text with the mouse and press `y` to copy it.
   `/` (or `ctrl+f` anywhere) searches the shown view, case-insensitive: every match highlighted, `n` / `N`
-  go to the next / previous one, `escape` clears the search.
+  go to the next / previous one, `escape` clears the search. Enter opens the latest tool call on screen
+  in full (the **step view**: its command or arguments, whole output, exit status, duration, and the
+  model call that asked for it: `m` opens that call).
 - **Stats**: compactions (and what triggered the last one), tool calls by tool, model calls by kind,
   tokens (a dash means *unknown*, never zero). The transcript line appears once cleanup is confirmed:
   its counts come from OpenCode's own database and are the source of truth.
@@ -40,7 +42,9 @@ PANELS = """\
   with its role), the response assembled from the stream (text, reasoning, tool calls with their
   arguments parsed); `r` switches to the raw recorded bodies, `end` / `home` go to the end / start. `/` filters:
   `status:error` (no response or HTTP ≥ 400), `status:ok`, `status:4xx`, `status:429|5xx`, `kind:agent`, `kind:title|compaction`, or words
-  (call id, message id, session id, error text); `escape` in the filter shows all calls again.
+  (call id, message id, session id, error text); `escape` in the filter shows all calls again. A
+  subagent's calls (made in the `task` tool's child session, not the episode's own) are marked `↳`
+  before their kind; the word `subagent` filters them.
 - **Failures**: each failure event with its stage, its class (*model*, *evaluation* or *unknown*) and
   the outcome policy's action. Enter shows the message, the cause chain and the evidence (source, scope,
   when it was observed, what it said); a failure of a model call names it, and Enter there opens it.
@@ -54,19 +58,27 @@ PANELS = """\
   request, `m` say, `a` answer by hand, `e` edit the model's reply, `x` abort the turn; `b` holds the
   next call. The answer/edit box takes plain text or `{"tool": NAME, "arguments": {...}}`; `ctrl+s` sends.
 - **Timeline** (replay): the position in the event stream, with markers: `m` model call, `o` tool call,
-  `$` shell, `C` compaction, `!` health warning, `I` debugger intervention, `✗` failure. With the
-  timeline focused the same letters jump to the next one (shift: the previous; `h` for shells, `w` for
-  health warnings, `i` for interventions, `x` for failures). The panels show the run as it was at that
-  event. `p` plays the terminal recording and then the rest of the run (cleanup, verification, outcome);
+  `a` a subagent's model call, `$` shell, `C` compaction, `!` health warning, `I` debugger intervention, `✗`
+  failure. With the timeline focused the same letters jump to the next one (shift: the previous; `h` for
+  shells, `w` for health warnings, `i` for interventions, `x` for failures); Enter opens the event at the
+  cursor: a tool call's step view, a model call, a shell's recording. The panels show the run as it was at
+  that event. `p` plays the terminal recording and then the rest of the run (cleanup, verification, outcome);
   at the end `p` plays again from the start.
+- **Shells** (replay, `S` or Enter on a `$`): a person's shell in the sandbox played from
+  `shells/shell-N.cast`: what it showed, and beside it every line typed with its time (for a run
+  marked *human intervened* that is the question). `p` plays from where it is, `f` fast, `home` the
+  start, `end` the whole session, `escape` back to the run.
 
 ## Runs browser and diff
 
 `opencode-tui runs`: `s` sorts by date, task, outcome, failure kind, provider (`S` reverses), `/` filters
 (`outcome:X kind:X task:X provider:X date:X`, `date>=X`/`date<X` or words), `space` marks, `d` compares the two marked runs,
-`r` runs the selected run's task again with its recorded configuration. `opencode-tui diff A B`: drift
+`D` compares the selected run with the previous attempt of its task, `r` runs the selected run's task
+again with its recorded configuration. Columns beyond the outcome: health warnings (`⚠N`), the batch id,
+whether the sandbox was kept; at 80 columns the start and the reward stay. `opencode-tui diff A B`: drift
 (version, task, config) first, then both runs' steps side by side (`▶` the first divergence, `≠` other
-differences, `f` jumps back to it), the highlighted step in full, and the deltas.
+differences, `f` jumps back to it), the highlighted step with both tool outputs side by side (Enter:
+both in full), and the deltas.
 
 ## Live and replay
 

@@ -99,6 +99,14 @@ class ReplayRunScreen(RunScreen):
             id="run.play",
         ),
         Binding(
+            "S",
+            "shell_replay",
+            "Shells",
+            show=False,
+            tooltip="Replay: play a person's shell (shells/shell-N.cast), what was typed included",
+            id="run.shell-replay",
+        ),
+        Binding(
             "f",
             "fast",
             "Fast",
@@ -122,6 +130,7 @@ class ReplayRunScreen(RunScreen):
             "tool_call": [],
             "compaction": [],
             "shell": [],
+            "subagent": [],
             "health": [],
             "fault": [],
             "intervention": [],
@@ -163,6 +172,12 @@ class ReplayRunScreen(RunScreen):
         yield SystemCommand(
             "Next failure", "Jump the timeline to the next failure (n)", self.action_next_failure
         )
+        if self.state.shells:
+            yield SystemCommand(
+                "Play a shell",
+                "A person's shell in the sandbox, what was typed included (S)",
+                self.action_shell_replay,
+            )
 
     # -- the source ------------------------------------------------------------------------------
 
@@ -206,6 +221,8 @@ class ReplayRunScreen(RunScreen):
                 if (marker, call_id) not in self._marked_calls:
                     self._marked_calls.add((marker, call_id))
                     markers[marker].append(index)
+                    if kind is ModelCall and self.state.tally.subagent_call(cast("ModelCall", ev)):
+                        markers["subagent"].append(index)
 
     @on(ReplayLoaded)
     def on_replay_loaded(self, message: ReplayLoaded) -> None:
@@ -281,6 +298,45 @@ class ReplayRunScreen(RunScreen):
     def on_timeline_seek(self, message: Timeline.Seek) -> None:
         self._stop_playback()
         self.seek(message.index)
+
+    @on(Timeline.Open)
+    def on_timeline_open(self, message: Timeline.Open) -> None:
+        """Enter on the timeline: a tool call's step, a model call, a shell's recording."""
+        ev = self.index.event_at(self.total - 1 if self.cursor is None else self.cursor)
+        if isinstance(ev, ToolCall):
+            self.open_step(ev.call_id)
+        elif isinstance(ev, ModelCall):
+            self.open_call_id(ev.call_id)
+        elif isinstance(ev, ShellOpened | ShellClosed):
+            self.open_shell_replay(ev.shell)
+        else:
+            what = fmt.summarize(ev) if ev is not None else "nothing"
+            self.notify(
+                f"Enter opens a tool call, a model call or a shell (o, m, h jump to one); here: {what}",
+                timeout=4,
+            )
+
+    def action_shell_replay(self) -> None:
+        """The shell at or before the cursor (else the first): its recording played."""
+        shells = self.state.shells
+        if not shells:
+            self.notify("No shell was opened in this run.", timeout=3)
+            return
+        pos = self.total - 1 if self.cursor is None else self.cursor
+        before = [i for i in self.markers["shell"] if i <= pos]
+        ev = self.index.event_at(before[-1]) if before else None
+        self.open_shell_replay(ev.shell if isinstance(ev, ShellOpened | ShellClosed) else shells[0].shell)
+
+    def open_shell_replay(self, n: int) -> None:
+        opened = next((s for s in self.state.shells if s.shell == n), None)
+        if opened is None or self.reader is None:
+            self.notify(f"Shell {n} is not in this run's events.", severity="warning", timeout=4)
+            return
+        from opencode_tui.screens.shell_replay import ShellReplayScreen
+
+        closed = next((e for e in self.key_evs if isinstance(e, ShellClosed) and e.shell == n), None)
+        self._stop_playback()
+        self.app.push_screen(ShellReplayScreen(opened, self.reader.shell_cast(opened), closed))
 
     def action_step(self, delta: int) -> None:
         self._stop_playback()

@@ -33,11 +33,13 @@ from textual.widget import Widget
 from textual.widgets import Footer
 
 from core.artifacts import RunDirReader, RunInfo
-from core.events import CleanupObserved, Event, FailureRecorded, HealthWarning, SandboxFault
+from core.diff import episode_steps
+from core.events import CleanupObserved, Event, FailureRecorded, HealthWarning, SandboxFault, ToolCall
 from opencode_tui.messages import EventsReceived, ShellWanted
 from opencode_tui.panels import RUN_PANELS, Region, panel_spec
 from opencode_tui.screens.inspect import InspectScreen
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
+from opencode_tui.screens.step import StepScreen
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import ShowsRunState
 from opencode_tui.widgets.cleanup import CleanupPanel
@@ -445,6 +447,40 @@ class RunScreen(Screen[None]):
             return
         self.query_one(ModelCallsTable).select_call(call_id)
         self.app.push_screen(ModelCallScreen(call, self.bodies_dir))
+
+    # -- a step in full (Enter on a tool call: the terminal pane, the replay's timeline) ------------
+
+    def open_step(self, call_id: str) -> None:
+        """The tool call ``call_id`` in full: as it ended, wherever the timeline's cursor is (live: as far
+        as it got); ``m`` there opens its model call."""
+        step = next(
+            (s for s in episode_steps(self.key_evs) if s.kind == "tool_call" and s.call_id == call_id), None
+        )
+        if step is None:
+            self.notify(f"Tool call {call_id} is not among this run's events.", severity="warning", timeout=4)
+            return
+        asked = next((c for c in self.state.model_calls if c.call_id == step.asked_by), None)
+        self.app.push_screen(StepScreen(step, asked, self.state.start_time), self.open_call_id)
+
+    @on(TerminalView.StepWanted)
+    def on_terminal_step_wanted(self, message: TerminalView.StepWanted) -> None:
+        """Enter in the terminal pane: the latest tool call that began on or above the pane's last line."""
+        marks = self.terminal.marks
+        # (the raw and cast views' lines are not the rendered ones: there, the latest tool call)
+        line = message.line if self.terminal.view == "rendered" else None
+        pos = self.total if self.cursor is None else self.cursor + 1
+        found: str | None = None
+        seen: set[str] = set()
+        for i, ev in zip(self.key_idx, self.key_evs, strict=True):
+            if i >= pos or (line is not None and i < len(marks) and (marks[i - 1] if i else 0) > line):
+                break
+            if isinstance(ev, ToolCall) and ev.call_id not in seen:
+                seen.add(ev.call_id)
+                found = ev.call_id
+        if found is None:
+            self.notify("No tool call on screen here (scroll to one, then Enter).", timeout=3)
+            return
+        self.open_step(found)
 
     def copy_target(self) -> tuple[str, str] | None:
         """What ``y`` copies here: the selected call's bodies, the selected failure, or the terminal."""

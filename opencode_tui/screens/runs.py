@@ -2,7 +2,8 @@
 
 Sort (``s`` cycles the key, ``S`` reverses) and filter (``/``: ``outcome:count kind:oom task:fix
 provider:local date:2026-12-01`` or bare words matching any field); ``space`` marks runs and ``d`` diffs
-the two marked; ``r`` re-runs the selected run with its recorded task and configuration.
+the two marked, ``D`` diffs the selected run with the previous attempt of its task; ``r`` re-runs the
+selected run with its recorded task and configuration.
 
 The list is virtual (``RunsList`` draws only the rows on screen) and lazy (``opencode_tui.runs_index``:
 run.json is read for visible rows only, or for all of them in a thread when a sort or filter needs it),
@@ -49,21 +50,25 @@ class Column:
 # Cells in this order (tests read them by position). The run column (0) takes what the others leave,
 # between RUN_MIN and RUN_MAX. Below the full widths' total the narrow widths are used (the cells say the
 # same in fewer characters: ``✓`` for a confirmed cleanup, the start without the year and the seconds),
-# and below those, reward (the outcome says it), the start and the duration are dropped in turn, so the
-# list fits down to 80 columns and never scrolls sideways there.
+# and below those, the batch, the provider, the duration and human (the outcome says it) are dropped in
+# turn, so the list fits down to 80 columns and never scrolls sideways there. The start and
+# the reward are never dropped: without them two attempts of a task look the same.
 COLUMNS: tuple[Column, ...] = (
     Column("run", 0, "run", 0),
-    Column("task", 14, "task", 12),
-    Column("outcome", 21, "outcome", 13),
-    Column("reward", 6, "reward", 6, drop=1),
-    Column("failure kind", 20, "failure kind", 14),
+    Column("task", 14, "task", 10),
+    Column("outcome", 17, "outcome", 13),
+    Column("reward", 6, "rew", 4),
+    Column("failure kind", 20, "failure", 10),
     Column("duration", 8, "dur", 6, drop=3),
-    Column("started (UTC)", 19, "started", 11, drop=2),
+    Column("started (UTC)", 19, "started", 11),
     Column("cleanup", 11, "cln", 3),
-    Column("human", 5, "hum", 3),
-    Column("provider", 8, "prov", 6),
+    Column("human", 5, "hum", 3, drop=4),
+    Column("provider", 8, "prov", 6, drop=2),
+    Column("health", 6, "⚠", 3),  # episode-health warnings (run.json's counts)
+    Column("batch", 12, "batch", 6, drop=1),
+    Column("kept", 4, "kept", 4),  # the sandbox was kept (attach, sweep)
 )
-RUN_MIN, RUN_MAX = 12, 44
+RUN_MIN, RUN_MAX = 11, 44  # 11: "…4c24da-a1", the end of a run's name (its hash and attempt)
 MARK_WIDTH = 2  # the mark and a space before the cells
 
 
@@ -125,6 +130,9 @@ def row_cells(entry: RunEntry, colors: dict[str, str], narrow: bool = False) -> 
         _cleanup_cell(info, narrow),
         Text("yes", style=colors.get("error", "")) if info.human_intervened else Text(""),
         Text(info.provider),
+        _health_cell(info, colors),
+        Text(info.batch_id or ""),
+        Text("kept", style=colors.get("warning", "")) if info.sandbox_kept else Text(""),
     ]
 
 
@@ -244,6 +252,8 @@ class RunsList(ScrollView, can_focus=True):
         cells = row_cells(entry, self.app.theme_variables, layout.narrow)
         for i, w in zip(layout.shown, layout.widths, strict=True):
             cell = cells[i]
+            if i == 0 and len(cell) > w:  # a run's name ends in what tells it apart: start, hash, attempt
+                cell = Text("…" + cell.plain[len(cell) - w + 1 :], style=cell.style)
             cell.truncate(w, overflow="ellipsis", pad=True)
             line.append_text(cell)
             line.append(" ")
@@ -271,6 +281,12 @@ class RunsScreen(Screen[None]):
         Binding("S", "reverse", "Reverse", show=False),
         Binding("slash", "filter", "Filter", key_display="/", tooltip="Filter: outcome:X kind:X task:X …"),
         Binding("d", "diff", "Diff", tooltip="Compare the two marked runs (space marks)"),
+        Binding(
+            "D",
+            "diff_previous",
+            "Diff prev",
+            tooltip="Compare the selected run with the previous attempt of the same task",
+        ),
         Binding("r", "rerun", "Re-run", tooltip="Run the selected run's task again with its recorded config"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
@@ -426,6 +442,19 @@ class RunsScreen(Screen[None]):
         run_a, run_b = marked
         self.app.push_screen(DiffScreen(run_a, run_b))
 
+    def action_diff_previous(self) -> None:
+        """The selected run against the latest earlier run of its task (A: the earlier one)."""
+        entry = self.index.entry(self.query_one(RunsList).cursor_row)
+        if entry is None:
+            return
+        previous = self.index.previous_attempt(entry)
+        if previous is None:
+            self.notify(f"No earlier run of {entry.task or 'this task'} in {self.runs_dir}.", timeout=4)
+            return
+        from opencode_tui.screens.diff import DiffScreen
+
+        self.app.push_screen(DiffScreen(previous.path, entry.path))
+
     def action_rerun(self) -> None:
         entry = self.index.entry(self.query_one(RunsList).cursor_row)
         if entry is None:
@@ -441,6 +470,13 @@ class RunsScreen(Screen[None]):
         # that started the browser runs it in the live TUI (one episode per app, like `run`).
         self.app.rerun_request = entry.path  # type: ignore[attr-defined]
         self.app.exit()
+
+
+def _health_cell(info: RunInfo, colors: dict[str, str]) -> Text:
+    """The episode-health warnings run.json counted (``⚠3``), empty when there were none."""
+    health = info.counts.get("health")
+    n = sum(v for v in health.values() if isinstance(v, int)) if isinstance(health, dict) else 0
+    return Text(f"⚠{n}", style=colors.get("warning", "")) if n else Text("")
 
 
 def _cleanup_cell(info: RunInfo, narrow: bool = False) -> Text:

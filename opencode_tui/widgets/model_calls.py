@@ -4,7 +4,8 @@
 was no answer or broke: shown as ``200 failed``),
 ``status:ok``, ``status:4xx``, ``status:429``, ``status:pending``; ``kind:agent``, ``kind:title``,
 ``kind:compaction``; alternatives with ``|`` (``status:429|5xx``); other words match the kind, status,
-call id, message id, session id or error. All terms must match.
+call id, message id, session id or error (``subagent``: a subagent's calls, marked ``↳`` before their
+kind). All terms must match.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def _status_is(call: ModelCall, want: str) -> bool:
     return status is not None and str(status) == want
 
 
-def call_matches(call: ModelCall, query: str) -> bool:
+SUBAGENT_MARK = "↳ "  # before the kind of a subagent's call (core.tally: its session is not the episode's)
+
+
+def call_matches(call: ModelCall, query: str, subagent: bool = False) -> bool:
     """Does ``call`` pass the filter ``query`` (see the module docstring)?"""
     for term in query.lower().split():
         field, _, value = term.partition(":")
@@ -59,6 +63,7 @@ def call_matches(call: ModelCall, query: str) -> bool:
                     call.message_id,
                     call.session_id,
                     call.error,
+                    "subagent" if subagent else None,
                 )
             ).lower()
             if term not in hay:
@@ -101,6 +106,7 @@ class ModelCallsTable(ShowsRunState, DataTable):
         self.calls: list[ModelCall] = []  # the rows shown
         self.start: datetime | None = None
         self.filter_text = ""
+        self.subagent_ids: set[str] = set()  # calls made in a subagent's session
 
     def on_mount(self) -> None:
         for name in COLUMNS:
@@ -117,7 +123,9 @@ class ModelCallsTable(ShowsRunState, DataTable):
             status = Text(str(call.status), style=colors.get("success", ""))
         return [
             Text(fmt.offset(call.started_at, self.start)),
-            Text(call.kind),
+            Text(SUBAGENT_MARK + call.kind, style=colors.get("accent", ""))
+            if call.call_id in self.subagent_ids
+            else Text(call.kind),
             status,
             Text(fmt.seconds(call.latency_s), justify="right"),
             Text(fmt.seconds(call.ttft_s), justify="right"),
@@ -127,7 +135,10 @@ class ModelCallsTable(ShowsRunState, DataTable):
         ]
 
     def show_state(self, state: RunState) -> None:
-        self.sync(state.model_calls, state.start_time)
+        subagent = {c.call_id for c in state.model_calls if state.tally.subagent_call(c)}
+        changed = subagent != self.subagent_ids
+        self.subagent_ids = subagent
+        self.sync(state.model_calls, state.start_time, force=changed)
 
     def sync(self, calls: list[ModelCall], start: datetime | None, force: bool = False) -> None:
         """Make the rows match ``calls`` (filtered): append new ones; rebuild if rows went away or changed."""
@@ -147,7 +158,7 @@ class ModelCallsTable(ShowsRunState, DataTable):
             self.clear()
             self.calls = []
         for call in new:
-            if not query or call_matches(call, query):
+            if not query or call_matches(call, query, call.call_id in self.subagent_ids):
                 self.add_row(*self._row(call), key=call.call_id)
                 self.calls.append(call)
         if rebuild and self.calls:
@@ -160,6 +171,8 @@ class ModelCallsTable(ShowsRunState, DataTable):
             self.border_subtitle = f"{len(self.calls)}/{total} · filter {self.filter_text} (/ to change)"
         else:
             self.border_subtitle = str(total)
+        if self.subagent_ids:
+            self.border_subtitle += f" · {SUBAGENT_MARK}{len(self.subagent_ids)} by a subagent"
 
     def set_filter(self, query: str) -> None:
         """Show only the calls that match ``query`` (empty: all)."""

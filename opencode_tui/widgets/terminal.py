@@ -125,6 +125,14 @@ class TerminalView(ScrollView, can_focus=True):
         Binding("n", "find_next(1)", "Next match", id="terminal.next-match"),
         Binding("N", "find_next(-1)", "Prev match", show=False, id="terminal.prev-match"),
         Binding("escape", "clear_search", "Clear search", show=False, id="terminal.clear-search"),
+        Binding(
+            "enter",
+            "open_step",
+            "Step",
+            show=False,
+            tooltip="The latest tool call on screen in full: command, output, exit status, its model call",
+            id="terminal.step",
+        ),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"terminal--match", "terminal--match-current"}
@@ -146,6 +154,13 @@ class TerminalView(ScrollView, can_focus=True):
 
     class FindWanted(Message):
         """``/`` was pressed: the screen opens its search bar for this pane."""
+
+    class StepWanted(Message):
+        """Enter was pressed: the screen opens the latest tool call shown on or above ``line``."""
+
+        def __init__(self, line: int) -> None:
+            self.line = line
+            super().__init__()
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -485,6 +500,10 @@ class TerminalView(ScrollView, can_focus=True):
         self._update_title()
 
     # -- actions -------------------------------------------------------------------------------
+
+    def action_open_step(self) -> None:
+        bottom = self.scroll_offset.y + self.scrollable_content_region.height
+        self.post_message(self.StepWanted(min(bottom, self.line_count)))
 
     def action_toggle_follow(self) -> None:
         self.follow = not self.follow

@@ -1,5 +1,7 @@
 """The replay timeline: where the cursor is in the event stream, with markers on the bar for model calls,
-tool calls, compactions, shells, kernel kills (and a full disk), the debugger's interventions and failures, and keys (when focused) to jump to the next/previous of each.
+tool calls, a subagent's model calls, compactions, shells, kernel kills (and a full disk), the debugger's
+interventions and failures, and keys (when focused) to jump to the next/previous of each; Enter opens the event at
+the cursor (a tool call's step, a model call, a shell's recording).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ MARKERS: dict[str, tuple[str, str, str, str, str]] = {
     "model_call": ("m", "$secondary", "m", "model call", "Call"),
     "tool_call": ("o", "$foreground-muted", "o", "tool call", "Tool"),
     "shell": ("$", "bold $warning", "h", "shell", "Shell"),
+    "subagent": ("a", "bold $accent", "a", "subagent's model call", "Subagent"),
     "compaction": ("C", "bold $warning", "c", "compaction", "Compaction"),
     "health": ("!", "bold $warning", "w", "health warning", "Health"),
     "fault": ("K", "bold $error", "e", "kernel kill or full disk", "Kernel"),
@@ -37,6 +40,13 @@ class Timeline(Widget, can_focus=True):
         Binding("shift+right", "step(100)", "Forward 100", show=False, id="timeline.forward-100"),
         Binding("home", "seek_start", "Start", show=False, id="timeline.start"),
         Binding("end", "seek_end", "End", show=False, id="timeline.end"),
+        Binding(
+            "enter",
+            "open",
+            "Open",
+            tooltip="Open the event at the cursor: a tool call's step, a model call, a shell's recording",
+            id="timeline.open",
+        ),
         *(
             b
             for kind, (_g, _s, key, words, label) in MARKERS.items()
@@ -69,6 +79,11 @@ class Timeline(Widget, can_focus=True):
         def can_replace(self, message: Message) -> bool:
             # a newer seek waiting behind this one makes it moot (each folds the state up to its event)
             return isinstance(message, Timeline.Seek)
+
+    class Open(Message):
+        """Enter: open what the event at the cursor names (the screen decides what that is). It carries
+        no index: the screen reads its cursor when the message arrives, after the seeks sent before it
+        (keys typed ahead would otherwise open the event the cursor was leaving)."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -136,6 +151,10 @@ class Timeline(Widget, can_focus=True):
     def action_step(self, delta: int) -> None:
         if self.total:
             self.post_message(self.Seek(min(max(self.position + delta, 0), self.total - 1)))
+
+    def action_open(self) -> None:
+        if self.total:
+            self.post_message(self.Open())
 
     def action_seek_start(self) -> None:
         self.post_message(self.Seek(0))

@@ -18,6 +18,7 @@ from core.config import AgentConfig
 from core.episode import Episode
 from core.events import HealthWarning
 from core.tasks import load_task
+from opencode_tui import format as fmt
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.cli import main
 from opencode_tui.screens.diff import DiffScreen, StepsTable
@@ -112,8 +113,9 @@ async def test_sort_and_filter(runs):
 
 
 async def test_runs_browser_fits_80_columns(runs):
-    """At 80 columns the list does not scroll sideways: cleanup, human and provider are on screen, in
-    their narrow forms (a confirmed cleanup is ✓), and the low-value columns are the ones dropped."""
+    """At 80 columns the list does not scroll sideways: the start and the reward stay (without them two
+    attempts of a task look the same), with cleanup, health and kept in their narrow forms (a confirmed
+    cleanup is ✓); batch, provider, duration and human (the outcome says it) are dropped."""
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
@@ -122,18 +124,22 @@ async def test_runs_browser_fits_80_columns(runs):
         assert lst.max_scroll_x == 0
         shown = lst.render_lines(lst.scrollable_content_region.reset_offset)
         header, first = shown[0].text, shown[1].text
-        for title in ("run", "task", "outcome", "failure kind", "cln", "hum", "prov"):
+        for title in ("run", "task", "outcome", "rew", "failure", "started", "cln", "⚠", "kept"):
             assert title in header, header
-        assert "reward" not in header and "started" not in header  # dropped first at this width
+        for dropped in ("prov", "hum", "batch", "dur"):
+            assert dropped not in header, header
         infos = {RunDirReader(p).info().run_id: RunDirReader(p).info() for p in runs.iterdir()}
         top = infos[lst.get_row_at(0)[0]]
-        assert top.provider in first and "✓" in first, first
+        assert top.started_at.strftime("%m-%d %H:%M") in first and "✓" in first, first
+        reward = top.outcome.reward if top.outcome else None
+        assert (fmt.DASH if reward is None else f"{reward:g}") in first, first
+        assert first.split()[0].endswith(top.run_id[-8:]), first  # the name's end: what tells runs apart
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=(160, 45)) as pilot:  # wide: every column, full titles
         await pilot.pause()
         lst = app.screen.query_one(RunsList)
         header = lst.render_lines(lst.scrollable_content_region.reset_offset)[0].text
-        for title in ("reward", "started (UTC)", "cleanup", "human", "provider"):
+        for title in ("reward", "started (UTC)", "cleanup", "human", "provider", "health", "batch", "kept"):
             assert title in header, header
 
 
