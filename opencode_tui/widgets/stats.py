@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from textual.content import Content
 
@@ -44,6 +45,16 @@ def _by_person(answered: int, edited: int) -> str:
     return " · ".join(parts)
 
 
+def _counted(row: Callable[..., None], label: str, counts: Counter[str]) -> None:
+    """A total, then each kind's count: ``Model calls  3  title 1 · agent 2``."""
+    row(
+        label,
+        "$n  $kinds",
+        n=str(sum(counts.values())),
+        kinds=" · ".join(f"{k} {v}" for k, v in counts.items()),
+    )
+
+
 class StatsPanel(ShowsRunState, Panel):
     """Live counts from events; the transcript's counts (the source of truth) once cleanup confirmed."""
 
@@ -59,13 +70,7 @@ class StatsPanel(ShowsRunState, Panel):
         row("Tool calls", "$n  $by", n=str(sum(tools.values())), by=_by_tool(tools))
         if state.tool_errors:
             row("", "[$state-failed]$n failed[/]", n=str(state.tool_errors))
-        kinds = Counter(c.kind for c in state.model_calls)
-        row(
-            "Model calls",
-            "$n  $kinds",
-            n=str(len(state.model_calls)),
-            kinds=" · ".join(f"{k} {v}" for k, v in kinds.items()),
-        )
+        _counted(row, "Model calls", Counter(c.kind for c in state.model_calls))
         failed_calls = sum(1 for c in state.model_calls if c.failed and (c.status is not None or c.error))
         if failed_calls:
             row("", "[$state-failed]$n failed[/]", n=str(failed_calls))
@@ -75,13 +80,7 @@ class StatsPanel(ShowsRunState, Panel):
         if answered or edited:
             row("", "[b $warning]$words[/]", words=_by_person(answered, edited))
         if state.interventions:
-            acts = Counter(i.what for i in state.interventions)
-            row(
-                "Debugger",
-                "$n  $acts",
-                n=str(len(state.interventions)),
-                acts=" · ".join(f"{what} {n}" for what, n in acts.items()),
-            )
+            _counted(row, "Debugger", Counter(i.what for i in state.interventions))
         # One definition everywhere (core.tokens): every model call, title and compaction included.
         row(
             "Tokens",

@@ -275,6 +275,16 @@ def _held_episode(monkeypatch, fixture_runs, reply: bool = False) -> tuple[Recor
     return RecordedEpisode(shown), len(shown)
 
 
+async def _settled(pilot, wait, total: int) -> None:
+    """Every recorded event shown, the screen redrawn, and no toast (its timing is not what is compared)."""
+    screen = pilot.app.screen
+    await wait(pilot, lambda: screen.total == total, what="the recorded events")
+    await pilot.pause(0.3)
+    screen.redraw()
+    pilot.app.clear_notifications()
+    await pilot.pause()
+
+
 @pytest.mark.parametrize("size", [(80, 24), (160, 45)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_live_held_before_a_call(snap_compare, fixture_runs, wait, monkeypatch, size):
     """HELD before call 2 (12 s, run deadline counting) leads the header; the footer lists the keys
@@ -282,12 +292,7 @@ def test_live_held_before_a_call(snap_compare, fixture_runs, wait, monkeypatch, 
     episode, total = _held_episode(monkeypatch, fixture_runs)
 
     async def run_before(pilot) -> None:
-        screen = pilot.app.screen
-        await wait(pilot, lambda: screen.total == total, what="the recorded events")
-        await pilot.pause(0.3)
-        screen.redraw()
-        pilot.app.clear_notifications()  # the toast's timing is not what is compared
-        await pilot.pause()
+        await _settled(pilot, wait, total)
 
     app = OpenCodeTUI(control=episode, run_dir=fixture_runs / "hello-file", run_episode=episode.play)
     assert snap_compare(app, terminal_size=size, run_before=run_before)
@@ -298,11 +303,7 @@ def test_live_held_say_box_80x24(snap_compare, fixture_runs, wait, monkeypatch):
     episode, total = _held_episode(monkeypatch, fixture_runs)
 
     async def run_before(pilot) -> None:
-        screen = pilot.app.screen
-        await wait(pilot, lambda: screen.total == total, what="the recorded events")
-        await pilot.pause(0.3)
-        screen.redraw()
-        pilot.app.clear_notifications()
+        await _settled(pilot, wait, total)
         await pilot.press("m")
         await pilot.pause()
 
