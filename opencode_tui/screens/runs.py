@@ -49,19 +49,19 @@ class Column:
 # Cells in this order (tests read them by position). The run column (0) takes what the others leave,
 # between RUN_MIN and RUN_MAX. Below the full widths' total the narrow widths are used (the cells say the
 # same in fewer characters: ``✓`` for a confirmed cleanup, the start without the year and the seconds),
-# and below those, reward (the outcome says it), the start and the duration are dropped in turn, so the
-# list fits down to 80 columns and never scrolls sideways there.
+# and below those, the provider, the duration and the human mark are dropped in turn: at 80 columns the
+# list keeps what tells two attempts of a task apart (their start and reward) and never scrolls sideways.
 COLUMNS: tuple[Column, ...] = (
     Column("run", 0, "run", 0),
     Column("task", 14, "task", 12),
     Column("outcome", 21, "outcome", 13),
-    Column("reward", 6, "reward", 6, drop=1),
-    Column("failure kind", 20, "failure kind", 14),
-    Column("duration", 8, "dur", 6, drop=3),
-    Column("started (UTC)", 19, "started", 11, drop=2),
+    Column("reward", 6, "reward", 6),
+    Column("failure kind", 20, "failure kind", 12),
+    Column("duration", 8, "dur", 6, drop=2),
+    Column("started (UTC)", 19, "started", 11),
     Column("cleanup", 11, "cln", 3),
-    Column("human", 5, "hum", 3),
-    Column("provider", 8, "prov", 6),
+    Column("human", 5, "hum", 3, drop=3),
+    Column("provider", 8, "prov", 6, drop=1),
 )
 RUN_MIN, RUN_MAX = 12, 44
 MARK_WIDTH = 2  # the mark and a space before the cells
@@ -275,9 +275,12 @@ class RunsScreen(Screen[None]):
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
 
-    def __init__(self, runs_dir: Path) -> None:
+    def __init__(self, runs_dir: Path, rerun_of: tuple[Path, Path | None] | None = None) -> None:
         super().__init__()
         self.runs_dir = Path(runs_dir)
+        # Back from a re-run: (the original, the new run or None if it never made one); both are marked,
+        # the original first, so `d` compares them at once.
+        self.rerun_of = rerun_of
         self.index = RunsIndex(self.runs_dir)
         self._loading: str | None = None  # "reading run.json 500/10000" while a sort/filter waits
         self._stop = threading.Event()
@@ -297,8 +300,20 @@ class RunsScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#runs-filter").display = False
+        if self.rerun_of is not None:
+            self._mark_rerun(*self.rerun_of)
         self.refresh_title()
         self.query_one(RunsList).focus()
+
+    def _mark_rerun(self, original: Path, new: Path | None) -> None:
+        """Mark the original and its re-run (A, then B) and put the cursor on the re-run."""
+        lst = self.query_one(RunsList)
+        rows = {e.name: (row, e.path) for row in range(len(self.index)) if (e := self.index.entry(row))}
+        lst.marked = [rows[p.name][1] for p in (original, new) if p is not None and p.name in rows]
+        if new is not None and new.name in rows:
+            lst.move_cursor(rows[new.name][0])
+        # the title names the pair while both stay marked (as the list spells their paths)
+        self.rerun_of = (lst.marked[0], lst.marked[1]) if len(lst.marked) == 2 else None
 
     def on_unmount(self) -> None:
         self._stop.set()
@@ -318,6 +333,10 @@ class RunsScreen(Screen[None]):
         order = f"{self.index.sort_key} {'↓' if self.index.reverse else '↑'}"
         extra = f" · filter “{self.index.query}”" if self.index.query else ""
         marks = f" · marked {len(lst.marked)}/2" if lst.marked else ""
+        if self.rerun_of is not None and lst.marked == list(self.rerun_of):
+            original, new = self.rerun_of
+            assert new is not None
+            marks = f" · ● {new.name} re-ran ● {original.name} (d diffs them)"
         loading = f" · {self._loading}" if self._loading else ""
         self.query_one("#runs-title", Static).update(
             Content.from_markup(

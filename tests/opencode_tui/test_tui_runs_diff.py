@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,9 @@ async def test_sort_and_filter(runs):
 
 
 async def test_runs_browser_fits_80_columns(runs):
-    """At 80 columns the list does not scroll sideways: cleanup, human and provider are on screen, in
-    their narrow forms (a confirmed cleanup is ✓), and the low-value columns are the ones dropped."""
+    """At 80 columns the list does not scroll sideways: the start and the reward stay (without them two
+    attempts of a task look identical), cleanup in its narrow form (a confirmed cleanup is ✓); the
+    provider, the duration and the human mark are the ones dropped."""
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
@@ -122,12 +124,13 @@ async def test_runs_browser_fits_80_columns(runs):
         assert lst.max_scroll_x == 0
         shown = lst.render_lines(lst.scrollable_content_region.reset_offset)
         header, first = shown[0].text, shown[1].text
-        for title in ("run", "task", "outcome", "failure kind", "cln", "hum", "prov"):
+        for title in ("run", "task", "outcome", "reward", "failure kind", "started", "cln"):
             assert title in header, header
-        assert "reward" not in header and "started" not in header  # dropped first at this width
+        assert "prov" not in header and "dur" not in header and "hum" not in header  # dropped first
         infos = {RunDirReader(p).info().run_id: RunDirReader(p).info() for p in runs.iterdir()}
         top = infos[lst.get_row_at(0)[0]]
-        assert top.provider in first and "✓" in first, first
+        assert top.started_at.astimezone(UTC).strftime("%m-%d %H:%M") in first and "✓" in first, first
+        assert top.outcome is not None and f" {top.outcome.reward:g} " in first, first
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=(160, 45)) as pilot:  # wide: every column, full titles
         await pilot.pause()
