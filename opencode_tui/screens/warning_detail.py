@@ -44,13 +44,13 @@ class WarningDetailScreen(ModalScreen[str | None]):
         self.call_ids = named_call_ids(record, model_calls)
 
     @property
-    def title(self) -> str:  # type: ignore[override]
+    def heading(self) -> str:
         r = self.record
         return f"Health warning {r.kind.value}" if isinstance(r, HealthWarning) else f"Kernel {r.kind.value}"
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="dialog detail") as dialog:
-            dialog.border_title = self.title
+            dialog.border_title = self.heading
             opens = " · enter opens the model call" if self.call_ids else ""
             dialog.border_subtitle = f"y copy{opens} · esc close"
             with VerticalScroll(id="warning-body"):
