@@ -109,7 +109,7 @@ def action_words(action: str, in_batch: bool) -> str:
     (the TUI's one attempt) was not retried, and saying ``retry`` there would claim it was."""
     if action != Outcome.RETRY:
         return str(action)
-    return "failed: its batch retried it" if in_batch else "failed, not retried here (a batch would retry)"
+    return "retried by its batch" if in_batch else "not retried (a batch would)"
 
 
 def recovery_label(recovery: Recovery) -> str:
@@ -177,7 +177,7 @@ def summarize(ev: Event, in_batch: bool = False) -> str:
     if isinstance(ev, TranscriptStats):
         return f"transcript {ev.messages} messages, {sum(ev.tool_calls.values())} tool calls"
     if isinstance(ev, OutcomeDecided):
-        return f"outcome {ev.action} reward {reward(ev.reward)}"
+        return f"outcome {action_words(ev.action, in_batch)} reward {reward(ev.reward)}"
     return getattr(ev, "type", type(ev).__name__)
 
 

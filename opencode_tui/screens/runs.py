@@ -334,9 +334,7 @@ class RunsScreen(Screen[None]):
         extra = f" · filter “{self.index.query}”" if self.index.query else ""
         marks = f" · marked {len(lst.marked)}/2" if lst.marked else ""
         if self.rerun_of is not None and lst.marked == list(self.rerun_of):
-            original, new = self.rerun_of
-            assert new is not None
-            marks = f" · ● {new.name} re-ran ● {original.name} (d diffs them)"
+            marks = " · ● re-run and ● original marked (d diffs)"  # the cursor is on the re-run
         loading = f" · {self._loading}" if self._loading else ""
         self.query_one("#runs-title", Static).update(
             Content.from_markup(

@@ -37,9 +37,13 @@ def phase_words(state: RunState) -> tuple[str, str]:
     name = str(phase.phase) if phase else "starting"
     if o is not None:
         in_batch = bool(state.info and state.info.batch_id)
-        if o.action is Outcome.RETRY:  # what happened here, then what a batch does (the TUI never retries)
-            then = "its batch retried it" if in_batch else "not retried here: a batch would retry"
-            words = f"{name} · failed" + (f" ({o.failure_kind})" if o.failure_kind else "") + f" · {then}"
+        if o.action is Outcome.RETRY:  # what happened here, and what a batch does (the TUI never retries)
+            kind = f"{o.failure_kind}; " if o.failure_kind else ""
+            words = f"{name} · " + (
+                f"retried by its batch ({kind}attempt failed)"
+                if in_batch
+                else f"not retried ({kind}a batch would retry)"
+            )
         else:
             words = f"{name} · {o.action}" + (f" ({o.failure_kind})" if o.failure_kind else "")
         if o.reward is not None:
