@@ -330,10 +330,9 @@ class ServeStreamTranslator(_Translator):
             data = v if isinstance(err, dict) and isinstance(v := err.get("data"), dict) else {}
             events += self._error(data.get("message") or (err.get("name") if isinstance(err, dict) else err))
         elif etype == "session.compacted" and self._main(props.get("sessionID")):
-            before = f" from {_tokens(self._before)} tokens" if self._before is not None else ""
-            events.append(
-                display(f"{DIM}── context compacted{before}; the next call measures what is left ──{RESET}\n")
-            )
+            # what is left is said once the next call has measured it (see _assistant)
+            before = f" (was {_tokens(self._before)} tokens)" if self._before is not None else ""
+            events.append(display(f"{DIM}── context compacted{before} ──{RESET}\n"))
             self._compacting, self._before, self._measure_after = False, None, True
         elif etype == "runner.permission_rejected":
             patterns = props.get("patterns")

@@ -273,10 +273,7 @@ async def test_compaction_is_marked_and_its_summary_folded_in_the_terminal(tmp_p
         assert lines[start + 1].startswith("▸ summary: ## Objective … 5 lines")
         # the size after the compaction is what the next call was sent (input + cache read), not the
         # summary's 321 output tokens
-        assert (
-            lines[start + 2]
-            == "── context compacted from 50,500 tokens; the next call measures what is left ──"
-        )
+        assert lines[start + 2] == "── context compacted (was 50,500 tokens) ──"
         after = [line for line in lines if "context after the compaction" in line]
         assert after == ["── context after the compaction: 3,100 tokens (the next call's input) ──"], lines
         assert not any("321" in line for line in lines)
