@@ -32,8 +32,8 @@ def verification_words(state: RunState) -> tuple[str, str, str]:
     verdict = "passed" if v.passed else "failed"
     style = "$state-ok" if v.passed else "$state-failed"
     if o is not None and o.action is not Outcome.SCORED:
-        in_batch = bool(state.info and state.info.batch_id)
-        return f"{verdict} (not the reward: {fmt.action_words(o.action, in_batch)})", style, note
+        why = "the attempt failed" if o.action is Outcome.RETRY else str(o.action)  # retry: see Outcome
+        return f"{verdict} (not the reward: {why})", style, note
     reward = fmt.DASH if v.reward is None else f"{v.reward:g}"
     return f"{verdict} · reward {reward}", style, note
 
