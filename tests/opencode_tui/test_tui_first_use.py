@@ -168,21 +168,23 @@ def test_a_kept_sandbox_exit_hint_names_attach_and_sweep_and_both_work(tmp_path:
     assert code == 0, t.output[-2000:]
     [run_dir] = list(runs.iterdir())
     sandbox_id = RunDirReader(run_dir).info().sandbox_id
-    lines = [line for line in t.output.decode().splitlines() if "was kept for debugging" in line]
-    assert len(lines) == 1, t.output[-2000:]
-    assert f"`opencode-tui attach {run_dir}`" in lines[0]
-    assert f"`opencode-tui sweep {sandbox_id}`" in lines[0]
-    assert "--provider" not in lines[0]
-    attach = subprocess.run(
-        [sys.executable, "-m", "opencode_tui.cli", "attach", str(run_dir)],
-        input="echo kept-$((6*7)); exit\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(),
-    )
-    assert attach.returncode == 0 and "kept-42" in attach.stdout, attach.stderr
-    swept = cli("sweep", sandbox_id)
+    try:
+        lines = [line for line in t.output.decode().splitlines() if "was kept for debugging" in line]
+        assert len(lines) == 1, t.output[-2000:]
+        assert f"`opencode-tui attach {run_dir}`" in lines[0]
+        assert f"`opencode-tui sweep {sandbox_id}`" in lines[0]
+        assert "--provider" not in lines[0]
+        attach = subprocess.run(
+            [sys.executable, "-m", "opencode_tui.cli", "attach", str(run_dir)],
+            input="echo kept-$((6*7)); exit\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env(),
+        )
+        assert attach.returncode == 0 and "kept-42" in attach.stdout, attach.stderr
+    finally:
+        swept = cli("sweep", sandbox_id)  # as the hint says (and whatever failed above)
     assert swept.returncode == 0, swept.stderr
     gone = cli("attach", str(run_dir))
     assert gone.returncode == ExitCode.USAGE, gone.stderr
