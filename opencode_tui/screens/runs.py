@@ -334,7 +334,7 @@ class RunsScreen(Screen[None]):
         extra = f" · filter “{self.index.query}”" if self.index.query else ""
         marks = f" · marked {len(lst.marked)}/2" if lst.marked else ""
         if self.rerun_of is not None and lst.marked == list(self.rerun_of):
-            marks = " · ● re-run and ● original marked (d diffs)"  # the cursor is on the re-run
+            marks = " · marked: ● re-run, ● original (d diffs)"  # the cursor is on the re-run
         loading = f" · {self._loading}" if self._loading else ""
         self.query_one("#runs-title", Static).update(
             Content.from_markup(

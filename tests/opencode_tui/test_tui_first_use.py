@@ -378,7 +378,7 @@ async def test_the_browser_after_a_rerun_marks_it_against_the_original(fixture_r
         assert [p.name for p in lst.marked] == [original.name, again.name]
         assert lst.get_row_at(lst.cursor_row)[0] == again.name
         title = str(screen.query_one("#runs-title").render())
-        assert "● re-run and ● original marked (d diffs)" in title, title
+        assert "marked: ● re-run, ● original (d diffs)" in title, title
         assert any("Re-run: scored" in str(n.message) for n in app._notifications)
         await pilot.press("d")
         await pilot.pause()
@@ -403,7 +403,7 @@ def test_rerun_from_the_browser_returns_to_it(tmp_path: Path) -> None:
         t.wait_for(lambda s: "LIVE" in s, 120, "the live re-run")
         t.wait_for(lambda s: "scored" in s and "LIVE" in s, 180, "the re-run's outcome")
         t.child.send("\x1b")
-        t.wait_for(lambda s: "re-run and ● original" in s and "started (UTC)" in s, 60, "the browser again")
+        t.wait_for(lambda s: "● re-run, ● original" in s and "started (UTC)" in s, 60, "the browser again")
         assert original.name in t.text()
         assert len(list(runs.glob("hello-file-*"))) == 2
         t.child.send("q")
