@@ -52,8 +52,8 @@ PANELS = """\
 - **Timeline** (replay): the position in the event stream, with markers: `m` model call, `o` tool call,
   `$` shell, `C` compaction, `!` health warning, `✗` failure. With the timeline focused the same letters
   jump to the next one (shift: the previous; `h` for shells, `w` for health warnings, `x` for failures). The panels show the run as it was at that
-  event. `p` plays the terminal recording and then the rest of the run (cleanup, verification, outcome);
-  at the end `p` plays again from the start.
+  event. `p` plays from there: the terminal recording and then the rest of the run (cleanup,
+  verification, outcome); at the end `p` plays again from the start.
 
 ## Runs browser and diff
 

@@ -95,7 +95,7 @@ class ReplayRunScreen(RunScreen):
             "p",
             "play",
             "Play/pause",
-            tooltip="Replay: play/pause the terminal recording (terminal.cast)",
+            tooltip="Replay: play/pause from the timeline's position (terminal.cast, then the events)",
             id="run.play",
         ),
         Binding(
