@@ -55,7 +55,22 @@ def admit_run(
         raise AdmissionError(
             f"--executor {config.executor.name} runs --batch only: the TUI runs its one episode here"
         )
+    check_runs_dir(Path(config.runs_dir))
     check_inputs(config, tasks)
+
+
+def check_runs_dir(runs_dir: Path) -> None:
+    """The runs directory is, or can become, a directory: neither it nor a parent is a file. Said before
+    anything starts (the episode's own mkdir would say it only once the screen is up, as an
+    infrastructure failure). Whether it can be written is the first write's to say."""
+    for path in (runs_dir, *runs_dir.parents):
+        if path.is_dir():
+            return
+        if path.exists() or path.is_symlink():  # a file, a dangling link, a device: not a directory
+            where = "is" if path == runs_dir else f"cannot be created: {path} is"
+            raise AdmissionError(
+                f"the runs directory {runs_dir} {where} not a directory; choose another --runs-dir"
+            )
 
 
 def check_inputs(config: AgentConfig, tasks: list[Task]) -> None:

@@ -116,6 +116,8 @@ class InstallProgress(_Event):
 
 # Warning codes that report a step the engine took for the run, not a risk to it: shown as information.
 INFORMATIONAL_WARNINGS = frozenset({"ripgrep_provisioned"})
+# Warning codes that say the agent is being stopped ("stopping the agent…"): news until it has stopped.
+STOPPING_WARNINGS = frozenset({"cancel_requested", "cancel_hurried", "agent_stopped"})
 
 
 class Warning_(_Event):

@@ -111,6 +111,9 @@ class OpenCodeTUI(EpisodeHost):
         run_episode: Callable[[], Awaitable[object]] | None = None,
         diff: tuple[Path, Path] | None = None,
         diff_result: RunDiff | None = None,
+        from_browser: bool = False,
+        rerun_of: tuple[Path, Path | None] | None = None,
+        notice: str | None = None,
     ) -> None:
         if control is None and run_dir is None and runs_dir is None and diff is None:
             raise ValueError(
@@ -122,6 +125,10 @@ class OpenCodeTUI(EpisodeHost):
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
         self.diff = diff
         self.rerun_request: Path | None = None  # the runs browser's `r`: the run to run again on exit
+        # Live: the run was started by the runs browser's `r`; Esc and `q` lead back to it.
+        self.from_browser = from_browser
+        # Browser: (original, re-run) after a re-run, marked against each other; a notice to show.
+        self.rerun_of, self.notice = rerun_of, notice
         self.read_only = read_only.enabled()  # `serve --read-only`: nothing that changes state
         self.served = read_only.served()  # a `serve` session: one app per process (no re-run)
         if self.read_only:
@@ -154,7 +161,9 @@ class OpenCodeTUI(EpisodeHost):
     def get_default_screen(self) -> Screen:
         if self.control is not None:
             # bound downward: app.keep -> screen.keep -> header.keep
-            return LiveRunScreen(self.control, self.run_dir).data_bind(keep=OpenCodeTUI.keep)
+            return LiveRunScreen(self.control, self.run_dir, from_browser=self.from_browser).data_bind(
+                keep=OpenCodeTUI.keep
+            )
         if self.run_dir is not None:
             return ReplayRunScreen(self.run_dir)
         if self.diff is not None:
@@ -162,7 +171,7 @@ class OpenCodeTUI(EpisodeHost):
 
             return DiffScreen(*self.diff, diff=self._diff_result)
         assert self.runs_dir is not None
-        return RunsScreen(self.runs_dir)
+        return RunsScreen(self.runs_dir, rerun_of=self.rerun_of)
 
     def on_mount(self) -> None:
         if self.control is not None:
@@ -177,6 +186,8 @@ class OpenCodeTUI(EpisodeHost):
         # screen ~0.1 s while output streamed; benchmarks/tui.py shows it in the worst key latency.)
         if self.FREEZE_HEAP:
             self.call_after_refresh(self._freeze_heap)
+        if self.notice:
+            self.notify(self.notice, timeout=10)
 
     def on_unmount(self) -> None:
         if self.FREEZE_HEAP:  # hand the frozen objects back: an app that ends must not pin its garbage
@@ -266,9 +277,6 @@ class OpenCodeTUI(EpisodeHost):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         if isinstance(screen, RunScreen):
-            yield SystemCommand(
-                "Open shell", "Interactive shell in the sandbox (s)", screen.action_open_shell
-            )
             yield from screen.palette_commands()
             yield SystemCommand(
                 "Follow output", "Follow / pause the terminal (l)", screen.terminal.action_toggle_follow
@@ -430,12 +438,13 @@ class OpenCodeTUI(EpisodeHost):
             if yes:
                 self._quit_after_cleanup()
 
+        where = "go back to the runs browser" if self.from_browser else "quit"
         self.push_screen(
             ConfirmScreen(
-                "Quit while the episode is running?",
+                f"{where.capitalize()} while the episode is running?",
                 "The episode is cancelled and the app waits until the engine has confirmed cleanup "
                 "(the sandbox is released, or kept if 'keep' is on).",
-                yes="Cancel and quit",
+                yes="Cancel and go back" if self.from_browser else "Cancel and quit",
                 no="Stay",
             ),
             answered,

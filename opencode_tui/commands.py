@@ -144,10 +144,25 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     app = OpenCodeTUI(runs_dir=runs_dir, theme=theme)
     app.run()
-    if app.rerun_request is not None and not (app.read_only or app.served):  # `r`: run it again, live
-        from opencode_tui.run_command import rerun
+    # `r`: the run again, live (one episode per app, like `run`); then back to the browser, the two runs
+    # marked against each other; until the browser is quit, or the run was interrupted (Ctrl-C, a signal).
+    while app.rerun_request is not None and not (app.read_only or app.served):
+        from core.control import CANCELLED_BY_USER
+        from opencode_tui.run_command import AdmissionError, ConfigError, rerun_in_tui
 
-        return rerun(app.rerun_request)
+        original, notice, new = app.rerun_request, None, None
+        try:
+            code, result = rerun_in_tui(original, from_browser=True)
+        except (AdmissionError, ConfigError) as exc:
+            notice = f"{original.name} cannot be re-run: {exc}"
+            print(f"opencode-tui runs: {exc}", file=sys.stderr)
+        else:
+            if result is not None and result.cancelled_by not in (None, CANCELLED_BY_USER):
+                return code  # Ctrl-C or a signal: leave, as from any run
+            new = Path(result.run_dir) if result is not None else None
+            notice = f"Re-run: {result.summary}" if result is not None else "The re-run did not finish."
+        app = OpenCodeTUI(runs_dir=runs_dir, theme=theme, rerun_of=(original, new), notice=notice)
+        app.run()
     return ExitCode.OK
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,13 @@ from core.events import (
     VerificationFinished,
     Warning_,
 )
-from core.failures import Recovery
+from core.failures import Outcome, Recovery
+
+# Escape sequences (CSI, OSC, two-character escapes) and the other control characters of terminal output:
+# a one-line summary shows the text they style, never the codes themselves.
+_TERMINAL_CODES = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[()*+][ -~]?|[ -~])?|[\x00-\x08\x0e-\x1f\x7f]"
+)
 
 DASH = "\u2013"  # en dash: "unknown" (never zero)
 TIMES = "\u00d7"
@@ -98,9 +105,22 @@ RECOVERY_LABELS = {
 }
 
 
+def action_words(action: str, in_batch: bool) -> str:
+    """A policy action as the TUI says it. ``retry`` is what a batch does next; a run outside a batch
+    (the TUI's one attempt) was not retried, and saying ``retry`` there would claim it was."""
+    if action != Outcome.RETRY:
+        return str(action)
+    return "retried by its batch" if in_batch else "not retried (a batch would)"
+
+
 def recovery_label(recovery: Recovery) -> str:
     """How a recovered failure was handled, in words (the failures panel and the timeline)."""
     return RECOVERY_LABELS.get(recovery, str(recovery))
+
+
+def plain_text(terminal_output: str) -> str:
+    """Terminal output without its escape sequences and control characters (the words it shows)."""
+    return _TERMINAL_CODES.sub("", terminal_output)
 
 
 def short(text: Any, limit: int = 80) -> str:
@@ -117,10 +137,10 @@ def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
-def summarize(ev: Event) -> str:
-    """One line describing an event, for the timeline."""
+def summarize(ev: Event, in_batch: bool = False) -> str:
+    """One line describing an event, for the timeline (``in_batch``: the run is a batch's attempt)."""
     if isinstance(ev, TerminalOutput):
-        return f"{ev.stream}: {short(ev.data.replace(chr(27), '␛'), 60)!s}"
+        return f"{ev.stream}: {short(plain_text(ev.data), 60)}"
     if isinstance(ev, OpenCodeEvent):
         return f"opencode {ev.event_type}"
     if isinstance(ev, ToolCall):
@@ -132,7 +152,8 @@ def summarize(ev: Event) -> str:
         return f"phase {ev.phase} {ev.state}" + (f" ({short(ev.detail, 40)})" if ev.detail else "")
     if isinstance(ev, FailureRecorded):
         f = ev.failure
-        return f"FAILURE {f.kind} @{f.stage} → {ev.decision.action} ({ev.decision.failure_class})"
+        action = action_words(ev.decision.action, in_batch)
+        return f"FAILURE {f.kind} @{f.stage} → {action} ({ev.decision.failure_class})"
     if isinstance(ev, FailureRecovered):
         return f"recovered {ev.failure.kind} @{ev.failure.stage} ({recovery_label(ev.recovery)})"
     if isinstance(ev, CleanupObserved):
@@ -161,7 +182,7 @@ def summarize(ev: Event) -> str:
     if isinstance(ev, TranscriptStats):
         return f"transcript {ev.messages} messages, {sum(ev.tool_calls.values())} tool calls"
     if isinstance(ev, OutcomeDecided):
-        return f"outcome {ev.action} reward {reward(ev.reward)}"
+        return f"outcome {action_words(ev.action, in_batch)} reward {reward(ev.reward)}"
     return getattr(ev, "type", type(ev).__name__)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
 from core.executor_registry import ExecutorHooks
 from core.exit_codes import ExitCode
+from core.failures import Outcome
 from core.outcome import exit_code as outcome_exit_code
 from core.signals import closing_signals
 from core.tasks import Task, load_task
@@ -194,8 +196,7 @@ def _run_batch(
     try:
         summary = asyncio.run(main())
     except RunsDirError as exc:
-        print(f"opencode-tui run: {exc.strerror}; free space or choose another --runs-dir", file=sys.stderr)
-        return ExitCode.INFRA
+        return _runs_dir_failed(exc)
     except ExecutorError as exc:
         print(f"opencode-tui run: {exc}", file=sys.stderr)
         return ExitCode.USAGE
@@ -203,6 +204,19 @@ def _run_batch(
     print(f"opencode-tui: batch {summary.batch_id}", file=sys.stderr)
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
+
+
+def _runs_dir_failed(exc: OSError) -> int:
+    """The runs directory could not be created or written: one line with the hint that fits the cause;
+    a path that is not a directory is a usage error (2), anything else the machine's (3)."""
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        hint, code = "choose another --runs-dir", ExitCode.USAGE
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint, code = "free space or choose another --runs-dir", ExitCode.INFRA
+    else:
+        hint, code = "choose another --runs-dir", ExitCode.INFRA
+    print(f"opencode-tui run: {exc.strerror}; {hint}", file=sys.stderr)
+    return code
 
 
 def _report_orphan(info: RunInfo) -> None:
@@ -225,33 +239,65 @@ def _announce(name: str, first: bool) -> None:
 def rerun(path: Path) -> int:
     """`r` in the runs browser: the run's task again with its recorded configuration, in the live TUI
     (same runs directory), admitted like `run`."""
+    try:
+        code, _ = rerun_in_tui(path)
+    except (AdmissionError, ConfigError) as exc:
+        print(f"opencode-tui runs: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    return code
+
+
+def rerun_in_tui(path: Path, *, from_browser: bool = False) -> tuple[int, EpisodeResult | None]:
+    """Re-run ``path`` in the live TUI: its exit code and result (None: it did not finish). Raises
+    AdmissionError/ConfigError when the run cannot start as recorded (nothing started).
+    ``from_browser``: Esc (and `q`) on the run lead back to the browser that asked for it."""
     from core.artifacts import RunDirReader
 
     try:
         config, task = rerun_inputs(RunDirReader(path).info(), path)
         check_inputs(config, [task])
-    except (AdmissionError, ConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"opencode-tui runs: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+    except (FileNotFoundError, ValueError) as exc:
+        raise AdmissionError(str(exc)) from exc
     print(f"opencode-tui: re-running {task.id} as recorded in {path}", file=sys.stderr)
-    return _tui(config, task, path.parent)
+    return _run_tui(config, task, path.parent, from_browser=from_browser)
 
 
 def _tui(config: AgentConfig, task: Task, runs_dir: Path) -> int:
+    return _run_tui(config, task, runs_dir)[0]
+
+
+def _run_tui(
+    config: AgentConfig, task: Task, runs_dir: Path, *, from_browser: bool = False
+) -> tuple[int, EpisodeResult | None]:
     from opencode_tui.app import OpenCodeTUI
 
+    try:  # as a batch does: a runs directory that cannot be made is said before the screen opens
+        runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        return _runs_dir_failed(RunsDirError(runs_dir, exc)), None
     episode = Episode(task, config, runs_dir=runs_dir)
-    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run)
+    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run, from_browser=from_browser)
     app.run()
     result = episode._result
     if result is None:
         print("opencode-tui run: the episode did not finish", file=sys.stderr)
-        return ExitCode.INFRA
-    print(f"opencode-tui: {result.summary} — run directory: {result.run_dir}", file=sys.stderr)
+        return ExitCode.INFRA, None
+    for line in result_lines(result):
+        print(f"opencode-tui: {line}", file=sys.stderr)
+    return result.exit_code, result
+
+
+def result_lines(result: EpisodeResult) -> list[str]:
+    """What the TUI says when its episode has ended: the outcome and where it is recorded, and what
+    follows from it (a retry it did not do, a sandbox it kept)."""
+    lines = [f"{result.summary} — run directory: {result.run_dir}"]
+    if result.action is Outcome.RETRY:  # the policy's word for what a batch does next: not done here
+        lines.append("not retried: the TUI runs one attempt; `opencode-tui run --batch` would retry it")
     if result.sandbox_kept:
-        print(
-            f"opencode-tui: sandbox {result.sandbox_id} ({result.provider}) was kept for debugging; "
-            f"remove it with `opencode-tui sweep --provider {result.provider}`",
-            file=sys.stderr,
+        # A kept sandbox is what `sweep` leaves alone unless named: say how to use it and how to remove it.
+        lines.append(
+            f"sandbox {result.sandbox_id} ({result.provider}) was kept for debugging; "
+            f"open a shell in it with `opencode-tui attach {result.run_dir}`, "
+            f"remove it with `opencode-tui sweep {result.sandbox_id}`"
         )
-    return result.exit_code
+    return lines

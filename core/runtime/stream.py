@@ -301,7 +301,10 @@ class ServeStreamTranslator(_Translator):
         self._roles_seen_assistant: set[str] = set()
         self._context_tokens: int | None = None  # the context of the last agent step (OpenCode's count)
         self._before: int | None = None  # … when the compaction started
-        self._after: int | None = None  # the summary's size in tokens: the new context
+        # A compaction has ended and the next agent call has not reported its context yet: that call's
+        # input is the context after the compaction (the summary's output tokens are not: the system
+        # prompt, the tools and what followed the summary count too).
+        self._measure_after = False
         self._subagent_sessions: set[Any] = set()  # subagent sessions whose marker is shown
 
     def _event(self, obj: dict[str, Any]) -> list[Event]:
@@ -330,17 +333,16 @@ class ServeStreamTranslator(_Translator):
             if info.get("id"):
                 self._roles[str(info["id"])] = str(info.get("role"))
                 if self._main(info.get("sessionID")) and info.get("role") == "assistant":
-                    self._assistant(info)
+                    events += self._assistant(info)
         elif etype == "session.error" and self._main(props.get("sessionID")):
             err = props.get("error") or {}
             data = v if isinstance(err, dict) and isinstance(v := err.get("data"), dict) else {}
             events += self._error(data.get("message") or (err.get("name") if isinstance(err, dict) else err))
         elif etype == "session.compacted" and self._main(props.get("sessionID")):
-            sizes = ""
-            if self._before is not None or self._after is not None:
-                sizes = f" · {_tokens(self._before)} → {_tokens(self._after)} tokens"
-            events.append(display(f"{DIM}── context compacted{sizes} ──{RESET}\n"))
-            self._compacting, self._before, self._after = False, None, None
+            # what is left is said once the next call has measured it (see _assistant)
+            before = f" (was {_tokens(self._before)} tokens)" if self._before is not None else ""
+            events.append(display(f"{DIM}── context compacted{before} ──{RESET}\n"))
+            self._compacting, self._before, self._measure_after = False, None, True
         elif etype == "runner.permission_rejected":
             patterns = props.get("patterns")
             metadata = props.get("metadata")
@@ -366,28 +368,37 @@ class ServeStreamTranslator(_Translator):
             )
         return events
 
-    def _assistant(self, info: dict[str, Any]) -> None:
-        """Note an assistant message: a compaction summary (and its size), or an agent step's context."""
+    def _assistant(self, info: dict[str, Any]) -> list[Event]:
+        """Note an assistant message: a compaction summary, or an agent step's context; the first step
+        after a compaction says the context it measured."""
         mid = str(info["id"])
         summary = info.get("summary") is True or "compaction" in (info.get("mode"), info.get("agent"))
         if summary or (self._compacting and mid not in self._roles_seen_assistant):
             self._summaries.add(mid)
         self._roles_seen_assistant.add(mid)
         tokens = info.get("tokens") if isinstance(info.get("tokens"), dict) else None
-        if not tokens:
-            return
+        if not tokens or mid in self._summaries:
+            return []
         cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
-        if mid in self._summaries:
-            out = tokens.get("output")
-            if isinstance(out, int) and out > 0:
-                self._after = out
-            return
         # OpenCode's own overflow count: input + cache read + output
         used = sum(
             v for v in (tokens.get("input"), cache.get("read"), tokens.get("output")) if isinstance(v, int)
         )
-        if used > 0:
-            self._context_tokens = used
+        if used <= 0:
+            return []  # the message's first update: nothing measured yet
+        self._context_tokens = used
+        if not self._measure_after:
+            return []
+        self._measure_after = False
+        # What the call was sent (the model's input, cached or not): the context it found.
+        sent = sum(
+            v for v in (tokens.get("input"), cache.get("read"), cache.get("write")) if isinstance(v, int)
+        )
+        return [
+            display(
+                f"{DIM}── context after the compaction: {_tokens(sent)} tokens (the next call's input) ──{RESET}\n"
+            )
+        ]
 
     def _compaction(self, raw: dict[str, Any]) -> list[Event]:
         self._compacting = True

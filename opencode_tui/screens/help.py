@@ -62,8 +62,8 @@ PANELS = """\
   failure. With the timeline focused the same letters jump to the next one (shift: the previous; `h` for
   shells, `w` for health warnings, `i` for interventions, `x` for failures); Enter opens the event at the
   cursor: a tool call's step view, a model call, a shell's recording. The panels show the run as it was at
-  that event. `p` plays the terminal recording and then the rest of the run (cleanup, verification, outcome);
-  at the end `p` plays again from the start.
+  that event. `p` plays from there: the terminal recording and then the rest of the run (cleanup,
+  verification, outcome); at the end `p` plays again from the start.
 - **Shells** (replay, `S` or Enter on a `$`): a person's shell in the sandbox played from
   `shells/shell-N.cast`: what it showed, and beside it every line typed with its time (for a run
   marked *human intervened* that is the question). `p` plays from where it is, `f` fast, `home` the

@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from textual import work
-from textual.app import SystemCommand
 from textual.binding import Binding, BindingType
 
 from core.calls.records import ModelCallRecord
@@ -33,6 +32,7 @@ from opencode_tui.screens.run import (
     LIVE_HANDOFF_DEADLINE_S,
     LIVE_SLICE_S,
     SHARED_BINDINGS,
+    PaletteEntry,
     RunScreen,
 )
 
@@ -125,8 +125,10 @@ class LiveRunScreen(RunScreen):
     ]
     mode = "live"
 
-    def __init__(self, control: EpisodeControl, run_dir: Path | None = None) -> None:
-        super().__init__(run_dir)
+    def __init__(
+        self, control: EpisodeControl, run_dir: Path | None = None, *, from_browser: bool = False
+    ) -> None:
+        super().__init__(run_dir, from_browser=from_browser)
         self.control = control
         self._action_key: tuple[bool, bool, bool, str | None] | None = None
         # one batch handed over at a time, sized by the measured ingest rate
@@ -288,16 +290,24 @@ class LiveRunScreen(RunScreen):
             self._action_key = key
             self.refresh_bindings()
 
+    def action_back(self) -> None:
+        """Esc on a run the runs browser started: back to the browser, as `q` goes (it asks first while
+        the episode runs, and the app waits for its cleanup)."""
+        if self.from_browser:
+            self.app.call_next(self.app.run_action, "app.request_quit")
+
     def action_cancel_episode(self) -> None:
         self.post_message(CancelWanted())
 
     def action_toggle_keep(self) -> None:
         self.post_message(KeepToggleWanted())
 
-    def palette_commands(self) -> Iterator[SystemCommand]:
-        tui = self.tui
-        yield SystemCommand("Cancel episode", "Stop the agent; cleanup is confirmed (c)", tui.request_cancel)
-        yield SystemCommand("Keep sandbox", "Toggle keeping the sandbox after the run (k)", tui.toggle_keep)
+    def palette_entries(self) -> Iterable[PaletteEntry]:
+        return (
+            PaletteEntry("Open shell", "Interactive shell in the sandbox (s)", "open_shell"),
+            PaletteEntry("Cancel episode", "Stop the agent; cleanup is confirmed (c)", "cancel_episode"),
+            PaletteEntry("Keep sandbox", "Toggle keeping the sandbox after the run (k)", "toggle_keep"),
+        )
 
     # -- the debugger (issue 27): acts go through the run's control socket, as `ctl` sends them ---
 

@@ -404,9 +404,10 @@ class FailureScreen(ModalScreen[str | None]):
         Binding("y", "copy", "Copy", id="failure.copy"),
     ]
 
-    def __init__(self, record: FailureRecorded | FailureRecovered) -> None:
+    def __init__(self, record: FailureRecorded | FailureRecovered, in_batch: bool = False) -> None:
         super().__init__(classes="modal")
         self.record = record
+        self.in_batch = in_batch  # a batch's attempt: its ``retry`` was carried out
         self.call_ids = failure_call_ids(record.failure)
 
     def compose(self) -> ComposeResult:
@@ -454,7 +455,7 @@ class FailureScreen(ModalScreen[str | None]):
         else:
             d = self.record.decision
             field("class", d.failure_class)
-            line("[b]$k[/][b $accent]$v[/]", k=f"{'action':<16}", v=str(d.action))
+            line("[b]$k[/][b $accent]$v[/]", k=f"{'action':<16}", v=fmt.action_words(d.action, self.in_batch))
             field("decided by", describe_decision(d))
         field("operation", f.operation)
         field("http status", fmt.DASH if f.http_status is None else f.http_status)

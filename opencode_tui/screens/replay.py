@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar, cast
 
 from textual import on, work
-from textual.app import ComposeResult, SystemCommand
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 
 from core.artifacts import Cast
@@ -41,6 +41,7 @@ from opencode_tui.screens.run import (
     REDRAW_INTERVAL_LOADING,
     REPLAY_BATCH,
     SHARED_BINDINGS,
+    PaletteEntry,
     RunScreen,
 )
 from opencode_tui.state import RunState
@@ -95,7 +96,7 @@ class ReplayRunScreen(RunScreen):
             "p",
             "play",
             "Play/pause",
-            tooltip="Replay: play/pause the terminal recording (terminal.cast)",
+            tooltip="Replay: play/pause from the timeline's position (terminal.cast, then the events)",
             id="run.play",
         ),
         Binding(
@@ -166,18 +167,21 @@ class ReplayRunScreen(RunScreen):
     def can_go_back(self) -> bool:
         return self.from_browser or self.play_source is not None
 
-    def palette_commands(self) -> Iterator[SystemCommand]:
-        yield SystemCommand("Play terminal recording", "Play/pause terminal.cast (p)", self.action_play)
-        yield SystemCommand("Fast playback", f"Toggle 1{fmt.TIMES} / fast playback (f)", self.action_fast)
-        yield SystemCommand(
-            "Next failure", "Jump the timeline to the next failure (n)", self.action_next_failure
-        )
-        if self.state.shells:
-            yield SystemCommand(
-                "Play a shell",
-                "A person's shell in the sandbox, what was typed included (S)",
-                self.action_shell_replay,
+    def palette_entries(self) -> Iterable[PaletteEntry]:
+        entries = [
+            PaletteEntry("Play terminal recording", "Play/pause from the cursor (p)", "play"),
+            PaletteEntry("Fast playback", f"Toggle 1{fmt.TIMES} / fast playback (f)", "fast"),
+            PaletteEntry("Next failure", "Jump the timeline to the next failure (n)", "next_failure"),
+        ]
+        if self.state.shells:  # no shell, nothing to play: not offered
+            entries.append(
+                PaletteEntry(
+                    "Play a shell",
+                    "A person's shell in the sandbox, what was typed included (S)",
+                    "shell_replay",
+                )
             )
+        return entries
 
     # -- the source ------------------------------------------------------------------------------
 
@@ -249,7 +253,7 @@ class ReplayRunScreen(RunScreen):
         if pos >= 0:
             ev = self.index.event_at(pos)
             if ev is not None:
-                summary = fmt.summarize(ev)
+                summary = fmt.summarize(ev, in_batch=bool(self.info and self.info.batch_id))
                 when = fmt.offset(ev.ts, self.state.start_time)
         timeline.show(
             cursor=self.cursor,
@@ -394,17 +398,16 @@ class ReplayRunScreen(RunScreen):
             if not self.cast_checked and self.reader is not None:
                 self.cast = self.reader.cast()
                 self.cast_checked = True
-            if self.cast is not None and self.cast.frames:
-                if self.play_source != "cast" or self.play_frame >= len(self.cast.frames):
-                    self.play_source = "cast"
-                    self.play_clock = 0.0
-                    self.play_frame = 0
-                    self.terminal.cast_reset()
+            if self.total == 0 and not (self.cast is not None and self.cast.frames):
+                return
+            # From the cursor (the timeline's position); from the start when it follows the end.
+            start_idx = 0 if self.cursor is None or self.cursor >= self.total - 1 else self.cursor
+            fresh = (
+                self.play_source != "cast" or self.cast is None or self.play_frame >= len(self.cast.frames)
+            )
+            if self.cast is not None and self.cast.frames and (not fresh or self._cast_from(start_idx)):
                 self.terminal.view = "cast"
-            else:
-                if self.total == 0:
-                    return
-                start_idx = 0 if self.cursor is None or self.cursor >= self.total - 1 else self.cursor
+            else:  # no recording, or the cursor is past its end: the events from the cursor
                 self.play_source = "events"
                 self.play_clock = (self.ts[start_idx] - self.ts[0]).total_seconds()
                 self.seek(start_idx)
@@ -415,6 +418,27 @@ class ReplayRunScreen(RunScreen):
             self._play_timer.pause()
         self.terminal.set_cast_status(self._playback_status())
         self.refresh_timeline()
+
+    def _cast_from(self, index: int) -> bool:
+        """Start the recording at event ``index``'s time: the frames before it drawn at once (the
+        screen as it was then). False when that time is past the recording's end."""
+        assert self.cast is not None
+        clock = 0.0
+        origin = self.cast.origin(self.info.started_at if self.info else self.state.start_time)
+        if index > 0 and origin is not None and self.total:
+            clock = max(self.ts[index].timestamp() - origin, 0.0)
+        frames = self.cast.frames
+        if clock > self.cast.duration:
+            return False
+        self.play_source = "cast"
+        self.play_clock = clock
+        self.terminal.cast_reset()
+        i = 0
+        while i < len(frames) and frames[i][0] <= clock:
+            self.terminal.cast_feed(frames[i][1])
+            i += 1
+        self.play_frame = i
+        return True
 
     def action_fast(self) -> None:
         self.speed = 1.0 if self.speed > 1 else FAST

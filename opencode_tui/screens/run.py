@@ -18,11 +18,14 @@ import json
 import time
 from array import array
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from textual import on
+from textual.actions import parse as parse_action
 from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -40,6 +43,7 @@ from opencode_tui.panels import RUN_PANELS, Region, panel_spec
 from opencode_tui.screens.inspect import InspectScreen
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.screens.step import StepScreen
+from opencode_tui.screens.warning_detail import WarningDetailScreen
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import ShowsRunState
 from opencode_tui.widgets.cleanup import CleanupPanel
@@ -98,6 +102,15 @@ SHARED_BINDINGS: list[Binding] = [
         for i, (pid, title) in enumerate(PANELS, 1)
     ),
 ]
+
+
+@dataclass(frozen=True)
+class PaletteEntry:
+    """A command palette entry for a screen's key: offered only while the key applies."""
+
+    title: str
+    help: str
+    action: str  # exactly as the screen's binding spells it
 
 
 def clock_now() -> datetime:
@@ -165,9 +178,24 @@ class RunScreen(Screen[None]):
     def can_go_back(self) -> bool:
         return self.from_browser
 
+    def palette_entries(self) -> Iterable[PaletteEntry]:
+        """The command palette's entries for this screen's own keys."""
+        return ()
+
     def palette_commands(self) -> Iterator[SystemCommand]:
-        """This screen's own entries of the command palette."""
-        yield from ()
+        """This screen's entries of the command palette: the ones whose key the footer offers now (one
+        source of truth: the key is bound here and ``check_action`` allows it), so the palette never
+        offers what the key would not do."""
+        for entry in self.palette_entries():
+            if self.action_applies(entry.action):
+                yield SystemCommand(entry.title, entry.help, partial(self.run_action, entry.action))
+
+    def action_applies(self, action: str) -> bool:
+        """The action is bound to a key of this screen and ``check_action`` allows it (False hides the
+        key from the footer, None greys it out: neither applies)."""
+        _, name, params = parse_action(action)
+        bound = any(b.action == action for bs in self._bindings.key_to_bindings.values() for b in bs)
+        return bound and self.check_action(name, params) is True
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -430,12 +458,12 @@ class RunScreen(Screen[None]):
 
     @on(FailuresTable.Open)
     def open_failure(self, message: FailuresTable.Open) -> None:
-        if isinstance(message.record, HealthWarning | SandboxFault):  # no cause chain: its words say it all
-            w = message.record
-            what = "health" if isinstance(w, HealthWarning) else f"kernel, {w.ts:%H:%M:%S}"
-            self.notify(w.message, title=f"{what}: {w.kind.value}", severity="warning", timeout=8)
+        if isinstance(message.record, HealthWarning | SandboxFault):
+            calls = {c.call_id for c in self.state.model_calls}
+            self.app.push_screen(WarningDetailScreen(message.record, calls), self.open_call_id)
             return
-        self.app.push_screen(FailureScreen(message.record), self.open_call_id)
+        in_batch = bool(self.info and self.info.batch_id)
+        self.app.push_screen(FailureScreen(message.record, in_batch), self.open_call_id)
 
     def open_call_id(self, call_id: str | None) -> None:
         """Open the model call ``call_id`` (a failure named it): the latest event for it."""

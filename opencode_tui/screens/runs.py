@@ -291,9 +291,12 @@ class RunsScreen(Screen[None]):
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
 
-    def __init__(self, runs_dir: Path) -> None:
+    def __init__(self, runs_dir: Path, rerun_of: tuple[Path, Path | None] | None = None) -> None:
         super().__init__()
         self.runs_dir = Path(runs_dir)
+        # Back from a re-run: (the original, the new run or None if it never made one); both are marked,
+        # the original first, so `d` compares them at once.
+        self.rerun_of = rerun_of
         self.index = RunsIndex(self.runs_dir)
         self._loading: str | None = None  # "reading run.json 500/10000" while a sort/filter waits
         self._stop = threading.Event()
@@ -313,8 +316,20 @@ class RunsScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#runs-filter").display = False
+        if self.rerun_of is not None:
+            self._mark_rerun(*self.rerun_of)
         self.refresh_title()
         self.query_one(RunsList).focus()
+
+    def _mark_rerun(self, original: Path, new: Path | None) -> None:
+        """Mark the original and its re-run (A, then B) and put the cursor on the re-run."""
+        lst = self.query_one(RunsList)
+        rows = {e.name: (row, e.path) for row in range(len(self.index)) if (e := self.index.entry(row))}
+        lst.marked = [rows[p.name][1] for p in (original, new) if p is not None and p.name in rows]
+        if new is not None and new.name in rows:
+            lst.move_cursor(rows[new.name][0])
+        # the title names the pair while both stay marked (as the list spells their paths)
+        self.rerun_of = (lst.marked[0], lst.marked[1]) if len(lst.marked) == 2 else None
 
     def on_unmount(self) -> None:
         self._stop.set()
@@ -334,6 +349,8 @@ class RunsScreen(Screen[None]):
         order = f"{self.index.sort_key} {'↓' if self.index.reverse else '↑'}"
         extra = f" · filter “{self.index.query}”" if self.index.query else ""
         marks = f" · marked {len(lst.marked)}/2" if lst.marked else ""
+        if self.rerun_of is not None and lst.marked == list(self.rerun_of):
+            marks = " · marked: ● re-run, ● original (d diffs)"  # the cursor is on the re-run
         loading = f" · {self._loading}" if self._loading else ""
         self.query_one("#runs-title", Static).update(
             Content.from_markup(

@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from core.events import FailureRecorded, FailureRecovered, HealthWarning, SandboxFault
-from opencode_tui.format import recovery_label
+from opencode_tui.format import action_words, recovery_label
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import ShowsRunState
 
@@ -41,6 +41,7 @@ class FailuresTable(ShowsRunState, DataTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.records: list[Problem] = []
+        self.in_batch = False  # the run is a batch's attempt: a ``retry`` decision was carried out
 
     def on_mount(self) -> None:
         for name in COLUMNS:
@@ -89,12 +90,14 @@ class FailuresTable(ShowsRunState, DataTable):
             # a warning (an optional artifact lost) decides nothing once the verifier graded
             Text(f"warning ({d.action})", style=colors.get("warning", ""))
             if d.warning
-            else Text(str(d.action), style="bold"),
+            else Text(action_words(d.action, self.in_batch), style="bold"),
             Text(sources),
         ]
 
     def show_state(self, state: RunState) -> None:
-        self.sync(state.problems)
+        in_batch = bool(state.info and state.info.batch_id)
+        force, self.in_batch = in_batch != self.in_batch, in_batch
+        self.sync(state.problems, force=force)
 
     def sync(self, records: Sequence[Problem], force: bool = False) -> None:
         mine = self.records

@@ -1,8 +1,8 @@
 """The run header: one line, the phase and the outcome first, then what runs where.
 
 It never wraps: the line is cut with an ellipsis at the widget's width, and because the phase, the
-outcome and the elapsed time come first they stay visible on an 80-column terminal; the details (task,
-provider, sandbox, versions, model) are what an ellipsis eats.
+outcome, the task and the elapsed time come first they stay visible on an 80-column terminal; the
+details (mode, provider, sandbox, versions, model) are what an ellipsis eats.
 """
 
 from __future__ import annotations
@@ -36,9 +36,16 @@ def phase_words(state: RunState) -> tuple[str, str]:
     phase = state.phase
     name = str(phase.phase) if phase else "starting"
     if o is not None:
-        words = f"{name} · {o.action}"
-        if o.failure_kind:
-            words += f" ({o.failure_kind})"
+        in_batch = bool(state.info and state.info.batch_id)
+        if o.action is Outcome.RETRY:  # what happened here, and what a batch does (the TUI never retries)
+            kind = f"{o.failure_kind}; " if o.failure_kind else ""
+            words = f"{name} · " + (
+                f"retried by its batch ({kind}attempt failed)"
+                if in_batch
+                else f"not retried ({kind}a batch would retry)"
+            )
+        else:
+            words = f"{name} · {o.action}" + (f" ({o.failure_kind})" if o.failure_kind else "")
         if o.reward is not None:
             words += f" · reward {o.reward:g}"
         return words, "$state-ok" if o.action is Outcome.SCORED else "$state-failed"
@@ -63,7 +70,7 @@ def held_words(state: RunState, now: datetime | None, *, live: bool) -> str | No
 
 
 class RunHeader(Widget):
-    """One line: phase/outcome · elapsed · mode · keep · task · provider · version · model · sandbox."""
+    """One line: phase/outcome · task · elapsed · mode · keep · provider · version · model · sandbox."""
 
     # Bound to the run screen's keep (itself bound to the app's): None when there is nothing to keep.
     keep: reactive[bool | None] = reactive(None, init=False)
@@ -116,13 +123,14 @@ class RunHeader(Widget):
             return
         self._key = key
         line = Content.from_markup(
-            # the hold first: at 80 columns it is what must not be cut
+            # the hold first: at 80 columns it is what must not be cut; then the task right after the
+            # outcome (the mode, a replay's run directory name, would otherwise push it into the ellipsis)
             ("[b reverse $warning]$held[/] · " if held else "")
-            + f"[b {style}]$words[/] · $elapsed / $budget"
+            + f"[b {style}]$words[/] · [b $primary]$task[/] · $elapsed / $budget"
             + (" · [b $error]human intervened[/]" if state.human_intervened else "")
             + (" · [b $warning]$unenforced limit not enforced[/]" if unenforced else "")
             # the sandbox last: a container id is 64 characters, and the ellipsis may take its tail
-            + " · [b]$mode[/]$keep · [b $primary]$task[/] · $provider · opencode $version · model $model"
+            + " · [b]$mode[/]$keep · $provider · opencode $version · model $model"
             " · sandbox [b]$sandbox[/]$ownership$user",
             words=words,
             held=held or "",

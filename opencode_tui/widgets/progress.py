@@ -7,7 +7,7 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Label, ProgressBar
 
-from core.events import Phase
+from core.events import STOPPING_WARNINGS, CleanupStep, Phase, StepState
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import Panel, ShowsRunState
@@ -53,7 +53,12 @@ class WarningsBar(ShowsRunState, Panel):
     when there is neither."""
 
     def show_state(self, state: RunState) -> None:
-        warnings = [w for w in state.warnings if not w.informational]
+        # "stopping the agent…" is news only until the agent has stopped: then it would read as still
+        # under way (what the cancel became is the cleanup panel's and the outcome's to say)
+        stopped = _agent_stopped(state)
+        warnings = [
+            w for w in state.warnings if not w.informational and not (stopped and w.code in STOPPING_WARNINGS)
+        ]
         n = len(warnings) + len(state.health)
         notes = [w for w in state.warnings if w.informational]
         shown = bool(n or notes)
@@ -92,3 +97,14 @@ class WarningsBar(ShowsRunState, Panel):
                 more=more,
             )
         )
+
+
+def _agent_stopped(state: RunState) -> bool:
+    """The agent is no longer running: the run has ended, or its receipt or release step is decided."""
+    if state.finished:
+        return True
+    done = (StepState.OK, StepState.FAILED, StepState.SKIPPED)
+    return any(
+        (seen := state.cleanup.get(step)) is not None and seen.state in done
+        for step in (CleanupStep.RECEIPT, CleanupStep.SANDBOX_RELEASED)
+    )

@@ -33,7 +33,8 @@ def verification_words(state: RunState) -> tuple[str, str, str]:
     verdict = "passed" if v.passed else "failed"
     style = "$state-ok" if v.passed else "$state-failed"
     if o is not None and o.action is not Outcome.SCORED:
-        return f"{verdict} (not the reward: {o.action})", style, note
+        why = "the attempt failed" if o.action is Outcome.RETRY else str(o.action)  # retry: see Outcome
+        return f"{verdict} (not the reward: {why})", style, note
     reward = fmt.DASH if v.reward is None else f"{v.reward:g}"
     return f"{verdict} · reward {reward}", style, note
 
@@ -122,8 +123,9 @@ class StatsPanel(ShowsRunState, Panel):
             row(
                 "Outcome",
                 f"[b {style}]$action[/] · reward $reward · $summary",
-                action=str(o.action),
+                action=fmt.action_words(o.action, bool(state.info and state.info.batch_id)),
                 reward=fmt.DASH if o.reward is None else f"{o.reward:g}",
-                summary=fmt.short(o.summary, 120),
+                # the engine's summary ends with the action, said first here (and in the TUI's words)
+                summary=fmt.short(o.summary.removesuffix(f" → {o.action}"), 120),
             )
         self.show_content(Content("\n").join(rows))

@@ -229,6 +229,12 @@ def _compaction_stream() -> list[dict]:
         part(id="p3", messageID="m3", type="text", text=summary, time={"start": 1, "end": 2}),
         msg("m3", "assistant", tokens={"input": 50_500, "output": 321, "cache": {"read": 0}}, **info),
         {"type": "session.compacted", "properties": {"sessionID": "s"}},
+        # the next agent step: its first update has no tokens yet, its last says what it was sent
+        msg("m4", "assistant", agent="build", tokens={"input": 0, "output": 0, "cache": {"read": 0}}),
+        part(id="p4", messageID="m4", type="text", text="Sorting now.", time={"start": 3, "end": 4}),
+        msg(
+            "m4", "assistant", agent="build", tokens={"input": 2_100, "output": 40, "cache": {"read": 1_000}}
+        ),
     ]
 
 
@@ -265,7 +271,12 @@ async def test_compaction_is_marked_and_its_summary_folded_in_the_terminal(tmp_p
         start = lines.index("── compacting context (overflow) · 50,500 tokens in context ──")
         assert lines[start - 1] == "• read notes.txt"
         assert lines[start + 1].startswith("▸ summary: ## Objective … 5 lines")
-        assert lines[start + 2] == "── context compacted · 50,500 → 321 tokens ──"
+        # the size after the compaction is what the next call was sent (input + cache read), not the
+        # summary's 321 output tokens
+        assert lines[start + 2] == "── context compacted (was 50,500 tokens) ──"
+        after = [line for line in lines if "context after the compaction" in line]
+        assert after == ["── context after the compaction: 3,100 tokens (the next call's input) ──"], lines
+        assert not any("321" in line for line in lines)
         assert not any("Sort the numbers" in line for line in lines)
         assert app.screen.state.compaction_count == 1
 

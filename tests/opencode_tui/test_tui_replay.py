@@ -457,7 +457,7 @@ async def test_raw_view_and_follow_toggle(fixture_runs, replay_loaded):
 
 async def test_shell_unavailable_in_replay_and_live_actions_hidden(fixture_runs, replay_loaded):
     """A replay's run is over: shell, cancel and keep are not offered (its sandbox was released when
-    the run ended); the command palette's "Open shell" says why."""
+    the run ended); asked for anyway (a served read-only app binds `s` on every screen), the app says why."""
     messages: list = []
     app = OpenCodeTUI(run_dir=fixture_runs / "hello-file")
     async with app.run_test(size=SIZE, message_hook=messages.append) as pilot:
@@ -493,8 +493,16 @@ async def test_help_and_theme_cycle(fixture_runs, replay_loaded):
         await pilot.press("t")
         assert app.theme == "opencode-dark"
         commands = [c.title for c in app.get_system_commands(app.screen)]
-        for title in ("Open shell", "Copy", "Next theme", "Theme: opencode-light", "Help", "Quit"):
+        for title in (
+            "Copy",
+            "Next theme",
+            "Theme: opencode-light",
+            "Help",
+            "Quit",
+            "Play terminal recording",
+        ):
             assert title in commands
+        assert "Open shell" not in commands  # a replay has no shell (no `s` in its footer either)
 
 
 async def test_copy_terminal_and_call(fixture_runs, replay_loaded):

@@ -24,6 +24,7 @@ from opencode_tui.cli import main
 from opencode_tui.screens.diff import DiffScreen, StepsTable
 from opencode_tui.screens.run import RunScreen
 from opencode_tui.screens.runs import RunsList, RunsScreen
+from opencode_tui.screens.warning_detail import WarningDetailScreen
 from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.progress import WarningsBar
 
@@ -226,13 +227,12 @@ async def test_health_warnings_in_the_run_screen(replay_loaded):
         await pilot.press("home", "w")
         await pilot.pause()
         assert screen.cursor == screen.markers["health"][0]
-        # Enter on a health row says what it is (a notification; there is no cause chain to open)
+        # Enter on a health row opens its detail (test_tui_first_use.py follows it to its model call)
         table.focus()
         table.move_cursor(row=0)
         await pilot.press("enter")
         await pilot.pause()
-        assert isinstance(app.screen, RunScreen)
-        assert any("compaction" in str(n.message) for n in app._notifications)
+        assert isinstance(app.screen, WarningDetailScreen) and app.screen.record == warnings[0]
 
 
 @pytest.mark.slow

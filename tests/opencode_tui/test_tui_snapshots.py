@@ -160,7 +160,8 @@ def test_runs_browser(snap_compare, fixture_runs, monkeypatch):
 
 
 def test_runs_browser_80x24(snap_compare, fixture_runs, monkeypatch):
-    """At 80 columns every column that matters fits (narrow forms, reward and start dropped)."""
+    """At 80 columns every column that matters fits (narrow forms; the start and the reward kept, the
+    provider, duration and human mark dropped)."""
 
     async def run_before(pilot) -> None:
         await pilot.pause()

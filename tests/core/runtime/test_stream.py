@@ -186,6 +186,13 @@ def _compaction_run(summary_info: dict) -> str:
         {"type": "session.compacted", "properties": {"sessionID": "s"}},
         _msg("m4", "assistant", agent="build", mode="build"),
         _text("p4", "m4", "Continuing.", ended=True),
+        _msg(
+            "m4",
+            "assistant",
+            agent="build",
+            mode="build",
+            tokens={"input": 3_000, "output": 20, "cache": {"read": 500, "write": 0}},
+        ),
     )
     return re.sub(r"\x1b\[[0-9;]*m", "", shown)
 
@@ -195,8 +202,11 @@ def test_compaction_has_an_opening_marker_and_a_folded_summary():
     lines = shown.splitlines()
     assert lines[0] == "── compacting context (auto) · 100,000 tokens in context ──"
     assert lines[1] == f"▸ summary: ## Objective … 6 lines, {len(SUMMARY)} chars folded"
-    assert lines[2] == "── context compacted · 100,000 → 1,234 tokens ──"
+    # the size left is what the next call was sent, once it says so (not the summary's 1,234 tokens)
+    assert lines[2] == "── context compacted (was 100,000 tokens) ──"
     assert lines[3] == "Continuing."
+    assert lines[4] == "── context after the compaction: 3,500 tokens (the next call's input) ──"
+    assert "1,234" not in shown
     assert "Sort the file." not in shown  # the summary's body is not streamed as if it were output
 
 
