@@ -48,11 +48,12 @@ class Column:
 
 
 # Cells in this order (tests read them by position). The run column (0) takes what the others leave,
-# between RUN_MIN and RUN_MAX. Below the full widths' total the narrow widths are used (the cells say the
-# same in fewer characters: ``✓`` for a confirmed cleanup, the start without the year and the seconds),
-# and below those, the batch, the provider, the duration and human (the outcome says it) are dropped in
-# turn, so the list fits down to 80 columns and never scrolls sideways there. The start and
-# the reward are never dropped: without them two attempts of a task look the same.
+# between RUN_MIN and RUN_MAX. Below the full widths' total the droppable columns go first (batch,
+# provider, duration, human: the outcome says it), then the narrow widths are used with every column
+# (the cells say the same in fewer characters: ``✓`` for a confirmed cleanup, the start without the year
+# and the seconds), and below those the droppable ones go again, so the list fits down to 80 columns and
+# never scrolls sideways there. The start and the reward are never dropped: without them two attempts
+# of a task look the same.
 COLUMNS: tuple[Column, ...] = (
     Column("run", 0, "run", 0),
     Column("task", 14, "task", 10),
@@ -84,21 +85,25 @@ class ColumnLayout:
 
 
 def column_layout(width: int) -> ColumnLayout:
-    """The columns that fit ``width``: full widths, else narrow ones, else narrow minus dropped columns
-    (the run column never below RUN_MIN; at the smallest the list scrolls sideways)."""
+    """The columns that fit ``width``: full widths, else full widths minus the droppable columns (in
+    their order), else narrow widths, else narrow minus dropped columns. A full cell says what a narrow
+    one cuts (``provider_oom_killed``, not ``provider_…``), so the optional columns go first; the run
+    column is never below RUN_MIN (at the smallest the list scrolls sideways)."""
 
     def fixed(shown: list[int], narrow: bool) -> int:
         return (
             sum((COLUMNS[i].narrow if narrow else COLUMNS[i].width) + 1 for i in shown[1:]) + 1 + MARK_WIDTH
         )
 
-    shown = list(range(len(COLUMNS)))
-    narrow = width - fixed(shown, False) < RUN_MIN
-    if narrow:
-        for rank in sorted({c.drop for c in COLUMNS if c.drop}):
-            if width - fixed(shown, True) >= RUN_MIN:
+    ranks = sorted({c.drop for c in COLUMNS if c.drop})
+    for narrow in (False, True):
+        shown = list(range(len(COLUMNS)))
+        for rank in [0, *ranks]:
+            shown = [i for i in shown if COLUMNS[i].drop != rank] if rank else shown
+            if width - fixed(shown, narrow) >= RUN_MIN:
                 break
-            shown = [i for i in shown if COLUMNS[i].drop != rank]
+        if width - fixed(shown, narrow) >= RUN_MIN:
+            break
     run = min(max(width - fixed(shown, narrow), RUN_MIN), RUN_MAX)
     widths = [run, *((COLUMNS[i].narrow if narrow else COLUMNS[i].width) for i in shown[1:])]
     return ColumnLayout(tuple(shown), tuple(widths), narrow)
