@@ -67,8 +67,7 @@ def _child(parent_dir: Path, lineage: str, **kw):
     parent = load_parent(parent_dir)
     config, task, plan = child_inputs(parent, lineage=lineage, **kw)
     episode = Episode(task, config, runs_dir=parent_dir.parent, child_of=(plan, parent))
-    result = asyncio.run(episode.run())
-    return result, episode
+    return asyncio.run(episode.run())
 
 
 def _tool_calls(run_dir: Path) -> list[tuple[str, str]]:
@@ -103,7 +102,7 @@ def parent(request, tmp_path_factory) -> tuple[str, Path]:
 
 def test_rerun_reproduces_the_tool_calls_and_the_reward(parent):
     provider, parent_dir = parent
-    result, episode = _child(parent_dir, "rerun")
+    result = _child(parent_dir, "rerun")
     child_dir = Path(result.run_dir)
     assert (result.reward, result.action.value, result.cleanup_confirmed) == (1.0, "scored", True)
     assert _tool_calls(child_dir) == _tool_calls(parent_dir) and len(_tool_calls(child_dir)) == 5
@@ -125,8 +124,8 @@ def test_rerun_reproduces_the_tool_calls_and_the_reward(parent):
 
 
 def test_fork_at_step_2_has_the_files_of_step_2_and_goes_live_after_the_replayed_calls(parent):
-    provider, parent_dir = parent
-    result, episode = _child(parent_dir, "fork", fork_step=2)
+    _, parent_dir = parent
+    result = _child(parent_dir, "fork", fork_step=2)
     child_dir = Path(result.run_dir)
     assert (result.reward, result.cleanup_confirmed) == (1.0, True), result.summary
     info = RunDirReader(child_dir).info()
@@ -148,7 +147,7 @@ def test_fork_at_step_2_has_the_files_of_step_2_and_goes_live_after_the_replayed
 
 
 def test_rerun_of_a_changed_task_stops_at_the_step_whose_tool_result_changed(parent, tmp_path):
-    provider, parent_dir = parent
+    _, parent_dir = parent
     info = RunDirReader(parent_dir).info()
     calc = Path(info.task_dir) / "files" / "calc.py"
     original = calc.read_text()
@@ -164,7 +163,7 @@ def test_rerun_of_a_changed_task_stops_at_the_step_whose_tool_result_changed(par
         )
         assert refused.returncode == ExitCode.USAGE and "changed since" in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and refused.stdout == ""
-        result, episode = _child(parent_dir, "rerun", allow_changed_task=True)
+        result = _child(parent_dir, "rerun", allow_changed_task=True)
     finally:
         calc.write_text(original)
     child = RunDirReader(Path(result.run_dir)).info()
@@ -172,3 +171,82 @@ def test_rerun_of_a_changed_task_stops_at_the_step_whose_tool_result_changed(par
     assert "(a tool result)" in child.replay.divergence and child.replay.divergence_diff
     assert (result.failure_kind, result.cleanup_confirmed) == ("replay_diverged", True)
     assert result.reward is None  # a stopped rerun is no sample
+
+
+# The replayed step 1 runs for a while: a signal during the fork's replay finds a command running.
+SLOW = [
+    {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 8", "description": "Wait"}}]},
+    NOTES,
+    {"text": "done"},
+]
+
+
+def _left_behind(provider: str, run_id: str, sandbox_id: str | None) -> list[str]:
+    if provider == "docker":
+        out = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=opencode-tui.run={run_id}"],
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.split()
+    out = subprocess.run(["pgrep", "-af", sandbox_id or run_id], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def _replaying_child(runs_dir: Path, parent_dir: Path) -> Path | None:
+    """The fork's run directory once its replayed step 1 (the sleep) is running."""
+    for d in runs_dir.iterdir():
+        events = d / RunFiles.EVENTS
+        if d == parent_dir or not events.is_file():
+            continue
+        for line in events.read_text().splitlines():
+            e = json.loads(line)
+            if e.get("type") == "tool_call" and e.get("tool") == "bash" and e.get("status") == "running":
+                return d
+    return None
+
+
+@pytest.mark.parametrize(
+    "provider",
+    [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)],
+)
+def test_sigterm_during_a_fork_replay_closes_with_confirmed_cleanup(request, tmp_path, provider):
+    if provider == "docker":
+        request.getfixturevalue("docker_base_image")
+    task = _copy_task(tmp_path / "task", SLOW)
+    config = AgentConfig.model_validate(
+        {
+            "sandbox": {"provider": provider},
+            "policy": {"max_attempts": 1},
+            "debug": {"workspace_digests": True},
+        }
+    )
+    runs = tmp_path / "runs"
+    parent_dir = Path(asyncio.run(Episode(load_task(task), config, runs_dir=runs).run()).run_dir)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opencode_tui.cli", "fork", str(parent_dir), "--at", "2", "--batch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        child_dir = None
+        while child_dir is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            child_dir = _replaying_child(runs, parent_dir)
+        assert child_dir is not None, "the fork never reached its replayed command"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.TERMINATED, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert (result["cleanup_confirmed"], result["cancelled_by"]) == (True, "SIGTERM"), err
+    info = RunDirReader(child_dir).info()
+    assert info.outcome is not None and info.lineage == "fork" and info.replay.live_from is None
+    assert info.replay.replayed >= 1  # stopped inside the replay, before any live call
+    assert _left_behind(provider, result["run_id"], result["sandbox_id"]) == []
