@@ -26,6 +26,7 @@ from core.episode.digests import recorded_digests
 from core.events import ToolCall
 from core.exit_codes import ExitCode
 from core.tasks import load_task
+from tests.core.conftest import require_docker_image
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +95,7 @@ def _digests(run_dir: Path) -> dict[int, str]:
 def parent(request, tmp_path_factory) -> tuple[str, Path]:
     """One recorded fix-bug run per provider (workspace digests on), shared by the tests below."""
     if request.param == "docker":
-        request.getfixturevalue("docker_base_image")
+        require_docker_image()
     base = tmp_path_factory.mktemp(f"lineage-{request.param}")
     task = _copy_task(base / "task", _steps_with_notes())
     return request.param, _parent_run(task, request.param, base / "runs")
