@@ -80,13 +80,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_rerun(args: argparse.Namespace) -> int:
     from opencode_tui.lineage_command import cmd_lineage
 
-    return cmd_lineage(args)
+    return cmd_lineage(args, terminal=on_terminal())
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
     from opencode_tui.lineage_command import cmd_lineage
 
-    return cmd_lineage(args)
+    return cmd_lineage(args, terminal=on_terminal())
 
 
 def _theme() -> str | None:

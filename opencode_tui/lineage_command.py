@@ -76,7 +76,8 @@ def _overrides(args: argparse.Namespace) -> Any:
     return apply
 
 
-def cmd_lineage(args: argparse.Namespace) -> int:
+def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
+    """``terminal``: both ends are one (then the live TUI, unless --batch)."""
     name = args.command  # rerun | fork
     path = Path(args.run_dir)
     try:
@@ -96,9 +97,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         print(f"opencode-tui {name}: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     episode = Episode(task, config, runs_dir=Path(config.runs_dir), child_of=(plan, parent))
-    from opencode_tui.commands import on_terminal
-
-    if not args.batch and on_terminal():
+    if not args.batch and terminal:
         return _tui(episode, config)
     return _headless(name, episode)
 
