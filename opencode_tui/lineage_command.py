@@ -13,13 +13,13 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from core.admission import AdmissionError, check_inputs
-from core.config import AgentConfig, ConfigError
-from core.episode import Episode, EpisodeResult, LineageError, child_inputs, load_parent
 from core.exit_codes import ExitCode
-from core.signals import closing_signals
+
+if TYPE_CHECKING:  # the engine is loaded when a command runs, not for --help (start-up)
+    from core.config import AgentConfig
+    from core.episode import Episode, EpisodeResult
 
 
 def add_parsers(sub: Any, provider_choices: Any) -> None:
@@ -61,6 +61,8 @@ def add_parsers(sub: Any, provider_choices: Any) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> Any:
+    from core.config import AgentConfig
+
     def apply(config: AgentConfig) -> AgentConfig:
         data = config.model_dump(mode="json")
         if args.provider:
@@ -78,6 +80,10 @@ def _overrides(args: argparse.Namespace) -> Any:
 
 def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
     """``terminal``: both ends are one (then the live TUI, unless --batch)."""
+    from core.admission import AdmissionError, check_inputs
+    from core.config import ConfigError
+    from core.episode import Episode, LineageError, child_inputs, load_parent
+
     name = args.command  # rerun | fork
     path = Path(args.run_dir)
     try:
@@ -115,6 +121,8 @@ def _announce(name: str) -> Any:
 
 
 def _headless(name: str, episode: Episode) -> int:
+    from core.signals import closing_signals
+
     async def main() -> EpisodeResult:
         with closing_signals(episode.cancel, announce=_announce(name)):
             return await episode.run()
