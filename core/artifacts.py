@@ -138,6 +138,7 @@ class ReplaySummary(BaseModel):
     # fork: the workspace at the fork point against the parent's digest (matches / differs / not
     # recorded); rerun: the first step whose workspace differed, if any
     workspace_check: str | None = None
+    said: str | None = None  # fork --say: the user message added at the fork point, once it was
 
 
 # Written only when set, so the run.json of a run that is no rerun or fork is as it was.

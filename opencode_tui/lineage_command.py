@@ -47,6 +47,9 @@ def add_parsers(sub: Any, provider_choices: Any) -> None:
     fk.add_argument("--model-url", help="the live model after the fork point (default: the recorded one)")
     fk.add_argument("--model", help="model name at --model-url")
     fk.add_argument("--api-key-env", help="environment variable holding the model API key")
+    fk.add_argument(
+        "--say", metavar="TEXT", help="a user message added at the fork point (the live model sees it)"
+    )
     for p in (rr, fk):
         p.add_argument(
             "--provider", help="sandbox provider (default: the recorded one)"
@@ -95,6 +98,7 @@ def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
             on_divergence=getattr(args, "on_divergence", "stop"),
             allow_changed_task=args.allow_changed_task,
             overrides=_overrides(args),
+            say=getattr(args, "say", None),
         )
         if not args.runs_dir:
             config = config.model_copy(update={"runs_dir": str(path.resolve().parent)})

@@ -689,6 +689,8 @@ class Episode(EpisodeControl):
 
         assert self.debugger is not None
         self.debugger.agent_started(self.run_budget_s, serve_acts(self.sandbox, self.installed))
+        if self.child is not None:
+            self.child.serve = serve_acts(self.sandbox, self.installed)
         if self.digests is not None:
             layout = self.installed.harness.layout
             self.digests.attach(

@@ -10,7 +10,7 @@ against the parent's digests).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,10 +74,13 @@ def child_inputs(
     on_divergence: OnDivergence = "stop",
     allow_changed_task: bool = False,
     overrides: Callable[[AgentConfig], AgentConfig] | None = None,
+    say: str | None = None,
 ) -> tuple[AgentConfig, Task, ReplayPlan]:
     """The child's configuration (the parent's, workspace digests on, then ``overrides``), its task
     (the parent's task directory, unchanged unless ``allow_changed_task``) and its plan."""
     name = parent.path.name
+    if say is not None and (lineage != "fork" or not say.strip()):
+        raise LineageError("--say needs a fork and a non-empty message")
     if fork_step is not None and not 1 <= fork_step < parent.steps:
         raise LineageError(
             f"--at {fork_step}: {name} recorded {parent.steps} agent model call(s); "
@@ -104,6 +107,7 @@ def child_inputs(
         parent_run_dir=str(parent.path.resolve()),
         fork_step=fork_step,
         on_divergence="live" if lineage == "fork" else on_divergence,
+        say=say,
     )
     return config, task, plan
 
@@ -127,7 +131,15 @@ class ChildRun:
         self._stop_agent = stop_agent
         self._save = save
         self.summary = ReplaySummary()
-        self.replayer = Replayer(plan, parent.records, on_diverged=self._diverged, on_live=self._live)
+        self.replayer = Replayer(
+            plan,
+            parent.records,
+            on_diverged=self._diverged,
+            on_live=self._live,
+            at_fork_point=self._say if plan.say else None,
+        )
+        # say/abort through OpenCode's server (core.debugger.serve_acts), once the agent runs
+        self.serve: Callable[[str, str], Awaitable[None]] | None = None
         self._workspace_said = False
 
     def stamp(self, info: RunInfo) -> None:
@@ -164,6 +176,21 @@ class ChildRun:
                     details=GenericDetails(data={"step": d.step, "diff": d.diff}),
                 )
             )
+
+    async def _say(self) -> None:
+        """fork --say: the message goes into OpenCode's session while the last replayed call is in
+        flight, so the first live request carries it."""
+        text = self.plan.say or ""
+        try:
+            if self.serve is None:
+                raise RuntimeError("the harness has no server to post it to")
+            await self.serve("say", text)
+        except Exception as exc:
+            self._emit(Warning_(code="replay_say_failed", message=f"--say was not delivered: {exc}"))
+            return
+        self.summary.said = text
+        self._emit(Warning_(code="replay_said", message=f"at the fork point: {text}"))
+        self._save()
 
     def _live(self, step: int) -> None:
         self.summary.live_from = step

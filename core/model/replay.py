@@ -21,7 +21,7 @@ import difflib
 import json
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +55,7 @@ class ReplayPlan(BaseModel):
     parent_run_dir: str
     fork_step: int | None = Field(default=None, ge=1)  # fork: agent calls answered from the record
     on_divergence: OnDivergence = "stop"
+    say: str | None = None  # fork: a user message added at the fork point (before the first live call)
 
 
 class Divergence(BaseModel):
@@ -191,8 +192,12 @@ class Replayer:
         *,
         on_diverged: Callable[[Divergence], None] | None = None,
         on_live: Callable[[int], None] | None = None,
+        at_fork_point: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.plan = plan
+        # Awaited before the last replayed answer of a fork (its ``say`` goes in then, so OpenCode
+        # takes it into the first live request).
+        self._at_fork_point = at_fork_point
         self._queues: dict[str, deque[ModelCallRecord]] = {}
         for rec in recorded_order(records):
             if rec.method == "POST":
@@ -243,6 +248,8 @@ class Replayer:
                     return None
         if rec is None:
             return None  # a title or other call the record has no more of: the live model answers
+        if kind == "agent" and self.step == self.plan.fork_step and self._at_fork_point is not None:
+            await self._at_fork_point()
         self.replayed += 1
         return _recorded_response(rec)
 

@@ -147,6 +147,19 @@ def test_fork_at_step_2_has_the_files_of_step_2_and_goes_live_after_the_replayed
     assert {"replay_started", "replay_live", "replay_workspace"} <= set(warnings)
 
 
+def test_fork_say_puts_the_text_into_the_first_live_request(parent):
+    _, parent_dir = parent
+    said = "Also mention PELICAN-7 when you are done."
+    result = _child(parent_dir, "fork", fork_step=2, say=said)
+    child_dir = Path(result.run_dir)
+    info = RunDirReader(child_dir).info()
+    assert info.replay.said == said and result.reward is not None, (info.replay, result.summary)
+    calls = _agent_calls(child_dir)
+    assert all(said not in json.dumps(c.request_body) for c in calls[:2])  # the replayed ones: as recorded
+    assert said in json.dumps(calls[2].request_body)  # the first live request carries it
+    assert result.human_intervened is False  # a planned input, recorded in run.json, not a person's act
+
+
 def test_rerun_of_a_changed_task_stops_at_the_step_whose_tool_result_changed(parent, tmp_path):
     _, parent_dir = parent
     info = RunDirReader(parent_dir).info()
