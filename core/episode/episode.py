@@ -420,7 +420,7 @@ class Episode(EpisodeControl):
 
         try:
             info.task_hash = task_content_hash(self.task)
-        except OSError:
+        except Exception:  # never a reason for the run not to start
             info.task_hash = None  # unknown: a rerun cannot check it, and says so
         if self._child_of is None:
             return
