@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from core.artifacts import RunDir, RunFiles
-from core.model.hold import FORWARD, CallGate, HeldCall, HoldVerdict
+from core.model.hold import FORWARD, CallGate, HandAnswer, HeldCall, HoldVerdict
 from core.sandbox.base import Sandbox
 
 DIGEST_TIMEOUT_S = 20.0
@@ -103,6 +103,10 @@ class DigestGate:
         if self._target is not None:
             await self._digest(call.call_id)
         return FORWARD if self.inner is None else await self.inner.hold(call)
+
+    async def hold_reply(self, call: HeldCall, reply: HandAnswer) -> HoldVerdict:
+        """The debugger's edit of a reply (its second hold) is the inner gate's alone."""
+        return FORWARD if self.inner is None else await self.inner.hold_reply(call, reply)
 
     async def _digest(self, call_id: str) -> None:
         sandbox, python, workdir, state = self._target  # type: ignore[misc]
