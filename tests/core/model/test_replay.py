@@ -157,6 +157,17 @@ def test_compare_ignores_ids_and_clock_noise_and_names_the_message() -> None:
     b["messages"][2]["tool_calls"][0]["id"] = "call_other"
     b["messages"][3]["tool_call_id"] = "call_other"
     assert compare(a, b) is None
+    # OpenCode's ids (a subagent's session) and the pid of a killed job are ids too
+    a, b = (
+        _second('<task id="ses_dc9e685c6ffeaB0mK25MIq6a7J">'),
+        _second('<task id="ses_dc9e5ef69ffeWTn8LD4SWMMnFq">'),
+    )
+    assert compare(a, b) is None
+    a, b = (
+        _second("line 1:   112 Killed   bash -c 'kill -9 $$'"),
+        _second("line 1:   113 Killed   bash -c 'kill -9 $$'"),
+    )
+    assert compare(a, b) is None
     what, diff = compare(a, _second("changed")) or ("", "")
     assert what == "message 4 [tool] differs (a tool result)" and "+[tool] changed" in diff
     assert compare(agent_body(), _second("x")) is not None  # a message more
