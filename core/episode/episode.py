@@ -415,13 +415,7 @@ class Episode(EpisodeControl):
         self._start_debugger()
 
     def _start_lineage(self, info: RunInfo) -> None:
-        """The task's content (what a rerun checks it against), and a child run's lineage."""
-        from core.tasks import task_content_hash
-
-        try:
-            info.task_hash = task_content_hash(self.task)
-        except Exception:  # never a reason for the run not to start
-            info.task_hash = None  # unknown: a rerun cannot check it, and says so
+        """A child run's lineage (issue 28)."""
         if self._child_of is None:
             return
         from core.episode.lineage import ChildRun
@@ -429,6 +423,17 @@ class Episode(EpisodeControl):
         plan, parent = self._child_of
         self.child = ChildRun(plan, parent, emit=self.emit, stop_agent=self.stop_agent, save=self._save_info)
         self.child.stamp(info)
+
+    async def _hash_task(self) -> None:
+        """run.json's ``task_hash``: the task's content, what a rerun checks it against (off the loop:
+        a large task takes a while to read, and other episodes share the loop)."""
+        from core.tasks import task_content_hash
+
+        try:
+            digest: str | None = await asyncio.to_thread(task_content_hash, self.task)
+        except Exception:  # never a reason for the run not to go on; unknown, a rerun says so
+            digest = None
+        self._write_info(task_hash=digest)
 
     def _save_info(self) -> None:
         if self.info is not None and self.run_dir is not None:
@@ -605,6 +610,7 @@ class Episode(EpisodeControl):
         assert self.run_dir is not None and self.debugger is not None  # made with the run directory
         sb = self.config.sandbox
         self._enter(Phase.SEED)
+        await self._hash_task()
         from core.debugger.control_socket import ControlSocket
 
         await stack.enter_async_context(ControlSocket(self.run_dir.path, self.debugger))
