@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -91,6 +91,8 @@ class RunFiles:
     TASK_YAML = "input/task.yaml"
     BUILD_LOG = "build/image.log"  # the task image's build output (tasks built from a Dockerfile)
     TRAJECTORY = "trajectory.json"  # the run as an ATIF trajectory (core/export/atif.py), written last
+    # A digest of the workspace before each agent model call (debug.workspace_digests, rerun and fork).
+    WORKSPACE_DIGESTS = "workspace_digests.jsonl"
 
     @staticmethod
     def shell_cast(n: int) -> str:
@@ -111,6 +113,36 @@ class OutcomeSummary(BaseModel):
     failure_stage: str | None = None
     failure_class: str | None = None
     summary: str = ""
+
+
+class RunParent(BaseModel):
+    """The run a rerun or fork was made from (issue 28)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    run_dir: str
+
+
+class ReplaySummary(BaseModel):
+    """How a rerun or fork went against its parent's record (kept up to date while it runs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replayed: int = 0  # calls answered from the parent's record
+    live_from: int | None = None  # the agent step whose call went to the live model first
+    reproduced: bool | None = None  # rerun: no divergence (None while running)
+    divergence_step: int | None = None
+    divergence: str | None = None  # in words, with the recorded call it was compared with
+    divergence_diff: str | None = None
+    # fork: the workspace at the fork point against the parent's digest (matches / differs / not
+    # recorded); rerun: the first step whose workspace differed, if any
+    workspace_check: str | None = None
+    said: str | None = None  # fork --say: the user message added at the fork point, once it was
+
+
+# Written only when set, so the run.json of a run that is no rerun or fork is as it was.
+LINEAGE_FIELDS = frozenset({"lineage", "parent", "fork_step", "replay", "task_hash"})
 
 
 class RunInfo(BaseModel):
@@ -148,6 +180,12 @@ class RunInfo(BaseModel):
     # The process that ran the episode: a run without an outcome whose controller is gone was
     # interrupted (SIGKILL, power loss), not running.
     controller: str | None = None  # core.invocation.invocation_id() of the process that ran it
+    # issue 28: a rerun or fork of ``parent`` (``fork_step``: the agent calls answered from its record)
+    task_hash: str | None = None  # the task's content (core.tasks.task_content_hash) when it started
+    lineage: Literal["rerun", "fork"] | None = None
+    parent: RunParent | None = None
+    fork_step: int | None = None
+    replay: ReplaySummary | None = None
 
     @property
     def orphaned(self) -> bool:
@@ -301,7 +339,11 @@ class RunDir:
         return self._atomic(RunFiles.DIAGNOSTICS, cap_diagnostics(parts, cap, secrets=self._secrets))
 
     def write_run_info(self, info: RunInfo) -> Path:
-        return self.write_json(RunFiles.RUN_INFO, info)
+        data = json.loads(info.model_dump_json())
+        for name in LINEAGE_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return self.write_json(RunFiles.RUN_INFO, data)
 
     def _atomic(self, name: str, text: str) -> Path:
         target = self.path / name

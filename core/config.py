@@ -365,6 +365,10 @@ class DebugSettings(_Model):
     (``run --break COND``); more can be set live through the run's control socket."""
 
     breaks: list[str] = Field(default_factory=list)  # core.breaks syntax: next, call:N, tool:NAME, ...
+    # A digest of the workspace before each agent model call (workspace_digests.jsonl): what a fork
+    # at that step must reproduce (issue 28). Always on in a rerun or fork. None is off, and reads as
+    # the configuration of a run recorded before this setting existed (`diff` sees no drift).
+    workspace_digests: bool | None = None
 
     @field_validator("breaks")
     @classmethod

@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
         "error, failure; then `opencode-tui ctl RUN continue|step|say|answer|abort`",
     )
 
+    from opencode_tui.lineage_command import add_parsers as add_lineage
+
+    add_lineage(sub, LazyChoices(_provider_names))
     op = sub.add_parser("open", help="open a run directory in the TUI (replay)")
     op.add_argument("run_dir")
     rs = sub.add_parser("runs", help="list run directories with their outcome")

@@ -77,6 +77,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_command.cmd_run(args)
 
 
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from opencode_tui.lineage_command import cmd_lineage
+
+    return cmd_lineage(args, terminal=on_terminal())
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    from opencode_tui.lineage_command import cmd_lineage
+
+    return cmd_lineage(args, terminal=on_terminal())
+
+
 def _theme() -> str | None:
     """The theme for `open`/`runs` (``OPENCODE_TUI_THEME``), checked before the app starts."""
     from opencode_tui.themes import DEFAULT_THEME, ThemeError, load_themes

@@ -157,6 +157,8 @@ class ModelCallRecord(BaseModel):
     # usage is the model's (it did spend those tokens).
     edited_by: str | None = None
     model_response_body: Any = None
+    # rerun/fork (issue 28): the parent's recorded call this answer was replayed from, not the model's.
+    replayed_from: str | None = None
 
     @property
     def failed(self) -> bool:

@@ -54,6 +54,7 @@ from core.failures import (
 )
 from core.health import HealthMonitor
 from core.image_build import ensure_task_image
+from core.model.hold import CallGate
 from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
 from core.runtime import access
 from core.sandbox.base import (
@@ -70,7 +71,10 @@ from core.tasks import Task
 
 if TYPE_CHECKING:
     from core.debugger.debugger import Debugger
+    from core.episode.digests import DigestGate
+    from core.episode.lineage import ChildRun, Parent
     from core.model.endpoint import ModelEndpoint
+    from core.model.replay import ReplayPlan
     from core.runtime.installer import Installer
     from core.runtime.supervisor_client import CleanupReceipt
 
@@ -90,6 +94,7 @@ class Episode(EpisodeControl):
         installer: Installer | None = None,
         bus: EventBus | None = None,
         batch_id: str | None = None,
+        child_of: tuple[ReplayPlan, Parent] | None = None,
     ) -> None:
         self.task = task
         self.config = config
@@ -140,6 +145,10 @@ class Episode(EpisodeControl):
         # [no progress] the failure that made the episode stop its own agent (core/calls/progress.py)
         self.stopped_for: FailureEvent | None = None
         self.debugger: Debugger | None = None  # once the run directory exists (issue 27)
+        # issue 28: a rerun or fork of a recorded run, answered from its record (core/episode/lineage.py)
+        self._child_of = child_of
+        self.child: ChildRun | None = None  # once the run directory exists
+        self.digests: DigestGate | None = None  # debug.workspace_digests: before each agent call
 
     # ---- control API ---------------------------------------------------------------------------
 
@@ -401,8 +410,34 @@ class Episode(EpisodeControl):
             versions=versions(self.config.runtime.opencode_version),
             controller=invocation.invocation_id(),
         )
+        self._start_lineage(self.info)
         self.run_dir.write_run_info(self.info)
         self._start_debugger()
+
+    def _start_lineage(self, info: RunInfo) -> None:
+        """A child run's lineage (issue 28)."""
+        if self._child_of is None:
+            return
+        from core.episode.lineage import ChildRun
+
+        plan, parent = self._child_of
+        self.child = ChildRun(plan, parent, emit=self.emit, stop_agent=self.stop_agent, save=self._save_info)
+        self.child.stamp(info)
+
+    async def _hash_task(self) -> None:
+        """run.json's ``task_hash``: the task's content, what a rerun checks it against (off the loop:
+        a large task takes a while to read, and other episodes share the loop)."""
+        from core.tasks import task_content_hash
+
+        try:
+            digest: str | None = await asyncio.to_thread(task_content_hash, self.task)
+        except Exception:  # never a reason for the run not to go on; unknown, a rerun says so
+            digest = None
+        self._write_info(task_hash=digest)
+
+    def _save_info(self) -> None:
+        if self.info is not None and self.run_dir is not None:
+            self.run_dir.write_run_info(self.info)
 
     def _watch_progress(self) -> None:
         """[no progress] model answers that give the agent nothing, call after call, stop the agent."""
@@ -502,6 +537,8 @@ class Episode(EpisodeControl):
                 model_url=self.config.model.url,
             )
         ).ts
+        if self.child is not None:
+            self.child.started()
         # [health] silent commands are noticed on a clock; it ends with the episode or its run budget
         self._health_watch = asyncio.ensure_future(
             self.health.watch(self.bus, self.run_budget_s + self.config.budgets.close_s)
@@ -573,12 +610,24 @@ class Episode(EpisodeControl):
         assert self.run_dir is not None and self.debugger is not None  # made with the run directory
         sb = self.config.sandbox
         self._enter(Phase.SEED)
+        await self._hash_task()
         from core.debugger.control_socket import ControlSocket
 
         await stack.enter_async_context(ControlSocket(self.run_dir.path, self.debugger))
+        gate: CallGate = self.debugger
+        if self.config.debug.workspace_digests:  # issue 28: what a fork at each step must reproduce
+            from core.episode.digests import DigestGate
+
+            on_digest = self.child.on_digest if self.child is not None else None
+            gate = self.digests = DigestGate(self.debugger, self.run_dir, on_digest=on_digest)
         self.endpoint = await stack.enter_async_context(
             ModelEndpoint(
-                self.task, self.config.model, self.run_dir.path, on_call=self.emit, gate=self.debugger
+                self.task,
+                self.config.model,
+                self.run_dir.path,
+                on_call=self.emit,
+                gate=gate,
+                replay=self.child.replayer if self.child is not None else None,
             )
         )
         provider = self._provider or get_provider(sb.provider, self.config)
@@ -646,6 +695,13 @@ class Episode(EpisodeControl):
 
         assert self.debugger is not None
         self.debugger.agent_started(self.run_budget_s, serve_acts(self.sandbox, self.installed))
+        if self.child is not None:
+            self.child.serve = serve_acts(self.sandbox, self.installed)
+        if self.digests is not None:
+            layout = self.installed.harness.layout
+            self.digests.attach(
+                self.sandbox, self.installed.runtime.python, self.task.workdir, layout.session_dir
+            )
         await agent.run_agent(
             self.session,
             self.installed,
@@ -755,6 +811,8 @@ class Episode(EpisodeControl):
 
     def _outcome(self) -> EpisodeResult:
         assert self.run_dir is not None and self.info is not None
+        if self.child is not None:
+            self.child.finish(complete=self._cancel is None and self.stopped_for is None)
         proxy = getattr(self.endpoint, "proxy", None)
         if proxy is not None and proxy.write_error and self.run_dir.write_error is None:
             self.run_dir.note_write_error(proxy.write_error)

@@ -87,6 +87,9 @@ _REGISTRY: dict[str, str] = {
     "run_interrupted": "the controller died mid-episode (SIGKILL, power loss): no outcome, cleanup unknown",
     "human_intervened": "a person used a shell in the sandbox or acted on the agent through the debugger "
     "before verification finished",
+    # rerun (issue 28)
+    "replay_diverged": "a rerun's request differed from the recorded one and the rerun was stopped there "
+    "(--on-divergence stop): not a sample",
 }
 
 _warned: set[str] = set()

@@ -197,6 +197,8 @@ DEFAULT_CLASSIFICATION = ClassificationConfig(
         "sandbox_engine_lost": FailureClass.EVALUATION,
         # Infrastructure whatever the phase: the agent did not make the Ray worker die.
         "executor_worker_lost": FailureClass.EVALUATION,
+        # A rerun stopped at its divergence: the environment (or the task) changed, not the model.
+        "replay_diverged": FailureClass.EVALUATION,
         "*@seed": FailureClass.EVALUATION,
         "*@install": FailureClass.EVALUATION,
         "*@admission": FailureClass.EVALUATION,
@@ -227,6 +229,7 @@ DEFAULT_POLICY = OutcomePolicyConfig(
         "install_timeout": Action.RETRY,
         "supervisor_lost": Action.KEEP_UNKNOWN,
         "human_intervened": Action.KEEP_UNKNOWN,
+        "replay_diverged": Action.KEEP_UNKNOWN,
         "run_interrupted": Action.KEEP_UNKNOWN,
         # A lost worker says nothing about the task: a fresh attempt elsewhere (bounded by max_attempts).
         "executor_worker_lost": Action.RETRY,

@@ -18,6 +18,7 @@ from core.events import Compaction, Event, ModelCall
 from core.failures import Evidence, FailureEvent, FailureStage, ModelCallDetails
 from core.model.hold import CallGate
 from core.model.proxy import ModelProxy
+from core.model.replay import Replayer
 from core.model.scripted import ScriptedModel
 from core.tasks import Task
 
@@ -91,6 +92,7 @@ class ModelEndpoint:
         run_dir: Path,
         on_call: Callable[[Event], Any],
         gate: CallGate | None = None,
+        replay: Replayer | None = None,
     ) -> None:
         self.task = task
         self.settings = settings
@@ -101,6 +103,7 @@ class ModelEndpoint:
         self._tmp: str | None = None
         self.compactions = 0
         self.gate = gate  # the debugger's breakpoints (core.model.hold)
+        self.replay = replay  # rerun/fork: the parent's recorded answers (core.model.replay)
         # OpenCode's API key for the proxy: only this episode's OpenCode can spend the upstream key.
         self.access_token = secrets.token_urlsafe(24)
 
@@ -127,6 +130,7 @@ class ModelEndpoint:
                 host=self.settings.proxy_host,
                 access_token=self.access_token,
                 gate=self.gate,
+                replay=self.replay,
             ).start()
         except BaseException:
             await self.__aexit__(None, None, None)

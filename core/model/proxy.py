@@ -74,6 +74,7 @@ from core.model.hold import (
     answer_sse,
     reply_of,
 )
+from core.model.replay import Replayer
 from core.redaction import REDACTED, redact, redact_headers, redact_text
 
 log = logging.getLogger(__name__)
@@ -331,6 +332,7 @@ class ModelProxy(HttpService):
         call_id_prefix: str | None = None,
         access_token: str | None = None,
         gate: CallGate | None = None,
+        replay: Replayer | None = None,
     ) -> None:
         parts = urlsplit(upstream_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -355,6 +357,8 @@ class ModelProxy(HttpService):
         self._api_key: str | None = None
         self.access_token = access_token
         self.gate = gate  # the debugger's breakpoints (core.model.hold); None: every call goes through
+        # rerun/fork (core.model.replay): recorded answers instead of the upstream's; None: always forward
+        self.replay = replay
         self._client: httpx.AsyncClient | None = None
         self._server = HttpServer(self._handle, name="model-proxy")
         self._file_lock = threading.Lock()
@@ -430,6 +434,8 @@ class ModelProxy(HttpService):
     def _finish(self, rec: ModelCallRecord) -> ModelCallRecord:
         """Redact, keep, append to model_calls.jsonl, emit the event."""
         data = redact(json.loads(rec.model_dump_json()), self._secrets())
+        if data.get("replayed_from") is None:  # the record of a run that is no replay is as it was
+            data.pop("replayed_from", None)
         safe = ModelCallRecord.model_validate(data)
         self.records.append(safe)
         path = self.records_path
@@ -605,14 +611,21 @@ class ModelProxy(HttpService):
                     await self._release_by_hand(rec, verdict, body_json, writer)
                     rec.latency_s = loop.time() - t0
                     return True
-            upstream_req = self._client.build_request(
-                req.method,
-                self._target(req),
-                headers=self._upstream_headers(req),
-                content=req.body if req.body or req.method in ("POST", "PUT", "PATCH") else None,
-            )
             try:
-                resp = await watch.run(self._client.send(upstream_req, stream=True))
+                replayed = None
+                if self.replay is not None and req.method == "POST":
+                    replayed = await self.replay.answer(rec.kind, body_json)
+                if replayed is not None:
+                    resp = replayed.response
+                    rec.replayed_from = replayed.call_id or "replay"
+                else:
+                    upstream_req = self._client.build_request(
+                        req.method,
+                        self._target(req),
+                        headers=self._upstream_headers(req),
+                        content=req.body if req.body or req.method in ("POST", "PUT", "PATCH") else None,
+                    )
+                    resp = await watch.run(self._client.send(upstream_req, stream=True))
             except httpx.HTTPError as exc:
                 rec.error = f"upstream request failed: {type(exc).__name__}: {exc}".rstrip(": ")
                 rec.latency_s = loop.time() - t0

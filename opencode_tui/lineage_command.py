@@ -1,0 +1,166 @@
+"""``opencode-tui rerun RUN_DIR`` and ``fork RUN_DIR --at STEP`` (issue 28): a child run answered from
+its parent's record (core/episode/lineage.py), in the live TUI on a terminal, else headless with its
+result as one JSON line on stdout (``--batch`` asks for that on a terminal too).
+
+Bad input (no such run, no record of its model calls, a step beyond the recorded ones, a task that
+changed since) is one line on stderr and exit 2, before anything starts; the parent is only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.exit_codes import ExitCode
+
+if TYPE_CHECKING:  # the engine is loaded when a command runs, not for --help (start-up)
+    from core.config import AgentConfig
+    from core.episode import Episode, EpisodeResult
+
+
+def add_parsers(sub: Any, provider_choices: Any) -> None:
+    """The two sub-commands (their options are the same but for --at and --on-divergence)."""
+    rr = sub.add_parser(
+        "rerun", help="run a recorded episode again, every model call answered from its record"
+    )
+    rr.add_argument("run_dir", metavar="RUN_DIR")
+    rr.add_argument(
+        "--on-divergence",
+        choices=["stop", "continue", "live"],
+        default="stop",
+        help="at the first request that differs from the recorded one: stop the agent (default), "
+        "continue answering from the record, or go live (the recorded model configuration)",
+    )
+    fk = sub.add_parser(
+        "fork",
+        help="a new run from a recorded one's step: its first STEP model calls "
+        "answered from the record (the files as they were), then the live model",
+    )
+    fk.add_argument("run_dir", metavar="RUN_DIR")
+    fk.add_argument(
+        "--at", type=int, required=True, metavar="STEP", help="agent model calls answered from the record"
+    )
+    fk.add_argument("--model-url", help="the live model after the fork point (default: the recorded one)")
+    fk.add_argument("--model", help="model name at --model-url")
+    fk.add_argument("--api-key-env", help="environment variable holding the model API key")
+    fk.add_argument(
+        "--say", metavar="TEXT", help="a user message added at the fork point (the live model sees it)"
+    )
+    for p in (rr, fk):
+        p.add_argument(
+            "--provider", help="sandbox provider (default: the recorded one)"
+        ).choices = provider_choices
+        p.add_argument("--runs-dir", help="where the new run directory goes (default: beside RUN_DIR)")
+        p.add_argument(
+            "--allow-changed-task",
+            action="store_true",
+            help="start even though the task changed since RUN_DIR ran (to see where it diverges)",
+        )
+        p.add_argument("--batch", action="store_true", help="headless: the result as a JSON line on stdout")
+
+
+def _overrides(args: argparse.Namespace) -> Any:
+    from core.config import AgentConfig
+
+    def apply(config: AgentConfig) -> AgentConfig:
+        data = config.model_dump(mode="json")
+        if args.provider:
+            data["sandbox"]["provider"] = args.provider
+        if args.runs_dir:
+            data["runs_dir"] = args.runs_dir
+        for option, key in (("model_url", "url"), ("model", "name"), ("api_key_env", "api_key_env")):
+            value = getattr(args, option, None)
+            if value:
+                data["model"][key] = value
+        return AgentConfig.model_validate(data)
+
+    return apply
+
+
+def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
+    """``terminal``: both ends are one (then the live TUI, unless --batch)."""
+    from core.admission import AdmissionError, check_inputs
+    from core.config import ConfigError
+    from core.episode import Episode, LineageError, child_inputs, load_parent
+
+    name = args.command  # rerun | fork
+    path = Path(args.run_dir)
+    try:
+        parent = load_parent(path)
+        config, task, plan = child_inputs(
+            parent,
+            lineage=name,
+            fork_step=getattr(args, "at", None),
+            on_divergence=getattr(args, "on_divergence", "stop"),
+            allow_changed_task=args.allow_changed_task,
+            overrides=_overrides(args),
+            say=getattr(args, "say", None),
+        )
+        if not args.runs_dir:
+            config = config.model_copy(update={"runs_dir": str(path.resolve().parent)})
+        check_inputs(config, [task])
+    except (LineageError, AdmissionError, ConfigError, ValueError) as exc:
+        print(f"opencode-tui {name}: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    episode = Episode(task, config, runs_dir=Path(config.runs_dir), child_of=(plan, parent))
+    if not args.batch and terminal:
+        return _tui(episode, config)
+    return _headless(name, episode)
+
+
+def _announce(name: str) -> Any:
+    def say(signal_name: str, first: bool) -> None:
+        what = (
+            "closing the episode (cleanup is confirmed); send it again to hurry"
+            if first
+            else "hurrying the close"
+        )
+        print(f"opencode-tui {name}: {signal_name}: {what}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _headless(name: str, episode: Episode) -> int:
+    from core.signals import closing_signals
+
+    async def main() -> EpisodeResult:
+        with closing_signals(episode.cancel, announce=_announce(name)):
+            return await episode.run()
+
+    result = asyncio.run(main())
+    print(json.dumps(result.model_dump(mode="json")), flush=True)
+    _say_result(name, episode, result)
+    return result.exit_code
+
+
+def _say_result(name: str, episode: Episode, result: EpisodeResult) -> None:
+    child = episode.child
+    line = f"opencode-tui {name}: {result.summary} — run directory: {result.run_dir}"
+    if child is not None:
+        s = child.summary
+        if s.divergence_step is not None:
+            line += f"; diverged at step {s.divergence_step}: {s.divergence}"
+        elif name == "rerun":
+            line += "; reproduced: no divergence"
+        if s.workspace_check:
+            line += f"; workspace: {s.workspace_check}"
+    print(line, file=sys.stderr, flush=True)
+
+
+def _tui(episode: Episode, config: AgentConfig) -> int:
+    from opencode_tui.app import OpenCodeTUI
+
+    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run)
+    app.run()
+    result = episode._result
+    if result is None:
+        print("opencode-tui: the episode did not finish", file=sys.stderr)
+        return ExitCode.INFRA
+    _say_result(
+        "rerun" if episode.child and episode.child.plan.lineage == "rerun" else "fork", episode, result
+    )
+    return result.exit_code
