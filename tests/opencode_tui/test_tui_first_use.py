@@ -404,7 +404,9 @@ def test_rerun_from_the_browser_returns_to_it(tmp_path: Path) -> None:
         t.wait_for(lambda s: "scored" in s and "LIVE" in s, 180, "the re-run's outcome")
         t.child.send("\x1b")
         t.wait_for(lambda s: "● re-run, ● original" in s and "started (UTC)" in s, 60, "the browser again")
-        assert original.name[-9:] in t.text()  # the name's end (hash and attempt): a narrow column cuts its start
+        assert (
+            original.name[-9:] in t.text()
+        )  # the name's end (hash and attempt): a narrow column cuts its start
         assert len(list(runs.glob("hello-file-*"))) == 2
         t.child.send("q")
         code = t.exit_code(timeout=60)
