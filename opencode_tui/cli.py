@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("runs", help="list run directories with their outcome")
     rs.add_argument("--runs-dir", default="runs")
     rs.add_argument("--json", action="store_true")
+    rs.add_argument(
+        "--batch", metavar="ID", help="that batch's failures grouped (kind × stage × evidence), with run ids"
+    )
     df = sub.add_parser("diff", help="compare two run directories (drift, steps aligned, deltas)")
     df.add_argument("run_a", metavar="RUN_A")
     df.add_argument("run_b", metavar="RUN_B")

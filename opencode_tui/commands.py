@@ -128,6 +128,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.USAGE
+    if getattr(args, "batch", None):
+        return _batch_groups(runs_dir, args.batch, as_json=args.json)
     if args.json:
         for path, info in run_rows(runs_dir):
             print(json.dumps(run_summary(path, info)))
@@ -148,6 +150,40 @@ def cmd_runs(args: argparse.Namespace) -> int:
         from opencode_tui.run_command import rerun
 
         return rerun(app.rerun_request)
+    return ExitCode.OK
+
+
+def _batch_groups(runs_dir: Path, batch_id: str, *, as_json: bool) -> int:
+    """``runs --batch ID``: the batch's results (results.jsonl) with its failures grouped."""
+    from core.failure_groups import group_failures
+    from core.resume import RESULTS_FILE, load_batch
+
+    results = load_batch(runs_dir, batch_id)
+    if not results:
+        print(
+            f"opencode-tui runs: no result of batch {batch_id} in {runs_dir / RESULTS_FILE} (the id is on "
+            "the stderr line `opencode-tui: batch ID` of run --batch; pass its --runs-dir)",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    groups = group_failures(results)
+    scored = sum(1 for r in results if r.scored)
+    if as_json:
+        doc = {
+            "batch_id": batch_id,
+            "total": len(results),
+            "scored": scored,
+            "failed": sum(g.count for g in groups),
+            "groups": [g.model_dump(mode="json") for g in groups],
+        }
+        print(json.dumps(doc))
+        return ExitCode.OK
+    failed = sum(g.count for g in groups)
+    lines = [f"batch {batch_id}: {len(results)} episodes, {scored} scored, {failed} failed"]
+    for g in groups:
+        lines.append(f"  {g.words()}")
+        lines.extend(f"    {t}  {r or '(not started)'}" for t, r in zip(g.task_ids, g.run_ids, strict=True))
+    _print_lines(lines)
     return ExitCode.OK
 
 

@@ -18,6 +18,7 @@ from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
 from core.executor_registry import ExecutorHooks
 from core.exit_codes import ExitCode
+from core.failure_groups import groups_line
 from core.outcome import exit_code as outcome_exit_code
 from core.signals import closing_signals
 from core.tasks import Task, load_task
@@ -202,6 +203,9 @@ def _run_batch(
     # The batch's id is on every result line too; `sweep --batch ID` finds what a lost node left.
     print(f"opencode-tui: batch {summary.batch_id}", file=sys.stderr)
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
+    groups = groups_line(summary.results)
+    if groups:
+        print(f"opencode-tui: {groups}", file=sys.stderr)
     return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
 
 
