@@ -125,8 +125,10 @@ class LiveRunScreen(RunScreen):
     ]
     mode = "live"
 
-    def __init__(self, control: EpisodeControl, run_dir: Path | None = None) -> None:
-        super().__init__(run_dir)
+    def __init__(
+        self, control: EpisodeControl, run_dir: Path | None = None, *, from_browser: bool = False
+    ) -> None:
+        super().__init__(run_dir, from_browser=from_browser)
         self.control = control
         self._action_key: tuple[bool, bool, bool, str | None] | None = None
         # one batch handed over at a time, sized by the measured ingest rate

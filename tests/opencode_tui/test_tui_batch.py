@@ -1,0 +1,114 @@
+"""The batch screen (issue 29) driven by Pilot against a REAL batch: four sample tasks (oom and
+model-flaky-500 among them) at --jobs 2 on the local (bubblewrap) provider with the scripted model, run
+by the batch engine ``--batch`` uses. Rows go through phases; Enter opens a live attempt, Esc returns;
+the groups at the end match the results the engine wrote (results.jsonl)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core.batch import LocalExecutor
+from core.config import AgentConfig
+from core.failure_groups import group_failures
+from core.resume import load_batch
+from core.tasks import load_task
+from opencode_tui.batch_app import BatchTUI
+from opencode_tui.screens.batch import BatchScreen
+from opencode_tui.screens.live import LiveRunScreen
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
+TASKS = ["oom", "model-flaky-500", "hello-file", "exit-137"]
+
+
+def batch_app(tmp_path: Path, tasks: list[str] = TASKS, attempts: int = 2) -> BatchTUI:
+    config = AgentConfig.model_validate(
+        {"sandbox": {"provider": "local"}, "runs_dir": str(tmp_path / "runs")}
+    )
+    app: BatchTUI | None = None
+
+    def attach(episode) -> None:
+        assert app is not None
+        app.attach(episode)
+
+    app = BatchTUI(
+        [load_task(SAMPLES / t) for t in tasks],
+        config,
+        tmp_path / "runs",
+        jobs=2,
+        attempts=attempts,
+        executor=LocalExecutor(attach),
+    )
+    return app
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_batch_screen_runs_the_batch_opens_a_live_attempt_and_groups_match(tmp_path, wait):
+    app = batch_app(tmp_path)
+    async with app.run_test(size=(160, 40)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, BatchScreen)
+        board = app.board
+        assert [r.task_id for r in board.rows] == TASKS  # a row per task from the start
+        seen: dict[str, set[str]] = {}
+
+        def note() -> None:
+            for r in board.rows:
+                seen.setdefault(r.task_id, set()).add(r.phase)
+
+        async def until(pred, what: str, timeout: float = 120.0) -> None:
+            def check() -> bool:
+                note()
+                return pred()
+
+            await wait(pilot, check, timeout=timeout, what=what)
+
+        # Two at a time: two rows leave "queued", the other two wait.
+        await until(lambda: board.totals()["running"] == 2, "two attempts running")
+        assert board.totals()["queued"] == 2
+        # Enter on a running attempt in its agent phase opens its live run screen, from its start.
+        await until(lambda: any(r.running and r.phase == "agent" for r in board.rows), "an agent running")
+        i = next(i for i, r in enumerate(board.rows) if r.running and r.phase == "agent")
+        screen.table.move_cursor(row=i)
+        await pilot.press("enter")
+        await wait(pilot, lambda: isinstance(app.screen, LiveRunScreen), what="the live screen")
+        live = app.screen
+        assert isinstance(live, LiveRunScreen) and live.control is app.control
+        assert live.control.run_id == board.rows[i].run_id
+        await wait(pilot, lambda: live.state.started is not None, what="the live screen's first events")
+        assert live.state.started.task_id == board.rows[i].task_id
+        await pilot.press("escape")
+        await wait(pilot, lambda: isinstance(app.screen, BatchScreen), what="back on the batch screen")
+        assert app.control is None and app.opened is None
+        # The batch runs to its end; the rows went through the phases.
+        await until(lambda: board.ended, "the batch to end", timeout=300)
+        await pilot.pause(0.6)
+        for task in TASKS:
+            assert {"agent", "done"} <= seen[task], (task, seen[task])
+        assert "queued" in seen["hello-file"] and "queued" in seen["exit-137"]  # jobs 2: they waited
+        # model-flaky-500 was retried: its two attempts are two rows of one task, adjacent.
+        flaky = [r for r in board.rows if r.task_id == "model-flaky-500"]
+        assert [r.attempt for r in flaky] == [1, 2] and flaky[0].phase == "retried"
+        assert all(r.cleanup == "confirmed" for r in board.rows if r.result is not None)
+        # The groups shown are those of the results the engine recorded.
+        assert app.summary is not None
+        recorded = load_batch(tmp_path / "runs", app.summary.batch_id)
+        assert len(recorded) == 4
+        shown = [(g.kind, g.stage, g.signature, sorted(g.run_ids)) for g in board.groups()]
+        assert shown == [(g.kind, g.stage, g.signature, sorted(g.run_ids)) for g in group_failures(recorded)]
+        kinds = {g.kind for g in board.groups()}
+        assert {"provider_oom_killed", "model_server_error"} <= kinds
+        text = str(screen.query_one("#batch-groups").render())
+        assert "provider_oom_killed at agent" in text and "model_server_error at agent" in text
+        totals = str(screen.query_one("#batch-totals").render())
+        assert "running 0 · queued 0" in totals and "done" in totals
+        # A finished attempt opens as its replay.
+        screen.table.move_cursor(row=0)
+        await pilot.press("enter")
+        await wait(pilot, lambda: not isinstance(app.screen, BatchScreen), what="the replay")
+        await pilot.press("escape")
+        await wait(pilot, lambda: isinstance(app.screen, BatchScreen), what="back from the replay")
+    assert app.exit_code() == json.loads(json.dumps(app.exit_code()))
