@@ -31,24 +31,28 @@ class BatchColumn:
     min_cols: int  # shown from this screen width up
 
 
+# Widths chosen so the columns shown at each width fit it (a cell is padded by one on each side, and
+# the scroll bar takes two): 74 at 80, 96 at 100, 115 at 120, 134 at 140, 156 at 160, 196 at 200.
 COLUMNS: tuple[BatchColumn, ...] = (
     BatchColumn("task", "task", 16, 0),
     BatchColumn("attempt", "k/n", 4, 0),
-    BatchColumn("provider", "provider", 8, 120),
+    BatchColumn("provider", "provider", 8, 160),
     BatchColumn("phase", "phase", 12, 0),
     BatchColumn("elapsed", "elapsed", 7, 0),
-    BatchColumn("budget", "budget", 7, 120),
+    BatchColumn("budget", "budget", 7, 140),
     BatchColumn("calls", "calls", 5, 0),
-    BatchColumn("tokens", "tokens", 8, 120),
+    BatchColumn("tokens", "tokens", 8, 140),
     BatchColumn("compactions", "cmp", 3, 160),
     BatchColumn("health", "hlth", 4, 120),
-    BatchColumn("outcome", "outcome", 14, 0),
+    BatchColumn("outcome", "outcome", 15, 0),
     BatchColumn("reward", "rew", 4, 0),
-    BatchColumn("failure", "failure", 18, 100),
+    BatchColumn("failure", "failure", 20, 100),
     BatchColumn("cleanup", "cleanup", 11, 120),
     BatchColumn("human", "human", 5, 160),
-    BatchColumn("run", "run", 34, 200),
+    BatchColumn("run", "run", 32, 200),
 )
+# The one outcome longer than its column (the full word is in the replay and the JSON results).
+SHORT_OUTCOMES = {"mark_evaluation_error": "mark_eval_error"}
 
 
 def columns_for(width: int) -> list[BatchColumn]:
@@ -68,7 +72,7 @@ def cells(board: BatchBoard, row: AttemptRow, now: float, columns: list[BatchCol
         "tokens": fmt.count(tokens) if row.started_at is not None or row.result is not None else "",
         "compactions": str(compactions) if compactions else "",
         "health": f"⚠{row.health}" if row.health else "",
-        "outcome": row.outcome,
+        "outcome": SHORT_OUTCOMES.get(row.outcome, row.outcome),
         "reward": fmt.reward(row.reward) if row.outcome and row.outcome not in ("not started",) else "",
         "failure": row.failure_kind or "",
         "cleanup": row.cleanup,
@@ -79,19 +83,20 @@ def cells(board: BatchBoard, row: AttemptRow, now: float, columns: list[BatchCol
 
 
 def totals_line(board: BatchBoard, cancelling: str | None = None) -> str:
+    """Two lines: the batch and its pace; the attempts by state (each under 80 columns)."""
     t = board.totals()
     rate = board.rate_per_min()
-    eta = board.eta_s()
-    head = f"BATCH {board.batch_id} · {t['tasks']} tasks · ≤{board.attempts} attempts"
+    pace = f"{rate:.1f}/min" if rate is not None else "–/min"
+    pace += " · done" if board.ended else f" · ETA {fmt.duration(board.eta_s())}"
+    head = f"BATCH {board.batch_id} · {t['tasks']} tasks · ≤{board.attempts} attempts · {pace}"
+    if cancelling:
+        head += f" · CANCELLING ({cancelling})"
     counts = (
         f"scored {t['scored']} · failed model {t['failed_model']} · failed infra {t['failed_infra']}"
         f" · running {t['running']} · queued {t['queued']}"
         + (f" · resumed {t['resumed']}" if t["resumed"] else "")
     )
-    pace = f"{rate:.1f}/min" if rate is not None else "–/min"
-    pace += " · done" if board.ended else f" · ETA {fmt.duration(eta)}"
-    state = f" · CANCELLING ({cancelling}): closing every running episode" if cancelling else ""
-    return f"{head}\n{counts} · {pace}{state}"
+    return f"{head}\n{counts}"
 
 
 def groups_text(board: BatchBoard) -> str:
