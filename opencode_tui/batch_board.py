@@ -70,7 +70,7 @@ class AttemptRow:
 def _cleanup_word(result: EpisodeResult) -> str:
     if not result.started or result.resumed:
         return ""
-    return {True: "confirmed", False: "unconfirmed"}.get(result.cleanup_confirmed, "unconfirmed")  # type: ignore[arg-type]
+    return "confirmed" if result.cleanup_confirmed else "unconfirmed"
 
 
 class BatchBoard:
