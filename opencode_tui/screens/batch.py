@@ -13,10 +13,13 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.containers import Vertical
 from textual.message import Message
-from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, OptionList, Static
+from textual.widgets.option_list import Option
 
+from core.failure_groups import FailureGroup
 from opencode_tui import format as fmt
 from opencode_tui.batch_board import AttemptRow, BatchBoard
 
@@ -99,14 +102,41 @@ def totals_line(board: BatchBoard, cancelling: str | None = None) -> str:
     return f"{head}\n{counts}"
 
 
-def groups_text(board: BatchBoard) -> str:
+def groups_heading(board: BatchBoard) -> str:
     groups = board.groups()
     if not groups:
         return "no failures" + ("" if board.ended else " yet")
     failed = sum(g.count for g in groups)
-    lines = [f"{failed} of {len(board.results)} failed:"]
-    lines.extend(f"  {g.words()}" for g in groups)
-    return "\n".join(lines)
+    return f"{failed} of {len(board.results)} failed (tab: the groups, enter: a group's runs):"
+
+
+def groups_text(board: BatchBoard) -> str:
+    """The heading and one line per group (what the screen shows, as text)."""
+    return "\n".join([groups_heading(board), *(f"  {g.words()}" for g in board.groups())])
+
+
+class GroupRunsScreen(ModalScreen[str | None]):
+    """One failure group's runs; Enter opens one (dismissed with its run id, "" for a task never run)."""
+
+    BINDINGS = [Binding("escape,q", "dismiss", "Close", id="group.close")]
+
+    def __init__(self, group: FailureGroup) -> None:
+        super().__init__(classes="modal")
+        self.group = group
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog detail") as dialog:
+            dialog.border_title = self.group.words()
+            dialog.border_subtitle = "enter opens the run · esc close"
+            table: DataTable[str] = DataTable(id="group-runs", cursor_type="row")
+            table.add_columns("task", "run")
+            for task, run_id in zip(self.group.task_ids, self.group.run_ids, strict=True):
+                table.add_row(task, run_id or "(not started)")
+            yield table
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.dismiss(self.group.run_ids[event.cursor_row])
 
 
 class AttemptOpened(Message):
@@ -142,12 +172,15 @@ class BatchScreen(Screen[None]):
         self._drawn: dict[int, int] = {}  # id(row) → version drawn
         self._order: list[int] = []  # id(row) per table row, as drawn
         self._columns: list[BatchColumn] = []
+        self._group_words: list[str] = []
+        self._groups: list[FailureGroup] = []
 
     def compose(self) -> ComposeResult:
         yield Static(id="batch-totals")
         table: DataTable[str] = DataTable(id="batch-rows", cursor_type="row", zebra_stripes=False)
         yield table
-        yield Static(id="batch-groups")
+        yield Static(id="batch-groups-heading")
+        yield OptionList(id="batch-groups")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -192,7 +225,17 @@ class BatchScreen(Screen[None]):
                 for c, value in zip(columns, cells(board, row, now, columns), strict=True):
                     table.update_cell(str(id(row)), c.key, value)
         self.query_one("#batch-totals", Static).update(totals_line(board, self.cancelling))
-        self.query_one("#batch-groups", Static).update(groups_text(board))
+        self.query_one("#batch-groups-heading", Static).update(groups_heading(board))
+        groups = board.groups()
+        words = [g.words() for g in groups]
+        if words != self._group_words:
+            self._group_words = words
+            self._groups = groups
+            options = self.query_one("#batch-groups", OptionList)
+            highlighted = options.highlighted
+            options.set_options(Option(w) for w in words)
+            if words and highlighted is not None:
+                options.highlighted = min(highlighted, len(words) - 1)
 
     def selected(self) -> AttemptRow | None:
         table = self.table
@@ -209,6 +252,20 @@ class BatchScreen(Screen[None]):
         row = self.selected()
         if row is not None:
             self.post_message(AttemptOpened(row))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        group = self._groups[event.option_index]
+        self.app.push_screen(GroupRunsScreen(group), self._open_run)
+
+    def _open_run(self, run_id: str | None) -> None:
+        if not run_id:
+            return
+        for i, row in enumerate(self.board.rows):
+            if row.run_id == run_id:
+                self.table.move_cursor(row=i)
+                self.post_message(AttemptOpened(row))
+                return
 
     def action_cancel_batch(self) -> None:
         self.post_message(BatchCancelWanted())

@@ -45,7 +45,6 @@ def test_ctrl_c_on_the_batch_screen_closes_every_running_episode_exit_130(tmp_pa
         t.wait_for(lambda s: "running 2" in s and "queued 1" in s, 90, "two running, one queued")
         t.wait_for(lambda s: s.count(" agent ") >= 2, 90, "both running attempts in their agent phase")
         t.child.sendcontrol("c")
-        t.wait_for(lambda s: "CANCELLING" in s, 20, "the batch cancelling")
         code = t.exit_code(timeout=120)
     finally:
         if t.child.isalive():
