@@ -101,23 +101,20 @@ class BatchBoard:
                 return i
         return None
 
-    def _last_row(self, task_id: str) -> int:
-        return max(i for i, row in enumerate(self.rows) if row.task_id == task_id)
-
     def start(self, task_id: str, attempt: int, run_id: str, provider: str = "") -> AttemptRow:
-        """An attempt has started: the task's queued row, or a new row after its last (a retry)."""
+        """An attempt has started: the task's queued row (the same row: the screen keeps its place), or
+        a new row after the task's last one (a retry)."""
         i = self._queued_row(task_id)
-        row = AttemptRow(task_id, attempt, self.attempts, provider=provider, run_id=run_id, phase="admission")
-        row.started_at = self.clock()
         if i is not None:
-            self.rows[i] = row
+            row = self.rows[i]
+            row.attempt, row.run_id, row.provider, row.phase = attempt, run_id, provider, "admission"
         else:
-            self.rows.insert(
-                self._last_row(task_id) + 1
-                if any(r.task_id == task_id for r in self.rows)
-                else len(self.rows),
-                row,
+            row = AttemptRow(
+                task_id, attempt, self.attempts, provider=provider, run_id=run_id, phase="admission"
             )
+            after = [j for j, r in enumerate(self.rows) if r.task_id == task_id]
+            self.rows.insert(after[-1] + 1 if after else len(self.rows), row)
+        row.started_at = self.clock()
         self._touch(row)
         return row
 

@@ -2,8 +2,9 @@
 failures grouped (kind × stage × evidence); Enter opens an attempt (live, or its replay), ``c`` /
 Ctrl-C cancels the batch (every running episode closed, cleanup confirmed).
 
-Redrawn on a timer from the board's versions: only changed rows (and the running rows' elapsed time)
-are written, so a 500-attempt batch stays responsive. Fewer columns below 120 and 160 columns.
+The attempts are a virtual list (``AttemptList``): a redraw (on a timer, and on each key) draws the
+lines on screen from the board, so a 500-attempt batch stays responsive. Fewer columns below 200, 160,
+140, 120 and 100 columns.
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.geometry import Size
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 from textual.widgets import DataTable, Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -34,8 +41,8 @@ class BatchColumn:
     min_cols: int  # shown from this screen width up
 
 
-# Widths chosen so the columns shown at each width fit it (a cell is padded by one on each side, and
-# the scroll bar takes two): 74 at 80, 96 at 100, 115 at 120, 134 at 140, 156 at 160, 196 at 200.
+# Widths chosen so the columns shown at each width fit it (cells one space apart, and
+# room for the scroll bar): 71 at 80, 92 at 100, 109 at 120, 126 at 140, 145 at 160, 184 at 200.
 COLUMNS: tuple[BatchColumn, ...] = (
     BatchColumn("task", "task", 16, 0),
     BatchColumn("attempt", "k/n", 4, 0),
@@ -52,7 +59,7 @@ COLUMNS: tuple[BatchColumn, ...] = (
     BatchColumn("failure", "failure", 20, 100),
     BatchColumn("cleanup", "cleanup", 11, 120),
     BatchColumn("human", "human", 5, 160),
-    BatchColumn("run", "run", 32, 200),
+    BatchColumn("run", "run", 38, 200),
 )
 # The one outcome longer than its column (the full word is in the replay and the JSON results).
 SHORT_OUTCOMES = {"mark_evaluation_error": "mark_eval_error"}
@@ -139,6 +146,97 @@ class GroupRunsScreen(ModalScreen[str | None]):
         self.dismiss(self.group.run_ids[event.cursor_row])
 
 
+class AttemptList(ScrollView, can_focus=True):
+    """The attempts as a virtual table: a header line that stays, then one line per attempt, drawn only
+    when on screen and straight from the board (a line is its cells joined: no per-cell rendering), so a
+    redraw costs the lines on screen, never the batch's size."""
+
+    BINDINGS = [
+        Binding("up", "cursor(-1)", "Up", show=False),
+        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "cursor_to(0)", "First", show=False),
+        Binding("end", "cursor_to(-1)", "Last", show=False),
+        Binding("enter", "select", "Open", tooltip="Open the attempt: live, or its replay"),
+    ]
+
+    def __init__(self, board: BatchBoard, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.board = board
+        self.cursor_row = 0
+        self.columns: list[BatchColumn] = columns_for(80)
+
+    def reset(self, width: int) -> None:
+        self.columns = columns_for(width)
+        total = sum(c.width + 1 for c in self.columns) + 1
+        self.virtual_size = Size(total, len(self.board.rows) + 1)
+        self.cursor_row = min(self.cursor_row, max(len(self.board.rows) - 1, 0))
+        self.refresh()
+
+    @property
+    def row_count(self) -> int:
+        return len(self.board.rows)
+
+    @property
+    def _rows_shown(self) -> int:
+        return max(self.scrollable_content_region.height - 1, 1)
+
+    def get_row_at(self, row: int) -> list[str]:
+        return cells(self.board, self.board.rows[row], self.board.clock(), self.columns)
+
+    def move_cursor(self, row: int) -> None:
+        if not self.board.rows:
+            return
+        self.cursor_row = min(max(row, 0), len(self.board.rows) - 1)
+        top, height = round(self.scroll_y), self._rows_shown
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False)
+        elif self.cursor_row >= top + height:
+            self.scroll_to(y=self.cursor_row - height + 1, animate=False)
+        self.refresh()
+
+    def action_cursor(self, delta: int) -> None:
+        self.move_cursor(self.cursor_row + delta)
+
+    def action_page(self, direction: int) -> None:
+        self.move_cursor(self.cursor_row + direction * max(self._rows_shown - 1, 1))
+
+    def action_cursor_to(self, row: int) -> None:
+        self.move_cursor(row if row >= 0 else len(self.board.rows) - 1)
+
+    def action_select(self) -> None:
+        if self.board.rows:
+            self.post_message(AttemptOpened(self.board.rows[self.cursor_row]))
+
+    def on_click(self, event: events.Click) -> None:
+        row = round(self.scroll_y) + event.y - 1
+        if 0 <= row < len(self.board.rows):
+            self.focus()
+            if row == self.cursor_row and event.chain == 2:
+                self.action_select()
+            self.move_cursor(row)
+
+    def _line(self, values: list[str]) -> str:
+        return " " + " ".join(v.ljust(c.width)[: c.width] for v, c in zip(values, self.columns, strict=True))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        base = self.rich_style
+        if y == 0:
+            text, style = self._line([c.title for c in self.columns]), base + Style(bold=True, dim=True)
+        else:
+            i = round(self.scroll_y) + y - 1
+            if i >= len(self.board.rows):
+                return Strip.blank(width, base)
+            text = self._line(cells(self.board, self.board.rows[i], self.board.clock(), self.columns))
+            style = base
+            if i == self.cursor_row:
+                style = base + (Style(reverse=True) if self.has_focus else Style(bold=True, underline=True))
+        x = round(self.scroll_x)
+        return Strip([Segment(text[x : x + width].ljust(width), style)], width)
+
+
 class AttemptOpened(Message):
     """Enter on a row: the app opens that attempt (live, or its replay)."""
 
@@ -158,72 +256,48 @@ class BatchScreenResumed(Message):
 class BatchScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
-            "enter", "open_row", "Open", tooltip="Open the attempt: live, or its replay", id="batch.open"
-        ),
-        Binding(
             "c", "cancel_batch", "Cancel batch", tooltip="Close every running episode", id="batch.cancel"
         ),
     ]
 
-    def __init__(self, board: BatchBoard, clock_now: object = None) -> None:
+    def __init__(self, board: BatchBoard) -> None:
         super().__init__()
         self.board = board
         self.cancelling: str | None = None
-        self._drawn: dict[int, int] = {}  # id(row) → version drawn
-        self._order: list[int] = []  # id(row) per table row, as drawn
-        self._columns: list[BatchColumn] = []
         self._group_words: list[str] = []
         self._groups: list[FailureGroup] = []
+        self._rows = -1  # the row count drawn (a retry adds one)
 
     def compose(self) -> ComposeResult:
         yield Static(id="batch-totals")
-        table: DataTable[str] = DataTable(id="batch-rows", cursor_type="row", zebra_stripes=False)
-        yield table
+        yield AttemptList(self.board, id="batch-rows")
         yield Static(id="batch-groups-heading")
         yield OptionList(id="batch-groups")
         yield Footer()
 
     def on_mount(self) -> None:
         self.redraw(full=True)
-        self.query_one(DataTable).focus()
+        self.table.focus()
         self.set_interval(REFRESH_S, self.redraw)
 
     def on_screen_resume(self) -> None:
         self.post_message(BatchScreenResumed())
 
     def on_resize(self) -> None:
-        if columns_for(self.app.size.width) != self._columns:
-            self.redraw(full=True)
+        self.redraw(full=True)
 
     @property
-    def table(self) -> DataTable[str]:
-        return self.query_one("#batch-rows", DataTable)
+    def table(self) -> AttemptList:
+        return self.query_one("#batch-rows", AttemptList)
 
     def redraw(self, full: bool = False) -> None:
         board = self.board
-        now = board.clock()
         table = self.table
-        columns = columns_for(self.app.size.width)
-        order = [id(r) for r in board.rows]
-        if full or columns != self._columns or order != self._order:
-            cursor = table.cursor_row
-            table.clear(columns=True)
-            self._columns = columns
-            for c in columns:
-                table.add_column(c.title, width=c.width, key=c.key)
-            for row in board.rows:
-                table.add_row(*cells(board, row, now, columns), key=str(id(row)))
-                self._drawn[id(row)] = row.version
-            self._order = order
-            if board.rows:
-                table.move_cursor(row=min(cursor, len(board.rows) - 1))
+        if full or len(board.rows) != self._rows or columns_for(self.app.size.width) != table.columns:
+            self._rows = len(board.rows)
+            table.reset(self.app.size.width)
         else:
-            for row in board.rows:
-                if self._drawn.get(id(row)) == row.version and not row.running:
-                    continue
-                self._drawn[id(row)] = row.version
-                for c, value in zip(columns, cells(board, row, now, columns), strict=True):
-                    table.update_cell(str(id(row)), c.key, value)
+            table.refresh()  # only the lines on screen are drawn again
         self.query_one("#batch-totals", Static).update(totals_line(board, self.cancelling))
         self.query_one("#batch-groups-heading", Static).update(groups_heading(board))
         groups = board.groups()
@@ -238,20 +312,8 @@ class BatchScreen(Screen[None]):
                 options.highlighted = min(highlighted, len(words) - 1)
 
     def selected(self) -> AttemptRow | None:
-        table = self.table
-        if not self.board.rows or table.cursor_row < 0:
-            return None
-        i = table.cursor_row
-        return self.board.rows[i] if i < len(self.board.rows) else None
-
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
-        self.action_open_row()
-
-    def action_open_row(self) -> None:
-        row = self.selected()
-        if row is not None:
-            self.post_message(AttemptOpened(row))
+        i = self.table.cursor_row
+        return self.board.rows[i] if 0 <= i < len(self.board.rows) else None
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
@@ -263,7 +325,7 @@ class BatchScreen(Screen[None]):
             return
         for i, row in enumerate(self.board.rows):
             if row.run_id == run_id:
-                self.table.move_cursor(row=i)
+                self.table.move_cursor(i)
                 self.post_message(AttemptOpened(row))
                 return
 

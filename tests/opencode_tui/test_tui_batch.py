@@ -74,7 +74,7 @@ async def test_batch_screen_runs_the_batch_opens_a_live_attempt_and_groups_match
         # Enter on a running attempt in its agent phase opens its live run screen, from its start.
         await until(lambda: any(r.running and r.phase == "agent" for r in board.rows), "an agent running")
         i = next(i for i, r in enumerate(board.rows) if r.running and r.phase == "agent")
-        screen.table.move_cursor(row=i)
+        screen.table.move_cursor(i)
         await pilot.press("enter")
         await wait(pilot, lambda: isinstance(app.screen, LiveRunScreen), what="the live screen")
         live = app.screen
@@ -125,7 +125,7 @@ async def test_batch_screen_runs_the_batch_opens_a_live_attempt_and_groups_match
         totals = str(screen.query_one("#batch-totals").render())
         assert "running 0 · queued 0" in totals and "done" in totals
         # A finished attempt opens as its replay.
-        screen.table.move_cursor(row=0)
+        screen.table.move_cursor(0)
         await pilot.press("enter")
         await wait(pilot, lambda: not isinstance(app.screen, BatchScreen), what="the replay")
         await pilot.press("escape")
