@@ -115,6 +115,11 @@ class BatchBoard:
             after = [j for j, r in enumerate(self.rows) if r.task_id == task_id]
             self.rows.insert(after[-1] + 1 if after else len(self.rows), row)
         row.started_at = self.clock()
+        # A retry starts after the attempt before it ended (the engine reports only a task's last result).
+        for other in self.rows:
+            if other.task_id == task_id and other is not row and other.running:
+                other.ended_at, other.phase = row.started_at, "retried"
+                self._touch(other)
         self._touch(row)
         return row
 

@@ -36,7 +36,9 @@ def test_rows_follow_the_engine_retries_stay_with_their_task() -> None:
     assert flaky.attempt == 3 and len(flaky.previous_attempts) == 2
     rows = [board.start(flaky.task_id, k, f"flaky-a{k}") for k in (1, 2, 3)]
     assert [r.task_id for r in board.rows][:3] == ["model-flaky-500"] * 3  # adjacent, in order
-    assert board.totals()["running"] == 3 and board.totals()["queued"] == len(results) - 1
+    # Each retry ended the attempt before it: one running row per task.
+    assert [r.phase for r in rows] == ["retried", "retried", "admission"]
+    assert board.totals()["running"] == 1 and board.totals()["queued"] == len(results) - 1
     board.count(rows[2], PhaseChanged(phase=Phase.AGENT))
     board.count(rows[2], HealthWarning(kind="retry_storm", message="x"))
     board.count(rows[2], CleanupObserved(step=CleanupStep.SANDBOX_RELEASED, state=StepState.RUNNING))
