@@ -108,9 +108,10 @@ def group_failures(results: Iterable[EpisodeResult]) -> list[FailureGroup]:
 
 
 def groups_line(results: Sequence[EpisodeResult]) -> str:
-    """``2 of 6 failed: 1 model_server_error at agent (model.proxy status=500), 1 ...`` ('' if none)."""
+    """``failures in 2 of 6: 1 model_server_error at agent (model.proxy status=500), 1 ...`` ('' if none)."""
     groups = group_failures(results)
     if not groups:
         return ""
     failed = sum(g.count for g in groups)
-    return f"{failed} of {len(results)} failed: " + ", ".join(g.words() for g in groups)
+    # "failures in", not "failed": an episode counted as zero (an oom) was scored, and has a failure.
+    return f"failures in {failed} of {len(results)}: " + ", ".join(g.words() for g in groups)

@@ -25,6 +25,7 @@ from core.events import (
     StepState,
 )
 from core.failure_groups import FailureGroup, group_failures
+from core.failures import Outcome
 from core.tally import Tally
 
 
@@ -212,7 +213,7 @@ class BatchBoard:
         return len(row.tally.model_calls), tokens, row.tally.compactions
 
     def totals(self) -> dict[str, int]:
-        scored = failed_model = failed_infra = running = queued = resumed = 0
+        scored = zero = failed_model = failed_infra = running = queued = resumed = 0
         for row in self.rows:
             r = row.result
             if r is not None:
@@ -220,6 +221,7 @@ class BatchBoard:
                     resumed += 1
                 if r.action.is_sample:
                     scored += 1
+                    zero += r.action is Outcome.COUNT_AS_ZERO
                 elif r.failure_class == "model":
                     failed_model += 1
                 else:
@@ -230,6 +232,7 @@ class BatchBoard:
                 queued += 1
         return {
             "scored": scored,
+            "zero": zero,  # scored as zero (an oom, a timeout: the model's failure)
             "failed_model": failed_model,
             "failed_infra": failed_infra,
             "running": running,

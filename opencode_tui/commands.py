@@ -168,18 +168,23 @@ def _batch_groups(runs_dir: Path, batch_id: str, *, as_json: bool) -> int:
         return ExitCode.USAGE
     groups = group_failures(results)
     scored = sum(1 for r in results if r.scored)
+    failed = sum(1 for r in results if not r.scored and r.started)
+    with_failure = sum(g.count for g in groups)
     if as_json:
         doc = {
             "batch_id": batch_id,
             "total": len(results),
             "scored": scored,
-            "failed": sum(g.count for g in groups),
+            "failed": failed,
+            "with_failure": with_failure,  # scored as zero (an oom) included: what the groups hold
             "groups": [g.model_dump(mode="json") for g in groups],
         }
         print(json.dumps(doc))
         return ExitCode.OK
-    failed = sum(g.count for g in groups)
-    lines = [f"batch {batch_id}: {len(results)} episodes, {scored} scored, {failed} failed"]
+    lines = [
+        f"batch {batch_id}: {len(results)} episodes, {scored} scored, {failed} failed; "
+        f"failures in {with_failure}, grouped:"
+    ]
     for g in groups:
         lines.append(f"  {g.words()}")
         lines.extend(f"    {t}  {r or '(not started)'}" for t, r in zip(g.task_ids, g.run_ids, strict=True))

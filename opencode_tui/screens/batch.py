@@ -102,7 +102,9 @@ def totals_line(board: BatchBoard, cancelling: str | None = None) -> str:
     if cancelling:
         head += f" · CANCELLING ({cancelling})"
     counts = (
-        f"scored {t['scored']} · failed model {t['failed_model']} · failed infra {t['failed_infra']}"
+        f"scored {t['scored']}"
+        + (f" ({t['zero']} as zero)" if t["zero"] else "")
+        + f" · failed model {t['failed_model']} · failed infra {t['failed_infra']}"
         f" · running {t['running']} · queued {t['queued']}"
         + (f" · resumed {t['resumed']}" if t["resumed"] else "")
     )
@@ -114,7 +116,7 @@ def groups_heading(board: BatchBoard) -> str:
     if not groups:
         return "no failures" + ("" if board.ended else " yet")
     failed = sum(g.count for g in groups)
-    return f"{failed} of {len(board.results)} failed (tab: the groups, enter: a group's runs):"
+    return f"failures in {failed} of {len(board.results)} (tab: the groups, enter: a group's runs):"
 
 
 def groups_text(board: BatchBoard) -> str:

@@ -37,7 +37,7 @@ def test_recorded_batch_groups_by_kind_stage_and_evidence() -> None:
     assert sorted(grouped) == sorted(failed)
     assert not {r.run_id for r in results if r.failure_kind is None} & set(grouped)
     line = groups_line(results)
-    assert line.startswith("3 of 5 failed: ")
+    assert line.startswith("failures in 3 of 5: ")
     assert "1 model_server_error at agent (model.proxy status=500)" in line
 
 

@@ -42,14 +42,14 @@ def test_runs_batch_json_groups_match_the_results() -> None:
         if r["failure_kind"]
     }
     assert grouped == expected
-    assert doc["failed"] == 3
+    assert doc["failed"] == 1 and doc["with_failure"] == 3  # oom and timeout were scored as zero
 
 
 def test_runs_batch_text_lists_each_group_and_its_runs() -> None:
     done = _cli("--batch", _batch_id())
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == f"batch {_batch_id()}: 5 episodes, 4 scored, 3 failed"
+    assert lines[0] == f"batch {_batch_id()}: 5 episodes, 4 scored, 1 failed; failures in 3, grouped:"
     assert "  1 provider_oom_killed at agent (cgroup.memory oom_kill=1)" in lines
     assert any(line.strip().startswith("oom  oom-") for line in lines)
 
