@@ -100,7 +100,7 @@ def totals_line(board: BatchBoard, cancelling: str | None = None) -> str:
     pace += " · done" if board.ended else f" · ETA {fmt.duration(board.eta_s())}"
     head = f"BATCH {board.batch_id} · {t['tasks']} tasks · ≤{board.attempts} attempts · {pace}"
     if cancelling:
-        head += f" · CANCELLING ({cancelling})"
+        head += f" · cancelled by {cancelling}" if board.ended else f" · CANCELLING ({cancelling})"
     counts = (
         f"scored {t['scored']}"
         + (f" ({t['zero']} as zero)" if t["zero"] else "")

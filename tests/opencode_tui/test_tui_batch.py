@@ -5,9 +5,11 @@ the groups at the end match the results the engine wrote (results.jsonl)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from textual.widgets import DataTable, OptionList
 
 from core.batch import LocalExecutor
@@ -132,3 +134,78 @@ async def test_batch_screen_runs_the_batch_opens_a_live_attempt_and_groups_match
         await wait(pilot, lambda: isinstance(app.screen, BatchScreen), what="back from the replay")
     # As --batch would exit for these results: model-flaky-500's endpoint failure is an infra failure.
     assert app.exit_code() == ExitCode.INFRA
+
+
+def _busy(tmp_path: Path, name: str) -> Path:
+    task = tmp_path / name
+    shutil.copytree(SAMPLES / "hello-file", task)
+    steps = [
+        {
+            "tool_calls": [
+                {"name": "bash", "arguments": {"command": "echo started; sleep 120", "description": "Wait"}}
+            ]
+        },
+        {"text": "done"},
+    ]
+    (task / "trajectory.yaml").write_text(yaml.safe_dump({"steps": steps}))
+    spec = yaml.safe_load((task / "task.yaml").read_text())
+    (task / "task.yaml").write_text(yaml.safe_dump({**spec, "id": name}))
+    return task
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_cancel_on_the_batch_screen_asks_then_closes_every_running_episode(tmp_path, wait):
+    """`c`, answered `n`: nothing happens; `c`, `y`: the batch is cancelled (the running attempts close
+    with cleanup confirmed, the queued one never starts) and the screen stays to be read; exit 130."""
+    names = ["busy-a", "busy-b", "busy-c"]
+    for n in names:
+        _busy(tmp_path, n)
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
+    app: BatchTUI | None = None
+
+    def attach(episode) -> None:
+        assert app is not None
+        app.attach(episode)
+
+    app = BatchTUI(
+        [load_task(tmp_path / n) for n in names],
+        config,
+        tmp_path / "runs",
+        jobs=2,
+        attempts=1,
+        executor=LocalExecutor(attach),
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        board = app.board
+        await wait(
+            pilot,
+            lambda: sum(r.phase == "agent" for r in board.rows) == 2,
+            timeout=120,
+            what="two attempts in their agent phase",
+        )
+        await pilot.press("f1")  # the help lists the batch screen's keys
+        await wait(pilot, lambda: type(app.screen).__name__ == "HelpScreen", what="the help")
+        await pilot.press("escape")
+        await wait(pilot, lambda: isinstance(app.screen, BatchScreen), what="back from the help")
+        await pilot.press("c")
+        await wait(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", what="the question")
+        await pilot.press("n")
+        await pilot.pause(0.3)
+        assert app.batch.cancelled_by is None and app.batch_running
+        await pilot.press("c")
+        await wait(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", what="the question")
+        await pilot.press("y")
+        await wait(pilot, lambda: board.ended, timeout=120, what="the batch to close")
+        await pilot.pause(0.6)
+        assert app.is_running  # the end state stays on screen
+        assert app.batch.cancelled_by == "user"
+        started = [r for r in board.rows if r.result is not None and r.result.started]
+        assert len(started) == 2 and all(r.cleanup == "confirmed" for r in started)
+        assert all(r.result is not None and r.result.failure_kind == "run_cancelled" for r in board.rows)
+        assert [r.outcome for r in board.rows if r.result is not None and not r.result.started] == [
+            "not started"
+        ]
+        assert "done · cancelled by user" in str(app.screen.query_one("#batch-totals").render())
+        await pilot.press("q")  # the batch has ended: q leaves at once
+    assert app.exit_code() == ExitCode.INTERRUPTED
