@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = ROOT / "tests" / "fixtures" / "batch"
 
@@ -58,3 +60,43 @@ def test_runs_batch_unknown_id_is_a_usage_error() -> None:
     done = _cli("--batch", "bnope")
     assert done.returncode == 2
     assert "no result of batch bnope" in done.stderr and done.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_batch_stderr_ends_with_the_groups_runs_batch_shows_the_same(tmp_path: Path) -> None:
+    """A real --batch (model-flaky-500: every agent call answered 500, one attempt): its stderr's last
+    line is the grouping, and `runs --batch ID --json` groups the same run the same way."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "opencode_tui.cli", "run", "model-flaky-500", "--batch"),
+            *("--attempts", "1", "--provider", "local", "--runs-dir", str(runs)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    [result] = [json.loads(line) for line in done.stdout.splitlines()]
+    last = done.stderr.splitlines()[-1]
+    assert last == "opencode-tui: failures in 1 of 1: 1 model_server_error at agent (model.proxy status=500)"
+    assert result["failure_evidence"] == "model.proxy status=500"
+    shown = subprocess.run(
+        [
+            *(sys.executable, "-m", "opencode_tui.cli", "runs", "--runs-dir", str(runs)),
+            *("--batch", result["batch_id"], "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    doc = json.loads(shown.stdout)
+    assert [(g["kind"], g["signature"], g["run_ids"]) for g in doc["groups"]] == [
+        ("model_server_error", "model.proxy status=500", [result["run_id"]])
+    ]
