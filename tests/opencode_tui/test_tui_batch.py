@@ -209,3 +209,27 @@ async def test_cancel_on_the_batch_screen_asks_then_closes_every_running_episode
         assert "done · cancelled by user" in str(app.screen.query_one("#batch-totals").render())
         await pilot.press("q")  # the batch has ended: q leaves at once
     assert app.exit_code() == ExitCode.INTERRUPTED
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_second_batch_screen_on_the_same_runs_shows_the_scored_task_as_resumed(tmp_path, wait):
+    first = batch_app(tmp_path, ["hello-file"], attempts=1)
+    async with first.run_test(size=(120, 40)) as pilot:
+        await wait(pilot, lambda: first.board.ended, timeout=120, what="the first batch")
+    assert first.summary is not None and first.summary.scored == 1
+    again = batch_app(tmp_path, ["hello-file", "exit-137"], attempts=1)
+    async with again.run_test(size=(120, 40)) as pilot:
+        await wait(pilot, lambda: again.board.rows[0].phase == "resumed", what="the resumed row")
+        row = again.board.rows[0]
+        assert row.outcome == "resumed" and row.run_id == first.summary.results[0].run_id
+        assert again.board.totals()["resumed"] == 1
+        await pilot.pause(0.6)
+        assert "resumed 1" in str(again.screen.query_one("#batch-totals").render())
+        assert again.screen.table.get_row_at(0)[:3] == ["hello-file", "1/1", "resumed"]
+        # Enter on it opens the earlier run's replay (its run directory is still there).
+        again.screen.table.move_cursor(0)
+        await pilot.press("enter")
+        await wait(pilot, lambda: isinstance(again.screen, ReplayRunScreen), what="the earlier run's replay")
+        await pilot.press("escape")
+        await wait(pilot, lambda: again.board.ended, timeout=120, what="the second batch")
