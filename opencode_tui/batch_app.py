@@ -48,7 +48,7 @@ class EpisodeFeed:
         self.row = row
         self.board = board
         self.loop = loop
-        self.events: list[Event] = []
+        self.events: list[Event] | None = []  # None once released
         self.queue: asyncio.Queue[Event] | None = None
         episode.bus.subscribe(self.put)
 
@@ -72,14 +72,14 @@ class EpisodeFeed:
 
     def open(self) -> asyncio.Queue[Event]:
         queue: asyncio.Queue[Event] = asyncio.Queue()
-        for event in self.events:
+        for event in self.events or ():
             queue.put_nowait(event)
         self.queue = queue
         return queue
 
     def release(self) -> None:
         """The attempt has ended: its events are in its run directory (a replay shows them)."""
-        self.events = []
+        self.events = None
 
 
 class BatchTUI(OpenCodeTUI):
@@ -137,6 +137,7 @@ class BatchTUI(OpenCodeTUI):
 
     def attach(self, episode: Episode) -> None:
         """``on_episode``: an attempt's episode was created (before it runs)."""
+        self._forget_ended()
         row = self.board.start(
             episode.task.id, episode.attempt, episode.run_id, episode.config.sandbox.provider
         )
@@ -149,6 +150,15 @@ class BatchTUI(OpenCodeTUI):
             feed = self.feeds.get(run_id)
             if feed is not None and feed is not self.opened:
                 feed.release()
+        self._forget_ended()
+
+    def _forget_ended(self) -> None:
+        """Attempts that have ended (a retried one too) are opened from their run directory: their
+        episodes and events are not held for the rest of the batch."""
+        for run_id, feed in list(self.feeds.items()):
+            if feed is not self.opened and not feed.episode.running:
+                feed.release()
+                del self.feeds[run_id]
 
     @work(exclusive=True, group="batch-run")
     async def _run_batch(self) -> None:
@@ -236,8 +246,7 @@ class BatchTUI(OpenCodeTUI):
         if self.opened is not None:
             feed, self.opened = self.opened, None
             feed.queue = None
-            if feed.row.result is not None or not feed.episode.running:
-                feed.release()
+            self._forget_ended()
             self.control = None
             self._queue = None
             self.episode_done = True
