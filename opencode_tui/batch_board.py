@@ -52,7 +52,7 @@ class AttemptRow:
     human_intervened: bool = False
     result: EpisodeResult | None = None
     run_dir: str = ""
-    version: int = 0  # bumped on every change: the screen redraws changed rows only
+    version: int = 0  # the board's change count when this row last changed (for a caller that diffs)
 
     @property
     def running(self) -> bool:
