@@ -144,10 +144,10 @@ def _batch_tui(
         print("opencode-tui run: the batch did not finish", file=sys.stderr)
         return app.exit_code()
     print(f"opencode-tui: batch {summary.batch_id}", file=sys.stderr)
-    print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     groups = groups_line(summary.results)
-    if groups:
+    if groups:  # before the summary, which stays the last line (scripts read it)
         print(f"opencode-tui: {groups}", file=sys.stderr)
+    print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return app.exit_code()
 
 
@@ -246,10 +246,10 @@ def _run_batch(
         return ExitCode.USAGE
     # The batch's id is on every result line too; `sweep --batch ID` finds what a lost node left.
     print(f"opencode-tui: batch {summary.batch_id}", file=sys.stderr)
-    print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     groups = groups_line(summary.results)
-    if groups:
+    if groups:  # before the summary, which stays the last line (scripts read it)
         print(f"opencode-tui: {groups}", file=sys.stderr)
+    print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
 
 

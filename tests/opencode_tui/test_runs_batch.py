@@ -65,8 +65,8 @@ def test_runs_batch_unknown_id_is_a_usage_error() -> None:
 @pytest.mark.slow
 @pytest.mark.bwrap
 def test_batch_stderr_ends_with_the_groups_runs_batch_shows_the_same(tmp_path: Path) -> None:
-    """A real --batch (model-flaky-500: every agent call answered 500, one attempt): its stderr's last
-    line is the grouping, and `runs --batch ID --json` groups the same run the same way."""
+    """A real --batch (model-flaky-500: every agent call answered 500, one attempt): its stderr's line
+    before the summary (still the last) is the grouping, and `runs --batch ID --json` groups the same run the same way."""
     runs = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
@@ -82,8 +82,11 @@ def test_batch_stderr_ends_with_the_groups_runs_batch_shows_the_same(tmp_path: P
     )
     assert done.returncode == 3, done.stderr
     [result] = [json.loads(line) for line in done.stdout.splitlines()]
-    last = done.stderr.splitlines()[-1]
-    assert last == "opencode-tui: failures in 1 of 1: 1 model_server_error at agent (model.proxy status=500)"
+    *_, groups, last = done.stderr.splitlines()
+    assert (
+        groups == "opencode-tui: failures in 1 of 1: 1 model_server_error at agent (model.proxy status=500)"
+    )
+    assert last.startswith("opencode-tui: 0 of 1 scored; 1 failed: model_server_error x1")
     assert result["failure_evidence"] == "model.proxy status=500"
     shown = subprocess.run(
         [
