@@ -231,7 +231,7 @@ class BatchTUI(OpenCodeTUI):
         self.set_reactive(OpenCodeTUI.keep, feed.episode.kept)
         self.episode_done = False
         screen = LiveRunScreen(feed.episode, from_browser=True).data_bind(keep=OpenCodeTUI.keep)
-        self.push_screen(screen, lambda _=None: None)
+        self.push_screen(screen)
         self._watch_opened(feed)
 
     @work(exclusive=True, group="episode-wait")
