@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,14 @@ def _busy(tmp_path: Path, name: str) -> Path:
     return task
 
 
-def test_ctrl_c_on_the_batch_screen_closes_every_running_episode_exit_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("how", "by", "code"),
+    [("ctrl-c", "Ctrl-C", ExitCode.INTERRUPTED), ("SIGTERM", "SIGTERM", ExitCode.TERMINATED)],
+)
+def test_ctrl_c_on_the_batch_screen_closes_every_running_episode_exit_130(
+    tmp_path: Path, how: str, by: str, code: int
+) -> None:
+    """Ctrl-C (the key) → 130; SIGTERM from outside → 143: the same close either way."""
     runs = tmp_path / "runs"
     tasks = [_busy(tmp_path, n) for n in ("busy-a", "busy-b", "busy-c")]
     t = Tui(
@@ -44,12 +52,15 @@ def test_ctrl_c_on_the_batch_screen_closes_every_running_episode_exit_130(tmp_pa
     try:
         t.wait_for(lambda s: "running 2" in s and "queued 1" in s, 90, "two running, one queued")
         t.wait_for(lambda s: s.count(" agent ") >= 2, 90, "both running attempts in their agent phase")
-        t.child.sendcontrol("c")
-        code = t.exit_code(timeout=120)
+        if how == "ctrl-c":
+            t.child.sendcontrol("c")
+        else:
+            t.child.kill(signal.SIGTERM)
+        exited = t.exit_code(timeout=120)
     finally:
         if t.child.isalive():
             t.child.terminate(force=True)
-    assert code == ExitCode.INTERRUPTED == 130, t.text()
+    assert exited == code and ExitCode.INTERRUPTED == 130, t.text()
     infos = [json.loads(p.read_text()) for p in runs.glob("*/run.json")]
     assert len(infos) == 2  # the queued task never started: no run directory
     for info in infos:
@@ -62,4 +73,4 @@ def test_ctrl_c_on_the_batch_screen_closes_every_running_episode_exit_130(tmp_pa
         ("busy-c", False),
     ]
     assert all(r["cleanup_confirmed"] for r in results if r["started"])
-    assert {r["cancelled_by"] for r in results} == {"Ctrl-C"}
+    assert {r["cancelled_by"] for r in results} == {by}
