@@ -1,6 +1,7 @@
-"""Ctrl-C on the batch screen of the real `opencode-tui run TASK TASK TASK --jobs 2` in a pseudo-terminal
-(pexpect, the screen read back through pyte): the batch is cancelled the way SIGINT cancels --batch, every
-running episode is closed with its cleanup confirmed, the queued one is not started, exit 130."""
+"""Ctrl-C (and SIGTERM) on the batch screen of the real `opencode-tui run TASK TASK TASK --jobs 2` in a
+pseudo-terminal (pexpect, the screen read back through pyte): the batch is cancelled the way SIGINT
+cancels --batch, every running episode is closed with its cleanup confirmed, the queued one is not
+started, exit 130 (143)."""
 
 from __future__ import annotations
 
