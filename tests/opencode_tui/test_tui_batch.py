@@ -233,3 +233,51 @@ async def test_a_second_batch_screen_on_the_same_runs_shows_the_scored_task_as_r
         await wait(pilot, lambda: isinstance(again.screen, ReplayRunScreen), what="the earlier run's replay")
         await pilot.press("escape")
         await wait(pilot, lambda: again.board.ended, timeout=120, what="the second batch")
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_cancel_on_an_opened_attempt_cancels_that_episode_only(tmp_path, wait):
+    """`c` on a live attempt opened from the batch screen (answered `y`) closes that episode, cleanup
+    confirmed; the batch and its other running attempt go on."""
+    names = ["busy-a", "busy-b"]
+    for n in names:
+        _busy(tmp_path, n)
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
+    app: BatchTUI | None = None
+
+    def attach(episode) -> None:
+        assert app is not None
+        app.attach(episode)
+
+    app = BatchTUI(
+        [load_task(tmp_path / n) for n in names],
+        config,
+        tmp_path / "runs",
+        jobs=2,
+        attempts=1,
+        executor=LocalExecutor(attach),
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        board = app.board
+        await wait(
+            pilot,
+            lambda: sum(r.phase == "agent" for r in board.rows) == 2,
+            timeout=120,
+            what="two attempts in their agent phase",
+        )
+        app.screen.table.move_cursor(0)
+        await pilot.press("enter")
+        await wait(pilot, lambda: isinstance(app.screen, LiveRunScreen), what="the live screen")
+        await pilot.press("c")
+        await wait(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", what="the question")
+        await pilot.press("y")
+        await wait(pilot, lambda: board.rows[0].result is not None, timeout=90, what="busy-a to close")
+        assert board.rows[0].result.failure_kind == "run_cancelled"
+        assert board.rows[0].cleanup == "confirmed"
+        assert board.rows[1].running and app.batch_running and app.batch.cancelled_by is None
+        await pilot.press("escape")
+        await wait(pilot, lambda: isinstance(app.screen, BatchScreen), what="back on the batch screen")
+        await pilot.press("ctrl+c")  # then the rest, the way a batch is cancelled
+        await wait(pilot, lambda: board.ended, timeout=90, what="the batch to close")
+    assert board.rows[1].cleanup == "confirmed"
