@@ -42,12 +42,13 @@ def admit_run(
         refusal = build_refusal(built[0], config)
         if refusal:
             raise AdmissionError(refusal)
-    if not batch and len(tasks) > 1:
-        raise AdmissionError("the TUI runs one task at a time; pass --batch to run several")
-    if not batch and attempts is not None:
-        # The TUI shows one episode and never retries: accepting the bound would silently ignore it.
+    # Several tasks without --batch: the TUI's batch screen (the same batch engine, shown live).
+    screen = not batch and len(tasks) > 1
+    if not batch and not screen and attempts is not None:
+        # The run screen shows one episode and never retries: accepting the bound would silently ignore it.
         raise AdmissionError(
-            "--attempts applies to --batch only: the TUI runs one attempt (pass --batch to retry)"
+            "--attempts applies to batches only: the TUI runs one attempt of one task (pass --batch, "
+            "or several tasks, to retry)"
         )
     if jobs is not None and jobs < 1:
         raise AdmissionError("--jobs must be at least 1")

@@ -84,3 +84,21 @@ class Resumption:
         if self.prior is None:
             return []
         return [self.prior.run_dir, *self.prior.previous_attempts]
+
+
+def load_batch(runs_dir: Path, batch_id: str) -> list[EpisodeResult]:
+    """Every result ``results.jsonl`` records for batch ``batch_id``, in the order recorded."""
+    path = runs_dir / RESULTS_FILE
+    if not path.exists():
+        return []
+    out: list[EpisodeResult] = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            rec.pop("task_key", None)
+            result = EpisodeResult.model_validate(rec)
+        except ValueError:
+            continue  # a torn last line from an interrupted run is not fatal
+        if result.batch_id == batch_id:
+            out.append(result)
+    return out

@@ -96,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"opencode-tui {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run task episodes (TUI for one task, or --batch for JSON lines)")
+    run = sub.add_parser(
+        "run",
+        help="run task episodes (the run screen for one task, the batch screen for several, --batch: JSON lines)",
+    )
     run.add_argument(
         "tasks",
         nargs="+",
@@ -107,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--jobs",
         type=int,
-        help="episodes at once in --batch (default 1; with --executor ray: as many as the cluster fits)",
+        help="episodes at once in a batch (default 1; with --executor ray: as many as the cluster fits)",
     )
     run.add_argument(
         "--executor",
@@ -132,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--attempts",
         type=int,
-        help="maximum attempts per episode (retry policy bound; --batch only: the TUI runs one attempt)",
+        help="maximum attempts per episode (retry policy bound; batches only: one task's run screen runs one attempt)",
     )
     run.add_argument("--keep-sandbox", action="store_true", help="do not destroy the sandbox afterwards")
     run.add_argument("--runs-dir", help="where run directories go (default ./runs)")
@@ -158,7 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("run_dir")
     rs = sub.add_parser("runs", help="list run directories with their outcome")
     rs.add_argument("--runs-dir", default="runs")
-    rs.add_argument("--json", action="store_true")
+    rs.add_argument("--json", action="store_true", help="one JSON object per run (with --batch: the groups)")
+    rs.add_argument(
+        "--batch", metavar="ID", help="that batch's failures grouped (kind × stage × evidence), with run ids"
+    )
     df = sub.add_parser("diff", help="compare two run directories (drift, steps aligned, deltas)")
     df.add_argument("run_a", metavar="RUN_A")
     df.add_argument("run_b", metavar="RUN_B")

@@ -140,6 +140,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.USAGE
+    if getattr(args, "batch", None):
+        return _batch_groups(runs_dir, args.batch, as_json=args.json)
     if args.json:
         for path, info in run_rows(runs_dir):
             print(json.dumps(run_summary(path, info)))
@@ -175,6 +177,45 @@ def cmd_runs(args: argparse.Namespace) -> int:
             notice = f"Re-run: {result.summary}" if result is not None else "The re-run did not finish."
         app = OpenCodeTUI(runs_dir=runs_dir, theme=theme, rerun_of=(original, new), notice=notice)
         app.run()
+    return ExitCode.OK
+
+
+def _batch_groups(runs_dir: Path, batch_id: str, *, as_json: bool) -> int:
+    """``runs --batch ID``: the batch's results (results.jsonl) with its failures grouped."""
+    from core.failure_groups import group_failures
+    from core.resume import RESULTS_FILE, load_batch
+
+    results = load_batch(runs_dir, batch_id)
+    if not results:
+        print(
+            f"opencode-tui runs: no result of batch {batch_id} in {runs_dir / RESULTS_FILE} (the id is on "
+            "the stderr line `opencode-tui: batch ID` of run --batch; pass its --runs-dir)",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    groups = group_failures(results)
+    scored = sum(1 for r in results if r.scored)
+    failed = sum(1 for r in results if not r.scored and r.started)
+    with_failure = sum(g.count for g in groups)
+    if as_json:
+        doc = {
+            "batch_id": batch_id,
+            "total": len(results),
+            "scored": scored,
+            "failed": failed,
+            "with_failure": with_failure,  # scored as zero (an oom) included: what the groups hold
+            "groups": [g.model_dump(mode="json") for g in groups],
+        }
+        print(json.dumps(doc))
+        return ExitCode.OK
+    lines = [
+        f"batch {batch_id}: {len(results)} episodes, {scored} scored, {failed} failed; "
+        f"failures in {with_failure}, grouped:"
+    ]
+    for g in groups:
+        lines.append(f"  {g.words()}")
+        lines.extend(f"    {t}  {r or '(not started)'}" for t, r in zip(g.task_ids, g.run_ids, strict=True))
+    _print_lines(lines)
     return ExitCode.OK
 
 

@@ -19,6 +19,7 @@ from core.config import AgentConfig, ConfigError, load_config
 from core.episode import Episode, EpisodeResult
 from core.executor_registry import ExecutorHooks
 from core.exit_codes import ExitCode
+from core.failure_groups import groups_line
 from core.failures import Outcome
 from core.outcome import exit_code as outcome_exit_code
 from core.signals import closing_signals
@@ -105,7 +106,51 @@ def cmd_run(args: argparse.Namespace) -> int:
     runs_dir = Path(config.runs_dir)
     if args.batch:
         return _batch(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
+    if len(tasks) > 1:
+        return _batch_tui(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
     return _tui(config, tasks[0], runs_dir)
+
+
+def _batch_tui(
+    config: AgentConfig,
+    tasks: list[Task],
+    runs_dir: Path,
+    jobs: int | None,
+    attempts: int | None,
+    *,
+    force: bool = False,
+) -> int:
+    """Several tasks without --batch: the batch engine on the batch screen."""
+    from opencode_tui.batch_app import BatchTUI
+
+    app: BatchTUI | None = None
+
+    def attach(episode: Episode) -> None:
+        assert app is not None
+        app.attach(episode)
+
+    try:
+        executor = executor_registry.get(config.executor.name).executor(
+            config, ExecutorHooks(on_episode=attach)
+        )
+    except ExecutorError as exc:
+        print(f"opencode-tui run: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    app = BatchTUI(tasks, config, runs_dir, jobs=jobs or 1, attempts=attempts, executor=executor, force=force)
+    app.run()
+    if app.error is not None:
+        print(f"opencode-tui run: {app.error}", file=sys.stderr)
+        return app.error_code
+    summary = app.summary
+    if summary is None:
+        print("opencode-tui run: the batch did not finish", file=sys.stderr)
+        return app.exit_code()
+    print(f"opencode-tui: batch {summary.batch_id}", file=sys.stderr)
+    groups = groups_line(summary.results)
+    if groups:  # before the summary, which stays the last line (scripts read it)
+        print(f"opencode-tui: {groups}", file=sys.stderr)
+    print(f"opencode-tui: {summary.line()}", file=sys.stderr)
+    return app.exit_code()
 
 
 def _executor(config: AgentConfig, progress: Any) -> Executor:
@@ -202,6 +247,9 @@ def _run_batch(
         return ExitCode.USAGE
     # The batch's id is on every result line too; `sweep --batch ID` finds what a lost node left.
     print(f"opencode-tui: batch {summary.batch_id}", file=sys.stderr)
+    groups = groups_line(summary.results)
+    if groups:  # before the summary, which stays the last line (scripts read it)
+        print(f"opencode-tui: {groups}", file=sys.stderr)
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return outcome_exit_code((r.exit_code for r in summary.results), cancelled_by=summary.cancelled_by)
 

@@ -16,6 +16,7 @@ from core.events import (
     OutcomeDecided,
     Warning_,
 )
+from core.failure_groups import evidence_signature
 from core.failures import Outcome
 from core.outcome import RecordedFailure, Verdict
 from core.tally import Tally
@@ -38,6 +39,8 @@ class EpisodeResult(BaseModel):
     failure_kind: str | None = None
     failure_stage: str | None = None
     failure_class: str | None = None
+    # The deciding failure's evidence in a few words (core.failure_groups): how failures are grouped.
+    failure_evidence: str | None = None
     cleanup_confirmed: bool | None = None
     cleanup_proof: CleanupProof | None = None
     cancelled_by: str | None = None
@@ -106,6 +109,7 @@ def result_of(verdict: Verdict, tally: Tally, **fields: object) -> EpisodeResult
             "failure_kind": deciding.failure.kind if deciding else None,
             "failure_stage": deciding.failure.stage.value if deciding else None,
             "failure_class": deciding.decision.failure_class.value if deciding else None,
+            "failure_evidence": evidence_signature(deciding.failure.evidence) if deciding else None,
             "model_calls": len(tally.model_calls),
             "model_calls_failed": sum(1 for c in tally.model_calls if c.failed),
             "model_calls_answered": sum(1 for c in tally.model_calls if c.answered_by),

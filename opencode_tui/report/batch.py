@@ -7,6 +7,7 @@ from pathlib import Path
 
 from core.artifacts import list_runs
 from core.events import FailureRecorded
+from core.failure_groups import evidence_signature
 from opencode_tui import format as fmt
 from opencode_tui.report.collect import BATCH_LIMITS, ReportInputError, RunReport, collect
 from opencode_tui.report.html import esc, page
@@ -14,9 +15,9 @@ from opencode_tui.report.page import run_body
 
 
 def signature(rec: FailureRecorded) -> str:
-    """A short evidence signature: the sources that saw the failure, in order (or that none did)."""
-    sources = list(dict.fromkeys(e.source for e in rec.failure.evidence))
-    return ", ".join(sources) if sources else "no evidence"
+    """The evidence signature the batch screen, ``runs --batch`` and the stderr summary group by
+    (core.failure_groups), or that no evidence was recorded."""
+    return evidence_signature(rec.failure.evidence) or "no evidence"
 
 
 def batch_runs(runs_dir: Path, batch_id: str) -> list[Path]:

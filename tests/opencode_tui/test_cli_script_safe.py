@@ -74,7 +74,7 @@ def test_app_commands_without_a_terminal_exit_2_with_one_line(fixture_runs: Path
 
 def test_bad_input_is_said_before_the_missing_terminal(fixture_runs: Path, tmp_path: Path) -> None:
     attempts = cli("run", "hello-file", "--attempts", "2", "--runs-dir", str(tmp_path / "runs"))
-    assert attempts.returncode == ExitCode.USAGE and "--attempts applies to --batch only" in attempts.stderr
+    assert attempts.returncode == ExitCode.USAGE and "--attempts applies to batches only" in attempts.stderr
     released = cli("attach", str(fixture_runs / "oom"))
     assert released.returncode == ExitCode.USAGE and "did not keep its sandbox" in released.stderr
 

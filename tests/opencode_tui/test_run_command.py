@@ -108,7 +108,8 @@ def test_unreachable_model_url(task_copy, tmp_path):
     _one_line_error(r, "cannot reach --model-url", "127.0.0.1:9")
 
 
-def test_several_tasks_need_batch(tmp_path):
+def test_several_tasks_without_a_terminal_need_batch(tmp_path):
+    """(On a terminal, several tasks open the batch screen: tests/opencode_tui/test_tui_batch.py.)"""
     r = run_cli("run", str(SAMPLES / "hello-file"), str(SAMPLES / "fix-bug"))
     _one_line_error(r, "--batch")
 

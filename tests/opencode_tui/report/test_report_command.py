@@ -128,7 +128,7 @@ def test_batch_report_groups_failures_and_links_each_attempt(
     assert "2 attempts" in text and "hello" not in text.split('id="run-0"')[0]
     group = text.split('id="groups"')[1].split("</table>")[0]
     assert "<td>2</td><td><b class=err>provider_oom_killed</b></td><td>agent</td>" in group
-    assert "docker.events" in group
+    assert "docker.events action=oom" in group  # core.failure_groups' signature, as everywhere
     assert "<a href=#run-0>oom-a1</a>" in text and 'id="run-1"' in text and 'id="run-1-outcome"' in text
     assert main(["report", str(runs), "--batch", "nope", "-o", str(out)]) == 2
     _one_line_usage(capsys, "no run of batch 'nope'")

@@ -1,0 +1,77 @@
+"""The batch screen's model over a real recorded batch's results: rows per attempt, retries as
+attempts of one task, resumed and never-started rows, the totals and the pace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from core.episode import EpisodeResult
+from core.events import CleanupObserved, CleanupStep, HealthWarning, Phase, PhaseChanged, StepState
+from core.failure_groups import group_failures
+from opencode_tui.batch_board import BatchBoard
+
+BATCH = Path(__file__).resolve().parents[1] / "fixtures" / "batch"
+
+
+def _results() -> list[EpisodeResult]:
+    return [
+        EpisodeResult.model_validate({k: v for k, v in json.loads(line).items() if k != "task_key"})
+        for line in (BATCH / "results.jsonl").read_text().splitlines()
+    ]
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rows_follow_the_engine_retries_stay_with_their_task() -> None:
+    results = _results()
+    clock = Clock()
+    board = BatchBoard([r.task_id for r in results], 3, clock=clock)
+    flaky = next(r for r in results if r.task_id == "model-flaky-500")
+    assert flaky.attempt == 3 and len(flaky.previous_attempts) == 2
+    rows = [board.start(flaky.task_id, k, f"flaky-a{k}") for k in (1, 2, 3)]
+    assert [r.task_id for r in board.rows][:3] == ["model-flaky-500"] * 3  # adjacent, in order
+    # Each retry ended the attempt before it: one running row per task.
+    assert [r.phase for r in rows] == ["retried", "retried", "admission"]
+    assert board.totals()["running"] == 1 and board.totals()["queued"] == len(results) - 1
+    board.count(rows[2], PhaseChanged(phase=Phase.AGENT))
+    board.count(rows[2], HealthWarning(kind="retry_storm", message="x"))
+    board.count(rows[2], CleanupObserved(step=CleanupStep.SANDBOX_RELEASED, state=StepState.RUNNING))
+    assert rows[2].phase == "agent" and rows[2].health == 1 and rows[2].cleanup == "pending"
+    clock.now = 60.0
+    board.finished(flaky.model_copy(update={"run_id": "flaky-a3"}))
+    assert [r.phase for r in rows] == ["retried", "retried", "done"]
+    assert rows[2].cleanup == "confirmed" and rows[2].outcome == "mark_evaluation_error"
+    t = board.totals()
+    assert t["failed_infra"] == 1 and t["running"] == 0 and t["done"] == 1
+    assert board.rate_per_min() == 1.0 and board.eta_s() == (len(results) - 1) * 60
+
+
+def test_resumed_and_never_started_rows_say_so_and_groups_are_the_results() -> None:
+    results = _results()
+    board = BatchBoard([r.task_id for r in results] + ["queued-one"], 3)
+    hello = next(r for r in results if r.task_id == "hello-file")
+    board.finished(hello.model_copy(update={"resumed": True}))
+    row = next(r for r in board.rows if r.task_id == "hello-file")
+    assert row.outcome == "resumed" and row.phase == "resumed" and row.cleanup == ""
+    assert board.totals()["resumed"] == 1 and board.rate_per_min() is None  # resumed ones ran earlier
+    never = hello.model_copy(
+        update={"task_id": "queued-one", "run_id": "", "started": False, "failure_kind": "run_cancelled"}
+    )
+    board.finished(never)
+    row = board.rows[-1]
+    assert row.task_id == "queued-one" and row.outcome == "not started" and row.started_at is None
+    for r in results:
+        if r.task_id != "hello-file":
+            board.start(r.task_id, r.attempt, r.run_id)
+            board.finished(r)
+    groups = {g.kind: g for g in board.groups()}
+    assert set(groups) == {"run_cancelled", "model_server_error", "provider_oom_killed", "agent_timeout"}
+    assert groups["run_cancelled"].task_ids == ["queued-one"] and groups["run_cancelled"].run_ids == [""]
+    recorded = {g.kind: g.run_ids for g in group_failures(results)}
+    assert {k: g.run_ids for k, g in groups.items() if k != "run_cancelled"} == recorded
