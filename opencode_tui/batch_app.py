@@ -230,7 +230,7 @@ class BatchTUI(OpenCodeTUI):
         self._queue = feed.open()
         self.set_reactive(OpenCodeTUI.keep, feed.episode.kept)
         self.episode_done = False
-        screen = LiveRunScreen(feed.episode, from_browser=True).data_bind(keep=OpenCodeTUI.keep)
+        screen = LiveRunScreen(feed.episode, in_batch=True).data_bind(keep=OpenCodeTUI.keep)
         self.push_screen(screen)
         self._watch_opened(feed)
 

@@ -126,9 +126,16 @@ class LiveRunScreen(RunScreen):
     mode = "live"
 
     def __init__(
-        self, control: EpisodeControl, run_dir: Path | None = None, *, from_browser: bool = False
+        self,
+        control: EpisodeControl,
+        run_dir: Path | None = None,
+        *,
+        from_browser: bool = False,
+        in_batch: bool = False,
     ) -> None:
-        super().__init__(run_dir, from_browser=from_browser)
+        # in_batch: one attempt of the batch screen's; Esc goes back to it and the episode runs on
+        super().__init__(run_dir, from_browser=from_browser or in_batch)
+        self.in_batch = in_batch
         self.control = control
         self._action_key: tuple[bool, bool, bool, str | None] | None = None
         # one batch handed over at a time, sized by the measured ingest rate
@@ -291,9 +298,12 @@ class LiveRunScreen(RunScreen):
             self.refresh_bindings()
 
     def action_back(self) -> None:
-        """Esc on a run the runs browser started: back to the browser, as `q` goes (it asks first while
-        the episode runs, and the app waits for its cleanup)."""
-        if self.from_browser:
+        """Esc on an attempt opened from the batch screen: back to it (the episode runs on). On a run the
+        runs browser started: back to the browser, as `q` goes (it asks first while the episode runs,
+        and the app waits for its cleanup)."""
+        if self.in_batch:
+            self.app.pop_screen()
+        elif self.from_browser:
             self.app.call_next(self.app.run_action, "app.request_quit")
 
     def action_cancel_episode(self) -> None:
