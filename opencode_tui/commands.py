@@ -9,6 +9,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from core.exit_codes import ExitCode
 
@@ -126,8 +127,23 @@ def cmd_open(args: argparse.Namespace) -> int:
         )
     from opencode_tui.app import OpenCodeTUI
 
-    OpenCodeTUI(run_dir=path, theme=theme).run()
+    app = OpenCodeTUI(run_dir=path, theme=theme)
+    app.run()
+    if app.lineage_request is not None:  # `R` / `F`: the rerun or fork, live
+        return _lineage_request(app.lineage_request)[0]
     return ExitCode.OK
+
+
+def _lineage_request(request: Any, *, from_browser: bool = False) -> tuple[int, Any]:
+    """Run a replay's ``R``/``F`` request live: (exit code, result or None); a request that cannot
+    start is one line on stderr (exit 2)."""
+    from opencode_tui.lineage_command import lineage_in_tui
+
+    try:
+        return lineage_in_tui(request, from_browser=from_browser)
+    except ValueError as exc:
+        print(f"opencode-tui {request.lineage}: {exc}", file=sys.stderr)
+        return ExitCode.USAGE, None
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -158,13 +174,21 @@ def cmd_runs(args: argparse.Namespace) -> int:
     app.run()
     # `r`: the run again, live (one episode per app, like `run`); then back to the browser, the two runs
     # marked against each other; until the browser is quit, or the run was interrupted (Ctrl-C, a signal).
-    while app.rerun_request is not None and not (app.read_only or app.served):
+    while (app.rerun_request or app.lineage_request) is not None and not (app.read_only or app.served):
         from core.control import CANCELLED_BY_USER
         from opencode_tui.run_command import AdmissionError, ConfigError, rerun_in_tui
 
-        original, notice, new = app.rerun_request, None, None
+        lineage = app.lineage_request  # a replay's `R` / `F` (issue 28)
+        original = lineage.run_dir if lineage is not None else app.rerun_request
+        assert original is not None
+        notice, new = None, None
         try:
-            code, result = rerun_in_tui(original, from_browser=True)
+            if lineage is not None:
+                code, result = _lineage_request(lineage, from_browser=True)
+                if result is None and code == ExitCode.USAGE:
+                    raise AdmissionError("it cannot start as asked (see above)")
+            else:
+                code, result = rerun_in_tui(original, from_browser=True)
         except (AdmissionError, ConfigError) as exc:
             notice = f"{original.name} cannot be re-run: {exc}"
             print(f"opencode-tui runs: {exc}", file=sys.stderr)

@@ -13,13 +13,46 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from core.exit_codes import ExitCode
 
 if TYPE_CHECKING:  # the engine is loaded when a command runs, not for --help (start-up)
     from core.config import AgentConfig
     from core.episode import Episode, EpisodeResult
+
+
+class LineageRequest(BaseModel):
+    """A rerun or fork asked for in the TUI (``R``/``F`` on a replay): run live once the app has
+    closed (one episode per app), by ``lineage_in_tui``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_dir: Path
+    lineage: Literal["rerun", "fork"]
+    at: int | None = None
+    model_url: str | None = None
+    model: str | None = None
+    say: str | None = None
+
+    def args(self) -> argparse.Namespace:
+        """As the command line would give them."""
+        return argparse.Namespace(
+            command=self.lineage,
+            run_dir=str(self.run_dir),
+            at=self.at,
+            on_divergence="stop",
+            model_url=self.model_url,
+            model=self.model,
+            api_key_env=None,
+            say=self.say,
+            provider=None,
+            runs_dir=None,
+            allow_changed_task=False,
+            batch=False,
+        )
 
 
 def add_parsers(sub: Any, provider_choices: Any) -> None:
@@ -83,6 +116,19 @@ def _overrides(args: argparse.Namespace) -> Any:
 
 def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
     """``terminal``: both ends are one (then the live TUI, unless --batch)."""
+    name = args.command  # rerun | fork
+    try:
+        episode, config = child_episode(args)
+    except ValueError as exc:
+        print(f"opencode-tui {name}: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    if not args.batch and terminal:
+        return _tui(episode, config)
+    return _headless(name, episode)
+
+
+def child_episode(args: argparse.Namespace) -> tuple[Episode, AgentConfig]:
+    """The child episode (not started); ValueError with one line when it cannot start as asked."""
     from core.admission import AdmissionError, check_inputs
     from core.config import ConfigError
     from core.episode import Episode, LineageError, child_inputs, load_parent
@@ -104,12 +150,17 @@ def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
             config = config.model_copy(update={"runs_dir": str(path.resolve().parent)})
         check_inputs(config, [task])
     except (LineageError, AdmissionError, ConfigError, ValueError) as exc:
-        print(f"opencode-tui {name}: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
-    episode = Episode(task, config, runs_dir=Path(config.runs_dir), child_of=(plan, parent))
-    if not args.batch and terminal:
-        return _tui(episode, config)
-    return _headless(name, episode)
+        raise ValueError(str(exc)) from None
+    return Episode(task, config, runs_dir=Path(config.runs_dir), child_of=(plan, parent)), config
+
+
+def lineage_in_tui(
+    request: LineageRequest, *, from_browser: bool = False
+) -> tuple[int, EpisodeResult | None]:
+    """A rerun or fork the TUI asked for, live: its exit code and result (None: it did not finish).
+    ValueError (one line) when it cannot start as asked."""
+    episode, config = child_episode(request.args())
+    return _tui(episode, config, from_browser=from_browser), episode._result
 
 
 def _announce(name: str) -> Any:
@@ -151,10 +202,10 @@ def _say_result(name: str, episode: Episode, result: EpisodeResult) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _tui(episode: Episode, config: AgentConfig) -> int:
+def _tui(episode: Episode, config: AgentConfig, *, from_browser: bool = False) -> int:
     from opencode_tui.app import OpenCodeTUI
 
-    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run)
+    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run, from_browser=from_browser)
     app.run()
     result = episode._result
     if result is None:

@@ -4,18 +4,26 @@ by the real commands (tests/fixtures/lineage-runs: a run of fix-bug, its ``fork 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from core.artifacts import RunDirReader
 from core.diff import diff_runs
 from opencode_tui.app import OpenCodeTUI
+from opencode_tui.lineage_command import LineageRequest, child_episode
 from opencode_tui.plain_text import diff_lines
 from opencode_tui.screens.diff import DiffScreen, StepsTable
+from opencode_tui.screens.fork import ForkScreen
+from opencode_tui.screens.replay import ReplayRunScreen
 from opencode_tui.screens.runs import RunsList, RunsScreen
+from opencode_tui.widgets.model_calls import ModelCallsTable
+from tests.opencode_tui.conftest import loaded, wait_for
 
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 FAMILY = Path(__file__).resolve().parents[1] / "fixtures" / "lineage-runs"
 PARENT = "fix-bug-20261202-095618-65ebfb-a1"
 FORK = "fix-bug-20261202-095632-bf919c-a1"  # fork --at 2
@@ -153,3 +161,89 @@ def test_snapshot_browser_with_a_family(runs, snap_compare, size, monkeypatch):
     # the run directories' own names and times, and a relative runs directory: the same everywhere
     monkeypatch.chdir(runs.parent)
     assert snap_compare(OpenCodeTUI(runs_dir=Path(runs.name)), terminal_size=size, run_before=setup)
+
+
+# -- R and F on a replay: the request, then the child live (real engine, local provider) --------------
+
+
+@pytest.fixture
+def forkable(runs, tmp_path) -> Path:
+    """The parent with its task at hand: a copy of fix-bug (the content it ran, so the same hash)."""
+    task = tmp_path / "task"
+    shutil.copytree(SAMPLES / "fix-bug", task)
+    info = json.loads((runs / PARENT / "run.json").read_text())
+    info["task_dir"] = str(task)
+    (runs / PARENT / "run.json").write_text(json.dumps(info))
+    return runs / PARENT
+
+
+async def _replay_with_agent_call(pilot, n: int) -> ReplayRunScreen:
+    await loaded(pilot)
+    screen = pilot.app.screen
+    assert isinstance(screen, ReplayRunScreen)
+    table = screen.query_one(ModelCallsTable)
+    table.focus()
+    rows = [i for i, c in enumerate(table.calls) if c.kind == "agent"]
+    table.move_cursor(row=rows[n - 1], animate=False)
+    await pilot.pause()
+    return screen
+
+
+async def test_R_on_a_replay_asks_for_a_rerun(forkable):
+    app = OpenCodeTUI(run_dir=forkable)
+    async with app.run_test(size=SIZE) as pilot:
+        await _replay_with_agent_call(pilot, 1)
+        await pilot.press("R")
+        await pilot.pause()
+    assert app.lineage_request == LineageRequest(run_dir=forkable, lineage="rerun")
+
+
+async def test_F_on_a_model_call_forks_there_live_with_cleanup_confirmed(forkable):
+    app = OpenCodeTUI(run_dir=forkable)
+    async with app.run_test(size=SIZE) as pilot:
+        await _replay_with_agent_call(pilot, 2)
+        await pilot.press("F")
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ForkScreen)
+        assert modal.request.at == 2 and modal.steps == 5
+        await pilot.press(*"say hi")  # into the URL box, then taken out: the recorded model
+        for _ in range(6):
+            await pilot.press("backspace")
+        await pilot.press("tab", "tab", *"look again", "enter")
+        await pilot.pause()
+    request = app.lineage_request
+    assert request == LineageRequest(run_dir=forkable, lineage="fork", at=2, say="look again")
+    # what the command does with it on exit: the fork, live in the TUI
+    # (its admission checks run their own event loop, as on the command line: off this one)
+    episode, _config = await asyncio.to_thread(child_episode, request.args())
+    live = OpenCodeTUI(control=episode, run_episode=episode.run)
+    async with live.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: episode._result is not None, timeout=180, what="the fork to end")
+    result = episode._result
+    assert result is not None and result.cleanup_confirmed, result
+    info = RunDirReader(Path(result.run_dir)).info()
+    assert info.lineage == "fork" and info.fork_step == 2 and info.parent.run_id == PARENT
+    assert info.replay.replayed >= 2 and info.replay.said == "look again"
+
+
+async def test_F_where_no_fork_is_possible_says_why(forkable):
+    app = OpenCodeTUI(run_dir=forkable)
+    async with app.run_test(size=SIZE) as pilot:
+        await _replay_with_agent_call(pilot, 5)  # the last agent call: nothing live after it
+        await pilot.press("F")
+        await pilot.pause()
+        assert isinstance(app.screen, ReplayRunScreen) and app.lineage_request is None
+        assert any("agent step 1 to 4" in str(n.message) for n in app._notifications)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)])
+def test_snapshot_fork_modal(forkable, snap_compare, size, monkeypatch):
+    async def setup(pilot):
+        await _replay_with_agent_call(pilot, 2)
+        await pilot.press("F")
+        await pilot.pause()
+
+    monkeypatch.chdir(forkable.parent.parent)
+    app = OpenCodeTUI(run_dir=Path(forkable.parent.name) / forkable.name)
+    assert snap_compare(app, terminal_size=size, run_before=setup)
