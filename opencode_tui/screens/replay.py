@@ -119,6 +119,7 @@ class ReplayRunScreen(RunScreen):
             "R",
             "lineage_rerun",
             "Rerun",
+            show=False,  # (the footer is full: the help and the palette list it)
             tooltip="Rerun this run live, every model call answered from its record",
             id="run.rerun",
         ),
@@ -126,6 +127,7 @@ class ReplayRunScreen(RunScreen):
             "F",
             "fork",
             "Fork",
+            show=False,
             tooltip="Fork this run at the selected model call (or the timeline's): the record up to it, "
             "then a model",
             id="run.fork",
