@@ -60,7 +60,7 @@ def add_parsers(sub: Any, provider_choices: Any) -> None:
     rr = sub.add_parser(
         "rerun", help="run a recorded episode again, every model call answered from its record"
     )
-    rr.add_argument("run_dir", metavar="RUN_DIR")
+    rr.add_argument("run_dir", metavar="RUN_DIR", nargs="+", help="several with --batch: one after another")
     rr.add_argument(
         "--on-divergence",
         choices=["stop", "continue", "live"],
@@ -73,7 +73,7 @@ def add_parsers(sub: Any, provider_choices: Any) -> None:
         help="a new run from a recorded one's step: its first STEP model calls "
         "answered from the record (the files as they were), then the live model",
     )
-    fk.add_argument("run_dir", metavar="RUN_DIR")
+    fk.add_argument("run_dir", metavar="RUN_DIR", nargs="+", help="several with --batch: one after another")
     fk.add_argument(
         "--at", type=int, required=True, metavar="STEP", help="agent model calls answered from the record"
     )
@@ -115,16 +115,32 @@ def _overrides(args: argparse.Namespace) -> Any:
 
 
 def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
-    """``terminal``: both ends are one (then the live TUI, unless --batch)."""
+    """``terminal``: both ends are one (then the live TUI, unless --batch). Several run directories:
+    headless, one child after another, every one checked before the first starts."""
     name = args.command  # rerun | fork
-    try:
-        episode, config = child_episode(args)
-    except ValueError as exc:
-        print(f"opencode-tui {name}: {exc}", file=sys.stderr)
+    run_dirs = list(args.run_dir) if isinstance(args.run_dir, list) else [args.run_dir]
+    if len(run_dirs) > 1 and not args.batch and terminal:
+        print(
+            f"opencode-tui {name}: several run directories need --batch (the TUI shows one run)",
+            file=sys.stderr,
+        )
         return ExitCode.USAGE
+    children = []
+    for run_dir in run_dirs:
+        try:
+            children.append(child_episode(argparse.Namespace(**{**vars(args), "run_dir": run_dir})))
+        except ValueError as exc:
+            print(f"opencode-tui {name}: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
     if not args.batch and terminal:
-        return _tui(episode, config)
-    return _headless(name, episode)
+        return _tui(*children[0])
+    worst = ExitCode.OK
+    for episode, _config in children:
+        code, interrupted = _headless(name, episode)
+        worst = max(worst, ExitCode(code), key=lambda c: c.severity)
+        if interrupted:  # a signal ends the batch: the children not started stay so
+            break
+    return worst
 
 
 def child_episode(args: argparse.Namespace) -> tuple[Episode, AgentConfig]:
@@ -175,7 +191,10 @@ def _announce(name: str) -> Any:
     return say
 
 
-def _headless(name: str, episode: Episode) -> int:
+def _headless(name: str, episode: Episode) -> tuple[int, bool]:
+    """Run one child; its result as a JSON line with how it went against its parent. (exit code,
+    whether a signal cancelled it)."""
+    from core.control import CANCELLED_BY_USER
     from core.signals import closing_signals
 
     async def main() -> EpisodeResult:
@@ -183,9 +202,24 @@ def _headless(name: str, episode: Episode) -> int:
             return await episode.run()
 
     result = asyncio.run(main())
-    print(json.dumps(result.model_dump(mode="json")), flush=True)
+    print(json.dumps(batch_line(episode, result)), flush=True)
     _say_result(name, episode, result)
-    return result.exit_code
+    return result.exit_code, result.cancelled_by not in (None, CANCELLED_BY_USER)
+
+
+def batch_line(episode: Episode, result: EpisodeResult) -> dict[str, Any]:
+    """The result's JSON, and the child's lineage: ``reproduced`` (a rerun with no divergence; None for
+    a fork) and ``divergence_step`` (None when none)."""
+    line = result.model_dump(mode="json")
+    child = episode.child
+    if child is not None:
+        s = child.summary
+        line["lineage"] = child.plan.lineage
+        line["parent_run_id"] = child.plan.parent_run_id
+        line["fork_step"] = child.plan.fork_step
+        line["reproduced"] = (s.divergence_step is None) if child.plan.lineage == "rerun" else None
+        line["divergence_step"] = s.divergence_step
+    return line
 
 
 def _say_result(name: str, episode: Episode, result: EpisodeResult) -> None:
