@@ -184,19 +184,26 @@ def cmd_runs(args: argparse.Namespace) -> int:
         notice, new = None, None
         try:
             if lineage is not None:
-                code, result = _lineage_request(lineage, from_browser=True)
-                if result is None and code == ExitCode.USAGE:
-                    raise AdmissionError("it cannot start as asked (see above)")
+                from opencode_tui.lineage_command import lineage_in_tui
+
+                try:
+                    code, result = lineage_in_tui(lineage, from_browser=True)
+                except ValueError as exc:  # said in the browser it returns to
+                    raise AdmissionError(str(exc)) from None
             else:
                 code, result = rerun_in_tui(original, from_browser=True)
         except (AdmissionError, ConfigError) as exc:
-            notice = f"{original.name} cannot be re-run: {exc}"
+            verb = {"rerun": "rerun", "fork": "forked"}[lineage.lineage] if lineage is not None else "re-run"
+            notice = f"{original.name} cannot be {verb}: {exc}"
             print(f"opencode-tui runs: {exc}", file=sys.stderr)
         else:
             if result is not None and result.cancelled_by not in (None, CANCELLED_BY_USER):
                 return code  # Ctrl-C or a signal: leave, as from any run
             new = Path(result.run_dir) if result is not None else None
-            notice = f"Re-run: {result.summary}" if result is not None else "The re-run did not finish."
+            what = lineage.lineage.capitalize() if lineage is not None else "Re-run"
+            notice = (
+                f"{what}: {result.summary}" if result is not None else f"The {what.lower()} did not finish."
+            )
         app = OpenCodeTUI(runs_dir=runs_dir, theme=theme, rerun_of=(original, new), notice=notice)
         app.run()
     return ExitCode.OK
