@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from textual.widgets import Input
 
 from core.artifacts import RunDirReader
 from core.diff import diff_runs
@@ -182,6 +183,7 @@ async def _replay_with_agent_call(pilot, n: int) -> ReplayRunScreen:
     screen = pilot.app.screen
     assert isinstance(screen, ReplayRunScreen)
     table = screen.query_one(ModelCallsTable)
+    await wait_for(pilot, lambda: len(table.calls) == 6, what="the six model calls in the table")
     table.focus()
     rows = [i for i, c in enumerate(table.calls) if c.kind == "agent"]
     table.move_cursor(row=rows[n - 1], animate=False)
@@ -242,6 +244,10 @@ def test_snapshot_fork_modal(forkable, snap_compare, size, monkeypatch):
     async def setup(pilot):
         await _replay_with_agent_call(pilot, 2)
         await pilot.press("F")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, ForkScreen), what="the fork modal")
+        # the URL box's cursor blinks: shown steadily, the picture does not depend on when it is taken
+        for box in pilot.app.screen.query(Input):
+            box.cursor_blink = False
         await pilot.pause()
 
     monkeypatch.chdir(forkable.parent.parent)
