@@ -14,6 +14,7 @@ from textual.widgets import Input
 
 from core.artifacts import RunDirReader
 from core.diff import diff_runs
+from core.events import ModelCall
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.lineage_command import LineageRequest, child_episode
 from opencode_tui.plain_text import diff_lines
@@ -22,6 +23,7 @@ from opencode_tui.screens.fork import ForkScreen
 from opencode_tui.screens.replay import ReplayRunScreen
 from opencode_tui.screens.runs import RunsList, RunsScreen
 from opencode_tui.widgets.model_calls import ModelCallsTable
+from opencode_tui.widgets.timeline import Timeline
 from tests.opencode_tui.conftest import loaded, wait_for
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
@@ -253,3 +255,23 @@ def test_snapshot_fork_modal(forkable, snap_compare, size, monkeypatch):
     monkeypatch.chdir(forkable.parent.parent)
     app = OpenCodeTUI(run_dir=Path(forkable.parent.name) / forkable.name)
     assert snap_compare(app, terminal_size=size, run_before=setup)
+
+
+async def test_F_on_the_timeline_forks_at_the_last_agent_call_before_the_cursor(forkable):
+    app = OpenCodeTUI(run_dir=forkable)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _replay_with_agent_call(pilot, 1)  # the table's selection is not what counts
+        agent = [
+            i
+            for i in range(screen.total)
+            if isinstance(ev := screen.index.event_at(i), ModelCall) and ev.kind == "agent"
+        ]
+        screen.seek(agent[2] - 1)  # after the second agent call, before the third
+        screen.query_one(Timeline).focus()
+        await pilot.pause()
+        await pilot.press("F")
+        await wait_for(pilot, lambda: isinstance(app.screen, ForkScreen), what="the fork modal")
+        assert app.screen.request.at == 2
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, ReplayRunScreen) and app.lineage_request is None
