@@ -179,6 +179,17 @@ class AlignedStep(_Model):
     a: Step | None = None
     b: Step | None = None
     same: bool
+    replayed: bool = False  # B is A's rerun or fork and this step's model answer came from A's record
+
+
+class Lineage(_Model):
+    """B is a rerun or fork of A (issue 28): how many of its agent model calls A's record answered."""
+
+    kind: Literal["rerun", "fork"]
+    fork_step: int | None = None
+    replayed_agent_calls: int  # B's first N agent model calls were answered from A's record
+    replayed_rows: int  # the aligned rows (from the first) whose B step was replayed
+    divergence_step: int | None = None  # the agent call at which B's request differed from A's
 
 
 class Delta(_Model):
@@ -206,6 +217,22 @@ class RunDiff(_Model):
     steps: list[AlignedStep]
     first_divergence: int | None  # index into ``steps``; None: the steps are the same
     deltas: list[Delta]
+    lineage: Lineage | None = None  # B is a rerun or fork of A
+
+    def lineage_words(self) -> str | None:
+        """One line: what B is of A and which steps were replayed from A's record (None: unrelated)."""
+        ln = self.lineage
+        if ln is None:
+            return None
+        what = f"B is a fork of A at step {ln.fork_step}" if ln.kind == "fork" else "B is a rerun of A"
+        n = ln.replayed_rows
+        rows = "no step" if n == 0 else ("step 1" if n == 1 else f"steps 1-{n}")
+        live = f", live from step {n + 1}" if ln.kind == "fork" and n < len(self.steps) else ""
+        diverged = f"; diverged at agent call {ln.divergence_step}" if ln.divergence_step else ""
+        return (
+            f"{what}: {rows} replayed from A's record ({ln.replayed_agent_calls} agent model "
+            f"call(s)){live}{diverged}"
+        )
 
     @property
     def identical_steps(self) -> bool:
@@ -376,11 +403,58 @@ class _Run:
         )
 
 
+def _is_parent(a: _Run, b: _Run) -> bool:
+    parent = b.info.parent if b.info is not None else None
+    if parent is None:
+        return False
+    return parent.run_id == a.run_id or Path(parent.run_dir).resolve() == a.path.resolve()
+
+
+def _lineage(a: _Run, b: _Run, rows: list[AlignedStep]) -> tuple[Lineage | None, list[AlignedStep]]:
+    """When B is A's rerun or fork: the rows whose B model call was answered from A's record (and the
+    tool calls those answers asked for) are marked ``replayed``; the fork point is after them."""
+    info = b.info
+    if info is None or info.lineage is None or not _is_parent(a, b):
+        return None, rows
+    summary = info.replay
+    agent = [s for s in b.steps if s.kind == "model_call" and s.name == "agent"]
+    if info.lineage == "fork":
+        n = info.fork_step or 0
+    elif summary is not None and summary.live_from is not None:
+        n = summary.live_from - 1
+    elif summary is not None and summary.divergence_step is not None:
+        n = summary.divergence_step - 1
+    else:
+        n = len(agent)
+    replayed_calls = {s.call_id for s in agent[:n]}
+    out: list[AlignedStep] = []
+    last = 0
+    for i, row in enumerate(rows):
+        s = row.b
+        hit = s is not None and (
+            s.call_id in replayed_calls if s.kind == "model_call" else s.asked_by in replayed_calls
+        )
+        out.append(row.model_copy(update={"replayed": hit}) if hit else row)
+        if hit:
+            last = i + 1
+    lineage = Lineage(
+        kind=info.lineage,
+        fork_step=info.fork_step,
+        replayed_agent_calls=min(n, len(agent)),
+        replayed_rows=last,
+        divergence_step=summary.divergence_step if summary is not None else None,
+    )
+    return lineage, out
+
+
 def diff_runs(path_a: Path, path_b: Path) -> RunDiff:
-    """Compare two run directories (raises FileNotFoundError for a path that is not one)."""
+    """Compare two run directories (raises FileNotFoundError for a path that is not one). When B is
+    a rerun or fork of A, the steps answered from A's record are marked (``lineage``)."""
     a, b = _Run(path_a), _Run(path_b)
     rows, first = align(a.steps, b.steps)
+    lineage, rows = _lineage(a, b, rows)
     return RunDiff(
+        lineage=lineage,
         a=a.side(),
         b=b.side(),
         drift=_drift(a, b),

@@ -38,6 +38,7 @@ from core.events import CleanupStep, Event, StepState
 from core.signals import closing_signals
 from opencode_tui import read_only
 from opencode_tui.host import EpisodeHost
+from opencode_tui.lineage_command import LineageRequest
 from opencode_tui.messages import (
     CancelRequested,
     CancelWanted,
@@ -125,6 +126,8 @@ class OpenCodeTUI(EpisodeHost):
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
         self.diff = diff
         self.rerun_request: Path | None = None  # the runs browser's `r`: the run to run again on exit
+        # a replay's `R` / `F`: the rerun or fork to run live on exit (issue 28)
+        self.lineage_request: LineageRequest | None = None
         # Live: the run was started by the runs browser's `r`; Esc and `q` lead back to it.
         self.from_browser = from_browser
         # Browser: (original, re-run) after a re-run, marked against each other; a notice to show.

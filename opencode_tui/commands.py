@@ -9,6 +9,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from core.exit_codes import ExitCode
 
@@ -126,8 +127,23 @@ def cmd_open(args: argparse.Namespace) -> int:
         )
     from opencode_tui.app import OpenCodeTUI
 
-    OpenCodeTUI(run_dir=path, theme=theme).run()
+    app = OpenCodeTUI(run_dir=path, theme=theme)
+    app.run()
+    if app.lineage_request is not None:  # `R` / `F`: the rerun or fork, live
+        return _lineage_request(app.lineage_request)[0]
     return ExitCode.OK
+
+
+def _lineage_request(request: Any, *, from_browser: bool = False) -> tuple[int, Any]:
+    """Run a replay's ``R``/``F`` request live: (exit code, result or None); a request that cannot
+    start is one line on stderr (exit 2)."""
+    from opencode_tui.lineage_command import lineage_in_tui
+
+    try:
+        return lineage_in_tui(request, from_browser=from_browser)
+    except ValueError as exc:
+        print(f"opencode-tui {request.lineage}: {exc}", file=sys.stderr)
+        return ExitCode.USAGE, None
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -160,21 +176,36 @@ def cmd_runs(args: argparse.Namespace) -> int:
     app.run()
     # `r`: the run again, live (one episode per app, like `run`); then back to the browser, the two runs
     # marked against each other; until the browser is quit, or the run was interrupted (Ctrl-C, a signal).
-    while app.rerun_request is not None and not (app.read_only or app.served):
+    while (app.rerun_request or app.lineage_request) is not None and not (app.read_only or app.served):
         from core.control import CANCELLED_BY_USER
         from opencode_tui.run_command import AdmissionError, ConfigError, rerun_in_tui
 
-        original, notice, new = app.rerun_request, None, None
+        lineage = app.lineage_request  # a replay's `R` / `F` (issue 28)
+        original = lineage.run_dir if lineage is not None else app.rerun_request
+        assert original is not None
+        notice, new = None, None
         try:
-            code, result = rerun_in_tui(original, from_browser=True)
+            if lineage is not None:
+                from opencode_tui.lineage_command import lineage_in_tui
+
+                try:
+                    code, result = lineage_in_tui(lineage, from_browser=True)
+                except ValueError as exc:  # said in the browser it returns to
+                    raise AdmissionError(str(exc)) from None
+            else:
+                code, result = rerun_in_tui(original, from_browser=True)
         except (AdmissionError, ConfigError) as exc:
-            notice = f"{original.name} cannot be re-run: {exc}"
+            verb = {"rerun": "rerun", "fork": "forked"}[lineage.lineage] if lineage is not None else "re-run"
+            notice = f"{original.name} cannot be {verb}: {exc}"
             print(f"opencode-tui runs: {exc}", file=sys.stderr)
         else:
             if result is not None and result.cancelled_by not in (None, CANCELLED_BY_USER):
                 return code  # Ctrl-C or a signal: leave, as from any run
             new = Path(result.run_dir) if result is not None else None
-            notice = f"Re-run: {result.summary}" if result is not None else "The re-run did not finish."
+            what = lineage.lineage.capitalize() if lineage is not None else "Re-run"
+            notice = (
+                f"{what}: {result.summary}" if result is not None else f"The {what.lower()} did not finish."
+            )
         app = OpenCodeTUI(runs_dir=runs_dir, theme=theme, rerun_of=(original, new), notice=notice)
         app.run()
     return ExitCode.OK

@@ -13,7 +13,9 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from core.exit_codes import ExitCode
 
@@ -22,12 +24,43 @@ if TYPE_CHECKING:  # the engine is loaded when a command runs, not for --help (s
     from core.episode import Episode, EpisodeResult
 
 
+class LineageRequest(BaseModel):
+    """A rerun or fork asked for in the TUI (``R``/``F`` on a replay): run live once the app has
+    closed (one episode per app), by ``lineage_in_tui``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_dir: Path
+    lineage: Literal["rerun", "fork"]
+    at: int | None = None
+    model_url: str | None = None
+    model: str | None = None
+    say: str | None = None
+
+    def args(self) -> argparse.Namespace:
+        """As the command line would give them."""
+        return argparse.Namespace(
+            command=self.lineage,
+            run_dir=str(self.run_dir),
+            at=self.at,
+            on_divergence="stop",
+            model_url=self.model_url,
+            model=self.model,
+            api_key_env=None,
+            say=self.say,
+            provider=None,
+            runs_dir=None,
+            allow_changed_task=False,
+            batch=False,
+        )
+
+
 def add_parsers(sub: Any, provider_choices: Any) -> None:
     """The two sub-commands (their options are the same but for --at and --on-divergence)."""
     rr = sub.add_parser(
         "rerun", help="run a recorded episode again, every model call answered from its record"
     )
-    rr.add_argument("run_dir", metavar="RUN_DIR")
+    rr.add_argument("run_dir", metavar="RUN_DIR", nargs="+", help="several with --batch: one after another")
     rr.add_argument(
         "--on-divergence",
         choices=["stop", "continue", "live"],
@@ -40,7 +73,7 @@ def add_parsers(sub: Any, provider_choices: Any) -> None:
         help="a new run from a recorded one's step: its first STEP model calls "
         "answered from the record (the files as they were), then the live model",
     )
-    fk.add_argument("run_dir", metavar="RUN_DIR")
+    fk.add_argument("run_dir", metavar="RUN_DIR", nargs="+", help="several with --batch: one after another")
     fk.add_argument(
         "--at", type=int, required=True, metavar="STEP", help="agent model calls answered from the record"
     )
@@ -82,7 +115,36 @@ def _overrides(args: argparse.Namespace) -> Any:
 
 
 def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
-    """``terminal``: both ends are one (then the live TUI, unless --batch)."""
+    """``terminal``: both ends are one (then the live TUI, unless --batch). Several run directories:
+    headless, one child after another, every one checked before the first starts."""
+    name = args.command  # rerun | fork
+    run_dirs = list(args.run_dir) if isinstance(args.run_dir, list) else [args.run_dir]
+    if len(run_dirs) > 1 and not args.batch and terminal:
+        print(
+            f"opencode-tui {name}: several run directories need --batch (the TUI shows one run)",
+            file=sys.stderr,
+        )
+        return ExitCode.USAGE
+    children = []
+    for run_dir in run_dirs:
+        try:
+            children.append(child_episode(argparse.Namespace(**{**vars(args), "run_dir": run_dir})))
+        except ValueError as exc:
+            print(f"opencode-tui {name}: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+    if not args.batch and terminal:
+        return _tui(*children[0])
+    worst = ExitCode.OK
+    for episode, _config in children:
+        code, interrupted = _headless(name, episode)
+        worst = max(worst, ExitCode(code), key=lambda c: c.severity)
+        if interrupted:  # a signal ends the batch: the children not started stay so
+            break
+    return worst
+
+
+def child_episode(args: argparse.Namespace) -> tuple[Episode, AgentConfig]:
+    """The child episode (not started); ValueError with one line when it cannot start as asked."""
     from core.admission import AdmissionError, check_inputs
     from core.config import ConfigError
     from core.episode import Episode, LineageError, child_inputs, load_parent
@@ -104,12 +166,17 @@ def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
             config = config.model_copy(update={"runs_dir": str(path.resolve().parent)})
         check_inputs(config, [task])
     except (LineageError, AdmissionError, ConfigError, ValueError) as exc:
-        print(f"opencode-tui {name}: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
-    episode = Episode(task, config, runs_dir=Path(config.runs_dir), child_of=(plan, parent))
-    if not args.batch and terminal:
-        return _tui(episode, config)
-    return _headless(name, episode)
+        raise ValueError(str(exc)) from None
+    return Episode(task, config, runs_dir=Path(config.runs_dir), child_of=(plan, parent)), config
+
+
+def lineage_in_tui(
+    request: LineageRequest, *, from_browser: bool = False
+) -> tuple[int, EpisodeResult | None]:
+    """A rerun or fork the TUI asked for, live: its exit code and result (None: it did not finish).
+    ValueError (one line) when it cannot start as asked."""
+    episode, config = child_episode(request.args())
+    return _tui(episode, config, from_browser=from_browser), episode._result
 
 
 def _announce(name: str) -> Any:
@@ -124,7 +191,10 @@ def _announce(name: str) -> Any:
     return say
 
 
-def _headless(name: str, episode: Episode) -> int:
+def _headless(name: str, episode: Episode) -> tuple[int, bool]:
+    """Run one child; its result as a JSON line with how it went against its parent. (exit code,
+    whether a signal cancelled it)."""
+    from core.control import CANCELLED_BY_USER
     from core.signals import closing_signals
 
     async def main() -> EpisodeResult:
@@ -132,9 +202,24 @@ def _headless(name: str, episode: Episode) -> int:
             return await episode.run()
 
     result = asyncio.run(main())
-    print(json.dumps(result.model_dump(mode="json")), flush=True)
+    print(json.dumps(batch_line(episode, result)), flush=True)
     _say_result(name, episode, result)
-    return result.exit_code
+    return result.exit_code, result.cancelled_by not in (None, CANCELLED_BY_USER)
+
+
+def batch_line(episode: Episode, result: EpisodeResult) -> dict[str, Any]:
+    """The result's JSON, and the child's lineage: ``reproduced`` (a rerun with no divergence; None for
+    a fork) and ``divergence_step`` (None when none)."""
+    line = result.model_dump(mode="json")
+    child = episode.child
+    if child is not None:
+        s = child.summary
+        line["lineage"] = child.plan.lineage
+        line["parent_run_id"] = child.plan.parent_run_id
+        line["fork_step"] = child.plan.fork_step
+        line["reproduced"] = (s.divergence_step is None) if child.plan.lineage == "rerun" else None
+        line["divergence_step"] = s.divergence_step
+    return line
 
 
 def _say_result(name: str, episode: Episode, result: EpisodeResult) -> None:
@@ -151,10 +236,10 @@ def _say_result(name: str, episode: Episode, result: EpisodeResult) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _tui(episode: Episode, config: AgentConfig) -> int:
+def _tui(episode: Episode, config: AgentConfig, *, from_browser: bool = False) -> int:
     from opencode_tui.app import OpenCodeTUI
 
-    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run)
+    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run, from_browser=from_browser)
     app.run()
     result = episode._result
     if result is None:

@@ -141,10 +141,14 @@ def output_lines(diff: RunDiff, width: int = OUTPUT_WIDTH, limit: int = OUTPUT_L
 
 def diff_lines(diff: RunDiff) -> list[str]:
     """The comparison as the diff screen shows it: drift, then the aligned steps (``!`` marks a step
-    that differs, ``>`` the first divergence), the tool outputs side by side at each step, then the
+    that differs, ``>`` the first divergence, ``=`` after the number one B replayed from A's record
+    when B is A's rerun or fork), the tool outputs side by side at each step, then the
     deltas."""
     out = [f"A: {diff.a.run_dir} ({diff.a.task_id or DASH}, {diff.a.steps} steps)"]
     out.append(f"B: {diff.b.run_dir} ({diff.b.task_id or DASH}, {diff.b.steps} steps)")
+    lineage = diff.lineage_words()
+    if lineage is not None:
+        out.append(lineage + " (= marks them)")
     out.append("")
     if diff.drift:
         out.append("Drift (settings that differed before the episode began):")
@@ -161,7 +165,7 @@ def diff_lines(diff: RunDiff) -> list[str]:
     rows = []
     for i, s in enumerate(diff.steps):
         mark = ">" if i == diff.first_divergence else (" " if s.same else "!")
-        rows.append([f"{mark}{i + 1}", _step(s.a), _step(s.b)])
+        rows.append([f"{mark}{i + 1}{'=' if s.replayed else ''}", _step(s.a), _step(s.b)])
     out += table(("#", "A", "B"), rows)
     out.append("")
     outputs = output_lines(diff)

@@ -98,6 +98,27 @@ class RunEntry:
         raise KeyError(name)
 
 
+def lineage_mark(info: RunInfo | None, short: bool = False) -> str:
+    """``↳ fork@2`` / ``↳ rerun`` (short: ``↳f@2`` / ``↳r``) for a run made from another's record
+    (issue 28), else ""."""
+    if info is None or info.lineage is None:
+        return ""
+    if short:
+        return f"↳f@{info.fork_step}" if info.lineage == "fork" else "↳r"
+    return f"↳ fork@{info.fork_step}" if info.lineage == "fork" else "↳ rerun"
+
+
+def parent_dir(entry: RunEntry) -> Path | None:
+    """The run directory a rerun or fork was made from: the same name beside it (a runs directory
+    copied or moved keeps the family together), else as recorded; None for a run that is neither."""
+    info = entry.info()
+    if info is None or info.parent is None:
+        return None
+    recorded = Path(info.parent.run_dir)
+    beside = entry.root / recorded.name
+    return beside if beside.is_dir() else recorded
+
+
 def _stamp(stamp: str) -> datetime | None:
     """``YYYYmmdd-HHMMSS`` (strptime is ten times slower, and this runs for every run directory)."""
     try:

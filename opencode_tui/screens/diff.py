@@ -167,6 +167,9 @@ class DiffScreen(Screen[None]):
         for i, row in enumerate(d.steps):
             table.add_row(*self._row(i, row, colors), key=str(i))
         table.border_title = "Steps"
+        if d.lineage is not None:
+            n = d.lineage.replayed_rows
+            table.border_title = f"Steps (↺ replayed from A: {n})" if n else "Steps"
         if d.first_divergence is None:
             table.border_subtitle = "the same steps in both runs"
         else:
@@ -217,7 +220,8 @@ class DiffScreen(Screen[None]):
         first = i == self.diff.first_divergence
         # ▶ the first divergence, ≠ any other step that differs (readable without colours too)
         sign = "▶" if first else ("" if row.same else "≠")
-        mark = Text(f"{sign}{i + 1}", justify="right")
+        # ↺ B's step was answered from A's record (B is A's rerun or fork)
+        mark = Text(f"{sign}{'↺' if row.replayed else ''}{i + 1}", justify="right")
         w = self.cell_width
         cells = [mark, step_cell(row.a, w), step_time(row.a), step_cell(row.b, w), step_time(row.b)]
         if not row.same:
@@ -227,6 +231,15 @@ class DiffScreen(Screen[None]):
         return cells
 
     def drift_text(self) -> Content:
+        assert self.diff is not None
+        lineage = self.diff.lineage_words()
+        if lineage is not None:  # what B is of A comes first: it explains the drift and the steps
+            return Content.from_markup(
+                "[b]Lineage[/] $words\n$drift", words=lineage, drift=self._drift_text()
+            )
+        return self._drift_text()
+
+    def _drift_text(self) -> Content:
         assert self.diff is not None
         if not self.diff.drift:
             return Content.from_markup("[b]Drift[/] none: same task, config and versions")

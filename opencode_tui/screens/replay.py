@@ -32,6 +32,7 @@ from core.events import (
 )
 from opencode_tui import format as fmt
 from opencode_tui.feeds import EventIndex, LoadStats, iter_event_batches
+from opencode_tui.lineage_command import LineageRequest
 from opencode_tui.messages import EventsReceived, ReplayLoaded
 from opencode_tui.screens.run import (
     FAST,
@@ -113,6 +114,23 @@ class ReplayRunScreen(RunScreen):
             "Fast",
             tooltip=f"Replay: toggle 1{fmt.TIMES} / fast playback (idle gaps skipped)",
             id="run.fast",
+        ),
+        Binding(
+            "R",
+            "lineage_rerun",
+            "Rerun",
+            show=False,  # (the footer is full: the help and the palette list it)
+            tooltip="Rerun this run live, every model call answered from its record",
+            id="run.rerun",
+        ),
+        Binding(
+            "F",
+            "fork",
+            "Fork",
+            show=False,
+            tooltip="Fork this run at the selected model call (or the timeline's): the record up to it, "
+            "then a model",
+            id="run.fork",
         ),
         *SHARED_BINDINGS,
     ]
@@ -523,6 +541,64 @@ class ReplayRunScreen(RunScreen):
         status = self._playback_status()
         if status != self.terminal.cast_status:
             self.terminal.set_cast_status(status)
+
+    # -- rerun and fork (issue 28): the app closes with the request; the command runs it live ---------
+
+    @property
+    def _path(self) -> Path:
+        assert self.run_dir is not None  # a replay always has its run directory
+        return self.run_dir
+
+    def action_lineage_rerun(self) -> None:
+        self._request(LineageRequest(run_dir=self._path, lineage="rerun"))
+
+    def _request(self, request: LineageRequest) -> None:
+        if self.app.read_only or self.app.served:  # type: ignore[attr-defined]
+            self.notify("Reruns and forks are off here (a served or read-only session).", timeout=4)
+            return
+        self.app.lineage_request = request  # type: ignore[attr-defined]
+        self.app.exit()
+
+    def fork_step(self) -> tuple[int | None, int]:
+        """The agent step to fork at (the selected model call's, or the last one at the timeline's
+        cursor when the timeline has the focus) and how many agent steps the run made."""
+        agent = sorted(
+            (c for c in self.state.model_calls if c.kind == "agent"), key=lambda c: (c.started_at, c.seq)
+        )
+        ids = [c.call_id for c in agent]
+        if isinstance(self.focused, Timeline):
+            seen = {c.call_id for c in self.view_state.model_calls}
+            return (sum(1 for i in ids if i in seen) or None), len(ids)
+        call = self.query_one(ModelCallsTable).selected
+        if call is None:
+            return None, len(ids)
+        if call.call_id in ids:
+            return ids.index(call.call_id) + 1, len(ids)
+        # a title or compaction call: the agent calls made before it
+        return (sum(1 for c in agent if c.started_at <= call.started_at) or None), len(ids)
+
+    def action_fork(self) -> None:
+        from opencode_tui.screens.fork import ForkScreen
+
+        step, steps = self.fork_step()
+        if steps < 2:
+            self.notify("This run made fewer than two agent model calls: nothing to fork from.", timeout=4)
+            return
+        if step is None or not 1 <= step < steps:
+            self.notify(
+                f"Select a model call (agent step 1 to {steps - 1}) in the model calls table or on the "
+                "timeline, then press F.",
+                timeout=5,
+            )
+            return
+
+        def chosen(request: LineageRequest | None) -> None:
+            if request is not None:
+                self._request(request)
+
+        self.app.push_screen(
+            ForkScreen(LineageRequest(run_dir=self._path, lineage="fork", at=step), steps), chosen
+        )
 
     def action_back(self) -> None:
         if self.play_source is not None:

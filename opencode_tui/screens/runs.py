@@ -33,7 +33,7 @@ from textual.widgets import Footer, Input, Static
 from core.artifacts import RunInfo
 from core.failures import Outcome
 from opencode_tui import format as fmt
-from opencode_tui.runs_index import SORTS, RunEntry, RunsIndex
+from opencode_tui.runs_index import SORTS, RunEntry, RunsIndex, lineage_mark, parent_dir
 
 
 @dataclass(frozen=True)
@@ -257,6 +257,12 @@ class RunsList(ScrollView, can_focus=True):
         cells = row_cells(entry, self.app.theme_variables, layout.narrow)
         for i, w in zip(layout.shown, layout.widths, strict=True):
             cell = cells[i]
+            mark = lineage_mark(entry.info()) if i == 0 else ""
+            if mark:  # a rerun or fork: its lineage first (d diffs it with its parent)
+                # the short mark where the full one would cut the name's end (its hash and attempt)
+                mark = (mark if w - len(mark) - 1 >= RUN_MIN else lineage_mark(entry.info(), True)) + " "
+                w -= len(mark)
+                line.append(mark, style=self.app.theme_variables.get("accent", ""))
             if i == 0 and len(cell) > w:  # a run's name ends in what tells it apart: start, hash, attempt
                 cell = Text("…" + cell.plain[len(cell) - w + 1 :], style=cell.style)
             cell.truncate(w, overflow="ellipsis", pad=True)
@@ -285,7 +291,12 @@ class RunsScreen(Screen[None]):
         Binding("s", "sort", "Sort", tooltip="Sort by the next key: " + ", ".join(SORTS)),
         Binding("S", "reverse", "Reverse", show=False),
         Binding("slash", "filter", "Filter", key_display="/", tooltip="Filter: outcome:X kind:X task:X …"),
-        Binding("d", "diff", "Diff", tooltip="Compare the two marked runs (space marks)"),
+        Binding(
+            "d",
+            "diff",
+            "Diff",
+            tooltip="Compare the two marked runs (space marks); on a rerun or fork (↳), with its parent",
+        ),
         Binding(
             "D",
             "diff_previous",
@@ -454,15 +465,38 @@ class RunsScreen(Screen[None]):
         self.app.push_screen(ReplayRunScreen(entry.path, from_browser=True))
 
     def action_diff(self) -> None:
-        marked = self.query_one(RunsList).marked
+        lst = self.query_one(RunsList)
+        marked = lst.marked
+        entry = self.index.entry(lst.cursor_row)
+        if not marked and entry is not None and (parent := parent_dir(entry)) is not None:
+            self._diff_with_parent(entry, parent)
+            return
         if len(marked) != 2:
-            self.notify("Mark two runs with space first (A, then B), then press d.", timeout=4)
+            self.notify(
+                "Mark two runs with space first (A, then B), then press d; "
+                "on a rerun or fork (↳) with nothing marked, d diffs it with its parent.",
+                timeout=4,
+            )
             return
         from opencode_tui.screens.diff import DiffScreen
 
         # The diff screen reads both runs in a worker thread, with a loading indicator meanwhile.
         run_a, run_b = marked
         self.app.push_screen(DiffScreen(run_a, run_b))
+
+    def _diff_with_parent(self, entry: RunEntry, parent: Path) -> None:
+        """A rerun or fork against the run it was made from (A: the parent), aligned at the fork."""
+        if not parent.is_dir():
+            self.notify(
+                f"{entry.name} was made from {parent.name}, which is not in {self.runs_dir} any more; "
+                "mark two runs with space to compare others.",
+                severity="error",
+                timeout=6,
+            )
+            return
+        from opencode_tui.screens.diff import DiffScreen
+
+        self.app.push_screen(DiffScreen(parent, entry.path))
 
     def action_diff_previous(self) -> None:
         """The selected run against the latest earlier run of its task (A: the earlier one)."""
