@@ -85,9 +85,14 @@ def test_the_loop_ends_as_model_empty_response_with_cleanup_confirmed(result):
 
 def test_every_empty_answer_is_a_failed_call_and_the_count_is_bounded(result):
     records = list(RunDirReader(Path(result.run_dir)).model_calls())
-    agent = [r for r in records if r.kind == "agent"]
-    assert all(r.failed and r.answer_fault == "empty_body" and r.status == 200 for r in agent)
-    assert LIMIT <= len(agent) <= LIMIT + 3  # the limit, and what was in flight when it fired
+    agent = sorted((r for r in records if r.kind == "agent"), key=lambda r: r.started_at)
+    seen = [(r.call_id, r.status, r.answer_fault, r.error) for r in agent]
+    assert LIMIT <= len(agent) <= LIMIT + 3, seen  # the limit, and what was in flight when it fired
+    # The calls that made the limit are empty 200s, each a failed call.
+    assert all(r.failed and r.answer_fault == "empty_body" and r.status == 200 for r in agent[:LIMIT]), seen
+    # One in flight when the agent was stopped may be cut before its answer was read (OpenCode hung up:
+    # "client connection lost"): still a failed call, never a good answer.
+    assert all(r.failed for r in agent[LIMIT:]), seen
     assert result.model_calls_failed == len(agent)
     assert all(not r.failed for r in records if r.kind == "title")
 
