@@ -38,7 +38,7 @@ from core.events import CleanupStep, Event, StepState
 from core.signals import closing_signals
 from opencode_tui import read_only
 from opencode_tui.host import EpisodeHost
-from opencode_tui.lineage_command import LineageRequest
+from opencode_tui.lineage_request import LineageRequest
 from opencode_tui.messages import (
     CancelRequested,
     CancelWanted,

@@ -11,7 +11,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from opencode_tui.lineage_command import LineageRequest
+from opencode_tui.lineage_request import LineageRequest
 
 
 class ForkScreen(ModalScreen[LineageRequest | None]):

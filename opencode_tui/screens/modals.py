@@ -393,36 +393,32 @@ def failure_call_ids(failure: FailureEvent) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-class FailureScreen(ModalScreen[str | None]):
-    """One failure event in full: decision, message, cause chain, evidence, typed details.
+class CallLinksDetail(ModalScreen[str | None]):
+    """A detail screen whose model calls are buttons: Enter on one closes it with that call id (the run
+    screen then opens the call). Subclasses give ``heading``, ``call_ids`` and ``render_detail``."""
 
-    A failure that names a model call shows its call id as a button: Enter on it closes this screen
-    with that call id (the run screen then opens the call)."""
+    call_ids: list[str]
+    part = "detail"  # the body's and the detail's widget ids: ``{part}-body``, ``{part}-detail``
 
-    BINDINGS = [
-        Binding("escape,q", "dismiss", "Close", id="failure.close"),
-        Binding("y", "copy", "Copy", id="failure.copy"),
-    ]
+    @property
+    def heading(self) -> str:
+        raise NotImplementedError
 
-    def __init__(self, record: FailureRecorded | FailureRecovered, in_batch: bool = False) -> None:
-        super().__init__(classes="modal")
-        self.record = record
-        self.in_batch = in_batch  # a batch's attempt: its ``retry`` was carried out
-        self.call_ids = failure_call_ids(record.failure)
+    def render_detail(self) -> Content:
+        raise NotImplementedError
 
     def compose(self) -> ComposeResult:
-        f = self.record.failure
         with Vertical(id="dialog", classes="dialog detail") as dialog:
-            dialog.border_title = f"Failure {f.kind}"
+            dialog.border_title = self.heading
             opens = " · enter opens the model call" if self.call_ids else ""
             dialog.border_subtitle = f"y copy{opens} · esc close"
-            with VerticalScroll(id="failure-body"):
+            with VerticalScroll(id=f"{self.part}-body"):
                 for i, cid in enumerate(self.call_ids):
                     label = "model call" if i == 0 else "also"
                     with Horizontal(classes="call-row"):
                         yield Label(Content.from_markup("[b]$k[/]", k=f"{label:<16}"))
                         yield Button(f"{cid} ⏎", id=f"call-link-{i}", classes="call-link", compact=True)
-                yield Static(self.render_detail(), id="failure-detail")
+                yield Static(self.render_detail(), id=f"{self.part}-detail")
 
     def on_mount(self) -> None:
         if self.call_ids:
@@ -432,6 +428,29 @@ class FailureScreen(ModalScreen[str | None]):
         if event.button.id and event.button.id.startswith("call-link-"):
             event.stop()
             self.dismiss(self.call_ids[int(event.button.id.removeprefix("call-link-"))])
+
+
+class FailureScreen(CallLinksDetail):
+    """One failure event in full: decision, message, cause chain, evidence, typed details.
+
+    A failure that names a model call shows its call id as a button: Enter on it closes this screen
+    with that call id (the run screen then opens the call)."""
+
+    BINDINGS = [
+        Binding("escape,q", "dismiss", "Close", id="failure.close"),
+        Binding("y", "copy", "Copy", id="failure.copy"),
+    ]
+    part = "failure"
+
+    def __init__(self, record: FailureRecorded | FailureRecovered, in_batch: bool = False) -> None:
+        super().__init__(classes="modal")
+        self.record = record
+        self.in_batch = in_batch  # a batch's attempt: its ``retry`` was carried out
+        self.call_ids = failure_call_ids(record.failure)
+
+    @property
+    def heading(self) -> str:
+        return f"Failure {self.record.failure.kind}"
 
     def render_detail(self) -> Content:
         f = self.record.failure

@@ -32,7 +32,7 @@ from core.events import (
 )
 from opencode_tui import format as fmt
 from opencode_tui.feeds import EventIndex, LoadStats, iter_event_batches
-from opencode_tui.lineage_command import LineageRequest
+from opencode_tui.lineage_request import LineageRequest
 from opencode_tui.messages import EventsReceived, ReplayLoaded
 from opencode_tui.screens.run import (
     FAST,

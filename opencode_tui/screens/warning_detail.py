@@ -7,15 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 
-from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
-from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static
 
 from core.events import HealthWarning, SandboxFault
 from opencode_tui.messages import Copied
+from opencode_tui.screens.modals import CallLinksDetail
 
 Noticed = HealthWarning | SandboxFault
 
@@ -30,13 +27,14 @@ def named_call_ids(record: Noticed, model_calls: Collection[str]) -> list[str]:
     return list(dict.fromkeys(i for i in ids if isinstance(i, str) and i in model_calls))
 
 
-class WarningDetailScreen(ModalScreen[str | None]):
+class WarningDetailScreen(CallLinksDetail):
     """One health warning or live kernel fault in full; dismisses with a model call id to open."""
 
     BINDINGS = [
         Binding("escape,q", "dismiss", "Close", id="warning.close"),
         Binding("y", "copy", "Copy", id="warning.copy"),
     ]
+    part = "warning"
 
     def __init__(self, record: Noticed, model_calls: Collection[str] = ()) -> None:
         super().__init__(classes="modal")
@@ -47,28 +45,6 @@ class WarningDetailScreen(ModalScreen[str | None]):
     def heading(self) -> str:
         r = self.record
         return f"Health warning {r.kind.value}" if isinstance(r, HealthWarning) else f"Kernel {r.kind.value}"
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="dialog", classes="dialog detail") as dialog:
-            dialog.border_title = self.heading
-            opens = " · enter opens the model call" if self.call_ids else ""
-            dialog.border_subtitle = f"y copy{opens} · esc close"
-            with VerticalScroll(id="warning-body"):
-                for i, cid in enumerate(self.call_ids):
-                    label = "model call" if i == 0 else "also"
-                    with Horizontal(classes="call-row"):
-                        yield Label(Content.from_markup("[b]$k[/]", k=f"{label:<16}"))
-                        yield Button(f"{cid} ⏎", id=f"call-link-{i}", classes="call-link", compact=True)
-                yield Static(self.render_detail(), id="warning-detail")
-
-    def on_mount(self) -> None:
-        if self.call_ids:
-            self.query_one("#call-link-0", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id and event.button.id.startswith("call-link-"):
-            event.stop()
-            self.dismiss(self.call_ids[int(event.button.id.removeprefix("call-link-"))])
 
     def render_detail(self) -> Content:
         r = self.record
