@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.exit_codes import ExitCode
-from opencode_tui.lineage_request import LineageRequest
 
-if TYPE_CHECKING:  # the engine is loaded when a command runs, not for --help (start-up)
+if TYPE_CHECKING:  # the engine (and pydantic) load when a command runs, not for --help (start-up)
     from core.config import AgentConfig
     from core.episode import Episode, EpisodeResult
+    from opencode_tui.lineage_request import LineageRequest
 
 
 def add_parsers(sub: Any, provider_choices: Any) -> None:
