@@ -9,8 +9,6 @@ changed since) is one line on stderr and exit 2, before anything starts; the par
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,6 +160,9 @@ def _announce(name: str) -> Any:
 def _headless(name: str, episode: Episode) -> tuple[int, bool]:
     """Run one child; its result as a JSON line with how it went against its parent. (exit code,
     whether a signal cancelled it)."""
+    import asyncio  # here, not at the top: --help stays cheap (benchmarks/startup.py)
+    import json
+
     from core.control import CANCELLED_BY_USER
     from core.signals import closing_signals
 
