@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -398,7 +399,8 @@ class CallLinksDetail(ModalScreen[str | None]):
     screen then opens the call). Subclasses give ``heading``, ``call_ids`` and ``render_detail``."""
 
     call_ids: list[str]
-    part = "detail"  # the body's and the detail's widget ids: ``{part}-body``, ``{part}-detail``
+    record: BaseModel  # what ``y`` copies, whole
+    part = "detail"  # the body's and the detail's widget ids (``{part}-body``), and what was copied
 
     @property
     def heading(self) -> str:
@@ -424,6 +426,15 @@ class CallLinksDetail(ModalScreen[str | None]):
         if self.call_ids:
             self.query_one("#call-link-0", Button).focus()
 
+    def copy_text(self) -> str:
+        return json.dumps(json.loads(self.record.model_dump_json()), indent=2)
+
+    def action_copy(self) -> None:
+        text = self.copy_text()
+        self.app.copy_to_clipboard(text)
+        self.app.post_message(Copied(self.part, text))
+        self.notify("Copied to the clipboard (OSC 52)", timeout=2)
+
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id and event.button.id.startswith("call-link-"):
             event.stop()
@@ -441,6 +452,7 @@ class FailureScreen(CallLinksDetail):
         Binding("y", "copy", "Copy", id="failure.copy"),
     ]
     part = "failure"
+    record: FailureRecorded | FailureRecovered
 
     def __init__(self, record: FailureRecorded | FailureRecovered, in_batch: bool = False) -> None:
         super().__init__(classes="modal")
@@ -514,15 +526,6 @@ class FailureScreen(CallLinksDetail):
         else:
             out.append(Content(json.dumps(json.loads(f.details.model_dump_json()), indent=2)))
         return Content("\n").join(out)
-
-    def copy_text(self) -> str:
-        return json.dumps(json.loads(self.record.model_dump_json()), indent=2)
-
-    def action_copy(self) -> None:
-        text = self.copy_text()
-        self.app.copy_to_clipboard(text)
-        self.app.post_message(Copied("failure", text))
-        self.notify("Copied to the clipboard (OSC 52)", timeout=2)
 
 
 class CleanupWaitScreen(ModalScreen[None]):

@@ -11,7 +11,6 @@ from textual.binding import Binding
 from textual.content import Content
 
 from core.events import HealthWarning, SandboxFault
-from opencode_tui.messages import Copied
 from opencode_tui.screens.modals import CallLinksDetail
 
 Noticed = HealthWarning | SandboxFault
@@ -35,6 +34,7 @@ class WarningDetailScreen(CallLinksDetail):
         Binding("y", "copy", "Copy", id="warning.copy"),
     ]
     part = "warning"
+    record: Noticed
 
     def __init__(self, record: Noticed, model_calls: Collection[str] = ()) -> None:
         super().__init__(classes="modal")
@@ -71,12 +71,3 @@ class WarningDetailScreen(CallLinksDetail):
             out.append(Content.from_markup("[b $primary]Data[/]"))
             out.append(Content(json.dumps(r.data, indent=2, sort_keys=True, default=str)))
         return Content("\n").join(out)
-
-    def copy_text(self) -> str:
-        return json.dumps(json.loads(self.record.model_dump_json()), indent=2)
-
-    def action_copy(self) -> None:
-        text = self.copy_text()
-        self.app.copy_to_clipboard(text)
-        self.app.post_message(Copied("warning", text))
-        self.notify("Copied to the clipboard (OSC 52)", timeout=2)
