@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunFiles
+from core.artifacts import RunDirReader, RunFiles
+from core.events import PhaseChanged
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 CLI = [sys.executable, "-m", "opencode_tui.cli"]
@@ -129,9 +130,9 @@ def _wait_for_phase(runs: Path, phase: str, proc: subprocess.Popen, timeout: flo
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         for events in runs.glob("*/events.jsonl"):
-            for line in events.read_text().splitlines():
-                e = json.loads(line)
-                if e["type"] == "phase" and e["phase"] == phase:
+            # The run is live: its last line may be half written, which the tolerant reader passes over.
+            for e in RunDirReader(events.parent, check=False).events(strict=False):
+                if isinstance(e, PhaseChanged) and e.phase == phase:
                     return events.parent
         time.sleep(0.05)
     raise AssertionError(f"phase {phase} never reached")

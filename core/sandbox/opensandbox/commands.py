@@ -97,6 +97,11 @@ class ExecdCommands:
             # The cap itself, or a request that found no time left before it.
             if not (cap.expired() or loop.time() >= deadline):
                 raise
+        if run.lost is not None:
+            # The status was lost before the cap, which only cut its diagnosis short: under load
+            # the last lifecycle read can straddle the cap, and the loss must not become a timeout.
+            diagnosis = self._diagnoser.conclude(run.diagnosis, cut=True)
+            raise sandbox_error(self._with_diagnosis(run.lost, diagnosis, run), run.cause)
         return self._hard_cap_result(run, timeout)
 
     async def _user_ids(self, user: str) -> tuple[int, int | None]:
@@ -435,6 +440,7 @@ class ExecdCommands:
             details=run.details(Delivery.DELIVERED),
         )
         run.cause = lost_cause
+        run.lost = failure
         diagnosis = await self._diagnose(deadline, run.diagnosis)
         raise sandbox_error(self._with_diagnosis(failure, diagnosis, run), lost_cause)
 
@@ -519,7 +525,10 @@ class ExecdCommands:
     def _with_diagnosis(self, failure: FailureEvent, diagnosis: Diagnosis, run: _Run) -> FailureEvent:
         """Re-type a command failure by what the diagnosis confirmed (the original stays the cause)."""
         if diagnosis.oom is None and not diagnosis.terminal:
-            return failure.model_copy(update={"evidence": [*failure.evidence, *diagnosis.evidence]})
+            cut = " (diagnosis deadline reached)" if diagnosis.deadline_reached else ""
+            return failure.model_copy(
+                update={"evidence": [*failure.evidence, *diagnosis.evidence], "message": failure.message + cut}
+            )
         typed = self._lost_failure(
             diagnosis,
             default_kind=failure.kind,

@@ -14,6 +14,7 @@ from core.failures import (
     CommandDetails,
     Delivery,
     Evidence,
+    FailureEvent,
 )
 from core.sandbox.base import (
     ExecResult,
@@ -134,6 +135,9 @@ class _Run:
         self.cause: BaseException | None = None  # the last thing that went wrong
         self.evidence: list[Evidence] = []
         self.diagnosis = Diagnosis()  # filled as diagnosis goes, so a hard cap keeps what was seen
+        # Set once the command's status is known lost (before it is diagnosed): a hard cap that
+        # cuts the diagnosis still reports the loss, not an unobserved timeout.
+        self.lost: FailureEvent | None = None
         self.notes: list[str] = []
         self.notes_omitted = 0
 

@@ -410,6 +410,11 @@ class Diagnoser:
                 await self._diagnose(diagnosis, deadline, loop.time() + polling.budget_s)
         except TimeoutError:
             diagnosis.deadline_reached = True
+        return self.conclude(diagnosis)
+
+    def conclude(self, diagnosis: Diagnosis, *, cut: bool = False) -> Diagnosis:
+        """Settle what ``diagnosis`` saw (``cut``: a caller's own cap stopped it part way)."""
+        diagnosis.deadline_reached = diagnosis.deadline_reached or cut
         diagnosis.oom = oom_confirmed(diagnosis.evidence, scope=self.sandbox_id)
         return diagnosis
 

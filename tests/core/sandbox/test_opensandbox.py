@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -85,12 +85,17 @@ async def os_env(
         spec = staticmethod(spec_factory)
         settings = staticmethod(opensandbox_settings_factory)
 
-        def provider(self, main_argv: list[str] | None = None, **settings: Any) -> OpenSandboxProvider:
+        def provider(
+            self,
+            main_argv: list[str] | None = None,
+            hooks: Sequence[Callable[[httpx.Request], Awaitable[None]]] = (),
+            **settings: Any,
+        ) -> OpenSandboxProvider:
             p = OpenSandboxProvider(
                 opensandbox_settings_factory(**settings),
                 api_key=opensandbox_server.api_key,
                 main_argv=main_argv,
-                event_hooks={"request": [self.journal.hook]},
+                event_hooks={"request": [self.journal.hook, *hooks]},
             )
             made.append(p)
             return p
@@ -461,6 +466,39 @@ async def test_opted_in_diagnosis_stays_inside_the_hard_cap(os_env: Any, standin
     assert failure is not None and failure.kind == "command_status_lost"
     assert oom_confirmed(failure.evidence, scope=sb.sandbox_id) is None
     assert any(e.data.get("admitted") is True for e in failure.evidence if e.source == SOURCE_OS_DIAGNOSTICS)
+
+
+async def test_a_diagnosis_cut_by_the_hard_cap_still_reports_the_lost_status(os_env: Any, standin: Any) -> None:
+    """A loaded machine: the event loop stalls inside the diagnosis's lifecycle read until past the
+    exec's hard cap, so the cap and the diagnosis's own deadline come due in the same turn of the
+    loop. The status was lost before the cap, so the loss is what is reported (with the evidence
+    seen so far), not an unobserved timeout. The stall is a blocking sleep in an httpx request hook:
+    the loop itself stops, as it does when the machine is busy."""
+    cap = 4.0
+    stalled: list[float] = []
+
+    async def stall_the_loop(request: httpx.Request) -> None:
+        if not stalled and request.method == "GET" and request.url.path.endswith(f"/sandboxes/{sid}"):
+            stalled.append(time.monotonic())
+            time.sleep(max(start + cap + 0.3 - time.monotonic(), 0.0))  # blocks the loop past the cap
+
+    provider = os_env.provider(hooks=[stall_the_loop], policy={"evidence_polling": {"budget_s": 60}})
+    sb = await os_env.sandbox(provider)
+    sid = sb.sandbox_id
+    standin.inject(
+        {"fault": "close_stream", "match": "cut-short", "after_bytes": 1},
+        {"fault": "drop_status", "match": "cut-short", "times": 10},
+    )
+    start = time.monotonic()
+    with pytest.raises(SandboxError) as info:
+        await sb.exec(["sh", "-c", "echo x; sleep 30 # cut-short"], timeout=cap)
+    assert stalled, "the diagnosis never read the lifecycle"
+    assert time.monotonic() - start < cap + 2.0
+    failure = info.value.failure
+    assert failure is not None and failure.kind == "command_status_lost", failure
+    assert failure.message.endswith("(diagnosis deadline reached)"), failure.message
+    assert [f.kind for f in sb.failures][:1] == ["command_stream_lost"]
+    assert "command_hard_cap_expired" not in [f.kind for f in sb.failures]
 
 
 async def test_late_terminal_transition_gets_exactly_one_final_inspect(os_env: Any, standin: Any) -> None:
