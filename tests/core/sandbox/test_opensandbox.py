@@ -468,23 +468,27 @@ async def test_opted_in_diagnosis_stays_inside_the_hard_cap(os_env: Any, standin
     assert any(e.data.get("admitted") is True for e in failure.evidence if e.source == SOURCE_OS_DIAGNOSTICS)
 
 
-async def test_a_diagnosis_cut_by_the_hard_cap_still_reports_the_lost_status(os_env: Any, standin: Any) -> None:
+async def test_a_diagnosis_cut_by_the_hard_cap_still_reports_the_lost_status(
+    os_env: Any, standin: Any
+) -> None:
     """A loaded machine: the event loop stalls inside the diagnosis's lifecycle read until past the
     exec's hard cap, so the cap and the diagnosis's own deadline come due in the same turn of the
     loop. The status was lost before the cap, so the loss is what is reported (with the evidence
     seen so far), not an unobserved timeout. The stall is a blocking sleep in an httpx request hook:
     the loop itself stops, as it does when the machine is busy."""
     cap = 4.0
+    armed: list[str] = []  # the sandbox id, once created: creating it reads the lifecycle too
     stalled: list[float] = []
 
     async def stall_the_loop(request: httpx.Request) -> None:
-        if not stalled and request.method == "GET" and request.url.path.endswith(f"/sandboxes/{sid}"):
+        lifecycle = armed and request.method == "GET" and request.url.path.endswith(f"/sandboxes/{armed[0]}")
+        if lifecycle and not stalled:
             stalled.append(time.monotonic())
             time.sleep(max(start + cap + 0.3 - time.monotonic(), 0.0))  # blocks the loop past the cap
 
     provider = os_env.provider(hooks=[stall_the_loop], policy={"evidence_polling": {"budget_s": 60}})
     sb = await os_env.sandbox(provider)
-    sid = sb.sandbox_id
+    armed.append(sb.sandbox_id)
     standin.inject(
         {"fault": "close_stream", "match": "cut-short", "after_bytes": 1},
         {"fault": "drop_status", "match": "cut-short", "times": 10},
