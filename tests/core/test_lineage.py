@@ -221,10 +221,14 @@ def _replaying_child(runs_dir: Path, parent_dir: Path) -> Path | None:
 
 
 @pytest.mark.parametrize(
-    "provider",
-    [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)],
+    ("provider", "sig"),
+    [
+        pytest.param("docker", signal.SIGTERM, marks=pytest.mark.docker),
+        pytest.param("local", signal.SIGTERM, marks=pytest.mark.bwrap),
+        pytest.param("local", signal.SIGHUP, marks=pytest.mark.bwrap),
+    ],
 )
-def test_sigterm_during_a_fork_replay_closes_with_confirmed_cleanup(request, tmp_path, provider):
+def test_a_signal_during_a_fork_replay_closes_with_confirmed_cleanup(request, tmp_path, provider, sig):
     if provider == "docker":
         request.getfixturevalue("docker_base_image")
     task = _copy_task(tmp_path / "task", SLOW)
@@ -251,15 +255,15 @@ def test_sigterm_during_a_fork_replay_closes_with_confirmed_cleanup(request, tmp
             time.sleep(0.2)
             child_dir = _replaying_child(runs, parent_dir)
         assert child_dir is not None, "the fork never reached its replayed command"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == ExitCode.TERMINATED, err
+    assert proc.returncode == ExitCode.for_cancel(sig.name), err
     result = json.loads(out.strip().splitlines()[-1])
-    assert (result["cleanup_confirmed"], result["cancelled_by"]) == (True, "SIGTERM"), err
+    assert (result["cleanup_confirmed"], result["cancelled_by"]) == (True, sig.name), err
     info = RunDirReader(child_dir).info()
     assert info.outcome is not None and info.lineage == "fork" and info.replay.live_from is None
     assert info.replay.replayed >= 1  # stopped inside the replay, before any live call

@@ -39,12 +39,17 @@ def _busy(tmp_path: Path, name: str) -> Path:
 
 @pytest.mark.parametrize(
     ("how", "by", "code"),
-    [("ctrl-c", "Ctrl-C", ExitCode.INTERRUPTED), ("SIGTERM", "SIGTERM", ExitCode.TERMINATED)],
+    [
+        ("ctrl-c", "Ctrl-C", ExitCode.INTERRUPTED),
+        ("SIGTERM", "SIGTERM", ExitCode.TERMINATED),
+        ("SIGHUP", "SIGHUP", ExitCode.HANGUP),
+    ],
 )
 def test_ctrl_c_on_the_batch_screen_closes_every_running_episode_exit_130(
     tmp_path: Path, how: str, by: str, code: int
 ) -> None:
-    """Ctrl-C (the key) → 130; SIGTERM from outside → 143: the same close either way."""
+    """Ctrl-C (the key) → 130; SIGTERM from outside → 143; SIGHUP (the terminal closed) → 129: the
+    same close every way."""
     runs = tmp_path / "runs"
     tasks = [_busy(tmp_path, n) for n in ("busy-a", "busy-b", "busy-c")]
     t = Tui(
@@ -56,7 +61,7 @@ def test_ctrl_c_on_the_batch_screen_closes_every_running_episode_exit_130(
         if how == "ctrl-c":
             t.child.sendcontrol("c")
         else:
-            t.child.kill(signal.SIGTERM)
+            t.child.kill(signal.Signals[how])
         exited = t.exit_code(timeout=120)
     finally:
         if t.child.isalive():

@@ -260,15 +260,18 @@ def test_a_call_held_past_the_run_deadline_ends_run_timeout(tmp_path, episode_pr
     assert _interventions(Path(result.run_dir)) == ["break", "release"]
 
 
-def test_sigterm_while_held_closes_with_143(tmp_path, episode_provider):
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_while_held_closes_with_its_exit_code(tmp_path, episode_provider, sig, code):
+    """SIGTERM (a scheduler) and SIGHUP (the terminal went away) while a model call is held: the
+    call is released, the episode closes and its cleanup is confirmed."""
     _, result, _ = _run(
         tmp_path,
         episode_provider,
         breaks=["call:2"],
         when=_is_break,
         acts=lambda _: [],
-        signal_at_break=signal.SIGTERM,
+        signal_at_break=sig,
     )
-    assert result.exit_code == ExitCode.for_cancel("SIGTERM") == 143
-    assert result.cancelled_by == "SIGTERM" and result.cleanup_confirmed is True
+    assert result.exit_code == ExitCode.for_cancel(sig.name) == code
+    assert result.cancelled_by == sig.name and result.cleanup_confirmed is True
     assert "release" in _interventions(Path(result.run_dir))
