@@ -49,16 +49,17 @@ async def test_header_is_one_line_and_keeps_the_outcome_at_80x24(fixture_runs, r
         # small terminal: the panels are tabs, the terminal has real height
         assert screen.compact and screen.query_one(PanelTabs).display
         assert screen.terminal.size.height >= 12
-        await pilot.press("2")
+        key = {pid: str(n) for n, (pid, _) in enumerate(PANELS, 1)}  # the number keys follow the registry
+        await pilot.press(key["stats"])
         stats = screen.query_one(StatsPanel)
         assert stats.display and not screen.terminal.display and stats.size.height >= 12
         text = stats.render().plain
         assert "Verification passed (not the reward: count_as_zero)" in text
         assert "reward 1" not in text
-        await pilot.press("5")
+        await pilot.press(key["failures"])
         failures = screen.query_one("#failures")
         assert failures.display and failures.has_focus and failures.size.height >= 12
-        await pilot.press("1")
+        await pilot.press(key["terminal"])
         assert screen.terminal.display and screen.terminal.has_focus
 
 
