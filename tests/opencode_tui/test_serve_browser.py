@@ -387,3 +387,43 @@ def test_stopping_the_server_closes_a_served_live_run_with_cleanup_confirmed(
     assert info["outcome"]["failure_kind"] == "run_cancelled", info["outcome"]
     assert info["counts"]["cancelled_by"] == "SIGTERM"  # what the server sent the session's app
     assert info["counts"]["cleanup_confirmed"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_a_served_batch_shows_its_rows_and_closes_with_its_socket(
+    serve, chromium_browser, tmp_path: Path
+) -> None:
+    """`serve --run TASK TASK --jobs 2`: the session's app runs the batch on the batch screen, its rows
+    and totals on the page (the batch id the one results.jsonl records); the browser closes while one
+    attempt runs: it is closed with cleanup confirmed, and the app ends."""
+    runs = tmp_path / "batch-runs"
+    busy = _task(tmp_path, "served-busy")
+    _make_busy(busy)
+    served = serve("--run", "hello-file", str(busy), "--jobs", "2", "--provider", "local", runs=runs)
+    context, _page, term = _open(chromium_browser, served)
+    try:
+        term.wait_for("BATCH", "hello-file", "served-busy", "running 2")
+        text = term.wait_for("scored 1", "running 1", deadline_s=EPISODE_DEADLINE_S)
+        assert "queued 0" in text
+    finally:
+        context.close()
+    _wait_gone(served.proc.pid)
+    results = [json.loads(line) for line in (runs / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in results) == ["hello-file", "served-busy"]
+    (batch_id,) = {r["batch_id"] for r in results}
+    assert f"BATCH {batch_id}" in text
+    cancelled = next(r for r in results if r["task_id"] == "served-busy")
+    assert cancelled["cancelled_by"] == "SIGTERM" and cancelled["cleanup_confirmed"] is True
+
+
+def test_serve_run_refuses_read_only_and_a_missing_task(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    assert main(["serve", "--port", "0", "--runs-dir", str(runs), "--read-only", "--run", "hello-file"]) == 2
+    assert main(["serve", "--port", "0", "--runs-dir", str(runs), "--run", str(tmp_path / "nosuch")]) == 2
+    runs.mkdir()
+    assert main(["serve", "--port", "0", "--runs-dir", str(runs), "--jobs", "2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "--read-only starts no runs" in err[0]
+    assert any("nosuch" in line and "does not exist" in line for line in err)
+    assert "--jobs and --provider are for --run" in err[-1]
