@@ -1,4 +1,5 @@
-"""``opencode-tui serve [--host 127.0.0.1] [--port P] [--read-only] [--runs-dir DIR]``: the TUI in a browser.
+"""``opencode-tui serve [--host 127.0.0.1] [--port P] [--read-only] [--runs-dir DIR] [--run TASK...]``:
+the TUI in a browser.
 
 ``textual-serve`` runs the app (the runs browser, and from it replays, diffs and live re-runs; with
 ``--run TASK...`` the batch screen running those tasks) in a process of its own for each browser
