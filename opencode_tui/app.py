@@ -11,6 +11,9 @@ as on); the run screen and its header are bound to it. Screens ask the app for t
 (``ShellWanted``, ``CancelWanted``, ``KeepToggleWanted``), never by calling into it.
 
 ``OpenCodeTUI(run_dir=...)``: replay of a run directory. ``OpenCodeTUI(runs_dir=...)``: the runs browser.
+In a served session (``opencode-tui serve``: one app per browser session) the browser's ``r`` runs the
+re-run in this app (``run_here``: its live run screen pushed over the browser, back to the browser
+when it ends); in a terminal the app exits with ``rerun_request`` and ``cmd_runs`` runs it.
 
 Quitting a live episode asks first, then cancels it and waits until the engine reports the episode done
 (cleanup confirmed), so leaving the TUI always cleans up.
@@ -59,8 +62,10 @@ from opencode_tui.screens.shell import ShellScreen
 from opencode_tui.themes import APP_VARIABLES, DEFAULT_THEME, load_themes, next_theme
 
 if TYPE_CHECKING:
+    from core.config import AgentConfig
     from core.control import EpisodeControl
     from core.diff import RunDiff
+    from core.tasks import Task
 
 
 INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
@@ -133,7 +138,8 @@ class OpenCodeTUI(EpisodeHost):
         # Browser: (original, re-run) after a re-run, marked against each other; a notice to show.
         self.rerun_of, self.notice = rerun_of, notice
         self.read_only = read_only.enabled()  # `serve --read-only`: nothing that changes state
-        self.served = read_only.served()  # a `serve` session: one app per process (no re-run)
+        self.served = read_only.served()  # a `serve` session: one app per process, re-runs inside it
+        self._here: Path | None = None  # the run whose re-run runs inside this app (run_here)
         if self.read_only:
             # `s` says the shell is disabled on every screen (a replay has no shell key of its own).
             self.bind("s", "open_shell", show=False)
@@ -182,7 +188,9 @@ class OpenCodeTUI(EpisodeHost):
             self._watch_episode()
             if self.run_episode is not None:
                 self._run_episode()
-            # SIGTERM/SIGHUP (and a SIGINT sent from outside) close the episode like `q` does.
+        if self.control is not None or self.served:
+            # SIGTERM/SIGHUP (and a SIGINT sent from outside) close the episode like `q` does. A served
+            # session is ended by SIGTERM (its socket closed, or the server stops) and may start one.
             self._signals = closing_signals(self._on_signal)
             self._signals.__enter__()
         # (This had slid into _on_signal, so the heap was never frozen and a full collection stalled the
@@ -326,14 +334,11 @@ class OpenCodeTUI(EpisodeHost):
         namespaces: Mapping[str, DOMNode] | None = None,
     ) -> bool:
         """Every action (key, footer, palette) passes here: read-only refuses the state-changing ones."""
-        if self.read_only or self.served:
+        if self.read_only:
             ns = self if default_namespace is None else default_namespace
             _, name, _ = self._parse_action(action, ns, namespaces)
-            if self.read_only and name in read_only.REFUSED_ACTIONS:
+            if name in read_only.REFUSED_ACTIONS:
                 self.notify(read_only.refusal(name.replace("_", " ")), severity="warning", timeout=4)
-                return True
-            if self.served and name in read_only.SERVED_REFUSED_ACTIONS:
-                self.notify(read_only.served_refusal(name.replace("_", " ")), severity="warning", timeout=6)
                 return True
         return await super().run_action(action, default_namespace, namespaces)
 
@@ -353,6 +358,74 @@ class OpenCodeTUI(EpisodeHost):
     def on_keep_toggle_wanted(self, _message: KeepToggleWanted) -> None:
         if not self._refused("keep sandbox"):
             self.toggle_keep()
+
+    # -- a re-run inside this app (a served session) -----------------------------------------------
+
+    def run_here(self, original: Path) -> None:
+        """The browser's ``r`` in a served session: ``original``'s task again with its recorded
+        configuration (admitted like `run`), live on a run screen pushed over the browser. Esc and `q`
+        lead back (asking first while it runs; cleanup is confirmed first); a signal ends the app."""
+        if self.control is not None:
+            self.notify("A run is already open here.", severity="warning", timeout=4)
+            return
+        self._start_here(original)
+
+    @work(exclusive=True, group="run-here")
+    async def _start_here(self, original: Path) -> None:
+        from core.admission import AdmissionError, check_inputs, rerun_inputs
+        from core.artifacts import RunDirReader
+        from core.config import ConfigError
+        from core.episode import Episode
+
+        def admitted() -> tuple[AgentConfig, Task]:
+            config, task = rerun_inputs(RunDirReader(original).info(), original)
+            check_inputs(config, [task])  # the provider's checks run their own event loop: a thread
+            return config, task
+
+        self.notify(f"Re-running {original.name} as recorded…", timeout=3)
+        try:
+            config, task = await asyncio.to_thread(admitted)
+        except (AdmissionError, ConfigError, FileNotFoundError, ValueError) as exc:
+            self.notify(f"{original.name} cannot be re-run: {exc}", severity="error", timeout=8)
+            return
+        if self.control is not None or self.quitting:
+            return
+        episode = Episode(task, config, runs_dir=original.parent)
+        self.control, self.run_episode, self._here = episode, episode.run, original
+        self.from_browser = True
+        self._queue = episode.bus.queue()
+        self._run_ended = asyncio.Event()
+        self.set_reactive(OpenCodeTUI.keep, episode.kept)
+        self.set_reactive(OpenCodeTUI.episode_done, False)
+        await self.push_screen(LiveRunScreen(episode, from_browser=True).data_bind(keep=OpenCodeTUI.keep))
+        self._watch_episode()
+        self._run_episode()
+
+    async def _back_to_browser(self) -> None:
+        """The re-run run here has ended: back to the browser, the original and the re-run marked."""
+        original, episode = self._here, self.control
+        assert original is not None
+        result = getattr(episode, "_result", None)
+        new = Path(result.run_dir) if result is not None else None
+        self._here = None
+        self.control, self.run_episode, self._queue = None, None, None
+        self.from_browser = self.quitting = False
+        self.set_reactive(OpenCodeTUI.episode_done, True)
+        while len(self.screen_stack) > 1:
+            await self.pop_screen()
+        browser = self.screen_stack[0]
+        if isinstance(browser, RunsScreen):
+            browser.show_rerun(original, new)
+        self.notify(
+            f"Re-run: {result.summary}" if result is not None else "The re-run did not finish.", timeout=10
+        )
+
+    async def _leave_run(self) -> None:
+        """The live run's screen is left (`q`, Esc, its close): back to the browser if it runs here."""
+        if self._here is not None:
+            await self._back_to_browser()
+        else:
+            self.exit()
 
     def open_shell(self, sandbox: str | None) -> None:
         if self.control is None:
@@ -429,7 +502,7 @@ class OpenCodeTUI(EpisodeHost):
             self.notify("Waiting for the episode's cleanup to finish…", timeout=3)
             return
         if not self.episode_running:
-            self.exit()
+            await self._leave_run()
             return
         if self.closing_done:
             # the sandbox is released (or the outcome decided): nothing left to cancel, so nothing to
@@ -507,4 +580,7 @@ class OpenCodeTUI(EpisodeHost):
         for screen in self.screen_stack:
             if isinstance(screen, LiveRunScreen):
                 screen.flush_live()
-        self.exit()
+        if by == CANCELLED_BY_USER and self._here is not None:
+            await self._back_to_browser()  # asked for on the run's screen; a signal or Ctrl-C ends the app
+        else:
+            self.exit()

@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="task directory or task.yaml, or the name of a bundled sample (see `opencode-tui samples`)",
     )
     run.add_argument("--batch", action="store_true", help="headless: JSON lines on stdout")
+    # `serve --run TASK`: the batch screen for one task too (what a served batch shows)
+    run.add_argument("--batch-screen", action="store_true", help=argparse.SUPPRESS)
     run.add_argument(
         "--jobs",
         type=int,
@@ -220,12 +222,22 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "-o", "--output", metavar="FILE", help="default: RUN_DIR/report.html, RUNS_DIR/report-ID.html"
     )
-    sv = sub.add_parser("serve", help="serve the TUI (runs browser, replays) to a browser, behind a token")
+    sv = sub.add_parser(
+        "serve", help="serve the TUI (runs browser, replays, re-runs, a batch) to a browser, behind a token"
+    )
     sv.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others warn)")
     sv.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port")
     sv.add_argument("--read-only", action="store_true", help="no shell, cancel, keep or re-run")
     sv.add_argument("--runs-dir", default="runs")
     sv.add_argument("--max-sessions", type=int, default=4, help="browser sessions at once (default 4)")
+    sv.add_argument(
+        "--run",
+        nargs="+",
+        metavar="TASK",
+        help="each browser session runs these tasks on the batch screen (into --runs-dir), as `run` would",
+    )
+    sv.add_argument("--jobs", type=int, help="with --run: episodes at once (default 1)")
+    sv.add_argument("--provider", help="with --run: the sandbox provider")
     sm = sub.add_parser("samples", help="list the sample tasks that ship with opencode-tui, or copy them")
     sm_sub = sm.add_subparsers(dest="samples_command", metavar="ACTION")
     cp = sm_sub.add_parser("copy", help="copy sample tasks into a directory (all, or the named ones)")

@@ -32,10 +32,9 @@ REFUSED_ACTIONS = frozenset(
 
 
 # Set by `serve` for its sessions' app processes. A served session is one app in one process, ended
-# when its socket closes; a re-run starts a second app after the first exits (``cmd_runs``), which a
-# browser session cannot show, so it is refused there too.
+# when its socket closes (SIGTERM: a live run in it closes with cleanup confirmed); a re-run runs
+# inside that app (``OpenCodeTUI.run_here``), not in a second app after it as in a terminal.
 SERVED_ENV = "OPENCODE_TUI_SERVED"
-SERVED_REFUSED_ACTIONS = frozenset({"rerun"})
 
 
 def enabled() -> bool:
@@ -48,7 +47,3 @@ def served() -> bool:
 
 def refusal(what: str) -> str:
     return f"Read-only: {what} is disabled (opencode-tui serve --read-only)"
-
-
-def served_refusal(what: str) -> str:
-    return f"Not in a browser session: {what} (use `opencode-tui runs` or `run` in a terminal)"

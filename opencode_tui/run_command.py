@@ -106,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     runs_dir = Path(config.runs_dir)
     if args.batch:
         return _batch(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
-    if len(tasks) > 1:
+    if len(tasks) > 1 or getattr(args, "batch_screen", False):
         return _batch_tui(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
     return _tui(config, tasks[0], runs_dir)
 

@@ -522,10 +522,29 @@ class RunsScreen(Screen[None]):
         except RerunError as exc:
             self.notify(str(exc), severity="error", timeout=6)
             return
+        if self.app.served:  # type: ignore[attr-defined]
+            # A browser session is this one app: the run is pushed in it, and comes back here.
+            self.app.run_here(entry.path)  # type: ignore[attr-defined]
+            return
         # The run starts after the browser has closed: the app ends with the request and the command
         # that started the browser runs it in the live TUI (one episode per app, like `run`).
         self.app.rerun_request = entry.path  # type: ignore[attr-defined]
         self.app.exit()
+
+    def show_rerun(self, original: Path, new: Path | None) -> None:
+        """Back from a re-run run in this app: the list read again, the original and the re-run marked."""
+        self.rerun_of = (original, new)
+        lst = self.query_one(RunsList)
+        query, key, reverse = self.index.query, self.index.sort_key, self.index.reverse
+        self.index = lst.index = RunsIndex(self.runs_dir)
+        self.index.query, self.index.sort_key, self.index.reverse = query, key, reverse
+        if self.index.needs_all_infos:
+            self._load_then_apply()  # marks are not kept over a full read; the notice names the run
+        else:
+            self.index.apply()
+            lst.reset()
+            self._mark_rerun(original, new)
+        self.refresh_title()
 
 
 def _health_cell(info: RunInfo, colors: dict[str, str]) -> Text:

@@ -61,17 +61,21 @@ async def test_without_read_only_nothing_is_refused(runs: Path, monkeypatch) -> 
         assert _said(app, "Shell unavailable in a replay") and not _said(app, "Read-only")
 
 
-async def test_a_served_session_refuses_rerun(runs: Path, monkeypatch) -> None:
-    """`serve` runs one app per process: a re-run (a second app after it) is refused, the rest is not."""
+async def test_a_served_session_reruns_inside_the_app(runs: Path, monkeypatch, wait) -> None:
+    """`serve` runs one app per process: `r` runs the re-run in this app (test_serve_browser runs one to
+    its end), it does not exit with a request for a second app; a run that cannot be re-run as recorded
+    (its task directory is gone) says so and the browser stays."""
+    info = runs / "oom" / "run.json"
+    info.write_text(info.read_text().replace('"task_dir": "', '"task_dir": "/nonexistent'))
     monkeypatch.delenv(read_only.ENV, raising=False)
     monkeypatch.setenv(read_only.SERVED_ENV, "1")
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("r")
-        await pilot.pause()
-        assert app.rerun_request is None and isinstance(app.screen, RunsScreen)
-        assert _said(app, "Not in a browser session: rerun")
+        await wait(pilot, lambda: _said(app, "oom cannot be re-run"), 10.0, "the refusal")
+        assert app.rerun_request is None and isinstance(app.screen, RunsScreen) and app.is_running
+        assert not _said(app, "Read-only")
         app.post_message(ShellWanted(None))
         await pilot.pause()
         assert _said(app, "Shell unavailable in a replay") and not _said(app, "Read-only")

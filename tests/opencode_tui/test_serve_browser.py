@@ -1,5 +1,6 @@
 """`opencode-tui serve` in a real headless chromium (Debian's, driven by Playwright), against the real
-server process on a loopback port.
+server process on a loopback port. The live runs are real episodes: the scripted model on the local
+(bubblewrap) provider.
 
 What the page's terminal shows is read from what it was sent: the websocket's output frames are fed
 to a terminal emulator (pyte) of the size the page asked for (xterm.js draws on a canvas, so the page
@@ -9,6 +10,7 @@ holds no text to read).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -24,12 +26,16 @@ from urllib.parse import parse_qs, urlsplit
 import aiohttp
 import pyte
 import pytest
+import yaml
 
 from opencode_tui.cli import main
 from opencode_tui.serve_command import COOKIE
 
 START_DEADLINE_S = 60.0
 SCREEN_DEADLINE_S = 45.0
+EPISODE_DEADLINE_S = 150.0  # a real episode: to its outcome, or to its confirmed close
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Served:
@@ -54,7 +60,7 @@ def runs_dir(fixture_runs: Path, tmp_path: Path) -> Path:
 def serve(runs_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]:
     started: list[Served] = []
 
-    def start(*extra: str) -> Served:
+    def start(*extra: str, runs: Path = runs_dir) -> Served:
         out = (tmp_path / f"serve-{len(started)}.out").open("w+")
         proc = subprocess.Popen(
             [
@@ -65,13 +71,13 @@ def serve(runs_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]:
                 "--port",
                 "0",
                 "--runs-dir",
-                str(runs_dir),
+                str(runs),
                 *extra,
             ],
             stdout=subprocess.PIPE,
             stderr=out,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
         )
         assert proc.stdout is not None
         deadline = time.monotonic() + START_DEADLINE_S
@@ -115,8 +121,8 @@ class PageTerminal:
     def text(self) -> str:
         return "\n".join(self.screen.display) if self.screen is not None else ""
 
-    def wait_for(self, *needles: str) -> str:
-        deadline = time.monotonic() + SCREEN_DEADLINE_S
+    def wait_for(self, *needles: str, deadline_s: float = SCREEN_DEADLINE_S) -> str:
+        deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
             self.page.wait_for_timeout(200)  # lets Playwright deliver the frames
             text = self.text()
@@ -197,8 +203,6 @@ def test_serve_with_token_shows_the_runs_and_a_run_without_it_nothing(
         text = term.wait_for("Runs in", "provider_oom_killed", "hello-file")
         assert len(_children(served.proc.pid)) == 1  # the session's own app process
         assert "count_as_zero" in text and "scored" in text
-        term.press("r")  # a re-run would start a second app in this session's process: refused
-        term.wait_for("Not in a browser session")
         term.press("Enter")  # the newest run (oom) opens: its outcome
         term.wait_for("provider_oom_killed", "count_as_zero", "Cleanup receipt")
         term.press("s")  # not read-only: a replay has no shell, and nothing is refused
@@ -252,3 +256,174 @@ def test_only_loopback_addresses_serve_without_a_warning() -> None:
 
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org"))
+
+
+# -- live runs in a served session (a re-run from the runs browser) and a served batch --------------
+
+
+def _task(tmp_path: Path, name: str) -> Path:
+    task = tmp_path / name
+    shutil.copytree(SAMPLES / "hello-file", task)
+    spec = yaml.safe_load((task / "task.yaml").read_text())
+    (task / "task.yaml").write_text(yaml.safe_dump({**spec, "id": name}))
+    return task
+
+
+def _make_busy(task: Path) -> None:
+    """From now on its agent runs a two-minute command: a re-run of it is running when it is closed."""
+    steps = [
+        {
+            "tool_calls": [
+                {"name": "bash", "arguments": {"command": "echo started; sleep 120", "description": "Wait"}}
+            ]
+        },
+        {"text": "done"},
+    ]
+    (task / "trajectory.yaml").write_text(yaml.safe_dump({"steps": steps}))
+
+
+def _first_run(task: Path, runs: Path) -> Path:
+    """One real run of ``task`` (headless), the run the browser re-runs."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opencode_tui.cli",
+            "run",
+            str(task),
+            "--batch",
+            "--provider",
+            "local",
+            "--runs-dir",
+            str(runs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=EPISODE_DEADLINE_S,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 0, r.stderr
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    return run
+
+
+def _infos(runs: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in runs.glob("*/run.json")}
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + EPISODE_DEADLINE_S
+    while _children(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _children(pid) == []
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_a_rerun_in_the_served_browser_runs_live_and_closes_confirmed_with_its_socket(
+    serve, chromium_browser, tmp_path: Path
+) -> None:
+    """`r` in the served runs browser runs the run again live in the same app (no second app): its
+    outcome on the page, Esc back to the browser with both marked. A second re-run, busy, is running
+    when the browser closes the session: the app gets SIGTERM and closes it, cleanup confirmed."""
+    runs = tmp_path / "live-runs"
+    task = _task(tmp_path, "served-hello")
+    first = _first_run(task, runs)
+    served = serve(runs=runs)
+    context, _page, term = _open(chromium_browser, served)
+    try:
+        term.wait_for("Runs in", "served-hello")
+        app_pid = _children(served.proc.pid)
+        assert len(app_pid) == 1
+        term.press("r")
+        term.wait_for("LIVE", "served-hello")
+        text = term.wait_for("scored", "Cleanup receipt", deadline_s=EPISODE_DEADLINE_S)
+        assert "reward 1" in text or "scored" in text
+        assert _children(served.proc.pid) == app_pid  # the same app process showed it
+        (second,) = set(_infos(runs)) - {first.name}
+        assert _infos(runs)[second]["counts"]["cleanup_confirmed"] is True
+        term.press("Escape")  # back to the browser: the re-run and its original marked
+        term.wait_for("Runs in", "re-run", "original")
+        # the task turns busy; the re-run (under the cursor) is re-run, and left running
+        _make_busy(task)
+        term.press("r")
+        term.wait_for("LIVE", "started", deadline_s=EPISODE_DEADLINE_S)
+        (third,) = set(_infos(runs)) - {first.name, second}
+    finally:
+        context.close()  # the socket closes: the session's app gets SIGTERM
+    _wait_gone(served.proc.pid)
+    info = _infos(runs)[third]
+    assert info["outcome"]["failure_kind"] == "run_cancelled", info["outcome"]
+    assert info["counts"]["cancelled_by"] == "SIGTERM"
+    assert info["counts"]["cleanup_confirmed"] is True
+    assert served.proc.poll() is None  # the server goes on serving
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_stopping_the_server_closes_a_served_live_run_with_cleanup_confirmed(
+    serve, chromium_browser, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The server is stopped while a session runs a live re-run: that run is closed, cleanup confirmed
+    and recorded, before the server exits."""
+    runs = tmp_path / "live-runs"
+    task = _task(tmp_path, "served-busy")
+    first = _first_run(task, runs)
+    _make_busy(task)
+    served = serve(runs=runs)
+    context, _page, term = _open(chromium_browser, served)
+    try:
+        term.wait_for("Runs in", "served-busy")
+        term.press("r")
+        term.wait_for("LIVE", "started", deadline_s=EPISODE_DEADLINE_S)
+        served.proc.send_signal(sig)
+        code = served.proc.wait(timeout=EPISODE_DEADLINE_S)
+    finally:
+        context.close()
+    assert code == 0
+    (second,) = set(_infos(runs)) - {first.name}
+    info = _infos(runs)[second]
+    assert info["outcome"]["failure_kind"] == "run_cancelled", info["outcome"]
+    assert info["counts"]["cancelled_by"] == "SIGTERM"  # what the server sent the session's app
+    assert info["counts"]["cleanup_confirmed"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_a_served_batch_shows_its_rows_and_closes_with_its_socket(
+    serve, chromium_browser, tmp_path: Path
+) -> None:
+    """`serve --run TASK TASK --jobs 2`: the session's app runs the batch on the batch screen, its rows
+    and totals on the page (the batch id the one results.jsonl records); the browser closes while one
+    attempt runs: it is closed with cleanup confirmed, and the app ends."""
+    runs = tmp_path / "batch-runs"
+    busy = _task(tmp_path, "served-busy")
+    _make_busy(busy)
+    served = serve("--run", "hello-file", str(busy), "--jobs", "2", "--provider", "local", runs=runs)
+    context, _page, term = _open(chromium_browser, served)
+    try:
+        term.wait_for("BATCH", "hello-file", "served-busy", "running 2")
+        text = term.wait_for("scored 1", "running 1", deadline_s=EPISODE_DEADLINE_S)
+        assert "queued 0" in text
+    finally:
+        context.close()
+    _wait_gone(served.proc.pid)
+    results = [json.loads(line) for line in (runs / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in results) == ["hello-file", "served-busy"]
+    (batch_id,) = {r["batch_id"] for r in results}
+    assert f"BATCH {batch_id}" in text
+    cancelled = next(r for r in results if r["task_id"] == "served-busy")
+    assert cancelled["cancelled_by"] == "SIGTERM" and cancelled["cleanup_confirmed"] is True
+
+
+def test_serve_run_refuses_read_only_and_a_missing_task(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    assert main(["serve", "--port", "0", "--runs-dir", str(runs), "--read-only", "--run", "hello-file"]) == 2
+    assert main(["serve", "--port", "0", "--runs-dir", str(runs), "--run", str(tmp_path / "nosuch")]) == 2
+    runs.mkdir()
+    assert main(["serve", "--port", "0", "--runs-dir", str(runs), "--jobs", "2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "--read-only starts no runs" in err[0]
+    assert any("nosuch" in line and "does not exist" in line for line in err)
+    assert "--jobs and --provider are for --run" in err[-1]
