@@ -252,9 +252,9 @@ class BatchBoard:
                     failed_model += 1
                 else:
                     failed_infra += 1
-            elif row.running and row.phase != "retried":
+            elif row.running and row.phase not in ("retried", "submitted"):
                 running += 1
-            elif row.queued:
+            elif row.queued or row.phase == "submitted":  # (handed to a cluster, no worker has it yet)
                 queued += 1
         return {
             "scored": scored,
