@@ -90,6 +90,9 @@ def test_a_remote_batchs_rows_carry_their_node_and_fit_every_width() -> None:
     board.phase("nobody", "agent")  # (an attempt the board never saw: ignored)
     assert (row.node, row.node_id, row.phase) == ("10.0.12.34", "f" * 56, "agent")
     assert board.rows[1].node == "" and board.rows[1].queued
+    handed = board.start("b", 1, "b-a1", "local")
+    handed.phase = "submitted"  # (BatchTUI.started_elsewhere): no worker has taken it yet
+    assert (board.totals()["running"], board.totals()["queued"]) == (1, 1)
     for width in (80, 100, 120, 140, 160, 200):
         local, remote = columns_for(width), columns_for(width, remote=True)
         assert "node" not in [c.key for c in local]
