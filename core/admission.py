@@ -52,9 +52,10 @@ def admit_run(
         )
     if jobs is not None and jobs < 1:
         raise AdmissionError("--jobs must be at least 1")
-    if executor_registry.get(config.executor.name).remote and not batch:
+    if executor_registry.get(config.executor.name).remote and not batch and not screen:
         raise AdmissionError(
-            f"--executor {config.executor.name} runs --batch only: the TUI runs its one episode here"
+            f"--executor {config.executor.name} runs batches only (--batch, or several tasks on the "
+            "batch screen): the TUI runs its one episode here"
         )
     check_runs_dir(Path(config.runs_dir))
     check_inputs(config, tasks)

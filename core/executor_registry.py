@@ -9,13 +9,17 @@ and the CLI and admission ask the plug-in (``remote``) instead of comparing exec
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from core.plugins import Registry
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from core.batch import Executor
     from core.config import AgentConfig
     from core.episode import Episode
@@ -37,6 +41,9 @@ class ExecutorHooks:
     on_episode: Callable[[Episode], None] | None = None  # an in-process episode was created (its live view)
     on_started: Callable[[str, int, str], None] | None = None  # (task id, attempt, run id) started elsewhere
     on_phase: Callable[[str, str], None] | None = None  # (run id, phase) reported from elsewhere
+    # (run id, node id, node address): the machine an attempt started elsewhere runs on, once it has
+    # started there (a Ray node's id and the address it registered).
+    on_node: Callable[[str, str, str], None] | None = None
 
 
 class ExecutorPlugin(abc.ABC):
@@ -45,13 +52,20 @@ class ExecutorPlugin(abc.ABC):
     name: str
     summary: str = ""  # one line for help texts
     # The episodes run on other machines: the runs directory must be one path every node sees, the
-    # provider's admission checks run there, and only headless batches can use it (not the TUI).
+    # provider's admission checks run there, and only batches can use it (``--batch`` or the batch
+    # screen; not the one-episode TUI, whose episode runs here).
     remote: bool = False
 
     @abc.abstractmethod
     def executor(self, config: AgentConfig, hooks: ExecutorHooks) -> Executor:
         """An executor ready to run attempts (a remote one has joined its cluster; raises
         ``core.batch.ExecutorError`` when it cannot)."""
+
+    def output_to(self, path: Path) -> AbstractContextManager[None]:
+        """While open, what the executor's own machinery would print or log in this process (a
+        cluster client's messages) goes to the file ``path`` instead: for a front end that owns the
+        terminal. Entered before ``executor`` is called; nothing by default."""
+        return contextlib.nullcontext()
 
 
 class UnknownExecutorError(ValueError):

@@ -2,7 +2,11 @@
 
 "27 of 200 failed: 21 model_stalled at agent (model.proxy status=504), 6 provider_oom_killed at agent"
 is one glance. The same grouping feeds the batch summary on stderr, ``opencode-tui runs --batch ID``
-(and its ``--json``) and the TUI's batch screen: they cannot disagree.
+(and its ``--json``), the TUI's batch screen and ``opencode-tui report --batch ID``: they cannot disagree.
+
+A task is grouped once, by what decided it: the deciding failure of its deciding (last) attempt. A task
+whose first attempt failed with X and whose retry failed with Y is one Y; one whose retry scored is in
+no group (its attempts are still listed, each on its own row, where attempts are listed).
 
 The signature is taken when the episode ends (``evidence_signature`` of the deciding failure's
 evidence, recorded on the result as ``failure_evidence``): the source of the first observation and the
@@ -13,14 +17,16 @@ few fields of it that say *what* happened (a status, a signal, a timeout), never
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.failures import Evidence
 
 if TYPE_CHECKING:  # (the episode's record imports evidence_signature from here)
-    from core.episode.record import EpisodeResult
+    from core.artifacts import RunInfo
+    from core.events import OutcomeDecided
 
 # Evidence fields that say what happened (in this order), never which call, container or time.
 SIGNATURE_FIELDS = (
@@ -85,11 +91,78 @@ class FailureGroup(BaseModel):
         return f"{self.count} {self.kind}{where}{sig}"
 
 
-def group_failures(results: Iterable[EpisodeResult]) -> list[FailureGroup]:
-    """The results that carry a failure kind, grouped; largest group first, then by kind, stage and
-    signature (a stable order: the screen's rows do not jump between refreshes)."""
-    groups: dict[tuple[str, str | None, str | None], FailureGroup] = {}
+class Decided(Protocol):
+    """What grouping reads of an attempt: an ``EpisodeResult`` (a result line), or ``RecordedAttempt``
+    (an attempt's run directory read back)."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def failure_kind(self) -> str | None: ...
+    @property
+    def failure_stage(self) -> str | None: ...
+    @property
+    def failure_class(self) -> str | None: ...
+    @property
+    def failure_evidence(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class RecordedAttempt:
+    """One attempt as its run directory recorded it: run.json's outcome, the signature of the outcome
+    event's evidence (the deciding failure's, as on the result line)."""
+
+    task_id: str
+    attempt: int
+    run_id: str
+    failure_kind: str | None
+    failure_stage: str | None
+    failure_class: str | None
+    failure_evidence: str | None
+
+    @classmethod
+    def of(cls, info: RunInfo, outcome: OutcomeDecided | None) -> RecordedAttempt:
+        o = info.outcome
+        kind = o.failure_kind if o is not None else None
+        # The outcome event's evidence is the deciding failure's (one the controller did not live to
+        # decide, ``run_interrupted``, has none).
+        evidence = outcome.evidence if outcome is not None and outcome.failure_kind == kind else []
+        return cls(
+            task_id=info.task_id,
+            attempt=info.attempt,
+            run_id=info.run_id,
+            failure_kind=kind,
+            failure_stage=o.failure_stage if o is not None else None,
+            failure_class=o.failure_class if o is not None else None,
+            failure_evidence=evidence_signature(evidence),
+        )
+
+
+D = TypeVar("D", bound=Decided)
+
+
+def deciding(results: Iterable[D]) -> list[D]:
+    """Each task's deciding attempt: its last (the highest attempt number; of two with the same number,
+    the one given later, so a result line given after its run directory's record wins), in the order
+    the tasks first appear."""
+    last: dict[str, D] = {}
     for r in results:
+        seen = last.get(r.task_id)
+        if seen is None or r.attempt >= seen.attempt:
+            last[r.task_id] = r
+    return list(last.values())
+
+
+def group_failures(results: Iterable[Decided]) -> list[FailureGroup]:
+    """Each task's deciding failure (``deciding``: of its last attempt), grouped, the tasks whose last
+    attempt carries no failure kind left out; largest group first, then by kind, stage and signature
+    (a stable order: the screen's rows do not jump between refreshes)."""
+    groups: dict[tuple[str, str | None, str | None], FailureGroup] = {}
+    for r in deciding(results):
         if not r.failure_kind:
             continue
         key = (r.failure_kind, r.failure_stage, r.failure_evidence)
@@ -107,11 +180,12 @@ def group_failures(results: Iterable[EpisodeResult]) -> list[FailureGroup]:
     return sorted(groups.values(), key=lambda g: (-g.count, g.kind, g.stage or "", g.signature or ""))
 
 
-def groups_line(results: Sequence[EpisodeResult]) -> str:
-    """``failures in 2 of 6: 1 model_server_error at agent (model.proxy status=500), 1 ...`` ('' if none)."""
+def groups_line(results: Sequence[Decided]) -> str:
+    """``failures in 2 of 6: 1 model_server_error at agent (model.proxy status=500), 1 ...`` ('' if none);
+    6: the tasks."""
     groups = group_failures(results)
     if not groups:
         return ""
     failed = sum(g.count for g in groups)
     # "failures in", not "failed": an episode counted as zero (an oom) was scored, and has a failure.
-    return f"failures in {failed} of {len(results)}: " + ", ".join(g.words() for g in groups)
+    return f"failures in {failed} of {len(deciding(results))}: " + ", ".join(g.words() for g in groups)

@@ -48,6 +48,7 @@ class Coordinator:
         if self.cancels:
             return Begin(cancelled_by=self.cancels[0])
         self.started[run_id] = where
+        self._phases_changed()  # who watches the phases learns where it runs
         # Handed to one worker at a time: taken off until it reports (``swept``).
         sweep = sorted(self.pending.pop(where.get("ip", ""), set()))
         return Begin(sweep=sweep)
@@ -65,17 +66,26 @@ class Coordinator:
 
     async def phase(self, run_id: str, phase: str) -> None:
         self.phases[run_id] = phase
+        self._phases_changed()
+
+    def _phases_changed(self) -> None:
         self._phases_version += 1
         self._phase_changed.set()
         self._phase_changed = asyncio.Event()
 
-    async def wait_phases(self, seen: int, timeout: float) -> tuple[int, dict[str, str]]:
-        """Long poll: (version, every attempt's phase) once the version is past ``seen``, or after
-        ``timeout`` seconds."""
+    async def wait_phases(
+        self, seen: int, timeout: float
+    ) -> tuple[int, dict[str, str], dict[str, tuple[str, str]]]:
+        """Long poll: (version, every attempt's phase, every started attempt's node: (id, address))
+        once the version is past ``seen``, or after ``timeout`` seconds."""
         if self._phases_version <= seen:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._phase_changed.wait(), timeout)
-        return self._phases_version, dict(self.phases)
+        nodes = {
+            run_id: (str(where.get("node_id", "")), str(where.get("ip", "")))
+            for run_id, where in self.started.items()
+        }
+        return self._phases_version, dict(self.phases), nodes
 
     async def sweeps(self) -> list[tuple[str, list[str], list[str]]]:
         """What workers swept for lost attempts (address, run ids, removed): the driver's last pass."""

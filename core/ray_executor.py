@@ -30,7 +30,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,10 +320,13 @@ class RayExecutor(Executor):
         *,
         on_started: Callable[[str, int, str], None] | None = None,
         on_phase: Callable[[str, str], None] | None = None,
+        on_node: Callable[[str, str, str], None] | None = None,
     ):
         self.settings = settings
         # (run id, phase) as the workers report them; None: the workers report nothing.
         self.on_phase = on_phase
+        # (run id, node id, node address) once a worker has started the attempt there.
+        self.on_node = on_node
         self._phase_watch: asyncio.Future[None] | None = None
         self.batch_id = new_batch_id()  # run_batch sets the batch's own before start()
         self.on_started = on_started
@@ -413,16 +416,16 @@ class RayExecutor(Executor):
             raise ExecutorError(
                 f"Ray node {report.node_ip} cannot run this batch: {'; '.join(report.problems)}"
             )
-        if self.on_phase is not None:
+        if self.on_phase is not None or self.on_node is not None:
             self._phase_watch = asyncio.ensure_future(self._watch_phases())
 
     async def _watch_phases(self) -> None:
-        """Hands the workers' phase reports to ``on_phase`` as they come (a long poll)."""
-        assert self.on_phase is not None
-        seen, shown = 0, dict[str, str]()
+        """Hands the workers' phase reports to ``on_phase``, and where each attempt started to
+        ``on_node``, as they come (a long poll)."""
+        seen, shown, placed = 0, dict[str, str](), set[str]()
         while True:
             try:
-                seen, phases = await _get(
+                seen, phases, nodes = await _get(
                     self._coordinator.wait_phases.remote(seen, 10.0), CONTROL_DEADLINE_S
                 )
             except asyncio.CancelledError:
@@ -430,8 +433,12 @@ class RayExecutor(Executor):
             except Exception as exc:  # the progress stays as it is; the batch goes on
                 log.warning("the workers' phases are no longer shown: %s", exc)
                 return
+            for run_id, (node_id, ip) in nodes.items():
+                if run_id not in placed and self.on_node is not None:
+                    placed.add(run_id)
+                    self.on_node(run_id, node_id, ip)
             for run_id, phase in phases.items():
-                if shown.get(run_id) != phase:
+                if shown.get(run_id) != phase and self.on_phase is not None:
                     shown[run_id] = phase
                     self.on_phase(run_id, phase)
 
@@ -726,13 +733,67 @@ def _words(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+# Ray's loggers in the driver, and ours.
+DRIVER_LOGGERS = ("ray", __name__)
+
+
+@contextlib.contextmanager
+def driver_output_to(path: Path) -> Iterator[None]:
+    """Ray's driver messages go to ``path`` (appended; made at the first message) instead of this
+    process's stdout and stderr, which a screen owns: its loggers' records, and the cluster's error
+    messages (a worker died, a task failed) that Ray's listener thread prints to ``sys.stdout``
+    whatever ``log_to_driver`` says (``ray._private.worker.print_to_stdstream``, looked up by name at
+    each message; left alone if a Ray version has none). As they were after."""
+    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = []
+    for name in DRIVER_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, list(logger.handlers), logger.propagate))
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+        logger.addHandler(handler)
+        logger.propagate = False
+    worker: Any = None
+    printer = None
+    with contextlib.suppress(ImportError):
+        import ray._private.worker as worker
+
+        printer = getattr(worker, "print_to_stdstream", None)
+    if printer is not None:
+        to_file = logging.getLogger(f"{__name__}.cluster")  # (propagates to this module's: the file)
+
+        def print_to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+            where = data.get("pid", "")
+            for line in data.get("lines", ()):
+                to_file.warning("(%s) %s", where, line)
+
+        worker.print_to_stdstream = print_to_log
+    try:
+        yield
+    finally:
+        if printer is not None:
+            worker.print_to_stdstream = printer
+        for logger, handlers, propagate in saved:
+            logger.removeHandler(handler)
+            for h in handlers:
+                logger.addHandler(h)
+            logger.propagate = propagate
+        handler.close()
+
+
 class _RayExecutorPlugin(ExecutorPlugin):
     name = "ray"
     summary = "the episodes run on a Ray cluster (pip install 'opencode-tui[ray]'); see docs/scaling.md"
     remote = True
 
+    def output_to(self, path: Path) -> contextlib.AbstractContextManager[None]:
+        return driver_output_to(path)
+
     def executor(self, config: AgentConfig, hooks: ExecutorHooks) -> Executor:
-        executor = RayExecutor(config.executor.ray, on_started=hooks.on_started, on_phase=hooks.on_phase)
+        executor = RayExecutor(
+            config.executor.ray, on_started=hooks.on_started, on_phase=hooks.on_phase, on_node=hooks.on_node
+        )
         executor.connect()
         return executor
 

@@ -95,6 +95,7 @@ class BatchTUI(OpenCodeTUI):
         force: bool = False,
         board: BatchBoard | None = None,
         run: bool = True,
+        remote: bool = False,
     ) -> None:
         super().__init__(runs_dir=runs_dir, theme=config.theme)
         self.tasks = tasks
@@ -105,7 +106,9 @@ class BatchTUI(OpenCodeTUI):
         self.force = force
         self.batch = BatchControl()
         bound = attempts or config.policy.max_attempts or 3
-        self.board = board or BatchBoard([t.id for t in tasks], bound, batch_id=self.batch.batch_id)
+        self.board = board or BatchBoard(
+            [t.id for t in tasks], bound, batch_id=self.batch.batch_id, remote=remote
+        )
         self.feeds: dict[str, EpisodeFeed] = {}  # run id → the running attempt's feed
         self.summary: BatchSummary | None = None
         self.error: str | None = None
@@ -142,6 +145,21 @@ class BatchTUI(OpenCodeTUI):
             episode.task.id, episode.attempt, episode.run_id, episode.config.sandbox.provider
         )
         self.feeds[episode.run_id] = EpisodeFeed(episode, row, self.board, asyncio.get_running_loop())
+
+    # A remote executor's (Ray): its attempts' episodes run on other machines, their events stay there.
+
+    def started_elsewhere(self, task_id: str, attempt: int, run_id: str) -> None:
+        """``on_started``: an attempt was handed to the cluster (it runs once a worker takes it)."""
+        row = self.board.start(task_id, attempt, run_id, self.config.sandbox.provider)
+        row.phase = "submitted"
+
+    def phase_elsewhere(self, run_id: str, phase: str) -> None:
+        """``on_phase``: the phase its worker reports."""
+        self.board.phase(run_id, phase)
+
+    def placed(self, run_id: str, node_id: str, address: str) -> None:
+        """``on_node``: the node whose worker started it."""
+        self.board.placed(run_id, node_id, address)
 
     def finished(self, result: EpisodeResult) -> None:
         """``on_result``: a task's last attempt ended (or was resumed, or never started)."""

@@ -50,6 +50,8 @@ class AttemptRow:
     failure_class: str | None = None
     cleanup: str = ""  # "", pending, confirmed, unconfirmed
     human_intervened: bool = False
+    node: str = ""  # the node it runs on (a remote executor's: its address), "" here
+    node_id: str = ""
     result: EpisodeResult | None = None
     run_dir: str = ""
     version: int = 0  # the board's change count when this row last changed (for a caller that diffs)
@@ -84,8 +86,12 @@ class BatchBoard:
         *,
         batch_id: str = "",
         clock: Callable[[], float] = time.monotonic,
+        remote: bool = False,
     ) -> None:
         self.batch_id = batch_id
+        # The attempts run on other machines (Ray): rows show their node; their phases come from the
+        # executor (``phase``), their counts with their results.
+        self.remote = remote
         self.attempts = attempts
         self.clock = clock
         self.started_at = clock()
@@ -123,6 +129,26 @@ class BatchBoard:
                 self._touch(other)
         self._touch(row)
         return row
+
+    def _by_run(self, run_id: str) -> AttemptRow | None:
+        for row in self.rows:
+            if row.run_id == run_id:
+                return row
+        return None
+
+    def phase(self, run_id: str, phase: str) -> None:
+        """A remote attempt's phase, as its worker reports it (its events stay on its node)."""
+        row = self._by_run(run_id)
+        if row is not None and row.result is None and row.phase != "retried":
+            row.phase = phase
+            self._touch(row)
+
+    def placed(self, run_id: str, node_id: str, address: str) -> None:
+        """A remote attempt started on a node."""
+        row = self._by_run(run_id)
+        if row is not None:
+            row.node_id, row.node = node_id, address or node_id[:12]
+            self._touch(row)
 
     def count(self, row: AttemptRow, event: Event) -> None:
         """One of the attempt's events."""
@@ -226,9 +252,9 @@ class BatchBoard:
                     failed_model += 1
                 else:
                     failed_infra += 1
-            elif row.running and row.phase != "retried":
+            elif row.running and row.phase not in ("retried", "submitted"):
                 running += 1
-            elif row.queued:
+            elif row.queued or row.phase == "submitted":  # (handed to a cluster, no worker has it yet)
                 queued += 1
         return {
             "scored": scored,

@@ -9,7 +9,7 @@ import errno
 import json
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from core import executor_registry
 from core.admission import AdmissionError, admit_run, check_inputs, rerun_inputs
@@ -24,6 +24,9 @@ from core.failures import Outcome
 from core.outcome import exit_code as outcome_exit_code
 from core.signals import closing_signals
 from core.tasks import Task, load_task
+
+if TYPE_CHECKING:
+    from opencode_tui.batch_app import BatchTUI
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,6 +114,70 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _tui(config, tasks[0], runs_dir)
 
 
+def batch_tui(
+    config: AgentConfig,
+    tasks: list[Task],
+    runs_dir: Path,
+    jobs: int | None,
+    attempts: int | None,
+    *,
+    force: bool = False,
+) -> BatchTUI:
+    """The batch screen's app with the configured executor, ready (a remote one has joined its cluster;
+    raises ExecutorError when it cannot). A remote executor's attempts run elsewhere: their rows come
+    from its hooks (started, phase, node), not from in-process episodes."""
+    from opencode_tui.batch_app import BatchTUI
+
+    app: BatchTUI | None = None
+    remote = executor_registry.get(config.executor.name).remote
+
+    def attach(episode: Episode) -> None:
+        assert app is not None
+        app.attach(episode)
+
+    def started(task_id: str, attempt: int, run_id: str) -> None:
+        assert app is not None
+        app.started_elsewhere(task_id, attempt, run_id)
+
+    def phase(run_id: str, name: str) -> None:
+        assert app is not None
+        app.phase_elsewhere(run_id, name)
+
+    def placed(run_id: str, node_id: str, address: str) -> None:
+        assert app is not None
+        app.placed(run_id, node_id, address)
+
+    hooks = ExecutorHooks(on_episode=attach)
+    if remote:
+        # As in --batch: one path every node sees; the cluster's queue bounds concurrency unless --jobs does.
+        runs_dir = runs_dir.resolve()
+        jobs = jobs or len(tasks)
+        hooks = ExecutorHooks(on_started=started, on_phase=phase, on_node=placed)
+    executor = executor_registry.get(config.executor.name).executor(config, hooks)
+    app = BatchTUI(
+        tasks,
+        config,
+        runs_dir,
+        jobs=jobs or 1,
+        attempts=attempts,
+        executor=executor,
+        force=force,
+        remote=remote,
+    )
+    return app
+
+
+def executor_logs(config: AgentConfig, runs_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """Under the batch screen, a remote executor's driver logs go to the runs directory's EXECUTOR_LOG:
+    the terminal is the screen's."""
+    plugin = executor_registry.get(config.executor.name)
+    if not plugin.remote:
+        return contextlib.nullcontext()
+    with contextlib.suppress(OSError):  # (run_batch says it if the runs directory cannot be made)
+        runs_dir.resolve().mkdir(parents=True, exist_ok=True, mode=0o700)
+    return plugin.output_to(runs_dir.resolve() / EXECUTOR_LOG)
+
+
 def _batch_tui(
     config: AgentConfig,
     tasks: list[Task],
@@ -121,23 +188,15 @@ def _batch_tui(
     force: bool = False,
 ) -> int:
     """Several tasks without --batch: the batch engine on the batch screen."""
-    from opencode_tui.batch_app import BatchTUI
-
-    app: BatchTUI | None = None
-
-    def attach(episode: Episode) -> None:
-        assert app is not None
-        app.attach(episode)
-
-    try:
-        executor = executor_registry.get(config.executor.name).executor(
-            config, ExecutorHooks(on_episode=attach)
-        )
-    except ExecutorError as exc:
-        print(f"opencode-tui run: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
-    app = BatchTUI(tasks, config, runs_dir, jobs=jobs or 1, attempts=attempts, executor=executor, force=force)
-    app.run()
+    with executor_logs(config, runs_dir):
+        try:
+            app = batch_tui(config, tasks, runs_dir, jobs, attempts, force=force)
+        except ExecutorError as exc:
+            print(f"opencode-tui run: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        app.run()
+    for note in getattr(app.executor, "notes", ()):
+        print(f"opencode-tui run: {note}", file=sys.stderr)
     if app.error is not None:
         print(f"opencode-tui run: {app.error}", file=sys.stderr)
         return app.error_code
@@ -151,6 +210,9 @@ def _batch_tui(
         print(f"opencode-tui: {groups}", file=sys.stderr)
     print(f"opencode-tui: {summary.line()}", file=sys.stderr)
     return app.exit_code()
+
+
+EXECUTOR_LOG = "executor.log"  # in the runs directory: a remote executor's driver messages, under the screen
 
 
 def _executor(config: AgentConfig, progress: Any) -> Executor:

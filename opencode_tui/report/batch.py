@@ -6,18 +6,22 @@ from collections import Counter
 from pathlib import Path
 
 from core.artifacts import list_runs
-from core.events import FailureRecorded
-from core.failure_groups import evidence_signature
+from core.failure_groups import Decided, FailureGroup, RecordedAttempt, group_failures
+from core.resume import load_batch
 from opencode_tui import format as fmt
 from opencode_tui.report.collect import BATCH_LIMITS, ReportInputError, RunReport, collect
 from opencode_tui.report.html import esc, page
 from opencode_tui.report.page import run_body
 
 
-def signature(rec: FailureRecorded) -> str:
-    """The evidence signature the batch screen, ``runs --batch`` and the stderr summary group by
-    (core.failure_groups), or that no evidence was recorded."""
-    return evidence_signature(rec.failure.evidence) or "no evidence"
+def batch_groups(runs_dir: Path, batch_id: str, reports: list[RunReport]) -> list[FailureGroup]:
+    """The batch's failures grouped as the batch screen, ``runs --batch`` and the stderr summary group
+    them (core.failure_groups): each task once, by the deciding failure of its last attempt. The result
+    lines (results.jsonl) come after the run directories' records, so a task's line decides where there
+    is one (a task the cancel never started has only its line; one still running when its controller
+    died, only its run directory)."""
+    attempts: list[Decided] = [RecordedAttempt.of(r.info, r.state.outcome) for r in reports if r.info]
+    return group_failures([*attempts, *load_batch(runs_dir, batch_id)])
 
 
 def batch_runs(runs_dir: Path, batch_id: str) -> list[Path]:
@@ -33,26 +37,19 @@ def batch_runs(runs_dir: Path, batch_id: str) -> list[Path]:
 
 def batch_page(runs_dir: Path, batch_id: str) -> str:
     reports: list[RunReport] = [collect(p, BATCH_LIMITS) for p in batch_runs(runs_dir, batch_id)]
-    reports.sort(key=lambda r: (r.state.task_id or "", r.info.attempt if r.info else 0, r.run_id))
-    groups: Counter[tuple[str, str, str]] = Counter()
-    runs_of: dict[tuple[str, str, str], list[str]] = {}
-    for r in reports:
-        for rec in r.state.failures:
-            if isinstance(rec, FailureRecorded) and not rec.decision.warning:
-                key = (rec.failure.kind, str(rec.failure.stage), signature(rec))
-                groups[key] += 1
-                runs_of.setdefault(key, []).append(r.run_id)
+    reports.sort(key=lambda r: (_task(r), r.info.attempt if r.info else 0, r.run_id))
+    groups = batch_groups(runs_dir, batch_id, reports)
     actions = Counter(
         str(r.info.outcome.action) if r.info and r.info.outcome else "no outcome" for r in reports
     )
     summary = ", ".join(f"{n} {a}" for a, n in actions.most_common())
     grouped = "".join(
-        f"<tr><td>{n}</td><td><b class=err>{esc(k)}</b></td><td>{esc(s)}</td><td>{esc(sig)}</td>"
-        f"<td>{' '.join(f'<a href=#run-{i}>{esc(rid)}</a>' for i, rid in _indexed(reports, runs_of[(k, s, sig)]))}</td></tr>"
-        for (k, s, sig), n in groups.most_common()
+        f"<tr><td>{g.count}</td><td><b class=err>{esc(g.kind)}</b></td><td>{esc(g.stage or '')}</td>"
+        f"<td>{esc(g.signature or 'no evidence')}</td><td>{_links(reports, g)}</td></tr>"
+        for g in groups
     )
     grouped_html = (
-        "<table><tr><th>count</th><th>kind</th><th>stage</th><th>evidence</th><th>runs</th></tr>"
+        "<table><tr><th>tasks</th><th>kind</th><th>stage</th><th>evidence</th><th>deciding attempts</th></tr>"
         + grouped
         + "</table>"
         if grouped
@@ -62,7 +59,7 @@ def batch_page(runs_dir: Path, batch_id: str) -> str:
     for i, r in enumerate(reports):
         o = r.info.outcome if r.info else None
         rows.append(
-            f"<tr><td><a href=#run-{i}>{esc(r.run_id)}</a></td><td>{esc(r.state.task_id or '')}</td>"
+            f"<tr><td><a href=#run-{i}>{esc(r.run_id)}</a></td><td>{esc(_task(r))}</td>"
             f"<td>{esc(r.info.attempt if r.info else '')}</td>"
             f"<td><span class='badge b-{esc(o.action) if o else ''}'>{esc(o.action if o else 'no outcome')}</span></td>"
             f"<td>{esc(o.reward if o and o.reward is not None else fmt.DASH)}</td>"
@@ -85,6 +82,18 @@ def batch_page(runs_dir: Path, batch_id: str) -> str:
     return page(f"Batch {batch_id}", body, [("groups", "Failures grouped"), ("attempts", "Attempts")])
 
 
-def _indexed(reports: list[RunReport], run_ids: list[str]) -> list[tuple[int, str]]:
+def _task(r: RunReport) -> str:
+    """run.json's task id (what the groups read), else the events'."""
+    return r.info.task_id if r.info else r.state.task_id or ""
+
+
+def _links(reports: list[RunReport], group: FailureGroup) -> str:
+    """Each task's deciding attempt, linked to its section (a task never started, or whose run
+    directory is gone, by name)."""
     index = {r.run_id: i for i, r in enumerate(reports)}
-    return [(index[rid], rid) for rid in dict.fromkeys(run_ids)]
+    return " ".join(
+        f"<a href=#run-{index[rid]}>{esc(rid)}</a>"
+        if rid in index
+        else esc(f"{task} (not started)" if not rid else rid)
+        for task, rid in zip(group.task_ids, group.run_ids, strict=True)
+    )

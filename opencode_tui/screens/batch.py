@@ -9,7 +9,7 @@ lines on screen from the board, so a 500-attempt batch stays responsive. Fewer c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -42,7 +42,8 @@ class BatchColumn:
 
 
 # Widths chosen so the columns shown at each width fit it (cells one space apart, and
-# room for the scroll bar): 71 at 80, 92 at 100, 109 at 120, 126 at 140, 145 at 160, 184 at 200.
+# room for the scroll bar): 71 at 80, 92 at 100, 109 at 120, 126 at 140, 145 at 160, 184 at 200; a
+# remote batch's (columns_for): 74, 95, 112, 129, 149, 188.
 COLUMNS: tuple[BatchColumn, ...] = (
     BatchColumn("task", "task", 16, 0),
     BatchColumn("attempt", "k/n", 4, 0),
@@ -65,8 +66,24 @@ COLUMNS: tuple[BatchColumn, ...] = (
 SHORT_OUTCOMES = {"mark_evaluation_error": "mark_eval_error"}
 
 
-def columns_for(width: int) -> list[BatchColumn]:
-    return [c for c in COLUMNS if width >= c.min_cols]
+# A remote batch's rows show their node instead of the provider (one for the whole batch), at every
+# width: below 160 columns the task column narrows and the calls column makes room for it.
+NODE_COLUMN = BatchColumn("node", "node", 12, 0)
+NARROW_TASK = 12
+
+
+def columns_for(width: int, remote: bool = False) -> list[BatchColumn]:
+    shown = [c for c in COLUMNS if width >= c.min_cols]
+    if not remote:
+        return shown
+    out: list[BatchColumn] = []
+    for c in shown:
+        if c.key == "provider" or (c.key == "calls" and width < 160):
+            continue
+        out.append(replace(c, width=NARROW_TASK) if c.key == "task" and width < 160 else c)
+        if c.key == "task":
+            out.append(NODE_COLUMN)
+    return out
 
 
 def cells(board: BatchBoard, row: AttemptRow, now: float, columns: list[BatchColumn]) -> list[str]:
@@ -75,6 +92,7 @@ def cells(board: BatchBoard, row: AttemptRow, now: float, columns: list[BatchCol
         "task": row.task_id,
         "attempt": f"{row.attempt}/{row.attempts}",
         "provider": row.provider or fmt.DASH,
+        "node": row.node,
         "phase": row.phase,
         "elapsed": fmt.duration(row.elapsed(now)),
         "budget": fmt.duration(row.budget_s),
@@ -167,10 +185,10 @@ class AttemptList(ScrollView, can_focus=True):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.board = board
         self.cursor_row = 0
-        self.columns: list[BatchColumn] = columns_for(80)
+        self.columns: list[BatchColumn] = columns_for(80, board.remote)
 
     def reset(self, width: int) -> None:
-        self.columns = columns_for(width)
+        self.columns = columns_for(width, self.board.remote)
         total = sum(c.width + 1 for c in self.columns) + 1
         self.virtual_size = Size(total, len(self.board.rows) + 1)
         self.cursor_row = min(self.cursor_row, max(len(self.board.rows) - 1, 0))
@@ -295,7 +313,11 @@ class BatchScreen(Screen[None]):
     def redraw(self, full: bool = False) -> None:
         board = self.board
         table = self.table
-        if full or len(board.rows) != self._rows or columns_for(self.app.size.width) != table.columns:
+        if (
+            full
+            or len(board.rows) != self._rows
+            or columns_for(self.app.size.width, board.remote) != table.columns
+        ):
             self._rows = len(board.rows)
             table.reset(self.app.size.width)
         else:

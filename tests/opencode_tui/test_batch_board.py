@@ -75,3 +75,31 @@ def test_resumed_and_never_started_rows_say_so_and_groups_are_the_results() -> N
     assert groups["run_cancelled"].task_ids == ["queued-one"] and groups["run_cancelled"].run_ids == [""]
     recorded = {g.kind: g.run_ids for g in group_failures(results)}
     assert {k: g.run_ids for k, g in groups.items() if k != "run_cancelled"} == recorded
+
+
+def test_a_remote_batchs_rows_carry_their_node_and_fit_every_width() -> None:
+    """Rows of a Ray batch: made by the executor's hooks (started, phase, node), the node shown in a
+    column of its own at every width the screen supports, the line still fitting (with the scroll bar)."""
+    from opencode_tui.screens.batch import COLUMNS, columns_for
+
+    clock = iter(range(1000))
+    board = BatchBoard(["a", "b"], 2, batch_id="b1", clock=lambda: float(next(clock)), remote=True)
+    row = board.start("a", 1, "a-a1", "local")
+    board.placed("a-a1", "f" * 56, "10.0.12.34")
+    board.phase("a-a1", "agent")
+    board.phase("nobody", "agent")  # (an attempt the board never saw: ignored)
+    assert (row.node, row.node_id, row.phase) == ("10.0.12.34", "f" * 56, "agent")
+    assert board.rows[1].node == "" and board.rows[1].queued
+    handed = board.start("b", 1, "b-a1", "local")
+    handed.phase = "submitted"  # (BatchTUI.started_elsewhere): no worker has taken it yet
+    assert (board.totals()["running"], board.totals()["queued"]) == (1, 1)
+    for width in (80, 100, 120, 140, 160, 200):
+        local, remote = columns_for(width), columns_for(width, remote=True)
+        assert "node" not in [c.key for c in local]
+        keys = [c.key for c in remote]
+        assert keys[:2] == ["task", "node"] and "provider" not in keys, (width, keys)
+        assert sum(c.width + 1 for c in remote) + 1 <= width - 2, width  # room for the scroll bar
+        dropped = {"provider"} | ({"calls"} if width < 160 else set())
+        expected = [k for k in (c.key for c in local) if k not in dropped]
+        assert keys == [expected[0], "node", *expected[1:]], (width, keys)
+    assert len(COLUMNS) == len(columns_for(200, remote=True))  # provider out, node in

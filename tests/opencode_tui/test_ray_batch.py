@@ -292,9 +292,9 @@ def test_worker_lost_is_registered_and_retried_then_an_evaluation_error():
     assert last.action == "mark_evaluation_error" and last.failure_class == "evaluation"
 
 
-def test_executor_ray_needs_batch(tmp_path):
+def test_executor_ray_needs_a_batch(tmp_path):
     r = _run(str(SAMPLES / "hello-file"), "--executor", "ray", "--runs-dir", str(tmp_path / "runs"))
-    assert r.returncode == 2 and "--executor ray runs --batch only" in r.stderr
+    assert r.returncode == 2 and "--executor ray runs batches only (--batch, or several tasks" in r.stderr
     assert r.stdout == "" and not (tmp_path / "runs").exists()
 
 
@@ -638,3 +638,79 @@ def test_a_runs_dir_the_workers_cannot_see_is_one_error_and_exit_2(tmp_path, tes
     assert "cannot read the probe file" in errors[0] and "No such file or directory" in errors[0]
     assert list((shared / "runs").iterdir()) == []  # no run, no results.jsonl, the probe removed
     assert _our_sandboxes(test_owner) == []
+
+
+# ---- the batch screen on Ray ------------------------------------------------------------------
+
+
+async def test_the_batch_screen_runs_on_ray_shows_each_rows_node_and_keeps_ray_off_the_terminal(
+    ray_head, tmp_path, test_owner, wait, capfd, monkeypatch
+):
+    """Pilot, in this process as the driver (the app ``run TASK TASK --executor ray`` builds, with its
+    output redirection): rows reach their outcomes and show the node their worker runs on. A worker is
+    SIGKILLed mid-episode, so Ray's driver has something to say (``(raylet) A worker died ...``, which
+    it prints to stdout): it is in the runs directory's executor.log, and nothing reaches stdout or
+    stderr (the headless app hands anything printed to the real ones: capfd would see it)."""
+    from core.admission import admit_run
+    from core.config import AgentConfig
+    from core.resume import load_batch
+    from core.tasks import load_task
+    from opencode_tui.run_command import EXECUTOR_LOG, batch_tui, executor_logs
+    from opencode_tui.screens.batch import BatchScreen
+
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED"):
+        monkeypatch.setenv(key, ray_head.env[key])
+    runs = tmp_path / "runs"
+    config = AgentConfig.model_validate(
+        {
+            "sandbox": {"provider": "local"},
+            "runs_dir": str(runs),
+            "executor": {"name": "ray", "ray": {"address": ray_head.address}},
+        }
+    )
+    tasks = [load_task(_busy_task(tmp_path, "busy", seconds=8)), load_task(SAMPLES / "oom")]
+    admit_run(config, tasks, batch=False, attempts=2, jobs=None)  # the batch screen admits Ray now
+    capfd.readouterr()
+    with executor_logs(config, runs):
+        app = batch_tui(config, tasks, runs, None, 2)
+        async with app.run_test(size=(120, 30)) as pilot:
+            screen = app.screen
+            assert isinstance(screen, BatchScreen)
+            board = app.board
+            assert board.remote and [c.key for c in screen.table.columns][:2] == ["task", "node"]
+
+            def busy_in_agent() -> bool:
+                return any(r.task_id == "busy" and r.phase == "agent" for r in board.rows)
+
+            await wait(pilot, busy_in_agent, timeout=240, what="busy's agent phase, reported by its worker")
+            row = next(r for r in board.rows if r.task_id == "busy")
+            assert re.fullmatch(r"[0-9.]+", row.node) and len(row.node_id) > 12, (row.node, row.node_id)
+            info = json.loads((runs / row.run_id / "run.json").read_text())
+            worker = int(info["controller"].split(".")[2])
+            assert Path(f"/proc/{worker}/cmdline").read_bytes().startswith(b"ray::")
+            await pilot.pause(1.0)  # OpenCode is inside its `sleep 8`
+            os.kill(worker, signal.SIGKILL)
+            await wait(pilot, lambda: board.ended, timeout=400, what="the batch to end")
+            await pilot.pause(0.6)  # the last redraw
+            lines = [screen.table._line(screen.table.get_row_at(i)) for i in range(len(board.rows))]
+    assert app.summary is not None and app.error is None, app.error
+    # Rows: busy's lost attempt (retried), its second (scored), oom (counted as zero); each on its node.
+    shown = [(r.task_id, r.attempt, r.phase, r.outcome) for r in board.rows]
+    assert shown == [
+        ("busy", 1, "retried", ""),
+        ("busy", 2, "done", "scored"),
+        ("oom", 1, "done", "count_as_zero"),
+    ], shown
+    for r, line in zip(board.rows, lines, strict=True):
+        assert r.node and r.node in line, (r.node, line)
+    recorded = {x.task_id: x for x in load_batch(runs, app.summary.batch_id)}
+    assert recorded["busy"].attempt == 2 and recorded["busy"].action == "scored"
+    assert recorded["oom"].failure_kind == "provider_oom_killed"
+    lost = json.loads((runs / row.run_id / "run.json").read_text())
+    assert lost["outcome"]["failure_kind"] == "executor_worker_lost"
+    # Ray's driver said the worker died: in the log, not on the terminal.
+    log = (runs / EXECUTOR_LOG).read_text()
+    assert "(raylet) A worker died" in log, log
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+    assert await get_provider("local").listed(owner=test_owner) == []

@@ -117,18 +117,59 @@ def test_interventions_from_run_json_are_listed(fixture_runs: Path) -> None:
 def test_batch_report_groups_failures_and_links_each_attempt(
     fixture_runs: Path, tmp_path: Path, capsys
 ) -> None:
+    """Each task grouped once, by its last attempt's deciding failure (as the batch screen and
+    ``runs --batch`` group); every attempt still has its row and its section."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    for n in (1, 2):
-        _copy(fixture_runs / "oom", runs / f"oom-a{n}", run_id=f"oom-a{n}", attempt=n, batch_id="b1")
+    # Task "oom": attempt 1 failed with X (another kind), attempt 2 with the oom: one oom.
+    _copy(fixture_runs / "oom", runs / "oom-a1", run_id="oom-a1", attempt=1, batch_id="b1")
+    p = runs / "oom-a1" / RunFiles.RUN_INFO
+    data = json.loads(p.read_text())
+    data["outcome"].update(failure_kind="model_server_error", failure_class="model", action="retry")
+    p.write_text(json.dumps(data))
+    _copy(fixture_runs / "oom", runs / "oom-a2", run_id="oom-a2", attempt=2, batch_id="b1")
+    # Task "flaky": attempt 1 an oom, attempt 2 scored: in no group.
+    _copy(
+        fixture_runs / "oom", runs / "flaky-a1", run_id="flaky-a1", task_id="flaky", attempt=1, batch_id="b1"
+    )
+    _copy(
+        fixture_runs / "hello-file",
+        runs / "flaky-a2",
+        run_id="flaky-a2",
+        task_id="flaky",
+        attempt=2,
+        batch_id="b1",
+    )
     _copy(fixture_runs / "hello-file", runs / "hello", run_id="hello", batch_id="other")
     out = tmp_path / "batch.html"
     assert main(["report", str(runs), "--batch", "b1", "-o", str(out)]) == 0
     text = out.read_text()
-    assert "2 attempts" in text and "hello" not in text.split('id="run-0"')[0]
+    assert "4 attempts" in text and "hello" not in text.split('id="run-0"')[0]
     group = text.split('id="groups"')[1].split("</table>")[0]
-    assert "<td>2</td><td><b class=err>provider_oom_killed</b></td><td>agent</td>" in group
+    assert group.count("<tr><td>") == 1, group
+    assert "<td>1</td><td><b class=err>provider_oom_killed</b></td><td>agent</td>" in group
     assert "docker.events action=oom" in group  # core.failure_groups' signature, as everywhere
-    assert "<a href=#run-0>oom-a1</a>" in text and 'id="run-1"' in text and 'id="run-1-outcome"' in text
+    assert "oom-a2" in group and "oom-a1" not in group and "flaky" not in group
+    assert "model_server_error" not in group
+    rows = text.split('id="attempts"')[1].split("</table>")[0]
+    for run_id in ("flaky-a1", "flaky-a2", "oom-a1", "oom-a2"):  # every attempt keeps its row
+        assert f">{run_id}</a>" in rows
+    assert "model_server_error" in rows
+    assert 'id="run-3"' in text and 'id="run-3-outcome"' in text
     assert main(["report", str(runs), "--batch", "nope", "-o", str(out)]) == 2
     _one_line_usage(capsys, "no run of batch 'nope'")
+
+
+def test_batch_report_groups_as_runs_batch_does(tmp_path: Path, capsys) -> None:
+    """A batch's result lines (here the recorded one, without its run directories): the report's groups
+    are `runs --batch --json`'s, one function over one record."""
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "batch"
+    line = (fixtures / "results.jsonl").read_text().splitlines()[0]
+    batch_id = json.loads(line)["batch_id"]
+    runs = tmp_path / "runs"
+    shutil.copytree(fixtures, runs)
+    from opencode_tui.report.batch import batch_groups
+
+    assert main(["runs", "--runs-dir", str(runs), "--batch", batch_id, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["groups"]
+    assert listed and [g.model_dump(mode="json") for g in batch_groups(runs, batch_id, [])] == listed
