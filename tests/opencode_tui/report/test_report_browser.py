@@ -64,8 +64,8 @@ def test_batch_report_opens_offline_groups_failures_and_links_each_attempt_to_it
 ) -> None:
     """`report RUNS_DIR --batch ID` of the recorded runs made one batch (two oom attempts of a task, one
     scored hello-file; a run of another batch beside them): in chromium with networking off, the
-    failures are grouped (the two oom attempts one group, linking to both), each attempt is a row whose
-    link opens that attempt's own section."""
+    failures are grouped by what decided each task (the task's last oom attempt: one group of one,
+    linking to it), each attempt is a row whose link opens that attempt's own section."""
     runs = tmp_path / "runs"
     runs.mkdir()
     for n in (1, 2):
@@ -83,14 +83,15 @@ def test_batch_report_opens_offline_groups_failures_and_links_each_attempt_to_it
     try:
         assert page.title() == "Batch b1"
         assert "3 attempts" in page.locator("body").inner_text()
-        # the failures grouped: one group (kind × stage × evidence) of the two oom attempts
+        # the failures grouped: one group (kind × stage × evidence), counting the task once, by its
+        # deciding attempt
         groups = page.locator("#groups table tr")
         assert groups.count() == 2  # the heading and one group
         cells = groups.nth(1).locator("td")
-        assert [cells.nth(i).inner_text() for i in range(3)] == ["2", "provider_oom_killed", "agent"]
+        assert [cells.nth(i).inner_text() for i in range(3)] == ["1", "provider_oom_killed", "agent"]
         assert "docker.events" in cells.nth(3).inner_text()
         group_links = cells.nth(4).locator("a")
-        assert sorted(group_links.all_inner_texts()) == ["oom-a1", "oom-a2"]
+        assert group_links.all_inner_texts() == ["oom-a2"]
         # a row per attempt, each linking to its own section (the run's id, outcome and failure there)
         rows = page.locator("#attempts table tr")
         assert rows.count() == 4
