@@ -62,10 +62,8 @@ from opencode_tui.screens.shell import ShellScreen
 from opencode_tui.themes import APP_VARIABLES, DEFAULT_THEME, load_themes, next_theme
 
 if TYPE_CHECKING:
-    from core.config import AgentConfig
     from core.control import EpisodeControl
     from core.diff import RunDiff
-    from core.tasks import Task
 
 
 INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
@@ -361,36 +359,43 @@ class OpenCodeTUI(EpisodeHost):
 
     # -- a re-run inside this app (a served session) -----------------------------------------------
 
-    def run_here(self, original: Path) -> None:
-        """The browser's ``r`` in a served session: ``original``'s task again with its recorded
-        configuration (admitted like `run`), live on a run screen pushed over the browser. Esc and `q`
-        lead back (asking first while it runs; cleanup is confirmed first); a signal ends the app."""
+    def run_here(self, original: Path, lineage: LineageRequest | None = None) -> None:
+        """In a served session: the runs browser's ``r`` (``original``'s task again with its recorded
+        configuration, admitted like `run`), or a replay's ``R``/``F`` (``lineage``: a rerun from the
+        record or a fork, as the `rerun`/`fork` commands make them), live on a run screen pushed over
+        the browser. Esc and `q` lead back (asking first while it runs; cleanup is confirmed first); a
+        signal ends the app."""
         if self.control is not None:
             self.notify("A run is already open here.", severity="warning", timeout=4)
             return
-        self._start_here(original)
+        self._start_here(original, lineage)
 
     @work(exclusive=True, group="run-here")
-    async def _start_here(self, original: Path) -> None:
+    async def _start_here(self, original: Path, lineage: LineageRequest | None) -> None:
         from core.admission import AdmissionError, check_inputs, rerun_inputs
         from core.artifacts import RunDirReader
         from core.config import ConfigError
         from core.episode import Episode
 
-        def admitted() -> tuple[AgentConfig, Task]:
-            config, task = rerun_inputs(RunDirReader(original).info(), original)
-            check_inputs(config, [task])  # the provider's checks run their own event loop: a thread
-            return config, task
+        def admitted() -> Episode:
+            # The provider's checks run their own event loop: this runs on a thread.
+            if lineage is not None:
+                from opencode_tui.lineage_command import child_episode
 
-        self.notify(f"Re-running {original.name} as recorded…", timeout=3)
+                return child_episode(lineage.args())[0]
+            config, task = rerun_inputs(RunDirReader(original).info(), original)
+            check_inputs(config, [task])
+            return Episode(task, config, runs_dir=original.parent)
+
+        doing = {None: "Re-running", "rerun": "Re-running from the record", "fork": "Forking"}
+        self.notify(f"{doing[lineage.lineage if lineage else None]} {original.name}…", timeout=3)
         try:
-            config, task = await asyncio.to_thread(admitted)
+            episode = await asyncio.to_thread(admitted)
         except (AdmissionError, ConfigError, FileNotFoundError, ValueError) as exc:
             self.notify(f"{original.name} cannot be re-run: {exc}", severity="error", timeout=8)
             return
         if self.control is not None or self.quitting:
             return
-        episode = Episode(task, config, runs_dir=original.parent)
         self.control, self.run_episode, self._here = episode, episode.run, original
         self.from_browser = True
         self._queue = episode.bus.queue()

@@ -110,7 +110,8 @@ def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
 
 
 def child_episode(args: argparse.Namespace) -> tuple[Episode, AgentConfig]:
-    """The child episode (not started); ValueError with one line when it cannot start as asked."""
+    """The child episode (not started); ValueError with one line when it cannot start as asked.
+    Its admission checks run their own event loop: inside an app, call it on a thread."""
     from core.admission import AdmissionError, check_inputs
     from core.config import ConfigError
     from core.episode import Episode, LineageError, child_inputs, load_parent

@@ -553,8 +553,12 @@ class ReplayRunScreen(RunScreen):
         self._request(LineageRequest(run_dir=self._path, lineage="rerun"))
 
     def _request(self, request: LineageRequest) -> None:
-        if self.app.read_only or self.app.served:  # type: ignore[attr-defined]
-            self.notify("Reruns and forks are off here (a served or read-only session).", timeout=4)
+        if self.app.read_only:  # type: ignore[attr-defined]
+            self.notify("Reruns and forks are off here (a read-only session).", timeout=4)
+            return
+        if self.app.served:  # type: ignore[attr-defined]
+            # A browser session is this one app: the child runs in it and comes back to the browser.
+            self.app.run_here(self._path, request)  # type: ignore[attr-defined]
             return
         self.app.lineage_request = request  # type: ignore[attr-defined]
         self.app.exit()
