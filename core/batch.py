@@ -242,7 +242,7 @@ class LocalExecutor(Executor):
         if depth <= 0 or config.sandbox.mode != "owned" or not tasks:
             return
         self.pool = WarmPool(config, depth=depth, batch_id=self.batch_id)
-        self.pool.plan(tasks)
+        self.pool.plan(tasks, starting=max(1, jobs))
 
     async def cancel(self, by: str) -> None:
         if self.pool is not None:

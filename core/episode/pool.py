@@ -167,7 +167,8 @@ class WarmPool:
         self._provider = provider
         self._installer = installer
         self.counts = WarmCounts(depth=depth)
-        self._pending: list[str | None] = []  # the keys of the tasks not started yet, in order
+        # The tasks not started yet, in order, with their keys.
+        self._pending: list[tuple[int, str | None]] = []
         self._entries: list[_Entry] = []
         self._bad: set[str] = set()  # keys whose preparation failed: not tried again
         self._kick = asyncio.Event()
@@ -192,10 +193,13 @@ class WarmPool:
             self._installer = default_installer(self.config)
         return self._installer
 
-    def plan(self, tasks: list[Task]) -> None:
-        """The tasks this batch will start, in order; filling starts now."""
-        self._pending = [pool_key(t, self.config) for t in tasks]
-        for t, k in zip(tasks, self._pending, strict=True):
+    def plan(self, tasks: list[Task], *, starting: int = 0) -> None:
+        """The tasks this batch will start, in order; filling starts now. The first ``starting`` of
+        them start at once (``--jobs``): preparing theirs ahead would gain nothing, so the pool
+        prepares for the ones after them."""
+        ahead = tasks[starting:]
+        self._pending = [(id(t), pool_key(t, self.config)) for t in ahead]
+        for t, (_, k) in zip(ahead, self._pending, strict=True):
             if k is not None:  # a sandbox is made from the first task of its key (they agree on it)
                 self._templates.setdefault(k, t)
         if self.depth > 0 and self._filler is None:
@@ -208,15 +212,18 @@ class WarmPool:
         self._kick.set()
 
     async def take(self, task: Task) -> Lease | None:
-        """A prepared sandbox for ``task``, or None (the attempt prepares its own). One still being
-        prepared for it is waited for: it is further along than a fresh start."""
+        """A prepared sandbox for ``task``, or None (the attempt prepares its own). For a task the
+        pool planned for, one still being prepared is waited for: it is further along than a fresh
+        start."""
         key = pool_key(task, self.config)
-        if key in self._pending:
-            self._pending.remove(key)
+        planned = any(p[0] == id(task) for p in self._pending)
+        self._pending = [p for p in self._pending if p[0] != id(task)]
         self._kick.set()
         if key is None or self._stopped:
             return None
-        candidates = [e for e in self._entries if e.key == key and not e.claimed]
+        # A task the pool was not preparing for (one that started at once, a retry) takes a ready
+        # one only: one still being prepared is a later task's.
+        candidates = [e for e in self._entries if e.key == key and not e.claimed and (planned or e.ready)]
         if not candidates:
             return None
         entry = min(candidates, key=lambda e: (not e.ready, e.started))
@@ -226,6 +233,9 @@ class WarmPool:
             if entry.task is not None:
                 await asyncio.shield(entry.task)
         except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling() == 0:
+                return None  # the preparation was cancelled (the pool is closing), not this attempt
             entry.claimed = False  # this attempt was cancelled while it waited: the entry stays the pool's
             raise
         except Exception:
@@ -233,6 +243,8 @@ class WarmPool:
         if entry not in self._entries or entry.sandbox is None or entry.runtime is None:
             return None
         if self._too_old(entry):
+            entry.claimed = False
+            self._kick.set()
             return None  # the filler discards it
         self._entries.remove(entry)
         self.counts.used += 1
@@ -265,7 +277,7 @@ class WarmPool:
 
     def _unwanted(self) -> list[_Entry]:
         """Unclaimed entries no pending task can use (another configuration), or too old."""
-        left = [k for k in self._pending if k is not None]
+        left = [k for _, k in self._pending if k is not None]
         out = []
         for e in self._entries:
             if e.claimed:
@@ -279,7 +291,7 @@ class WarmPool:
     def _next_key(self) -> str | None:
         """The first of the next ``depth`` pending tasks no entry covers yet."""
         free = [e.key for e in self._entries if not e.claimed]
-        for key in self._pending[: self.depth]:
+        for _, key in self._pending[: self.depth]:
             if key is None:
                 continue
             if key in free:
