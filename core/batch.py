@@ -120,7 +120,7 @@ class BatchSummary(BaseModel):
             + (f"; warnings (reward kept): {kept}" if kept else "")
             + (f"; health warnings: {health}" if health else "")
             + (f"; limits not enforced: {unenforced}" if unenforced else "")
-            + (f"; {self.warm.words()}" if self.warm is not None and self.warm.depth else "")
+            + (f"; {self.warm.words()}" if self.warm is not None and self.warm.active else "")
         )
 
 
@@ -239,8 +239,8 @@ class LocalExecutor(Executor):
 
     def plan(self, tasks: list[Task], config: AgentConfig, jobs: int) -> None:
         depth = warm_depth(config.batch, jobs, os.cpu_count())
-        if depth <= 0 or config.sandbox.mode != "owned" or not tasks:
-            return
+        if depth <= 0 or config.sandbox.mode != "owned" or len(tasks) <= max(1, jobs):
+            return  # off, borrowed, or every task starts at once: nothing to prepare ahead
         self.pool = WarmPool(config, depth=depth, batch_id=self.batch_id)
         self.pool.plan(tasks, starting=max(1, jobs))
 

@@ -61,6 +61,11 @@ class WarmCounts(BaseModel):
     released_confirmed: int = 0  # unused ones whose release the engine confirmed
     released_unconfirmed: int = 0  # unused ones whose release could not be confirmed (``sweep`` them)
 
+    @property
+    def active(self) -> bool:
+        """Anything was prepared or tried (a batch with nothing to prepare ahead says nothing)."""
+        return bool(self.prepared or self.failed or self.discarded)
+
     def words(self) -> str:
         unconfirmed = (
             f", {self.released_unconfirmed} release unconfirmed" if self.released_unconfirmed else ""
