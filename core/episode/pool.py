@@ -221,8 +221,10 @@ class WarmPool:
         pool planned for, one still being prepared is waited for: it is further along than a fresh
         start."""
         key = pool_key(task, self.config)
-        planned = any(p[0] == id(task) for p in self._pending)
-        self._pending = [p for p in self._pending if p[0] != id(task)]
+        mine = [i for i, p in enumerate(self._pending) if p[0] == id(task)]
+        planned = bool(mine)
+        if mine:  # one occurrence: a batch may hold the same task object more than once
+            del self._pending[mine[0]]
         self._kick.set()
         if key is None or self._stopped:
             return None
