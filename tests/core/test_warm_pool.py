@@ -144,3 +144,30 @@ async def test_an_unused_prepared_sandbox_is_released_and_confirmed(episode_prov
         counts = await pool.close()
     assert (counts.prepared, counts.used, counts.discarded, counts.released_confirmed) == (2, 0, 2, 2)
     assert await _left(episode_provider, config, test_owner, LABEL_POOL, "bwarmtest02") == []
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_prepared_sandbox_past_its_max_age_is_discarded_never_used(tmp_path, test_owner):
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}, "batch": {"warm_max_age_s": 1}})
+    first, same = _tasks(tmp_path / "x", 2)
+    pool = WarmPool(config, depth=1, batch_id="bwarmtest03")
+    try:
+        pool.plan([first, same], starting=1)
+        deadline = time.monotonic() + 120
+        while pool.counts.prepared + pool.counts.failed < 1:
+            assert time.monotonic() < deadline, "nothing was prepared"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)
+        # The first one waited too long: released, and another prepared for the task still to run.
+        lease = await pool.take(same)
+        assert lease is None or lease.event.pool_run != "pool-bwarmtest03-1"
+        if lease is not None:
+            assert lease.event.age_s <= 1
+            await lease.sandbox.release()
+            lease.finished()
+    finally:
+        counts = await pool.close()
+    assert counts.discarded >= 1 and counts.used <= 1
+    assert counts.released_confirmed == counts.discarded
+    assert await _left("local", config, test_owner, LABEL_POOL, "bwarmtest03") == []
