@@ -51,11 +51,15 @@ class BatchControl:
         self.running: set[Episode] = set()  # the local executor's episodes
         # What else must hear a cancel (the Ray executor forwards it to its workers).
         self.cancellers: list[Callable[[str], Awaitable[object]]] = []
+        # What else must hear a halt (the warm pool stops preparing sandboxes no attempt will use).
+        self.on_halt: list[Callable[[], object]] = []
 
     def halt(self, reason: str) -> None:
         """Start nothing more; the running episodes finish (and close) as usual."""
         if self.halted is None:
             self.halted = reason
+            for listener in self.on_halt:
+                listener()
 
     async def cancel(self, by: str) -> None:
         if self.cancelled_by is None:
@@ -214,6 +218,10 @@ class Executor(abc.ABC):
         """The tasks the batch will start, in order (after resume): what to prepare ahead."""
         return
 
+    def stop_preparing(self) -> None:
+        """The batch starts nothing more (halted): prepare nothing more ahead."""
+        return
+
     async def release_prepared(self) -> WarmCounts | None:
         """Every way a batch ends: release what was prepared ahead and not used (confirmed)."""
         return None
@@ -245,6 +253,9 @@ class LocalExecutor(Executor):
         self.pool.plan(tasks, starting=max(1, jobs))
 
     async def cancel(self, by: str) -> None:
+        self.stop_preparing()
+
+    def stop_preparing(self) -> None:
         if self.pool is not None:
             self.pool.stop()
 
@@ -417,6 +428,8 @@ async def run_batch(
         record(task, result)
 
     executor.plan([t for t in tasks if not Resumption(previous.get(keys[id(t)])).skip], config, jobs)
+    if executor.stop_preparing not in control.on_halt:
+        control.on_halt.append(executor.stop_preparing)
     cancelled = False
     warm: WarmCounts | None = None
     try:
