@@ -109,3 +109,21 @@ def test_sweep_removes_the_prepared_sandboxes_a_sigkill_left(provider, tmp_path,
     )
     assert r.returncode == 0, r.stderr
     assert _pooled(provider, test_owner) == []
+
+
+def test_the_event_log_names_a_warm_sandbox():
+    from datetime import UTC, datetime
+
+    from core.events import WarmSandbox
+    from opencode_tui.format import summarize
+
+    ev = WarmSandbox(
+        sandbox_id="sb1",
+        provider="local",
+        prepared_at=datetime.now(UTC),
+        prepare_s=1.25,
+        waited_s=0,
+        age_s=3,
+        pool_run="pool-b1-1",
+    )
+    assert summarize(ev) == "sandbox sb1 prepared ahead (1.25s, waited 0.00s)"
