@@ -27,6 +27,13 @@
    local wall. Machine CPU-seconds per episode (``/proc/stat`` busy time over the batch / episodes)
    include whatever else runs on the machine. Part 1 is skipped.
 
+4. ``--warm``: the batch's warm pool (issue 31). Two batches of N distinct hello-file copies (3 with
+   ``--quick``, else 5) at ``--jobs 1``, one with ``batch.warm: 0`` and one with ``batch.warm: 2``,
+   alternating (cold first), ``--reps`` pairs (default 1). For every attempt after the first: attempt
+   start (its EpisodeStarted event) → its first model request (the earliest ``started_at`` of its
+   ModelCall events, as the recording proxy saw it). Ratio = warm median / cold median; the batches'
+   wall clocks give ``jobs1_warm_speedup`` (cold wall / warm wall). Part 1 is skipped.
+
 No container may be left behind: all containers of this process carry its own owner label
 (``opencode-tui.owner=bench-<pid>@<host>``) and are counted after every batch and at the end.
 """
@@ -401,6 +408,8 @@ def batch_table(batches: list[dict[str, Any]], single: dict[str, Any], rep: B.Re
 async def main_async(args: argparse.Namespace) -> int:
     if args.executor == "ray":
         return await main_ray(args)
+    if args.warm:
+        return await main_warm(args)
     reps = args.reps or (1 if args.quick else 3)
     n = args.batch or (2 if args.quick else 4)
     jobs_list = args.jobs or ([1, 2] if args.quick else [1, 2, 4])
@@ -468,6 +477,128 @@ async def main_async(args: argparse.Namespace) -> int:
     return B.close_report(rep, left, OWNER, started, status)
 
 
+async def warm_batch(tasks: list[Any], config: AgentConfig, warm: int) -> dict[str, Any]:
+    """One batch at --jobs 1 with ``batch.warm: warm``: wall clock, and for each attempt after the
+    first its attempt start → first model request."""
+    from core.artifacts import RunDirReader
+    from core.batch import run_batch
+    from core.events import EpisodeStarted, ModelCall
+
+    cfg = config.model_copy(update={"batch": config.batch.model_copy(update={"warm": warm})})
+    runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-warm{warm}-"))
+    try:
+        t0 = time.perf_counter()
+        summary = await run_batch(tasks, cfg, runs_dir=runs, jobs=1, max_attempts=1)
+        wall = time.perf_counter() - t0
+        firsts: list[float] = []
+        by_task = {r.task_id: r for r in summary.results}
+        for task in tasks[1:]:
+            events = list(RunDirReader(Path(by_task[task.id].run_dir)).events())
+            start = next(e.ts for e in events if isinstance(e, EpisodeStarted))
+            calls = [e.started_at for e in events if isinstance(e, ModelCall)]
+            if calls:
+                firsts.append((min(calls) - start).total_seconds())
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    return {
+        "warm": warm,
+        "wall": wall,
+        "scored": summary.scored,
+        "episodes": len(tasks),
+        "first_call_s": firsts,
+        "first_call_median": B.med(firsts),
+        "pool": summary.warm.model_dump() if summary.warm else None,
+        "warm_used": sum(1 for r in summary.results if r.warm),
+        "leftover_containers": B.leftovers(OWNER)["ours"],
+    }
+
+
+async def main_warm(args: argparse.Namespace) -> int:
+    n = args.batch or (3 if args.quick else 5)
+    reps = args.reps or 1
+    meta = {"mode": "warm", "provider": args.provider, "batch": n, "reps": reps, "cpus": os.cpu_count()}
+    meta["loadavg_start"] = B.loadavg()
+    rep = B.Report("episode", args.json, meta)
+    rep.say(
+        f"episode benchmark, warm pool: {n} hello-file episodes at --jobs 1, warm 0 vs warm 2, {reps} pair(s)"
+    )
+    started = time.monotonic()
+    import core.batch
+    import core.episode
+    import core.sandbox.docker  # noqa: F401
+
+    config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))
+    root = Path(tempfile.mkdtemp(prefix="octui-bench-warm-tasks-"))
+    tasks = []
+    for i in range(n):
+        d = root / f"hello-{i}"
+        shutil.copytree(TASK_DIR, d)
+        (d / "task.yaml").write_text(
+            (d / "task.yaml").read_text().replace("id: hello-file", f"id: hello-{i}")
+        )
+        tasks.append(load_task(d))
+    cold: list[dict[str, Any]] = []
+    warm: list[dict[str, Any]] = []
+    status = 0
+    try:
+        for i in range(reps):
+            rep.progress(f"batch without warm ({i + 1}/{reps})")
+            cold.append(await warm_batch(tasks, config, 0))
+            rep.progress(f"batch with warm 2 ({i + 1}/{reps})")
+            warm.append(await warm_batch(tasks, config, 2))
+        for b in cold + warm:
+            if b["leftover_containers"] or b["scored"] != n:
+                status = 1
+        c_first = B.med([x for b in cold for x in b["first_call_s"]])
+        w_first = B.med([x for b in warm for x in b["first_call_s"]])
+        c_wall = B.med([b["wall"] for b in cold])
+        w_wall = B.med([b["wall"] for b in warm])
+        rep.data.update(
+            {
+                "cold": cold,
+                "warm": warm,
+                "warm_first_call_ratio": B.ratio(w_first, c_first),
+                "jobs1_warm_speedup": B.ratio(c_wall, w_wall),
+            }
+        )
+        rows = [
+            [
+                "warm 0",
+                B.fmt_s(c_first),
+                B.fmt_spread([x for b in cold for x in b["first_call_s"]]),
+                B.fmt_s(c_wall, "s"),
+                "-",
+            ],
+            [
+                "warm 2",
+                B.fmt_s(w_first),
+                B.fmt_spread([x for b in warm for x in b["first_call_s"]]),
+                B.fmt_s(w_wall, "s"),
+                ", ".join(
+                    f"{b['pool']['prepared']}/{b['pool']['used']}/{b['pool']['discarded']}"
+                    if b["pool"]
+                    else "-"
+                    for b in warm
+                ),
+            ],
+        ]
+        rep.say(
+            B.table(
+                ["batch", "start → 1st request (p50)", "spread", "batch wall", "prepared/used/discarded"],
+                rows,
+                title=f"Attempts 2..{n}: attempt start → first model request ({args.provider})",
+            )
+        )
+        rep.say(
+            f"warm_first_call_ratio {B.fmt_ratio(B.ratio(w_first, c_first))}; jobs1_warm_speedup "
+            f"{B.fmt_ratio(B.ratio(c_wall, w_wall))}; load average at start {meta['loadavg_start']}, now {B.loadavg()}"
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        left = await B.reap_leftovers(OWNER)
+    return B.close_report(rep, left, OWNER, started, status)
+
+
 async def main_ray(args: argparse.Namespace) -> int:
     n = args.batch or 8
     cpus = (args.jobs or [2])[0]
@@ -511,6 +642,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=["docker", "local"],
         default="docker",
         help="docker (floor: docker run … opencode run && verify) or local (floor: the same under plain bwrap); also the provider of --executor ray's comparison",
+    )
+    p.add_argument(
+        "--warm",
+        action="store_true",
+        help="only the warm pool: attempt start → first model request, warm 0 vs warm 2 (--jobs 1)",
     )
     B.add_common_args(p)
     args = p.parse_args(argv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import os
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -20,9 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.admission import next_attempt_blocked
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
-from core.config import AgentConfig
+from core.config import AgentConfig, warm_depth
 from core.episode import Episode, EpisodeResult
 from core.episode.common import stage_of
+from core.episode.pool import WarmCounts, WarmPool
 from core.events import EventBus, FailureRecorded
 from core.executor_registry import ExecutorHooks, ExecutorPlugin
 from core.exit_codes import ExitCode
@@ -49,11 +51,15 @@ class BatchControl:
         self.running: set[Episode] = set()  # the local executor's episodes
         # What else must hear a cancel (the Ray executor forwards it to its workers).
         self.cancellers: list[Callable[[str], Awaitable[object]]] = []
+        # What else must hear a halt (the warm pool stops preparing sandboxes no attempt will use).
+        self.on_halt: list[Callable[[], object]] = []
 
     def halt(self, reason: str) -> None:
         """Start nothing more; the running episodes finish (and close) as usual."""
         if self.halted is None:
             self.halted = reason
+            for listener in self.on_halt:
+                listener()
 
     async def cancel(self, by: str) -> None:
         if self.cancelled_by is None:
@@ -87,6 +93,7 @@ class BatchSummary(BaseModel):
     warnings_by_kind: dict[str, int] = Field(default_factory=dict)
     cancelled: bool = False
     cancelled_by: str | None = None
+    warm: WarmCounts | None = None  # the warm pool's counts (None: no pool ran)
 
     def line(self) -> str:
         """One line: how many were scored (those counted as zero, and why), how many failed and why,
@@ -117,6 +124,7 @@ class BatchSummary(BaseModel):
             + (f"; warnings (reward kept): {kept}" if kept else "")
             + (f"; health warnings: {health}" if health else "")
             + (f"; limits not enforced: {unenforced}" if unenforced else "")
+            + (f"; {self.warm.words()}" if self.warm is not None and self.warm.active else "")
         )
 
 
@@ -206,6 +214,18 @@ class Executor(abc.ABC):
         executor's episodes hear it through ``BatchControl.running``."""
         return
 
+    def plan(self, tasks: list[Task], config: AgentConfig, jobs: int) -> None:
+        """The tasks the batch will start, in order (after resume): what to prepare ahead."""
+        return
+
+    def stop_preparing(self) -> None:
+        """The batch starts nothing more (halted): prepare nothing more ahead."""
+        return
+
+    async def release_prepared(self) -> WarmCounts | None:
+        """Every way a batch ends: release what was prepared ahead and not used (confirmed)."""
+        return None
+
     async def close(self) -> None:
         """After the batch: release what ``start`` acquired."""
         return
@@ -223,6 +243,27 @@ class LocalExecutor(Executor):
 
     def __init__(self, on_episode: Callable[[Episode], None] | None = None) -> None:
         self.on_episode = on_episode
+        self.pool: WarmPool | None = None  # batch.warm: sandboxes prepared ahead (core/episode/pool.py)
+
+    def plan(self, tasks: list[Task], config: AgentConfig, jobs: int) -> None:
+        depth = warm_depth(config.batch, jobs, os.cpu_count())
+        if depth <= 0 or config.sandbox.mode != "owned" or len(tasks) <= max(1, jobs):
+            return  # off, borrowed, or every task starts at once: nothing to prepare ahead
+        self.pool = WarmPool(config, depth=depth, batch_id=self.batch_id)
+        self.pool.plan(tasks, starting=max(1, jobs))
+
+    async def cancel(self, by: str) -> None:
+        self.stop_preparing()
+
+    def stop_preparing(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+
+    async def release_prepared(self) -> WarmCounts | None:
+        if self.pool is None:
+            return None
+        pool, self.pool = self.pool, None
+        return await pool.close()
 
     async def attempt(
         self,
@@ -241,6 +282,7 @@ class LocalExecutor(Executor):
             runs_dir=runs_dir,
             bus=EventBus(attempt=attempt),
             batch_id=control.batch_id,
+            pool=self.pool,
         )
         # The runs directory stopped taking writes: no further episode starts from this moment (the
         # running ones, this one included, finish and close as usual).
@@ -385,7 +427,11 @@ async def run_batch(
             result.previous_attempts = [*resumption.earlier_attempts(), *result.previous_attempts]
         record(task, result)
 
+    executor.plan([t for t in tasks if not Resumption(previous.get(keys[id(t)])).skip], config, jobs)
+    if executor.stop_preparing not in control.on_halt:
+        control.on_halt.append(executor.stop_preparing)
     cancelled = False
+    warm: WarmCounts | None = None
     try:
         await asyncio.gather(*(one(t) for t in tasks))
     except asyncio.CancelledError:
@@ -393,6 +439,21 @@ async def run_batch(
     finally:
         with contextlib.suppress(OSError):
             results_file.close()
+        # The warm pool's unused sandboxes, on every way out (a cancel of this task included: the
+        # release is shielded and bounded by the pool's own deadlines).
+        releasing = asyncio.ensure_future(executor.release_prepared())
+        while True:
+            try:
+                warm = await asyncio.shield(releasing)
+                break
+            except asyncio.CancelledError:
+                cancelled = True
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                if releasing.done():
+                    warm = releasing.result()
+                    break
     failures = Counter(r.failure_kind for r in results if r.failure_kind)
     health: Counter[str] = Counter()
     unenforced: Counter[str] = Counter()
@@ -412,6 +473,7 @@ async def run_batch(
         warnings_by_kind=dict(kept),
         cancelled=cancelled or control.cancelled_by is not None,
         cancelled_by=control.cancelled_by,
+        warm=warm,
     )
 
 

@@ -360,6 +360,24 @@ class ExecutorSettings(_Model):
         return executor_registry.check_name(value)
 
 
+class BatchSettings(_Model):
+    """How a batch runs its episodes (``run --batch``, the local executor)."""
+
+    # Warm sandboxes prepared ahead of the running episodes (sandbox created, OpenCode installed),
+    # each used by exactly one episode (core/episode/pool.py). 0: off. None: sized to the free CPU
+    # (``warm_depth``: one per core not taken by ``--jobs``, at least 1, at most 4).
+    warm: int | None = Field(default=None, ge=0, le=64)
+    # A prepared sandbox older than this is released unused (counted as discarded), never used.
+    warm_max_age_s: float = Field(default=600.0, gt=0)
+
+
+def warm_depth(settings: BatchSettings, jobs: int, cpus: int | None) -> int:
+    """The pool depth: the configured one, else a core per warm sandbox beyond the ``jobs`` running."""
+    if settings.warm is not None:
+        return settings.warm
+    return max(1, min(4, (cpus or 1) - max(1, jobs)))
+
+
 class DebugSettings(_Model):
     """The episode debugger (issue 27): where the recording proxy holds agent calls from the start
     (``run --break COND``); more can be set live through the run's control socket."""
@@ -391,6 +409,7 @@ class AgentConfig(_Model):
     theme: str = "opencode-dark"
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
 
 
 def yaml_error_text(exc: Exception) -> str:

@@ -106,6 +106,20 @@ class SandboxReady(_Event):
         return [name for name, enforced in flags if enforced is False]
 
 
+class WarmSandbox(_Event):
+    """The attempt was given a sandbox prepared ahead of it by the batch's warm pool (created, OpenCode
+    installed): when it was prepared, and how long the attempt waited for it (0: it was ready)."""
+
+    type: Literal["warm_sandbox"] = "warm_sandbox"
+    sandbox_id: str
+    provider: str
+    prepared_at: datetime  # when its preparation finished
+    prepare_s: float  # how long creating it and installing OpenCode took
+    waited_s: float  # how long this attempt waited for it (its preparation was under way)
+    age_s: float  # how long it had waited ready, when the attempt took it
+    pool_run: str  # its run label (``pool-…``): the pool's, not this run's
+
+
 class InstallProgress(_Event):
     type: Literal["install_progress"] = "install_progress"
     package: str
@@ -362,6 +376,7 @@ Event = Annotated[
     EpisodeStarted
     | PhaseChanged
     | SandboxReady
+    | WarmSandbox
     | InstallProgress
     | Warning_
     | TerminalOutput

@@ -23,8 +23,9 @@ RESULTS_FILE = "results.jsonl"
 def config_hash(config: AgentConfig) -> str:
     """The effective configuration, hashed: everything that can change an episode's result (where
     run directories go, the TUI's theme and the executor that runs the episodes cannot: a batch
-    started here resumes on a Ray cluster; nor can the debugger's breaks, whose acts mark a run)."""
-    data = config.model_dump(mode="json", exclude={"runs_dir", "theme", "executor", "debug"})
+    started here resumes on a Ray cluster; nor can the debugger's breaks, whose acts mark a run, nor
+    the batch's warm pool: a warm sandbox is the same sandbox, prepared earlier)."""
+    data = config.model_dump(mode="json", exclude={"runs_dir", "theme", "executor", "debug", "batch"})
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

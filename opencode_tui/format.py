@@ -28,6 +28,7 @@ from core.events import (
     ToolCall,
     TranscriptStats,
     VerificationFinished,
+    WarmSandbox,
     Warning_,
 )
 from core.failures import Outcome, Recovery
@@ -162,6 +163,10 @@ def summarize(ev: Event, in_batch: bool = False) -> str:
         return f"episode started: {ev.task_id} on {ev.provider}"
     if isinstance(ev, SandboxReady):
         return f"sandbox {ev.sandbox_id} ready ({'owned' if ev.owned else 'borrowed'})"
+    if isinstance(ev, WarmSandbox):
+        return (
+            f"sandbox {ev.sandbox_id} prepared ahead ({seconds(ev.prepare_s)}, waited {seconds(ev.waited_s)})"
+        )
     if isinstance(ev, InstallProgress):
         return f"install {ev.package} {nbytes(ev.bytes_done)}/{nbytes(ev.bytes_total)}"
     if isinstance(ev, Warning_):

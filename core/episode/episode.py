@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from core.debugger.debugger import Debugger
     from core.episode.digests import DigestGate
     from core.episode.lineage import ChildRun, Parent
+    from core.episode.pool import Lease, WarmPool
     from core.model.endpoint import ModelEndpoint
     from core.model.replay import ReplayPlan
     from core.runtime.installer import Installer
@@ -95,6 +96,7 @@ class Episode(EpisodeControl):
         bus: EventBus | None = None,
         batch_id: str | None = None,
         child_of: tuple[ReplayPlan, Parent] | None = None,
+        pool: WarmPool | None = None,
     ) -> None:
         self.task = task
         self.config = config
@@ -149,6 +151,9 @@ class Episode(EpisodeControl):
         self._child_of = child_of
         self.child: ChildRun | None = None  # once the run directory exists
         self.digests: DigestGate | None = None  # debug.workspace_digests: before each agent call
+        # issue 31: the batch's warm pool, and the prepared sandbox this attempt took from it
+        self._pool = pool
+        self.lease: Lease | None = None
 
     # ---- control API ---------------------------------------------------------------------------
 
@@ -620,6 +625,13 @@ class Episode(EpisodeControl):
 
             on_digest = self.child.on_digest if self.child is not None else None
             gate = self.digests = DigestGate(self.debugger, self.run_dir, on_digest=on_digest)
+        if self._pool is not None and sb.mode == "owned":
+            # issue 31: a sandbox prepared ahead (created, OpenCode installed); ours from here on, so a
+            # failure below still releases it. Its model socket is served by this run's proxy.
+            self.lease = await self._pool.take(self.task)
+            if self.lease is not None:
+                self.sandbox = self.lease.sandbox
+                self.emit(self.lease.event)
         self.endpoint = await stack.enter_async_context(
             ModelEndpoint(
                 self.task,
@@ -628,6 +640,7 @@ class Episode(EpisodeControl):
                 on_call=self.emit,
                 gate=gate,
                 replay=self.child.replayer if self.child is not None else None,
+                listen=self.lease.listen if self.lease is not None else None,
             )
         )
         provider = self._provider or get_provider(sb.provider, self.config)
@@ -640,18 +653,20 @@ class Episode(EpisodeControl):
             self._prewarming.add_done_callback(lambda f: f.cancelled() or f.exception())
         # sandbox user (issue 17): asked for by the config or the task, else the image's.
         requested, user_source = access.requested_user(sb.user, self.task.user)
-        if sb.mode == "owned":  # a task's image built from its Dockerfile (Harbor tasks)
-            await ensure_task_image(self.task, self.config, self.run_dir, self.emit)
-        self.sandbox = await seed.allocate(
-            provider,
-            self.config,
-            self.task,
-            self.run_id,
-            endpoint=self.endpoint,
-            cache_dir=installer.config.cache_dir,
-            requested_user=requested,
-            batch_id=self.batch_id,
-        )
+        if self.lease is None:
+            if sb.mode == "owned":  # a task's image built from its Dockerfile (Harbor tasks)
+                await ensure_task_image(self.task, self.config, self.run_dir, self.emit)
+            self.sandbox = await seed.allocate(
+                provider,
+                self.config,
+                self.task,
+                self.run_id,
+                endpoint=self.endpoint,
+                cache_dir=installer.config.cache_dir,
+                requested_user=requested,
+                batch_id=self.batch_id,
+            )
+        assert self.sandbox is not None
 
         # Failures the provider recovered from without raising go to the event stream (shown, never
         # the outcome), stamped with the stage the episode is in (a provider only knows what failed).
@@ -671,16 +686,28 @@ class Episode(EpisodeControl):
         await seed.stage(self.sandbox, self.config, self.task, seeded.user, self.endpoint)
 
         self._enter(Phase.INSTALL)
-        self.installed = await install.install(
-            self.sandbox,
-            installer,
-            run_id=self.run_id,
-            task=self.task,
-            config=self.config,
-            endpoint=self.endpoint,
-            user=seeded.user,
-            emit=self.emit,
-        )
+        if self.lease is not None:
+            for event in self.lease.events:  # what its preparation said (cached, ripgrep, ...)
+                self.emit(event)
+            self.installed = install.prepared(
+                self.lease.runtime,
+                run_id=self.run_id,
+                task=self.task,
+                config=self.config,
+                endpoint=self.endpoint,
+                user=seeded.user,
+            )
+        else:
+            self.installed = await install.install(
+                self.sandbox,
+                installer,
+                run_id=self.run_id,
+                task=self.task,
+                config=self.config,
+                endpoint=self.endpoint,
+                user=seeded.user,
+                emit=self.emit,
+            )
 
         self._enter(Phase.AGENT)
         self.session = agent.open_session(
@@ -768,6 +795,8 @@ class Episode(EpisodeControl):
         await self._release(deadline)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(stack.aclose(), 10)
+        if self.lease is not None:
+            self.lease.finished()
         if self._cancel is not None:
             self._record_cancel()
         self._enter(Phase.DONE, state=StepState.OK)
@@ -842,6 +871,7 @@ class Episode(EpisodeControl):
             cancelled_by=cancelled_by,
             durations_s=dict(self.durations),
             sandbox_kept=self._keep and self.sandbox is not None,
+            warm=self.lease is not None,
             health=self.health.summary() if self.health else {},
             human_intervened=self.human_intervened,
             interventions=len(self.debugger.interventions) if self.debugger else 0,

@@ -76,3 +76,21 @@ async def install(
             failure_from(exc, "install_failed", FailureStage.INSTALL, "install opencode")
         ) from exc
     return Installed(harness=harness, runtime=runtime)
+
+
+def prepared(
+    runtime: PreparedRuntime,
+    *,
+    run_id: str,
+    task: Task,
+    config: AgentConfig,
+    endpoint: ModelEndpoint,
+    user: SandboxUser,
+) -> Installed:
+    """The install phase of a warm sandbox: its runtime was prepared by the batch's pool (the same
+    ``prepare_runtime``, earlier); only this run's harness is built."""
+    from core.runtime.opencode import OpenCodeHarness
+
+    harness = OpenCodeHarness(run_id, task, config, endpoint)
+    harness.owner = user.ids  # sandbox user (issue 17)
+    return Installed(harness=harness, runtime=runtime)

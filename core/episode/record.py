@@ -68,6 +68,8 @@ class EpisodeResult(BaseModel):
     model_calls_edited: int = 0  # the model answered, a person edited the reply (issue 27)
     artifacts_error: str | None = None  # the run directory stopped taking writes: what and why
     sandbox_kept: bool = False
+    # The sandbox was prepared ahead by the batch's warm pool (the attempt's WarmSandbox event says when).
+    warm: bool = False
     health: dict[str, int] = Field(default_factory=dict)  # episode-health warnings by kind (core/health.py)
     # Limits asked for that the provider did not enforce (``limits.enforce: warn`` ran anyway).
     unenforced_limits: list[str] = Field(default_factory=list)

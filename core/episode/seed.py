@@ -64,6 +64,36 @@ def model_socket(config: AgentConfig, endpoint: ModelEndpoint) -> str | None:
     return endpoint.unix_path if config.sandbox.network == "model-only" else None
 
 
+def owned_spec(
+    config: AgentConfig,
+    task: Task,
+    run_id: str,
+    *,
+    socket: str | None,
+    cache_dir: Path,
+    requested_user: str | None,
+    labels: dict[str, str],
+) -> SandboxSpec:
+    """An owned sandbox for ``task`` (the warm pool builds the same one ahead of its episode)."""
+    from core.runtime.prepare import RUNTIME_CACHE_MOUNT
+
+    sb = config.sandbox
+    return SandboxSpec(
+        run_id=run_id,
+        image=sb.image or task.image,
+        workdir=task.workdir,
+        memory_bytes=task.limits.memory_bytes,
+        cpus=task.limits.cpus,
+        pids_limit=task.limits.pids_limit(config.limits),
+        disk_bytes=task.limits.disk_bytes(config.limits),
+        network=sb.network,
+        model_socket=socket,
+        mounts=[Mount(source=str(cache_dir), target=RUNTIME_CACHE_MOUNT)],
+        user=requested_user,
+        labels={LABEL_RUN: run_id, LABEL_OWNER: default_owner(), **labels},
+    )
+
+
 async def allocate(
     provider: SandboxProvider,
     config: AgentConfig,
@@ -81,8 +111,6 @@ async def allocate(
 
     ``ExpectedRefusal`` passes through (a refusal is control flow); a provider's other failure is the
     seed phase's ``sandbox_allocation_failed``."""
-    from core.runtime.prepare import RUNTIME_CACHE_MOUNT
-
     sb = config.sandbox
     # The cache is bind-mounted read-only into owned sandboxes; it must exist before the mount.
     Path(cache_dir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
@@ -90,24 +118,14 @@ async def allocate(
         if sb.mode == "borrowed":
             assert sb.sandbox_id is not None
             return await provider.connect(sb.sandbox_id)
-        spec = SandboxSpec(
-            run_id=run_id,
-            image=sb.image or task.image,
-            workdir=task.workdir,
-            memory_bytes=task.limits.memory_bytes,
-            cpus=task.limits.cpus,
-            pids_limit=task.limits.pids_limit(config.limits),
-            disk_bytes=task.limits.disk_bytes(config.limits),
-            network=sb.network,
-            model_socket=model_socket(config, endpoint),
-            mounts=[Mount(source=str(cache_dir), target=RUNTIME_CACHE_MOUNT)],
-            user=requested_user,
-            labels={
-                LABEL_RUN: run_id,
-                LABEL_OWNER: default_owner(),
-                "opencode-tui.task": task.id,
-                **({LABEL_BATCH: batch_id} if batch_id else {}),
-            },
+        spec = owned_spec(
+            config,
+            task,
+            run_id,
+            socket=model_socket(config, endpoint),
+            cache_dir=cache_dir,
+            requested_user=requested_user,
+            labels={"opencode-tui.task": task.id, **({LABEL_BATCH: batch_id} if batch_id else {})},
         )
         return await provider.create(spec)
     except ExpectedRefusal:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,9 +273,15 @@ class HttpServer:
         self,
         host: str | None = "127.0.0.1",
         port: int | None = 0,
-        unix_path: str | os.PathLike[str] | None = None,
+        unix_path: str | os.PathLike[str] | socket.socket | None = None,
     ) -> None:
-        if unix_path is not None:
+        if isinstance(unix_path, socket.socket):
+            # Bound and listening already (a warm sandbox's bind mount holds this very socket file:
+            # a new socket at the same path would be another inode, unseen inside).
+            srv = await asyncio.start_unix_server(self._on_conn, sock=unix_path, limit=MAX_HEADER_BYTES)
+            self._servers.append(srv)
+            self.unix_path = str(unix_path.getsockname())
+        elif unix_path is not None:
             path = Path(unix_path)
             _remove_stale_socket(path)
             srv = await asyncio.start_unix_server(self._on_conn, path=str(path), limit=MAX_HEADER_BYTES)
@@ -346,7 +353,7 @@ class HttpService:
 
     host: str
     _port: int | None
-    _unix_path: str | os.PathLike[str] | None
+    _unix_path: str | os.PathLike[str] | socket.socket | None
     _server: HttpServer
 
     async def start(self) -> Self:

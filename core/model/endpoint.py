@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +94,7 @@ class ModelEndpoint:
         on_call: Callable[[Event], Any],
         gate: CallGate | None = None,
         replay: Replayer | None = None,
+        listen: tuple[socket.socket, str] | None = None,
     ) -> None:
         self.task = task
         self.settings = settings
@@ -106,10 +108,13 @@ class ModelEndpoint:
         self.replay = replay  # rerun/fork: the parent's recorded answers (core.model.replay)
         # OpenCode's API key for the proxy: only this episode's OpenCode can spend the upstream key.
         self.access_token = secrets.token_urlsafe(24)
+        # A warm sandbox's socket (bound and listening, its file bind-mounted into the sandbox) and its
+        # private directory: served here, and removed with the endpoint (core/episode/pool.py).
+        self._listen = listen
 
     async def __aenter__(self) -> ModelEndpoint:
         # Unix socket paths are limited to ~108 bytes: keep it short, private, and outside the run dir.
-        self._tmp = tempfile.mkdtemp(prefix="octui-")
+        self._tmp = self._listen[1] if self._listen else tempfile.mkdtemp(prefix="octui-")
         try:
             upstream = self.settings.url
             if upstream is None:
@@ -126,7 +131,7 @@ class ModelEndpoint:
                 record_dir=self.run_dir,
                 on_call=self._on_call,
                 api_key_env=self.settings.api_key_env,
-                unix_path=f"{self._tmp}/model.sock",
+                unix_path=self._listen[0] if self._listen else f"{self._tmp}/model.sock",
                 host=self.settings.proxy_host,
                 access_token=self.access_token,
                 gate=self.gate,

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import threading
 import zlib
 from collections.abc import Awaitable, Callable
@@ -323,7 +324,7 @@ class ModelProxy(HttpService):
         auth_header: str = "Authorization",
         host: str = "127.0.0.1",
         port: int | None = 0,
-        unix_path: str | os.PathLike[str] | None = None,
+        unix_path: str | os.PathLike[str] | socket.socket | None = None,
         upstream_uds: str | os.PathLike[str] | None = None,
         connect_timeout: float = 30.0,
         read_timeout: float | None = None,

@@ -45,6 +45,10 @@ LABEL_INVOCATION = "opencode-tui.invocation"
 # The batch an episode's sandbox belongs to (``run --batch``): ``sweep --batch ID`` removes a batch's
 # leftovers, and the Ray executor sweeps a lost worker's node by batch and run.
 LABEL_BATCH = "opencode-tui.batch"
+# A warm sandbox prepared ahead of its episode (core/episode/pool.py; value: the batch id). Its run
+# label is the pool's (``pool-…``), not the episode's that later uses it: ``sweep`` finds it by owner
+# and creating process like any leftover, ``sweep --batch ID`` by batch.
+LABEL_POOL = "opencode-tui.pool"
 # Where the model proxy's Unix socket appears inside a model-only sandbox.
 SANDBOX_MODEL_SOCKET = "/run/opencode-tui/model.sock"
 

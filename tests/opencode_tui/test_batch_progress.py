@@ -75,7 +75,9 @@ def test_a_batch_says_when_attempts_start_retry_and_end(tmp_path: Path) -> None:
     )
     assert (
         err[-1]
-        == "opencode-tui: 1 of 2 scored; 1 failed: model_server_error x1; health warnings: retry_storm x1"
+        == "opencode-tui: 1 of 2 scored; 1 failed: model_server_error x1; health warnings: retry_storm x1; "
+        # the warm pool (on by default): the second task's sandbox was prepared while the first ran
+        "warm sandboxes: 1 prepared, 1 used, 0 discarded"
     )
 
 

@@ -1,0 +1,173 @@
+"""The batch's warm pool (issue 31): sandboxes prepared ahead of their episodes, each used once, every
+unused one released and confirmed. Real episodes on docker and local (bubblewrap), the real OpenCode
+binary, the embedded scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from core.artifacts import RunDirReader
+from core.batch import run_batch
+from core.config import AgentConfig, BatchSettings, warm_depth
+from core.episode.pool import WarmPool, pool_key
+from core.events import EpisodeStarted, WarmSandbox
+from core.sandbox.base import LABEL_BATCH, LABEL_POOL
+from core.sandbox.providers import get_provider
+from core.tasks import Task, load_task
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
+OTHER_IMAGE = "opencode-tui/base-norg:bookworm"
+
+
+def _tasks(root: Path, n: int, image: str | None = None) -> list[Task]:
+    out = []
+    for i in range(n):
+        d = root / f"hello-{i}"
+        shutil.copytree(SAMPLES / "hello-file", d)
+        text = (d / "task.yaml").read_text().replace("id: hello-file", f"id: hello-{i}")
+        if image is not None:
+            text += f"image: {image}\n"
+        (d / "task.yaml").write_text(text)
+        out.append(load_task(d))
+    return out
+
+
+async def _left(provider: str, config: AgentConfig, owner: str, label: str, value: str) -> list[str]:
+    records = await get_provider(provider, config).listed(owner=owner)
+    return [r.sandbox_id for r in records if r.labels.get(label) == value]
+
+
+def test_the_default_depth_is_the_free_cpu():
+    assert warm_depth(BatchSettings(), jobs=1, cpus=2) == 1
+    assert warm_depth(BatchSettings(), jobs=2, cpus=8) == 4  # at most 4
+    assert warm_depth(BatchSettings(), jobs=4, cpus=2) == 1  # at least 1
+    assert warm_depth(BatchSettings(warm=0), jobs=1, cpus=8) == 0  # off
+    assert warm_depth(BatchSettings(warm=3), jobs=1, cpus=2) == 3
+
+
+def test_the_key_names_what_must_match(tmp_path):
+    config = AgentConfig()
+    [a] = _tasks(tmp_path / "a", 1)
+    [b] = _tasks(tmp_path / "b", 1, image=OTHER_IMAGE)
+    assert pool_key(a, config) is not None and pool_key(a, config) != pool_key(b, config)
+    user = config.model_copy(update={"sandbox": config.sandbox.model_copy(update={"user": "1000"})})
+    assert pool_key(a, user) != pool_key(a, config)
+    borrowed = config.model_copy(
+        update={"sandbox": config.sandbox.model_copy(update={"mode": "borrowed", "sandbox_id": "x"})}
+    )
+    assert pool_key(a, borrowed) is None
+
+
+@pytest.mark.slow
+async def test_a_batch_of_four_with_warm_two(episode_provider, tmp_path, test_owner):
+    """Every attempt after the first got a sandbox whose preparation finished before the attempt
+    started (its events say so); all scored; nothing left, prepared ones included."""
+    config = AgentConfig.model_validate(
+        {"sandbox": {"provider": episode_provider}, "batch": {"warm": 2}, "policy": {"max_attempts": 1}}
+    )
+    tasks = _tasks(tmp_path / "tasks", 4)
+    summary = await run_batch(tasks, config, runs_dir=tmp_path / "runs", jobs=1)
+    assert summary.scored == 4, summary.line()
+    assert summary.warm is not None
+    assert (summary.warm.prepared, summary.warm.used, summary.warm.discarded) == (3, 3, 0)
+    assert "warm sandboxes: 3 prepared, 3 used, 0 discarded" in summary.line()
+    by_task = {r.task_id: r for r in summary.results}
+    for i, task in enumerate(tasks):
+        result = by_task[task.id]
+        assert result.cleanup_confirmed and result.warm is (i > 0)
+        events = list(RunDirReader(Path(result.run_dir)).events())
+        warm = [e for e in events if isinstance(e, WarmSandbox)]
+        if i == 0:
+            assert warm == []  # it started at once: nothing to prepare ahead
+            continue
+        [started] = [e for e in events if isinstance(e, EpisodeStarted)]
+        [w] = warm
+        assert w.prepared_at <= started.ts, (w, started.ts)
+        assert w.sandbox_id == result.sandbox_id and w.pool_run.startswith("pool-")
+    assert await _left(episode_provider, config, test_owner, LABEL_BATCH, summary.batch_id or "") == []
+
+
+@pytest.mark.slow
+async def test_a_task_with_another_image_is_not_given_the_prepared_sandbox(
+    episode_provider, tmp_path, test_owner
+):
+    config = AgentConfig.model_validate({"sandbox": {"provider": episode_provider}})
+    first, same = _tasks(tmp_path / "x", 2)
+    [other] = _tasks(tmp_path / "y", 1, image=OTHER_IMAGE)
+    pool = WarmPool(config, depth=1, batch_id="bwarmtest01")
+    try:
+        pool.plan([first, same], starting=1)  # the first starts at once: one is prepared, for `same`
+        deadline = time.monotonic() + 120
+        while pool.counts.prepared + pool.counts.failed < 1:
+            assert time.monotonic() < deadline, "nothing was prepared"
+            await asyncio.sleep(0.1)
+        assert pool.counts.prepared == 1
+        assert await pool.take(other) is None  # another image: not given the prepared one
+        lease = await pool.take(same)
+        assert lease is not None and lease.event.waited_s == 0
+        if episode_provider == "docker":
+            image = subprocess.run(
+                ["docker", "inspect", "-f", "{{.Config.Image}}", lease.sandbox.sandbox_id],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            assert image == same.image
+        await lease.sandbox.release()
+        lease.finished()
+    finally:
+        counts = await pool.close()
+    assert (counts.used, counts.discarded) == (1, 0)
+    assert await _left(episode_provider, config, test_owner, LABEL_POOL, "bwarmtest01") == []
+
+
+@pytest.mark.slow
+async def test_an_unused_prepared_sandbox_is_released_and_confirmed(episode_provider, tmp_path, test_owner):
+    """The batch ends (or is cancelled) with sandboxes prepared for tasks that never ran: each is
+    released, and its engine confirms it gone."""
+    config = AgentConfig.model_validate({"sandbox": {"provider": episode_provider}})
+    tasks = _tasks(tmp_path / "x", 3)
+    pool = WarmPool(config, depth=2, batch_id="bwarmtest02")
+    try:
+        pool.plan(tasks, starting=1)
+        deadline = time.monotonic() + 180
+        while pool.counts.prepared + pool.counts.failed < 2:
+            assert time.monotonic() < deadline, "nothing was prepared"
+            await asyncio.sleep(0.1)
+        assert len(await _left(episode_provider, config, test_owner, LABEL_POOL, "bwarmtest02")) == 2
+    finally:
+        counts = await pool.close()
+    assert (counts.prepared, counts.used, counts.discarded, counts.released_confirmed) == (2, 0, 2, 2)
+    assert await _left(episode_provider, config, test_owner, LABEL_POOL, "bwarmtest02") == []
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_prepared_sandbox_past_its_max_age_is_discarded_never_used(tmp_path, test_owner):
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}, "batch": {"warm_max_age_s": 1}})
+    first, same = _tasks(tmp_path / "x", 2)
+    pool = WarmPool(config, depth=1, batch_id="bwarmtest03")
+    try:
+        pool.plan([first, same], starting=1)
+        deadline = time.monotonic() + 120
+        while pool.counts.prepared + pool.counts.failed < 1:
+            assert time.monotonic() < deadline, "nothing was prepared"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)
+        # The first one waited too long: released, and another prepared for the task still to run.
+        lease = await pool.take(same)
+        assert lease is None or lease.event.pool_run != "pool-bwarmtest03-1"
+        if lease is not None:
+            assert lease.event.age_s <= 1
+            await lease.sandbox.release()
+            lease.finished()
+    finally:
+        counts = await pool.close()
+    assert counts.discarded >= 1 and counts.used <= 1
+    assert counts.released_confirmed == counts.discarded
+    assert await _left("local", config, test_owner, LABEL_POOL, "bwarmtest03") == []

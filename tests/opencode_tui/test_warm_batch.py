@@ -1,0 +1,129 @@
+"""The warm pool on every way out of ``run --batch`` (issue 31): a signal releases the prepared,
+unused sandboxes and confirms it; after a SIGKILL ``sweep`` removes them. Real docker and local
+(bubblewrap) sandboxes, the real OpenCode binary, the embedded scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.config import AgentConfig
+from core.sandbox.base import LABEL_POOL
+from core.sandbox.providers import get_provider
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
+CLI = [sys.executable, "-m", "opencode_tui.cli"]
+BUSY = {
+    "steps": [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 60", "description": "wait"}}]},
+        {"text": "done"},
+    ]
+}
+
+
+@pytest.fixture(
+    params=[pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)]
+)
+def provider(request) -> str:
+    if request.param == "docker":
+        from tests.core.conftest import require_docker_image
+
+        require_docker_image()
+    return request.param
+
+
+def _pooled(provider: str, owner: str) -> list[str]:
+    config = AgentConfig.model_validate({"sandbox": {"provider": provider}})
+    records = asyncio.run(get_provider(provider, config).listed(owner=owner))
+    return [r.sandbox_id for r in records if LABEL_POOL in r.labels]
+
+
+def _start(provider: str, tmp_path: Path) -> subprocess.Popen[str]:
+    """Four busy tasks, one at a time, two prepared ahead."""
+    tasks = []
+    for i in range(4):
+        d = tmp_path / "tasks" / f"busy-{i}"
+        shutil.copytree(SAMPLES / "hello-file", d)
+        text = (d / "task.yaml").read_text().replace("id: hello-file", f"id: busy-{i}")
+        (d / "task.yaml").write_text(text.replace("problem_statement: |", "problem_statement: |\n  Wait.", 1))
+        (d / "trajectory.yaml").write_text(yaml.safe_dump(BUSY))
+        tasks.append(str(d))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"batch": {"warm": 2}, "policy": {"max_attempts": 1}}))
+    args = ["--batch", "--provider", provider, "--runs-dir", str(tmp_path / "runs"), "--config", str(config)]
+    return subprocess.Popen(
+        [*CLI, "run", *tasks, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_pool(proc: subprocess.Popen[str], provider: str, owner: str, n: int) -> None:
+    deadline = time.monotonic() + 180
+    while len(_pooled(provider, owner)) < n:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, f"{n} prepared sandboxes never appeared"
+        time.sleep(0.2)
+    time.sleep(3)  # their OpenCode installs (one at a time; the first task's agent sleeps 60 s)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_a_signal_releases_the_prepared_sandboxes_confirmed(sig, code, provider, tmp_path, test_owner):
+    proc = _start(provider, tmp_path)
+    try:
+        _wait_for_pool(proc, provider, test_owner, 2)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err
+    assert _pooled(provider, test_owner) == []
+    summary = err.strip().splitlines()[-1]
+    assert re.search(r"warm sandboxes: [12] prepared, 0 used, 2 discarded$", summary), summary
+
+
+@pytest.mark.slow
+def test_sweep_removes_the_prepared_sandboxes_a_sigkill_left(provider, tmp_path, test_owner):
+    proc = _start(provider, tmp_path)
+    try:
+        _wait_for_pool(proc, provider, test_owner, 2)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert len(_pooled(provider, test_owner)) == 2, "kill -9 should have left the prepared sandboxes"
+    r = subprocess.run(
+        [*CLI, "sweep", "--provider", provider], capture_output=True, text=True, timeout=120, env=os.environ
+    )
+    assert r.returncode == 0, r.stderr
+    assert _pooled(provider, test_owner) == []
+
+
+def test_the_event_log_names_a_warm_sandbox():
+    from datetime import UTC, datetime
+
+    from core.events import WarmSandbox
+    from opencode_tui.format import summarize
+
+    ev = WarmSandbox(
+        sandbox_id="sb1",
+        provider="local",
+        prepared_at=datetime.now(UTC),
+        prepare_s=1.25,
+        waited_s=0,
+        age_s=3,
+        pool_run="pool-b1-1",
+    )
+    assert summarize(ev) == "sandbox sb1 prepared ahead (1.25s, waited 0.00s)"
