@@ -365,7 +365,8 @@ class BatchSettings(_Model):
 
     # Warm sandboxes prepared ahead of the running episodes (sandbox created, OpenCode installed),
     # each used by exactly one episode (core/episode/pool.py). 0: off. None: sized to the free CPU
-    # (``warm_depth``: one per core not taken by ``--jobs``, at least 1, at most 4).
+    # (``warm_depth``: one per core not taken by ``--jobs``, at most 4; none when every core runs an
+    # episode, where preparing ahead would only slow the running ones).
     warm: int | None = Field(default=None, ge=0, le=64)
     # A prepared sandbox older than this is released unused (counted as discarded), never used.
     warm_max_age_s: float = Field(default=600.0, gt=0)
@@ -375,7 +376,7 @@ def warm_depth(settings: BatchSettings, jobs: int, cpus: int | None) -> int:
     """The pool depth: the configured one, else a core per warm sandbox beyond the ``jobs`` running."""
     if settings.warm is not None:
         return settings.warm
-    return max(1, min(4, (cpus or 1) - max(1, jobs)))
+    return max(0, min(4, (cpus or 1) - max(1, jobs)))
 
 
 class DebugSettings(_Model):

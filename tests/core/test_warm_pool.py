@@ -46,7 +46,8 @@ async def _left(provider: str, config: AgentConfig, owner: str, label: str, valu
 def test_the_default_depth_is_the_free_cpu():
     assert warm_depth(BatchSettings(), jobs=1, cpus=2) == 1
     assert warm_depth(BatchSettings(), jobs=2, cpus=8) == 4  # at most 4
-    assert warm_depth(BatchSettings(), jobs=4, cpus=2) == 1  # at least 1
+    assert warm_depth(BatchSettings(), jobs=2, cpus=2) == 0  # no free core: none
+    assert warm_depth(BatchSettings(), jobs=4, cpus=2) == 0
     assert warm_depth(BatchSettings(warm=0), jobs=1, cpus=8) == 0  # off
     assert warm_depth(BatchSettings(warm=3), jobs=1, cpus=2) == 3
 
