@@ -100,6 +100,9 @@ class AnswerFault(StrEnum):
     NO_CHOICES = "no_choices"  # a chat-completions answer without a single choice
     UNTERMINATED = "unterminated"  # a stream that ended without [DONE] or a finish/stop event
     ERROR_OBJECT = "error_object"  # the body, or an event of the stream, is an error object
+    # a chat stream that ended with nothing in it and no finish reason: the server stopped without
+    # answering (llama.cpp's server does this to a title call when its chat format cannot stream)
+    NOTHING = "nothing"
 
 
 ANSWER_FAULT_WORDS = {
@@ -107,6 +110,7 @@ ANSWER_FAULT_WORDS = {
     AnswerFault.NO_CHOICES: "no choices",
     AnswerFault.UNTERMINATED: "a stream that ended without [DONE] or a finish reason",
     AnswerFault.ERROR_OBJECT: "an error object",
+    AnswerFault.NOTHING: "a stream with nothing in it and no finish reason",
 }
 
 

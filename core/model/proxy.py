@@ -253,6 +253,11 @@ def _judge_stream(
         return AnswerFault.NO_CHOICES, None
     if not scan.ended and scan.finish_reason is None:
         return AnswerFault.UNTERMINATED, None
+    if _is_chat(path) and scan.finish_reason is None and not scan.first_token and not scan.errors:
+        # Ended, but neither said anything nor why it stopped. (An empty answer that gives a finish
+        # reason is the model's choice to say nothing: a good call that produced nothing; a stream
+        # with malformed chunks is a malformed answer, its own kind.)
+        return AnswerFault.NOTHING, None
     return None, None
 
 

@@ -132,6 +132,18 @@ async def test_a_complete_stream_with_nothing_in_it_is_good_but_produced_nothing
     assert not rec.failed and rec.produced is False and ev.produced is False
 
 
+async def test_a_stream_with_nothing_in_it_and_no_finish_reason_is_failed(answer) -> None:
+    """What llama.cpp's server sends a title call it cannot stream: a role-only chunk, then [DONE]."""
+    role_only = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}],
+    }
+    _, rec, ev = await answer(SSE, _sse(role_only))
+    assert rec.answer_fault is AnswerFault.NOTHING and ev.failed and rec.produced is False
+    assert rec.error == "no answer: HTTP 200 with a stream with nothing in it and no finish reason"
+
+
 async def test_json_answers_judged_too(answer) -> None:
     good = {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]
