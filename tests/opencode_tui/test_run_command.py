@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from core.artifacts import RunDirReader, RunFiles
-from core.events import PhaseChanged
+from core.events import Intervention, PhaseChanged
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 CLI = [sys.executable, "-m", "opencode_tui.cli"]
@@ -327,21 +327,43 @@ def test_read_only_runs_directory_starts_nothing(small_disk):
     assert r.stdout == ""
 
 
+def _wait_for_hold(runs: Path, proc: subprocess.Popen, timeout: float = 120) -> Path:
+    """The run directory once the debugger holds a model call (its ``break`` intervention)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        for events in runs.glob("*/events.jsonl"):
+            for e in RunDirReader(events.parent, check=False).events(strict=False):
+                if isinstance(e, Intervention) and e.what == "break":
+                    return events.parent
+        time.sleep(0.05)
+    raise AssertionError("no call was ever held")
+
+
 @pytest.mark.slow
 @pytest.mark.docker
-def test_next_run_reports_what_a_kill_9_interrupted(task_copy, tmp_path, test_owner):
+@pytest.mark.parametrize("held", [False, True], ids=["running", "held"])
+def test_next_run_reports_what_a_kill_9_interrupted(task_copy, tmp_path, test_owner, held):
+    """``held``: the controller dies while the debugger holds a model call (issue 27): handled like
+    any killed controller (the next run says what was interrupted, sweep finds the sandbox), and the
+    held run is not waited on (`ctl` says it is not live)."""
     task = task_copy()
     runs = tmp_path / "runs"
+    breaks = ["--break", "call:2"] if held else []
     proc = subprocess.Popen(
-        [*CLI, "run", str(task), "--batch", "--provider", "docker", "--runs-dir", str(runs)],
+        [*CLI, "run", str(task), "--batch", "--provider", "docker", "--runs-dir", str(runs), *breaks],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
-        run_dir = _wait_for_phase(runs, "agent", proc)
+        run_dir = _wait_for_hold(runs, proc) if held else _wait_for_phase(runs, "agent", proc)
     finally:
         proc.kill()
         proc.wait(30)
+    if held:
+        # Nothing waits on the dead run: `ctl` says it is not live (one line, exit 2) at once.
+        r = run_cli("ctl", str(run_dir), "status", timeout=30)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert json.loads((run_dir / RunFiles.RUN_INFO).read_text())["outcome"] is None
     r = run_cli(
         "run", str(SAMPLES / "hello-file"), "--batch", "--provider", "docker", "--runs-dir", str(runs)
