@@ -175,7 +175,8 @@ class ModelCall(_Event):
     path: str
     status: int | None
     started_at: datetime
-    latency_s: float | None
+    latency_s: float | None  # the hold (``held_s``) left out: a forwarded call's latency is the model's
+    held_s: float | None = None  # the debugger held the request this long (issue 27)
     ttft_s: float | None = None
     kind: Literal["title", "agent", "compaction", "other"] = "other"
     session_id: str | None = None

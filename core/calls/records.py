@@ -132,7 +132,10 @@ class ModelCallRecord(BaseModel):
     status: int | None = None  # upstream HTTP status; None: no response from upstream
     proxy_status: int | None = None  # what the proxy answered (502 when upstream failed)
     started_at: datetime
+    # From the request to the end of the answer, less the time the debugger held the call (the
+    # model's time, not the person's): a held call says how long in ``held_s``.
     latency_s: float | None = None
+    held_s: float | None = None  # the debugger held the request this long before it went on
     ttfb_s: float | None = None  # first response byte from upstream
     ttft_s: float | None = None  # first generated token (first content/tool-call delta)
     kind: CallKind = "other"
@@ -176,6 +179,7 @@ class ModelCallRecord(BaseModel):
             status=self.status,
             started_at=self.started_at,
             latency_s=self.latency_s,
+            held_s=self.held_s,
             ttft_s=self.ttft_s,
             kind=self.kind,
             session_id=self.session_id,

@@ -609,7 +609,11 @@ class ModelProxy(HttpService):
         try:
             if self.gate is not None and rec.kind == "agent" and req.method == "POST":
                 held = HeldCall(call_id=rec.call_id, kind=rec.kind, request_body=body_json)
+                hold_began = loop.time()
                 verdict = await watch.run(self.gate.hold(held))
+                rec.held_s = round(loop.time() - hold_began, 3)
+                # The latency and time to first token are the model's: the clock starts again here.
+                t0 += loop.time() - hold_began
                 if verdict.edit_reply:
                     edit = held
                 elif verdict.action is not Release.FORWARD:

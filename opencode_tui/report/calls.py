@@ -81,7 +81,9 @@ def call_html(n: int, c: CallDetail, r: RunReport) -> str:
     summary = (
         f'<span class="mono">#{n} {esc(fmt.offset(ev.started_at, start))}</span> · {esc(ev.kind)} · '
         f'<b class="{"err" if failed else "ok"}">{esc(fmt.status_word(ev))}</b> · '
-        f"{esc(fmt.seconds(ev.latency_s))} · tokens {esc(fmt.count(ev.tokens_in))}/{esc(fmt.count(ev.tokens_out))}"
+        f"{esc(fmt.seconds(ev.latency_s))}"
+        + (f" (held {esc(fmt.seconds(ev.held_s))})" if ev.held_s else "")
+        + f" · tokens {esc(fmt.count(ev.tokens_in))}/{esc(fmt.count(ev.tokens_out))}"
         f' · <span class="mono muted">{esc(ev.call_id)}</span>'
         + (f' · <span class="err">{esc(fmt.short(words, 100))}</span>' if words else "")
     )

@@ -252,6 +252,11 @@ class ModelCallScreen(ModalScreen[None]):
             ("kind", c.kind),
             ("status", fmt.DASH if c.status is None else str(c.status)),
             ("latency", fmt.seconds(c.latency_s, 3)),
+            *(
+                [("held", f"{fmt.seconds(c.held_s, 3)} by the debugger (not in the latency)")]
+                if c.held_s
+                else []
+            ),
             ("TTFT", fmt.seconds(c.ttft_s, 3)),
             ("tokens in / out", f"{fmt.count(c.tokens_in)} / {fmt.count(c.tokens_out)}"),
             ("cache read / reasoning", f"{fmt.count(c.tokens_cache_read)} / {fmt.count(c.tokens_reasoning)}"),

@@ -180,6 +180,28 @@ async def test_stream_conditions_hold_the_next_call_once(cond, other, event, rea
     assert (await debugger.hold(call)).action is Release.FORWARD
 
 
+async def test_a_held_calls_latency_is_the_models_and_the_hold_is_recorded_apart(tmp_path):
+    """A person holds the call for 2 s: the record says so (``held_s``), and its latency is what the
+    model took after the release (with the hold in it, the latency would exceed the hold)."""
+    debugger = Debugger(
+        ["call:1"], emit=lambda _e: None, on_intervened=lambda _w: None, phase=lambda: "agent"
+    )
+    async with (
+        ScriptedModel(TRAJECTORY, placeholders={"workdir": "/app"}) as model,
+        ModelProxy(model.url, record_dir=tmp_path, gate=debugger) as proxy,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30) as client,
+    ):
+        first = asyncio.ensure_future(client.post("/chat/completions", json=AGENT_BODY))
+        await _until(lambda: debugger.held is not None)
+        await asyncio.sleep(2.0)
+        assert debugger.continue_("test").ok
+        assert (await first).status_code == 200
+    [rec] = [json.loads(x) for x in (tmp_path / "model_calls.jsonl").read_text().splitlines()]
+    assert rec["held_s"] >= 2.0
+    assert rec["latency_s"] is not None and 0 < rec["latency_s"] < rec["held_s"]
+    assert 0 < rec["ttft_s"] <= rec["latency_s"]
+
+
 async def test_a_client_that_hangs_up_while_held_has_its_retry_held(tmp_path):
     """OpenCode gives up on a held call after its request timeout and retries: the retry is held."""
     debugger = Debugger(["call:1"], emit=lambda _: None, on_intervened=lambda _: None, phase=lambda: "agent")
