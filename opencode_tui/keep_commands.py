@@ -223,7 +223,11 @@ async def _interact(handle: Any) -> None:
     async def forward() -> None:
         while data := await writes.get():
             await handle.write(data)
-        await handle.write(b"\x04")  # our input ended (a pipe): end the shell's input too
+        # Our input ended (a pipe or a file; a terminal's ^D arrives as a byte in raw mode). The
+        # shell is told to exit after what it was given: a ^D would not do, since the shell's line
+        # editor takes it as delete-char on an unfinished last line, and it is lost if it arrives
+        # while a command runs. The newline finishes a last line that had none.
+        await handle.write(b"\nexit\n")
 
     resizes: set[asyncio.Task[None]] = set()
 

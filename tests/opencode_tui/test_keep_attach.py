@@ -114,14 +114,20 @@ def test_attach_to_a_kept_local_sandbox_after_the_run_exited(env, tmp_path):
     assert f"\r{os.getuid()}\r\n" in seen and "Hello from OpenCode" in seen
     seen = shell_roundtrip(env, sid)  # by id as well
     assert "Hello from OpenCode" in seen
+    # Input from a pipe, without an `exit`: when it ends, the shell ends after running it.
+    piped = subprocess.run(
+        [*CLI, "attach", sid], input="echo PIPED''-OK", capture_output=True, text=True, env=env, timeout=60
+    )
+    assert piped.returncode == 0 and "PIPED-OK" in piped.stdout, (piped.stdout, piped.stderr)
     # Both shells are recorded in the run directory, post-mortem: they mark nothing.
     events = [json.loads(x) for x in (Path(run_dir) / RunFiles.EVENTS).read_text().splitlines()]
     opened = [e for e in events if e["type"] == "shell_opened"]
     assert [(e["shell"], e["phase"], e["marks_sample"]) for e in opened] == [
         (1, "done", False),
         (2, "done", False),
+        (3, "done", False),
     ]
-    assert len([e for e in events if e["type"] == "shell_closed"]) == 2
+    assert len([e for e in events if e["type"] == "shell_closed"]) == 3
     assert "MARK" in (Path(run_dir) / opened[0]["cast"]).read_text()
     assert json.loads((Path(run_dir) / RunFiles.RUN_INFO).read_text())["human_intervened"] is False
 
