@@ -61,15 +61,84 @@ async def test_children_are_marked_with_their_lineage(runs):
         await pilot.pause()
         lines = _lines(app.screen)
         # the name's end (its hash and attempt) stays: the mark is short where the column is
-        assert lines[FORK].lstrip().startswith("↳f@2 …") and "bf919c-a1 " in lines[FORK]
-        assert lines[RERUN].lstrip().startswith("↳r …") and "38144a-a1 " in lines[RERUN]
+        assert lines[FORK].lstrip().startswith("└f@2 …") and "bf919c-a1 " in lines[FORK]
+        assert lines[RERUN].lstrip().startswith("├ ↳r …") and "38144a-a1 " in lines[RERUN]
         assert "↳" not in lines[PARENT]
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=(230, 45)) as pilot:  # room for the full mark
         await pilot.pause()
         lines = _lines(app.screen)
-        assert lines[FORK].lstrip().startswith("↳ fork@2 ") and FORK in lines[FORK]
-        assert lines[RERUN].lstrip().startswith("↳ rerun ") and RERUN in lines[RERUN]
+        assert lines[FORK].lstrip().startswith("└ ↳ fork@2 ") and FORK in lines[FORK]
+        assert lines[RERUN].lstrip().startswith("├ ↳ rerun ") and RERUN in lines[RERUN]
+
+
+def _names(screen: RunsScreen) -> list[str]:
+    lst = screen.query_one(RunsList)
+    return [lst.get_row_at(i)[0] for i in range(lst.row_count)]
+
+
+async def test_children_are_listed_under_their_parent_whatever_the_sort(runs, tmp_path):
+    """Newest first the children (started after their parent) would come above it; by task, outcome or
+    date ascending they would be apart from it among other runs: the family stays together, the parent
+    first, the children in the sort's order; a child whose parent is filtered out stands alone."""
+    # another run of the task, between the parent and its children, and one of another task
+    for name, src in (
+        ("fix-bug-20261202-095625-aaaaaa-a1", PARENT),
+        ("hello-file-20261202-095700-bbbbbb-a1", PARENT),
+    ):
+        shutil.copytree(FAMILY / src, runs / name)
+        info = json.loads((runs / name / "run.json").read_text())
+        info["run_id"] = name
+        info["task_id"] = name.rsplit("-", 4)[0]
+        (runs / name / "run.json").write_text(json.dumps(info))
+    app = OpenCodeTUI(runs_dir=runs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        assert _names(screen) == [
+            "hello-file-20261202-095700-bbbbbb-a1",
+            "fix-bug-20261202-095625-aaaaaa-a1",
+            PARENT,
+            RERUN,  # newest first among the children too
+            FORK,
+        ]
+        for _ in range(4):  # task, outcome, kind, provider
+            await pilot.press("s")
+            await wait_for(pilot, lambda: screen._loading is None, what="the sort")
+            names = _names(screen)
+            i = names.index(PARENT)
+            assert set(names[i + 1 : i + 3]) == {FORK, RERUN}, (screen.index.sort_key, names)
+        await pilot.press("S")  # reversed: the children still below their parent
+        await pilot.pause()
+        names = _names(screen)
+        assert set(names[names.index(PARENT) + 1 :][:2]) == {RERUN, FORK}, names
+        screen.set_filter("date:09:56:44")  # the rerun alone: its parent is not shown, so it is a root
+        await pilot.pause()
+        assert _names(screen) == [RERUN]
+        assert _lines(screen)[RERUN].lstrip().startswith("↳r ")
+
+
+async def test_families_in_a_large_runs_directory_are_placed_after_the_first_screen(runs, monkeypatch):
+    """Above FAMILIES_AT_ONCE run directories the first screen reads no run.json (the children are
+    not known yet); a thread reads them and then places the children, the cursor staying on its run."""
+    import opencode_tui.screens.runs as runs_screen
+
+    monkeypatch.setattr(runs_screen, "FAMILIES_AT_ONCE", 2)
+    monkeypatch.setattr(runs_screen, "FAMILIES_AFTER_S", 3600)  # placed when the test says
+    app = OpenCodeTUI(runs_dir=runs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        lst = screen.query_one(RunsList)
+        assert _names(screen) == [RERUN, FORK, PARENT]  # newest first, not placed yet
+        lst.move_cursor(2)  # the parent (oldest)
+        screen._place_families()
+        await wait_for(
+            pilot, lambda: _names(screen) == [PARENT, RERUN, FORK], what="the family placed", timeout=10
+        )
+        assert lst.cursor_row == 0 and screen.index.entry(0).name == PARENT  # type: ignore[union-attr]
 
 
 async def _diff_of(pilot, app, row_name: str) -> DiffScreen:
