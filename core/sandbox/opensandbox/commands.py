@@ -527,7 +527,10 @@ class ExecdCommands:
         if diagnosis.oom is None and not diagnosis.terminal:
             cut = " (diagnosis deadline reached)" if diagnosis.deadline_reached else ""
             return failure.model_copy(
-                update={"evidence": [*failure.evidence, *diagnosis.evidence], "message": failure.message + cut}
+                update={
+                    "evidence": [*failure.evidence, *diagnosis.evidence],
+                    "message": failure.message + cut,
+                }
             )
         typed = self._lost_failure(
             diagnosis,

@@ -468,7 +468,9 @@ async def test_opted_in_diagnosis_stays_inside_the_hard_cap(os_env: Any, standin
     assert any(e.data.get("admitted") is True for e in failure.evidence if e.source == SOURCE_OS_DIAGNOSTICS)
 
 
-async def test_a_diagnosis_cut_by_the_hard_cap_still_reports_the_lost_status(os_env: Any, standin: Any) -> None:
+async def test_a_diagnosis_cut_by_the_hard_cap_still_reports_the_lost_status(
+    os_env: Any, standin: Any
+) -> None:
     """A loaded machine: the event loop stalls inside the diagnosis's lifecycle read until past the
     exec's hard cap, so the cap and the diagnosis's own deadline come due in the same turn of the
     loop. The status was lost before the cap, so the loss is what is reported (with the evidence
