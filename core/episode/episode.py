@@ -153,6 +153,11 @@ class Episode(EpisodeControl):
     # ---- control API ---------------------------------------------------------------------------
 
     @property
+    def replay_plan(self) -> ReplayPlan | None:
+        """A rerun's or fork's plan (before it starts too); None for any other episode."""
+        return self._child_of[0] if self._child_of is not None else None
+
+    @property
     def running(self) -> bool:
         return not self._done.is_set()
 

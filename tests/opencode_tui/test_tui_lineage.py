@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input
+from textual.widgets import Input, Label, Static
 
 from core.artifacts import RunDirReader
 from core.diff import diff_runs
@@ -345,3 +345,96 @@ async def test_F_on_the_timeline_forks_at_the_last_agent_call_before_the_cursor(
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, ReplayRunScreen) and app.lineage_request is None
+
+
+# -- F at a step whose recorded stream was cut ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cut_run(tmp_path_factory) -> Path:
+    """A real fix-bug run (local provider, the real OpenCode) whose model dropped the connection
+    mid-stream at its first request and at the edit step's (the scripted model's ``drop``); OpenCode
+    asked again each time. Agent calls: 1 (cut), 2, 3, 4 (cut), 5, 6, 7."""
+    import yaml
+
+    from core.config import AgentConfig
+    from core.episode import Episode
+    from core.tasks import load_task
+
+    base = tmp_path_factory.mktemp("cut-run")
+    task = base / "task"
+    shutil.copytree(SAMPLES / "fix-bug", task)
+    data = yaml.safe_load((task / "trajectory.yaml").read_text())
+    data["steps"][0]["fault"] = {"drop": True}
+    data["steps"][2]["fault"] = {"drop": True}
+    (task / "trajectory.yaml").write_text(yaml.safe_dump(data))
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}, "policy": {"max_attempts": 1}})
+    result = asyncio.run(Episode(load_task(task), config, runs_dir=base / "runs").run())
+    assert result.reward == 1.0, result.summary
+    return Path(result.run_dir)
+
+
+async def _select_agent_call(pilot, n: int, total: int) -> ReplayRunScreen:
+    await loaded(pilot)
+    screen = pilot.app.screen
+    assert isinstance(screen, ReplayRunScreen)
+    table = screen.query_one(ModelCallsTable)
+    await wait_for(
+        pilot,
+        lambda: sum(c.kind == "agent" for c in table.calls) == total,
+        what=f"the {total} agent calls in the table",
+    )
+    table.focus()
+    rows = [i for i, c in enumerate(table.calls) if c.kind == "agent"]
+    table.move_cursor(row=rows[n - 1], animate=False)
+    await pilot.pause()
+    return screen
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_F_at_a_cut_step_says_so_in_the_dialog_and_forks_from_the_last_complete_step(cut_run):
+    app = OpenCodeTUI(run_dir=cut_run)
+    async with app.run_test(size=SIZE) as pilot:
+        await _select_agent_call(pilot, 4, 7)
+        await pilot.press("F")
+        await wait_for(pilot, lambda: isinstance(app.screen, ForkScreen), what="the fork modal")
+        modal = app.screen
+        assert isinstance(modal, ForkScreen)
+        assert "Fork at step 3 of 7" in str(modal.query_one("#question", Label).render())
+        moved = str(modal.query_one("#fork-moved", Static).render())
+        assert moved.startswith("⚠ step 4's recorded answer was cut mid-stream (upstream stream broken")
+        assert moved.endswith("the fork starts from step 3, the last complete step")
+        assert "Agent model calls 1-3 are answered" in str(modal.query_one("#detail", Static).render())
+        await pilot.press("escape")
+        await pilot.pause()
+        # step 1 was cut and nothing comes before it: no dialog, the reason instead
+        await _select_agent_call(pilot, 1, 7)
+        await pilot.press("F")
+        await pilot.pause()
+        assert isinstance(app.screen, ReplayRunScreen) and app.lineage_request is None
+        said = [str(n.message) for n in app._notifications if "No fork" in str(n.message)]
+        assert len(said) == 1 and "step 1's recorded answer was cut mid-stream" in said[0], said
+        assert "nothing to fork from" in said[0] and "R reruns the run instead" in said[0]
+
+
+def test_snapshot_fork_modal_at_a_cut_step(forkable, snap_compare, monkeypatch):
+    """The dialog's warning line, laid out at 80x24. The fixture's step 3 is marked as the proxy marks a
+    dropped stream (the picture must not depend on a run made here); the real cut is the test above."""
+    calls = forkable / "model_calls.jsonl"
+    lines = [json.loads(ln) for ln in calls.read_text().splitlines()]
+    agent = sorted((c for c in lines if c["kind"] == "agent"), key=lambda c: c["started_at"])
+    agent[2]["error"] = "upstream stream broken: ReadError"
+    calls.write_text("".join(json.dumps(c) + "\n" for c in lines))
+
+    async def setup(pilot):
+        await _replay_with_agent_call(pilot, 3)
+        await pilot.press("F")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, ForkScreen), what="the fork modal")
+        for box in pilot.app.screen.query(Input):
+            box.cursor_blink = False
+        await pilot.pause()
+
+    monkeypatch.chdir(forkable.parent.parent)
+    app = OpenCodeTUI(run_dir=Path(forkable.parent.name) / forkable.name)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=setup)
