@@ -593,7 +593,7 @@ class ReplayRunScreen(RunScreen):
             return
 
         from core.artifacts import RunDirReader
-        from core.model.replay import fork_point
+        from core.episode import fork_point
 
         # a cut or failed recorded answer at (or a cut one before) the step: the fork starts earlier
         point = fork_point(RunDirReader(self._path).model_calls(), step)
