@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from core.artifacts import RunDirReader, RunInfo, run_dir_names
+from core.artifacts import RunDirReader, RunFiles, RunInfo, run_dir_names
 
 # Sort keys, in the order ``s`` cycles through them; which need run.json.
 SORTS = ("date", "task", "outcome", "kind", "provider")
@@ -235,6 +236,7 @@ class RunsIndex:
         self.query = ""
         self.view: list[int] = []
         self.tree: list[str] = []  # per view row: its family marks ("├ ", "│ └ "; "" for a root)
+        self.families_scanned = False  # every child's run.json read (``scan_families``)
         self.apply()
 
     def fields_needed(self) -> set[str]:
@@ -272,6 +274,25 @@ class RunsIndex:
             if not any(t.matches(e.value(n)) for n in names):
                 return False
         return True
+
+    def scan_families(self, stop: threading.Event | None = None) -> None:
+        """Read the run.json of every rerun or fork, so ``apply`` places it under its parent: a run.json
+        names a parent only when it is a child (``core.artifacts.LINEAGE_FIELDS``), so the others are
+        only looked at (about a quarter of validating each), never parsed."""
+        for n, e in enumerate(self.entries):
+            if stop is not None and stop.is_set():
+                return
+            if n % 256 == 255:
+                time.sleep(0)  # the UI thread's turn (this runs beside it)
+            if e.loaded:
+                continue
+            try:
+                data = (e.path / RunFiles.RUN_INFO).read_bytes()
+            except OSError:
+                continue
+            if b'"parent"' in data:
+                e.info()
+        self.families_scanned = True
 
     def load_all(
         self, stop: threading.Event | None = None, progress: Callable[[int], None] | None = None

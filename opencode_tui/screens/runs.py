@@ -112,10 +112,11 @@ def column_layout(width: int) -> ColumnLayout:
 
 
 MARK = "●"
-# Up to this many run directories the browser reads every run.json before its first screen (~0.05 ms
-# each), so a rerun or fork is drawn under its parent at once; above, in a thread after the first screen.
+# Up to this many run directories the browser looks for the reruns and forks among them before its first
+# screen (``RunsIndex.scan_families``: ~0.02 ms a run), so each is drawn under its parent at once; above,
+# in a thread once the first screen is up.
 FAMILIES_AT_ONCE = 200
-FAMILIES_AFTER_S = 0.3
+FAMILIES_AFTER_S = 0.5
 
 
 def run_marks(tree: str, info: RunInfo | None, width: int) -> str:
@@ -339,15 +340,20 @@ class RunsScreen(Screen[None]):
         a child is known by its run.json alone); more wait for ``_place_families``, in a thread."""
         index = RunsIndex(self.runs_dir)
         if len(index.entries) <= FAMILIES_AT_ONCE:
-            index.load_all()
+            index.scan_families()
             index.apply()
         return index
 
     def _place_families(self) -> None:
-        if all(e.loaded for e in self.index.entries):  # (the rows drawn so far read theirs)
-            self._reapply()
-        else:
-            self._load_then_apply()
+        if not self.index.families_scanned:
+            self._scan_then_apply()
+
+    @work(thread=True, exclusive=True, group="runs-families")
+    def _scan_then_apply(self) -> None:
+        index = self.index
+        index.scan_families(self._stop)
+        if not self._stop.is_set() and index is self.index:  # (not reloaded meanwhile)
+            self.app.call_from_thread(self._reapply)
 
     @property
     def rows(self) -> list[tuple[Path, RunInfo | None]]:
@@ -487,8 +493,8 @@ class RunsScreen(Screen[None]):
         self.index = lst.index = self._new_index()
         self.index.query, self.index.sort_key, self.index.reverse = query, key, reverse
         self._reapply()
-        if len(self.index.entries) > FAMILIES_AT_ONCE and not self.index.needs_all_infos:
-            self._place_families()  # (a sort or filter needing them all is reading them already)
+        if len(self.index.entries) > FAMILIES_AT_ONCE:
+            self._place_families()
 
     # -- open, diff, re-run ----------------------------------------------------------------------
 
