@@ -438,3 +438,33 @@ def test_snapshot_fork_modal_at_a_cut_step(forkable, snap_compare, monkeypatch):
     monkeypatch.chdir(forkable.parent.parent)
     app = OpenCodeTUI(run_dir=Path(forkable.parent.name) / forkable.name)
     assert snap_compare(app, terminal_size=(80, 24), run_before=setup)
+
+
+def test_a_fork_of_a_fork_is_placed_two_deep_and_a_loop_of_parents_loses_no_run(runs):
+    """Tree marks by depth (the index the browser draws from); a hand-edited loop (each names the
+    other as parent) is shown flat, every run kept."""
+    from opencode_tui.runs_index import RunsIndex
+
+    grandchild = "fix-bug-20261202-095700-cccccc-a1"
+    shutil.copytree(FAMILY / FORK, runs / grandchild)
+    info = json.loads((runs / grandchild / "run.json").read_text())
+    info["run_id"], info["parent"] = grandchild, {"run_id": FORK, "run_dir": f"/elsewhere/{FORK}"}
+    (runs / grandchild / "run.json").write_text(json.dumps(info))
+    index = RunsIndex(runs)
+    index.scan_families()
+    index.apply()
+    rows = [(index.tree[r], index.entry(r).name) for r in range(len(index))]  # type: ignore[union-attr]
+    assert rows == [("", PARENT), ("├ ", RERUN), ("└ ", FORK), ("  └ ", grandchild)]
+    index.reverse = False  # oldest first: the same family, the children in that order
+    index.apply()
+    rows = [(index.tree[r], index.entry(r).name) for r in range(len(index))]  # type: ignore[union-attr]
+    assert rows == [("", PARENT), ("├ ", FORK), ("│ └ ", grandchild), ("└ ", RERUN)]
+    info = json.loads((runs / PARENT / "run.json").read_text())
+    info["parent"] = {"run_id": RERUN, "run_dir": str(runs / RERUN)}  # the parent's parent: its rerun
+    (runs / PARENT / "run.json").write_text(json.dumps(info))
+    index = RunsIndex(runs)
+    index.scan_families()
+    index.apply()
+    assert sorted(index.entry(r).name for r in range(len(index))) == sorted(  # type: ignore[union-attr]
+        [PARENT, FORK, RERUN, grandchild]
+    )
