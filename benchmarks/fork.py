@@ -3,10 +3,12 @@
     python benchmarks/fork.py                    # 3 repetitions on local and docker
     python benchmarks/fork.py --quick            # 1 repetition on local and docker
     python benchmarks/fork.py --providers local --step-delay 1.0 --json out.json
+    python benchmarks/fork.py --digests-only --reps 5   # the digests' cost alone, 5 pairs per provider
 
 Per provider and repetition, with ``sample_tasks/fix-bug`` and the embedded scripted model:
 
-1. **baseline**: an episode with workspace digests off (the default); its wall clock and agent phase.
+1. **baseline**: an episode with workspace digests off (``debug.workspace_digests: false``; on is the
+   default); its wall clock and agent phase.
 2. **original**: the same with ``debug.workspace_digests`` on. Digest cost = the agent phase against
    the baseline's (ratio), and the digests' own time (``workspace_digests.jsonl``) / its agent phase.
 3. **rerun** of the original (every call answered from its record): wall / the original's wall.
@@ -97,16 +99,26 @@ async def _child(parent_dir: Path, lineage: str, fork_step: int | None = None) -
     return Path(result.run_dir), wall
 
 
-async def one(provider: str, delay: float) -> dict[str, float]:
+async def one(provider: str, delay: float, digests_only: bool = False) -> dict[str, float]:
     base = Path(tempfile.mkdtemp(prefix="bench-fork-"))
     try:
         task, runs = _task(base, delay), base / "runs"
         _, base_wall, base_agent = await _episode(task, provider, runs, digests=False)
         orig, orig_wall, orig_agent = await _episode(task, provider, runs, digests=True)
-        digest_s = sum(
-            float(json.loads(line).get("elapsed_s") or 0)
-            for line in (orig / RunFiles.WORKSPACE_DIGESTS).read_text().splitlines()
-        )
+        lines = [json.loads(line) for line in (orig / RunFiles.WORKSPACE_DIGESTS).read_text().splitlines()]
+        digest_s = sum(float(line.get("elapsed_s") or 0) for line in lines)
+        if any("digest" not in line for line in lines):
+            raise RuntimeError(f"{provider}: a digest failed: {lines}")
+        if digests_only:
+            return {
+                "baseline_wall_s": base_wall,
+                "baseline_agent_s": base_agent,
+                "original_wall_s": orig_wall,
+                "original_agent_s": orig_agent,
+                "digests_s": digest_s,
+                "digests": float(len(lines)),
+                "via_server": float(sum(line.get("via") == "server" for line in lines)),
+            }
         _, rerun_wall = await _child(orig, "rerun")
         fork, _ = await _child(orig, "fork", FORK_AT)
         orig_to_call = _agent_calls(orig)[FORK_AT].started_at.timestamp() - _start(orig)
@@ -133,8 +145,15 @@ def main() -> int:
     ap.add_argument("--providers", nargs="+", default=["local", "docker"])
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds before each scripted answer")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument(
+        "--digests-only",
+        action="store_true",
+        help="only the digests' cost (baseline and original, no rerun or fork): cheap enough for more reps",
+    )
     args = ap.parse_args()
     reps = 1 if args.quick else args.reps
+    if args.digests_only:
+        return _digests_only(args, reps)
     out = B.Report("fork", args.json, {"reps": reps, "step_delay": args.step_delay, "fork_at": FORK_AT})
     rows = []
     for provider in args.providers:
@@ -178,6 +197,60 @@ def main() -> int:
             ],
             rows,
             title=f"fix-bug, {reps} repetition(s), step delay {args.step_delay:g} s",
+        )
+    )
+    left = B.leftovers(OWNER)["ours"] if "docker" in args.providers else []
+    out.say(f"containers left behind: {len(left)}")
+    out.finish()
+    return 1 if left else 0
+
+
+def _digests_only(args: argparse.Namespace, reps: int) -> int:
+    """The digests' cost alone: per provider, ``reps`` pairs (no digests, then digests) of fix-bug."""
+    out = B.Report("fork-digests", args.json, {"reps": reps, "step_delay": args.step_delay})
+    rows = []
+    for provider in args.providers:
+        samples: list[dict[str, float]] = []
+        for i in range(reps):
+            out.progress(f"{provider}: pair {i + 1}/{reps}")
+            samples.append(asyncio.run(one(provider, args.step_delay, digests_only=True)))
+
+        def m(key: str, s: list[dict[str, float]] = samples) -> float | None:
+            return B.med([x[key] for x in s])
+
+        pair_ratios = [x["original_agent_s"] / x["baseline_agent_s"] for x in samples]
+        result = {
+            "samples": samples,
+            "digest_agent_ratio": B.ratio(m("original_agent_s"), m("baseline_agent_s")),
+            "pair_ratio_median": B.med(pair_ratios),
+            "digest_share_of_agent": B.ratio(m("digests_s"), m("original_agent_s")),
+        }
+        out.data[provider] = result
+        per = (m("digests_s") or 0) / max(m("digests") or 1, 1)
+        rows.append(
+            [
+                provider,
+                B.fmt_s(m("baseline_agent_s"), "s"),
+                B.fmt_s(m("original_agent_s"), "s"),
+                B.fmt_ratio(result["digest_agent_ratio"]),
+                f"{100 * (result['digest_share_of_agent'] or 0):.2f}%",
+                f"{1000 * per:.1f} ms",
+                f"{sum(x['via_server'] for x in samples):.0f}/{sum(x['digests'] for x in samples):.0f}",
+            ]
+        )
+    out.say(
+        B.table(
+            [
+                "provider",
+                "agent (no digests)",
+                "agent (digests)",
+                "agent ratio",
+                "digests' share of agent",
+                "per digest",
+                "by the server",
+            ],
+            rows,
+            title=f"workspace digests, fix-bug, {reps} pair(s), step delay {args.step_delay:g} s",
         )
     )
     left = B.leftovers(OWNER)["ours"] if "docker" in args.providers else []

@@ -139,6 +139,8 @@ class ReplaySummary(BaseModel):
     # recorded); rerun: the first step whose workspace differed, if any
     workspace_check: str | None = None
     said: str | None = None  # fork --say: the user message added at the fork point, once it was
+    # fork: why it starts before the step asked for (that step's recorded answer was cut or failed)
+    fork_moved: str | None = None
 
 
 # Written only when set, so the run.json of a run that is no rerun or fork is as it was.

@@ -385,8 +385,10 @@ class DebugSettings(_Model):
 
     breaks: list[str] = Field(default_factory=list)  # core.breaks syntax: next, call:N, tool:NAME, ...
     # A digest of the workspace before each agent model call (workspace_digests.jsonl): what a fork
-    # at that step must reproduce (issue 28). Always on in a rerun or fork. None is off, and reads as
-    # the configuration of a run recorded before this setting existed (`diff` sees no drift).
+    # at that step must reproduce (issue 28). On unless false (None, the default, is on: a run recorded
+    # before this setting existed reads the same, `diff` sees no drift); always on in a rerun or fork.
+    # Its cost: benchmarks/fork.py --digests-only (one server process per run, ~0.1-0.5 % of the agent
+    # phase).
     workspace_digests: bool | None = None
 
     @field_validator("breaks")

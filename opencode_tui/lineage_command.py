@@ -98,6 +98,10 @@ def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
         except ValueError as exc:
             print(f"opencode-tui {name}: {exc}", file=sys.stderr)
             return ExitCode.USAGE
+    for (episode, _config), run_dir in zip(children, run_dirs, strict=True):
+        plan = episode.replay_plan  # a fork that starts before its step: said before it starts
+        if plan is not None and plan.moved:
+            print(f"opencode-tui {name}: {Path(run_dir).name}: {plan.moved}", file=sys.stderr)
     if not args.batch and terminal:
         return _tui(*children[0])
     worst = ExitCode.OK
@@ -187,6 +191,9 @@ def batch_line(episode: Episode, result: EpisodeResult) -> dict[str, Any]:
         line["lineage"] = child.plan.lineage
         line["parent_run_id"] = child.plan.parent_run_id
         line["fork_step"] = child.plan.fork_step
+        if child.plan.moved:  # the step asked for, and why the fork started before it
+            line["asked_step"] = child.plan.asked_step
+            line["fork_moved"] = child.plan.moved
         line["reproduced"] = (s.divergence_step is None) if child.plan.lineage == "rerun" else None
         line["divergence_step"] = s.divergence_step
     return line

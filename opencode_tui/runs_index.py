@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from core.artifacts import RunDirReader, RunInfo, run_dir_names
+from core.artifacts import RunDirReader, RunFiles, RunInfo, run_dir_names
 
 # Sort keys, in the order ``s`` cycles through them; which need run.json.
 SORTS = ("date", "task", "outcome", "kind", "provider")
@@ -119,6 +120,50 @@ def parent_dir(entry: RunEntry) -> Path | None:
     return beside if beside.is_dir() else recorded
 
 
+def families(entries: list[RunEntry], order: list[int]) -> tuple[list[int], list[str]]:
+    """``order`` (indices into ``entries``, sorted and filtered) with each rerun or fork moved directly
+    under the run it was made from, siblings in ``order``'s order, and each row's tree marks. Only
+    entries whose run.json is already read can be placed (the others stay where ``order`` has them); a
+    child whose parent is not in ``order`` (filtered out, gone) stays where it is, a root."""
+    by_name = {entries[i].name: i for i in order}
+    children: dict[int, list[int]] = {}
+    roots: list[int] = []
+    for i in order:
+        e = entries[i]
+        info = e.info() if e.loaded else None
+        parent = by_name.get(Path(info.parent.run_dir).name) if info and info.parent else None
+        if parent is None or parent == i:
+            roots.append(i)
+        else:
+            children.setdefault(parent, []).append(i)
+    if not children:
+        return order, [""] * len(order)
+    view: list[int] = []
+    tree: list[str] = []
+    seen: set[int] = set()
+
+    def place(root: int) -> None:
+        stack = [(root, "", "")]  # a stack, not recursion: a long chain of forks of forks is fine
+        while stack:
+            i, lead, mark = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            view.append(i)
+            tree.append(lead + mark)
+            kids = [k for k in children.get(i, ()) if k not in seen]
+            below = lead + ("" if not mark else "│ " if mark == "├ " else "  ")
+            for n in range(len(kids) - 1, -1, -1):
+                stack.append((kids[n], below, "└ " if n == len(kids) - 1 else "├ "))
+
+    for i in roots:
+        place(i)
+    for i in order:  # a loop of parents (a hand-edited run.json): shown flat, never lost
+        if i not in seen:
+            place(i)
+    return view, tree
+
+
 def _stamp(stamp: str) -> datetime | None:
     """``YYYYmmdd-HHMMSS`` (strptime is ten times slower, and this runs for every run directory)."""
     try:
@@ -190,6 +235,8 @@ class RunsIndex:
         self.reverse = True  # newest first
         self.query = ""
         self.view: list[int] = []
+        self.tree: list[str] = []  # per view row: its family marks ("├ ", "│ └ "; "" for a root)
+        self.families_scanned = False  # every child's run.json read (``scan_families``)
         self.apply()
 
     def fields_needed(self) -> set[str]:
@@ -218,7 +265,7 @@ class RunsIndex:
                 return (e.sort_stamp, e.name)
             return (e.value(key), e.sort_stamp, e.name)
 
-        self.view = sorted(idx, key=sort_value, reverse=self.reverse)
+        self.view, self.tree = families(self.entries, sorted(idx, key=sort_value, reverse=self.reverse))
 
     @staticmethod
     def _matches(e: RunEntry, terms: list[Term]) -> bool:
@@ -227,6 +274,25 @@ class RunsIndex:
             if not any(t.matches(e.value(n)) for n in names):
                 return False
         return True
+
+    def scan_families(self, stop: threading.Event | None = None) -> None:
+        """Read the run.json of every rerun or fork, so ``apply`` places it under its parent: a run.json
+        names a parent only when it is a child (``core.artifacts.LINEAGE_FIELDS``), so the others are
+        only looked at (about a quarter of validating each), never parsed."""
+        for n, e in enumerate(self.entries):
+            if stop is not None and stop.is_set():
+                return
+            if n % 256 == 255:
+                time.sleep(0)  # the UI thread's turn (this runs beside it)
+            if e.loaded:
+                continue
+            try:
+                data = (e.path / RunFiles.RUN_INFO).read_bytes()
+            except OSError:
+                continue
+            if b'"parent"' in data:
+                e.info()
+        self.families_scanned = True
 
     def load_all(
         self, stop: threading.Event | None = None, progress: Callable[[int], None] | None = None
@@ -244,6 +310,11 @@ class RunsIndex:
         task, stamp = entry.task, entry.sort_stamp
         earlier = [e for e in self.entries if e is not entry and e.task == task and e.sort_stamp < stamp]
         return max(earlier, key=lambda e: (e.sort_stamp, e.name), default=None)
+
+    def row_of(self, entry: RunEntry) -> int | None:
+        """The view row showing ``entry`` (None when filtered out)."""
+        i = next((i for i, e in enumerate(self.entries) if e is entry), None)
+        return self.view.index(i) if i is not None and i in self.view else None
 
     def entry(self, row: int) -> RunEntry | None:
         return self.entries[self.view[row]] if 0 <= row < len(self.view) else None

@@ -6,7 +6,7 @@ the close deadline. The outcome is ``core.outcome.decide_outcome``, a pure funct
 
 from core.episode.common import StageFailure
 from core.episode.episode import Episode
-from core.episode.lineage import LineageError, Parent, child_inputs, load_parent
+from core.episode.lineage import LineageError, Parent, child_inputs, fork_point, load_parent
 from core.episode.record import EpisodeResult, new_run_id
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "Parent",
     "StageFailure",
     "child_inputs",
+    "fork_point",
     "load_parent",
     "new_run_id",
 ]

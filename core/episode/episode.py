@@ -150,12 +150,17 @@ class Episode(EpisodeControl):
         # issue 28: a rerun or fork of a recorded run, answered from its record (core/episode/lineage.py)
         self._child_of = child_of
         self.child: ChildRun | None = None  # once the run directory exists
-        self.digests: DigestGate | None = None  # debug.workspace_digests: before each agent call
+        self.digests: DigestGate | None = None  # before each agent call (debug.workspace_digests: false: off)
         # issue 31: the batch's warm pool, and the prepared sandbox this attempt took from it
         self._pool = pool
         self.lease: Lease | None = None
 
     # ---- control API ---------------------------------------------------------------------------
+
+    @property
+    def replay_plan(self) -> ReplayPlan | None:
+        """A rerun's or fork's plan (before it starts too); None for any other episode."""
+        return self._child_of[0] if self._child_of is not None else None
 
     @property
     def running(self) -> bool:
@@ -620,7 +625,7 @@ class Episode(EpisodeControl):
 
         await stack.enter_async_context(ControlSocket(self.run_dir.path, self.debugger))
         gate: CallGate = self.debugger
-        if self.config.debug.workspace_digests:  # issue 28: what a fork at each step must reproduce
+        if self.config.debug.workspace_digests is not False:  # issue 28: what a fork at a step reproduces
             from core.episode.digests import DigestGate
 
             on_digest = self.child.on_digest if self.child is not None else None
@@ -745,6 +750,8 @@ class Episode(EpisodeControl):
         # already when a cancel asked the supervisor to stop); each step below gets what remains.
         deadline = self._begin_close()
         self._release_held("the agent phase is over")
+        if self.digests is not None:  # its server's terminal goes before the sandbox's close
+            await self.digests.close()
         confirmed: bool | None = None
         if self.session is not None:
             assert self.sandbox is not None and self.installed is not None and self.endpoint is not None

@@ -21,7 +21,7 @@ from core.config import AgentConfig, ConfigError
 from core.episode.digests import recorded_digests
 from core.events import Event, Warning_
 from core.failures import FailureEvent, FailureStage, GenericDetails
-from core.model.replay import Divergence, OnDivergence, Replayer, ReplayPlan, agent_steps
+from core.model.replay import Divergence, OnDivergence, Replayer, ReplayPlan, agent_steps, fork_point
 from core.tasks import Task, task_content_hash
 
 REPLAY_DIVERGED = "replay_diverged"
@@ -86,6 +86,9 @@ def child_inputs(
             f"--at {fork_step}: {name} recorded {parent.steps} agent model call(s); "
             f"fork at a step from 1 to {parent.steps - 1}"
         )
+    point = fork_point(parent.records, fork_step) if fork_step is not None else None
+    if point is not None and point.step == 0:
+        raise LineageError(f"{point.why} (rerun {name} instead)")
     try:
         config, task = rerun_inputs(parent.info, parent.path)
     except (AdmissionError, ConfigError) as exc:
@@ -105,9 +108,11 @@ def child_inputs(
         lineage="fork" if lineage == "fork" else "rerun",
         parent_run_id=parent.info.run_id,
         parent_run_dir=str(parent.path.resolve()),
-        fork_step=fork_step,
+        fork_step=point.step if point is not None else None,
         on_divergence="live" if lineage == "fork" else on_divergence,
         say=say,
+        asked_step=fork_step if point is not None and point.why else None,
+        moved=point.why if point is not None else None,
     )
     return config, task, plan
 
@@ -130,7 +135,7 @@ class ChildRun:
         self._emit = emit
         self._stop_agent = stop_agent
         self._save = save
-        self.summary = ReplaySummary()
+        self.summary = ReplaySummary(fork_moved=plan.moved)
         self.replayer = Replayer(
             plan,
             parent.records,
@@ -157,6 +162,8 @@ class ChildRun:
             f"(on a divergence: {self.plan.on_divergence})"
         )
         self._emit(Warning_(code="replay_started", message=what))
+        if self.plan.moved:
+            self._emit(Warning_(code="replay_fork_moved", message=self.plan.moved))
 
     def _diverged(self, d: Divergence) -> None:
         self.summary.divergence_step = d.step

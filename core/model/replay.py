@@ -59,6 +59,9 @@ class ReplayPlan(BaseModel):
     fork_step: int | None = Field(default=None, ge=1)  # fork: agent calls answered from the record
     on_divergence: OnDivergence = "stop"
     say: str | None = None  # fork: a user message added at the fork point (before the first live call)
+    # fork: the step asked for and why the fork starts earlier (``fork_point``); None: as asked
+    asked_step: int | None = Field(default=None, ge=1)
+    moved: str | None = None
 
 
 class Divergence(BaseModel):
@@ -101,6 +104,61 @@ def recorded_order(records: Iterable[ModelCallRecord]) -> list[ModelCallRecord]:
 
 def agent_steps(records: Iterable[ModelCallRecord]) -> int:
     return sum(1 for r in records if r.kind == "agent" and r.method == "POST")
+
+
+def cut_reason(rec: ModelCallRecord) -> str | None:
+    """Why a recorded answer cannot be replayed as its client got it (None: it can): how a record
+    ends, in words that follow "step k's recorded answer"."""
+    if rec.truncated:
+        return "was cut at the record's size limit (the proxy kept only its start), so it cannot be replayed"
+    if rec.client_disconnected:
+        return (
+            f"was cut: OpenCode hung up before it completed ({rec.error or 'a stalled stream'}), "
+            "which a replay cannot reproduce"
+        )
+    return None
+
+
+def incomplete_reason(rec: ModelCallRecord) -> str | None:
+    """Why a recorded answer is no complete answer to fork after (None: it is one): cut (above), a
+    stream that broke or never ended, an error."""
+    cut = cut_reason(rec)
+    if cut is not None:
+        return cut
+    if rec.error and rec.error.startswith("upstream stream broken"):
+        return f"was cut mid-stream ({rec.error})"
+    if rec.failed or rec.answer_fault is not None:
+        return f"failed ({rec.error or f'HTTP {rec.status}'})"
+    return None
+
+
+@dataclass(frozen=True)
+class ForkPoint:
+    """Where a fork asked for at ``asked`` can start: ``step`` (0: nowhere) and, when that is not the
+    step asked for, ``why`` in one line (which step and why)."""
+
+    asked: int
+    step: int
+    why: str | None = None
+
+
+def fork_point(records: Iterable[ModelCallRecord], at: int) -> ForkPoint:
+    """A fork answers agent steps 1..``at`` from the record and goes live after ``at``. That needs each
+    of those answers replayable (``cut_reason``) and step ``at``'s a complete one (a cut or failed
+    answer there is no point to go on from: OpenCode asks again, and that request is the live
+    model's). Otherwise the fork starts from the last complete step before the first that is not."""
+    agent = [r for r in recorded_order(records) if r.kind == "agent" and r.method == "POST"][:at]
+    bad = next(((j, why) for j, r in enumerate(agent, 1) if (why := cut_reason(r)) is not None), None)
+    if bad is None and agent and len(agent) == at and (why := incomplete_reason(agent[-1])) is not None:
+        bad = (at, why)
+    if bad is None:
+        return ForkPoint(at, at)
+    j, why = bad
+    step = next((k for k in range(j - 1, 0, -1) if incomplete_reason(agent[k - 1]) is None), 0)
+    said = f"step {j}'s recorded answer {why}"
+    if step == 0:
+        return ForkPoint(at, 0, f"--at {at}: {said}, and no step before it is complete: nothing to fork from")
+    return ForkPoint(at, step, f"--at {at}: {said}; the fork starts from step {step}, the last complete step")
 
 
 def _text(content: Any) -> str:

@@ -17,18 +17,27 @@ from opencode_tui.lineage_request import LineageRequest
 class ForkScreen(ModalScreen[LineageRequest | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="fork.cancel")]
 
-    def __init__(self, request: LineageRequest, steps: int) -> None:
+    def __init__(
+        self, request: LineageRequest, steps: int, *, start: int | None = None, moved: str | None = None
+    ) -> None:
+        """``start``: the step the fork really starts from, and ``moved`` why, when the recorded answer
+        at the step asked for (``request.at``) was cut or failed (``core.model.replay.fork_point``)."""
         super().__init__(classes="modal")
         self.request, self.steps = request, steps
+        self.start = start if start is not None else request.at or 0
+        self.moved = moved
 
     def compose(self) -> ComposeResult:
         r = self.request
-        at = r.at or 0
+        at = self.start
         with Vertical(id="dialog", classes="dialog confirm fork"):
             yield Label(
                 Content.from_markup("[b]Fork at step $at of $n[/]", at=str(at), n=str(self.steps)),
                 id="question",
             )
+            if self.moved:
+                # which step, and why the fork starts before it (the CLI says the same line)
+                yield Static(Content(f"⚠ {self.moved.removeprefix(f'--at {r.at}: ')}"), id="fork-moved")
             yield Static(
                 Content(
                     f"Agent model calls 1-{at} are answered from {r.run_dir.name}'s record (the files as "

@@ -596,13 +596,21 @@ class ReplayRunScreen(RunScreen):
             )
             return
 
+        from core.artifacts import RunDirReader
+        from core.episode import fork_point
+
+        # a cut or failed recorded answer at (or a cut one before) the step: the fork starts earlier
+        point = fork_point(RunDirReader(self._path).model_calls(), step)
+        if point.step == 0:
+            self.notify(f"No fork: {point.why}; R reruns the run instead.", severity="error", timeout=8)
+            return
+
         def chosen(request: LineageRequest | None) -> None:
             if request is not None:
                 self._request(request)
 
-        self.app.push_screen(
-            ForkScreen(LineageRequest(run_dir=self._path, lineage="fork", at=step), steps), chosen
-        )
+        request = LineageRequest(run_dir=self._path, lineage="fork", at=step)
+        self.app.push_screen(ForkScreen(request, steps, start=point.step, moved=point.why), chosen)
 
     def action_back(self) -> None:
         if self.play_source is not None:

@@ -3,7 +3,9 @@
 Sort (``s`` cycles the key, ``S`` reverses) and filter (``/``: ``outcome:count kind:oom task:fix
 provider:local date:2026-12-01`` or bare words matching any field); ``space`` marks runs and ``d`` diffs
 the two marked, ``D`` diffs the selected run with the previous attempt of its task; ``r`` re-runs the
-selected run with its recorded task and configuration.
+selected run with its recorded task and configuration. A rerun or fork (issue 28) is listed directly
+under the run it was made from, whatever the sort, with tree marks (``├ ↳ fork@2``); ``d`` on it with
+nothing marked diffs it with its parent.
 
 The list is virtual (``RunsList`` draws only the rows on screen) and lazy (``opencode_tui.runs_index``:
 run.json is read for visible rows only, or for all of them in a thread when a sort or filter needs it),
@@ -110,6 +112,24 @@ def column_layout(width: int) -> ColumnLayout:
 
 
 MARK = "●"
+# Up to this many run directories the browser looks for the reruns and forks among them before its first
+# screen (``RunsIndex.scan_families``: ~0.02 ms a run), so each is drawn under its parent at once; above,
+# in a thread once the first screen is up.
+FAMILIES_AT_ONCE = 200
+FAMILIES_AFTER_S = 0.5
+
+
+def run_marks(tree: str, info: RunInfo | None, width: int) -> str:
+    """What goes before a run's name in a ``width`` run column: its tree marks (``├ `` under its
+    parent) and lineage (``↳ fork@2 ``), shorter (``↳f@2``, then ``├f@2`` without the arrow the tree
+    already says) where the full ones would cut the name's end (its hash and attempt: RUN_MIN)."""
+    full, short = lineage_mark(info), lineage_mark(info, True)
+    tight = tree.replace(" ", "") + short.removeprefix("↳")
+    for marks in (tree + full, tree + short, tight):
+        marks = marks + " " if marks.strip() and not marks.endswith(" ") else marks
+        if width - len(marks) >= RUN_MIN - 1:  # (the name's ellipsis counted in RUN_MIN)
+            return marks
+    return tight + " " if tight and not tight.endswith(" ") else tight
 
 
 def row_cells(entry: RunEntry, colors: dict[str, str], narrow: bool = False) -> list[Text]:
@@ -257,12 +277,10 @@ class RunsList(ScrollView, can_focus=True):
         cells = row_cells(entry, self.app.theme_variables, layout.narrow)
         for i, w in zip(layout.shown, layout.widths, strict=True):
             cell = cells[i]
-            mark = lineage_mark(entry.info()) if i == 0 else ""
-            if mark:  # a rerun or fork: its lineage first (d diffs it with its parent)
-                # the short mark where the full one would cut the name's end (its hash and attempt)
-                mark = (mark if w - len(mark) - 1 >= RUN_MIN else lineage_mark(entry.info(), True)) + " "
-                w -= len(mark)
-                line.append(mark, style=self.app.theme_variables.get("accent", ""))
+            marks = run_marks(self.index.tree[row], entry.info(), w) if i == 0 else ""
+            if marks:  # its place in the family and its lineage first (d diffs it with its parent)
+                w -= len(marks)
+                line.append(marks, style=self.app.theme_variables.get("accent", ""))
             if i == 0 and len(cell) > w:  # a run's name ends in what tells it apart: start, hash, attempt
                 cell = Text("…" + cell.plain[len(cell) - w + 1 :], style=cell.style)
             cell.truncate(w, overflow="ellipsis", pad=True)
@@ -313,9 +331,29 @@ class RunsScreen(Screen[None]):
         # Back from a re-run: (the original, the new run or None if it never made one); both are marked,
         # the original first, so `d` compares them at once.
         self.rerun_of = rerun_of
-        self.index = RunsIndex(self.runs_dir)
+        self.index = self._new_index()
         self._loading: str | None = None  # "reading run.json 500/10000" while a sort/filter waits
         self._stop = threading.Event()
+
+    def _new_index(self) -> RunsIndex:
+        """The runs, with the families placed at once when there are few (their run.json read now:
+        a child is known by its run.json alone); more wait for ``_place_families``, in a thread."""
+        index = RunsIndex(self.runs_dir)
+        if len(index.entries) <= FAMILIES_AT_ONCE:
+            index.scan_families()
+            index.apply()
+        return index
+
+    def _place_families(self) -> None:
+        if not self.index.families_scanned:
+            self._scan_then_apply()
+
+    @work(thread=True, exclusive=True, group="runs-families")
+    def _scan_then_apply(self) -> None:
+        index = self.index
+        index.scan_families(self._stop)
+        if not self._stop.is_set() and index is self.index:  # (not reloaded meanwhile)
+            self.app.call_from_thread(self._reapply)
 
     @property
     def rows(self) -> list[tuple[Path, RunInfo | None]]:
@@ -336,6 +374,8 @@ class RunsScreen(Screen[None]):
             self._mark_rerun(*self.rerun_of)
         self.refresh_title()
         self.query_one(RunsList).focus()
+        if len(self.index.entries) > FAMILIES_AT_ONCE:  # after the first screen, which reads no run.json
+            self.set_timer(FAMILIES_AFTER_S, self._place_families)
 
     def _mark_rerun(self, original: Path, new: Path | None) -> None:
         """Mark the original and its re-run (A, then B) and put the cursor on the re-run."""
@@ -387,9 +427,14 @@ class RunsScreen(Screen[None]):
         if self.index.needs_all_infos:
             self._load_then_apply()
             return
+        lst = self.query_one(RunsList)
+        current = self.index.entry(lst.cursor_row)
         self.index.apply()
         self._loading = None
-        self.query_one(RunsList).reset()
+        lst.reset()
+        row = self.index.row_of(current) if current is not None else None
+        if row is not None and row != lst.cursor_row:  # the cursor stays on its run (a family moved it)
+            lst.move_cursor(row)
         self.refresh_title()
 
     @work(thread=True, exclusive=True, group="runs-load")
@@ -445,9 +490,11 @@ class RunsScreen(Screen[None]):
     def action_reload(self) -> None:
         lst = self.query_one(RunsList)
         query, key, reverse = self.index.query, self.index.sort_key, self.index.reverse
-        self.index = lst.index = RunsIndex(self.runs_dir)
+        self.index = lst.index = self._new_index()
         self.index.query, self.index.sort_key, self.index.reverse = query, key, reverse
         self._reapply()
+        if len(self.index.entries) > FAMILIES_AT_ONCE:
+            self._place_families()
 
     # -- open, diff, re-run ----------------------------------------------------------------------
 

@@ -268,3 +268,92 @@ def test_a_signal_during_a_fork_replay_closes_with_confirmed_cleanup(request, tm
     assert info.outcome is not None and info.lineage == "fork" and info.replay.live_from is None
     assert info.replay.replayed >= 1  # stopped inside the replay, before any live call
     assert _left_behind(provider, result["run_id"], result["sandbox_id"]) == []
+
+
+# -- a fork at a step whose recorded stream was cut ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cut_parent(tmp_path_factory) -> Path:
+    """A fix-bug run (local provider) whose model dropped the connection mid-stream twice: at its first
+    request and at its edit step's (the scripted model's ``drop``: the first chunk, then the connection
+    closed). OpenCode asked again each time, so the run still scores; its agent calls are 1 (cut),
+    2 (the tests), 3 (read), 4 (cut), 5 (the edit), 6 (the tests again), 7 (done)."""
+    steps = yaml.safe_load((SAMPLES / "fix-bug" / "trajectory.yaml").read_text())["steps"]
+    steps[0]["fault"] = {"drop": True}
+    steps[2]["fault"] = {"drop": True}
+    base = tmp_path_factory.mktemp("lineage-cut")
+    return _parent_run(_copy_task(base / "task", steps), "local", base / "runs")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "opencode_tui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.mark.bwrap
+def test_fork_at_a_cut_step_says_so_and_starts_from_the_last_complete_step(cut_parent):
+    from core.model.replay import fork_point
+
+    records = list(RunDirReader(cut_parent).model_calls())
+    agent = _agent_calls(cut_parent)
+    assert [c.error is not None and "upstream stream broken" in c.error for c in agent] == [
+        True, False, False, True, False, False, False,
+    ]  # fmt: skip
+    assert fork_point(records, 3).why is None and fork_point(records, 3).step == 3
+    runs_before = set(cut_parent.parent.iterdir())
+    done = _cli("fork", str(cut_parent), "--at", "4", "--batch")
+    assert done.returncode == ExitCode.OK, done.stderr
+    said = [ln for ln in done.stderr.splitlines() if "--at 4" in ln]
+    assert len(said) == 1, done.stderr
+    assert said[0].startswith(f"opencode-tui fork: {cut_parent.name}: --at 4: step 4's recorded answer was ")
+    assert "cut mid-stream (upstream stream broken" in said[0]
+    assert said[0].endswith("the fork starts from step 3, the last complete step")
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (line["fork_step"], line["asked_step"], line["reward"]) == (3, 4, 1.0)
+    child = Path(line["run_dir"])
+    assert child not in runs_before
+    info = RunDirReader(child).info()
+    assert info is not None and info.fork_step == 3 and info.replay is not None
+    assert info.replay.fork_moved == said[0].split(": ", 2)[2] and info.replay.live_from == 4
+    calls = _agent_calls(child)
+    assert [c.replayed_from for c in calls[:3]] == [a.call_id for a in agent[:3]]
+    assert all(c.replayed_from is None for c in calls[3:])
+    warnings = [e for e in RunDirReader(child).events() if getattr(e, "code", None) == "replay_fork_moved"]
+    assert len(warnings) == 1 and "step 4's recorded answer" in warnings[0].message
+
+
+@pytest.mark.bwrap
+def test_fork_where_no_complete_step_comes_before_the_cut_is_refused(cut_parent):
+    runs_before = set(cut_parent.parent.iterdir())
+    done = _cli("fork", str(cut_parent), "--at", "1", "--batch")
+    assert done.returncode == ExitCode.USAGE and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "--at 1: step 1's recorded answer was cut mid-stream" in lines[0]
+    assert "no step before it is complete: nothing to fork from" in lines[0]
+    assert set(cut_parent.parent.iterdir()) == runs_before  # nothing started
+
+
+@pytest.mark.bwrap
+def test_a_truncated_or_abandoned_record_before_the_fork_point_moves_it(cut_parent):
+    """A record the proxy capped, or whose client hung up (a stalled stream), cannot be answered as it
+    was: a fork past it starts before it (the parent's real records, one of them marked so)."""
+    from core.model.replay import fork_point
+
+    records = sorted(RunDirReader(cut_parent).model_calls(), key=lambda r: r.started_at)
+    agent = [r for r in records if r.kind == "agent"]
+    for mark, words in (
+        ({"truncated": True}, "was cut at the record's size limit"),
+        ({"client_disconnected": True, "error": "client disconnected before the response completed"},
+         "OpenCode hung up before it completed"),
+    ):  # fmt: skip
+        marked = [r.model_copy(update=mark) if r is agent[5] else r for r in records]
+        point = fork_point(marked, 6)
+        assert (point.asked, point.step) == (6, 5) and point.why is not None and words in point.why
+        assert fork_point(marked, 5).why is None

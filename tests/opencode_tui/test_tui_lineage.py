@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input
+from textual.widgets import Input, Label, Static
 
 from core.artifacts import RunDirReader
 from core.diff import diff_runs
@@ -61,15 +61,84 @@ async def test_children_are_marked_with_their_lineage(runs):
         await pilot.pause()
         lines = _lines(app.screen)
         # the name's end (its hash and attempt) stays: the mark is short where the column is
-        assert lines[FORK].lstrip().startswith("↳f@2 …") and "bf919c-a1 " in lines[FORK]
-        assert lines[RERUN].lstrip().startswith("↳r …") and "38144a-a1 " in lines[RERUN]
+        assert lines[FORK].lstrip().startswith("└f@2 …") and "bf919c-a1 " in lines[FORK]
+        assert lines[RERUN].lstrip().startswith("├ ↳r …") and "38144a-a1 " in lines[RERUN]
         assert "↳" not in lines[PARENT]
     app = OpenCodeTUI(runs_dir=runs)
     async with app.run_test(size=(230, 45)) as pilot:  # room for the full mark
         await pilot.pause()
         lines = _lines(app.screen)
-        assert lines[FORK].lstrip().startswith("↳ fork@2 ") and FORK in lines[FORK]
-        assert lines[RERUN].lstrip().startswith("↳ rerun ") and RERUN in lines[RERUN]
+        assert lines[FORK].lstrip().startswith("└ ↳ fork@2 ") and FORK in lines[FORK]
+        assert lines[RERUN].lstrip().startswith("├ ↳ rerun ") and RERUN in lines[RERUN]
+
+
+def _names(screen: RunsScreen) -> list[str]:
+    lst = screen.query_one(RunsList)
+    return [lst.get_row_at(i)[0] for i in range(lst.row_count)]
+
+
+async def test_children_are_listed_under_their_parent_whatever_the_sort(runs, tmp_path):
+    """Newest first the children (started after their parent) would come above it; by task, outcome or
+    date ascending they would be apart from it among other runs: the family stays together, the parent
+    first, the children in the sort's order; a child whose parent is filtered out stands alone."""
+    # another run of the task, between the parent and its children, and one of another task
+    for name, src in (
+        ("fix-bug-20261202-095625-aaaaaa-a1", PARENT),
+        ("hello-file-20261202-095700-bbbbbb-a1", PARENT),
+    ):
+        shutil.copytree(FAMILY / src, runs / name)
+        info = json.loads((runs / name / "run.json").read_text())
+        info["run_id"] = name
+        info["task_id"] = name.rsplit("-", 4)[0]
+        (runs / name / "run.json").write_text(json.dumps(info))
+    app = OpenCodeTUI(runs_dir=runs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        assert _names(screen) == [
+            "hello-file-20261202-095700-bbbbbb-a1",
+            "fix-bug-20261202-095625-aaaaaa-a1",
+            PARENT,
+            RERUN,  # newest first among the children too
+            FORK,
+        ]
+        for _ in range(4):  # task, outcome, kind, provider
+            await pilot.press("s")
+            await wait_for(pilot, lambda: screen._loading is None, what="the sort")
+            names = _names(screen)
+            i = names.index(PARENT)
+            assert set(names[i + 1 : i + 3]) == {FORK, RERUN}, (screen.index.sort_key, names)
+        await pilot.press("S")  # reversed: the children still below their parent
+        await pilot.pause()
+        names = _names(screen)
+        assert set(names[names.index(PARENT) + 1 :][:2]) == {RERUN, FORK}, names
+        screen.set_filter("date:09:56:44")  # the rerun alone: its parent is not shown, so it is a root
+        await pilot.pause()
+        assert _names(screen) == [RERUN]
+        assert _lines(screen)[RERUN].lstrip().startswith("↳r ")
+
+
+async def test_families_in_a_large_runs_directory_are_placed_after_the_first_screen(runs, monkeypatch):
+    """Above FAMILIES_AT_ONCE run directories the first screen reads no run.json (the children are
+    not known yet); a thread reads them and then places the children, the cursor staying on its run."""
+    import opencode_tui.screens.runs as runs_screen
+
+    monkeypatch.setattr(runs_screen, "FAMILIES_AT_ONCE", 2)
+    monkeypatch.setattr(runs_screen, "FAMILIES_AFTER_S", 3600)  # placed when the test says
+    app = OpenCodeTUI(runs_dir=runs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        lst = screen.query_one(RunsList)
+        assert _names(screen) == [RERUN, FORK, PARENT]  # newest first, not placed yet
+        lst.move_cursor(2)  # the parent (oldest)
+        screen._place_families()
+        await wait_for(
+            pilot, lambda: _names(screen) == [PARENT, RERUN, FORK], what="the family placed", timeout=10
+        )
+        assert lst.cursor_row == 0 and screen.index.entry(0).name == PARENT  # type: ignore[union-attr]
 
 
 async def _diff_of(pilot, app, row_name: str) -> DiffScreen:
@@ -276,3 +345,126 @@ async def test_F_on_the_timeline_forks_at_the_last_agent_call_before_the_cursor(
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, ReplayRunScreen) and app.lineage_request is None
+
+
+# -- F at a step whose recorded stream was cut ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cut_run(tmp_path_factory) -> Path:
+    """A real fix-bug run (local provider, the real OpenCode) whose model dropped the connection
+    mid-stream at its first request and at the edit step's (the scripted model's ``drop``); OpenCode
+    asked again each time. Agent calls: 1 (cut), 2, 3, 4 (cut), 5, 6, 7."""
+    import yaml
+
+    from core.config import AgentConfig
+    from core.episode import Episode
+    from core.tasks import load_task
+
+    base = tmp_path_factory.mktemp("cut-run")
+    task = base / "task"
+    shutil.copytree(SAMPLES / "fix-bug", task)
+    data = yaml.safe_load((task / "trajectory.yaml").read_text())
+    data["steps"][0]["fault"] = {"drop": True}
+    data["steps"][2]["fault"] = {"drop": True}
+    (task / "trajectory.yaml").write_text(yaml.safe_dump(data))
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}, "policy": {"max_attempts": 1}})
+    result = asyncio.run(Episode(load_task(task), config, runs_dir=base / "runs").run())
+    assert result.reward == 1.0, result.summary
+    return Path(result.run_dir)
+
+
+async def _select_agent_call(pilot, n: int, total: int) -> ReplayRunScreen:
+    await loaded(pilot)
+    screen = pilot.app.screen
+    assert isinstance(screen, ReplayRunScreen)
+    table = screen.query_one(ModelCallsTable)
+    await wait_for(
+        pilot,
+        lambda: sum(c.kind == "agent" for c in table.calls) == total,
+        what=f"the {total} agent calls in the table",
+    )
+    table.focus()
+    rows = [i for i, c in enumerate(table.calls) if c.kind == "agent"]
+    table.move_cursor(row=rows[n - 1], animate=False)
+    await pilot.pause()
+    return screen
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_F_at_a_cut_step_says_so_in_the_dialog_and_forks_from_the_last_complete_step(cut_run):
+    app = OpenCodeTUI(run_dir=cut_run)
+    async with app.run_test(size=SIZE) as pilot:
+        await _select_agent_call(pilot, 4, 7)
+        await pilot.press("F")
+        await wait_for(pilot, lambda: isinstance(app.screen, ForkScreen), what="the fork modal")
+        modal = app.screen
+        assert isinstance(modal, ForkScreen)
+        assert "Fork at step 3 of 7" in str(modal.query_one("#question", Label).render())
+        moved = str(modal.query_one("#fork-moved", Static).render())
+        assert moved.startswith("⚠ step 4's recorded answer was cut mid-stream (upstream stream broken")
+        assert moved.endswith("the fork starts from step 3, the last complete step")
+        assert "Agent model calls 1-3 are answered" in str(modal.query_one("#detail", Static).render())
+        await pilot.press("escape")
+        await pilot.pause()
+        # step 1 was cut and nothing comes before it: no dialog, the reason instead
+        await _select_agent_call(pilot, 1, 7)
+        await pilot.press("F")
+        await pilot.pause()
+        assert isinstance(app.screen, ReplayRunScreen) and app.lineage_request is None
+        said = [str(n.message) for n in app._notifications if "No fork" in str(n.message)]
+        assert len(said) == 1 and "step 1's recorded answer was cut mid-stream" in said[0], said
+        assert "nothing to fork from" in said[0] and "R reruns the run instead" in said[0]
+
+
+def test_snapshot_fork_modal_at_a_cut_step(forkable, snap_compare, monkeypatch):
+    """The dialog's warning line, laid out at 80x24. The fixture's step 3 is marked as the proxy marks a
+    dropped stream (the picture must not depend on a run made here); the real cut is the test above."""
+    calls = forkable / "model_calls.jsonl"
+    lines = [json.loads(ln) for ln in calls.read_text().splitlines()]
+    agent = sorted((c for c in lines if c["kind"] == "agent"), key=lambda c: c["started_at"])
+    agent[2]["error"] = "upstream stream broken: ReadError"
+    calls.write_text("".join(json.dumps(c) + "\n" for c in lines))
+
+    async def setup(pilot):
+        await _replay_with_agent_call(pilot, 3)
+        await pilot.press("F")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, ForkScreen), what="the fork modal")
+        for box in pilot.app.screen.query(Input):
+            box.cursor_blink = False
+        await pilot.pause()
+
+    monkeypatch.chdir(forkable.parent.parent)
+    app = OpenCodeTUI(run_dir=Path(forkable.parent.name) / forkable.name)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=setup)
+
+
+def test_a_fork_of_a_fork_is_placed_two_deep_and_a_loop_of_parents_loses_no_run(runs):
+    """Tree marks by depth (the index the browser draws from); a hand-edited loop (each names the
+    other as parent) is shown flat, every run kept."""
+    from opencode_tui.runs_index import RunsIndex
+
+    grandchild = "fix-bug-20261202-095700-cccccc-a1"
+    shutil.copytree(FAMILY / FORK, runs / grandchild)
+    info = json.loads((runs / grandchild / "run.json").read_text())
+    info["run_id"], info["parent"] = grandchild, {"run_id": FORK, "run_dir": f"/elsewhere/{FORK}"}
+    (runs / grandchild / "run.json").write_text(json.dumps(info))
+    index = RunsIndex(runs)
+    index.scan_families()
+    index.apply()
+    rows = [(index.tree[r], index.entry(r).name) for r in range(len(index))]  # type: ignore[union-attr]
+    assert rows == [("", PARENT), ("├ ", RERUN), ("└ ", FORK), ("  └ ", grandchild)]
+    index.reverse = False  # oldest first: the same family, the children in that order
+    index.apply()
+    rows = [(index.tree[r], index.entry(r).name) for r in range(len(index))]  # type: ignore[union-attr]
+    assert rows == [("", PARENT), ("├ ", FORK), ("│ └ ", grandchild), ("└ ", RERUN)]
+    info = json.loads((runs / PARENT / "run.json").read_text())
+    info["parent"] = {"run_id": RERUN, "run_dir": str(runs / RERUN)}  # the parent's parent: its rerun
+    (runs / PARENT / "run.json").write_text(json.dumps(info))
+    index = RunsIndex(runs)
+    index.scan_families()
+    index.apply()
+    assert sorted(index.entry(r).name for r in range(len(index))) == sorted(  # type: ignore[union-attr]
+        [PARENT, FORK, RERUN, grandchild]
+    )

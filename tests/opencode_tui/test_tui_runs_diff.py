@@ -277,8 +277,14 @@ async def test_rerun_refuses_a_run_without_its_task(runs):
         assert any("cannot be re-run" in str(n.message) for n in app._notifications)
 
 
-def test_browser_lists_many_runs_lazily(tmp_path):
-    """Only the rows on screen read their run.json."""
+def test_browser_lists_many_runs_lazily(tmp_path, monkeypatch):
+    """Only the rows on screen read their run.json (above FAMILIES_AT_ONCE runs; the rest are read after
+    the first screen, in a thread, to place reruns and forks under their parents: held off here, tested
+    in test_tui_lineage)."""
+    import opencode_tui.screens.runs as runs_screen
+
+    assert runs_screen.FAMILIES_AT_ONCE < 300
+    monkeypatch.setattr(runs_screen, "FAMILIES_AFTER_S", 3600)
     src = RECORDED["hello-file"]
     info = RunDirReader(src).info()
     runs = tmp_path / "runs"
