@@ -380,7 +380,7 @@ class OpenCodeTUI(EpisodeHost):
         def admitted() -> Episode:
             # The provider's checks run their own event loop: this runs on a thread.
             if lineage is not None:
-                from opencode_tui.lineage_command import child_episode
+                from opencode_tui.lineage_child import child_episode
 
                 return child_episode(lineage.args())[0]
             config, task = rerun_inputs(RunDirReader(original).info(), original)

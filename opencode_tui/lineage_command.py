@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.exit_codes import ExitCode
+from opencode_tui.lineage_child import child_episode
 
 if TYPE_CHECKING:  # the engine (and pydantic) load when a command runs, not for --help (start-up)
     from core.config import AgentConfig
@@ -62,24 +63,6 @@ def add_parsers(sub: Any, provider_choices: Any) -> None:
         p.add_argument("--batch", action="store_true", help="headless: the result as a JSON line on stdout")
 
 
-def _overrides(args: argparse.Namespace) -> Any:
-    from core.config import AgentConfig
-
-    def apply(config: AgentConfig) -> AgentConfig:
-        data = config.model_dump(mode="json")
-        if args.provider:
-            data["sandbox"]["provider"] = args.provider
-        if args.runs_dir:
-            data["runs_dir"] = args.runs_dir
-        for option, key in (("model_url", "url"), ("model", "name"), ("api_key_env", "api_key_env")):
-            value = getattr(args, option, None)
-            if value:
-                data["model"][key] = value
-        return AgentConfig.model_validate(data)
-
-    return apply
-
-
 def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
     """``terminal``: both ends are one (then the live TUI, unless --batch). Several run directories:
     headless, one child after another, every one checked before the first starts."""
@@ -111,34 +94,6 @@ def cmd_lineage(args: argparse.Namespace, *, terminal: bool) -> int:
         if interrupted:  # a signal ends the batch: the children not started stay so
             break
     return worst
-
-
-def child_episode(args: argparse.Namespace) -> tuple[Episode, AgentConfig]:
-    """The child episode (not started); ValueError with one line when it cannot start as asked.
-    Its admission checks run their own event loop: inside an app, call it on a thread."""
-    from core.admission import AdmissionError, check_inputs
-    from core.config import ConfigError
-    from core.episode import Episode, LineageError, child_inputs, load_parent
-
-    name = args.command  # rerun | fork
-    path = Path(args.run_dir)
-    try:
-        parent = load_parent(path)
-        config, task, plan = child_inputs(
-            parent,
-            lineage=name,
-            fork_step=getattr(args, "at", None),
-            on_divergence=getattr(args, "on_divergence", "stop"),
-            allow_changed_task=args.allow_changed_task,
-            overrides=_overrides(args),
-            say=getattr(args, "say", None),
-        )
-        if not args.runs_dir:
-            config = config.model_copy(update={"runs_dir": str(path.resolve().parent)})
-        check_inputs(config, [task])
-    except (LineageError, AdmissionError, ConfigError, ValueError) as exc:
-        raise ValueError(str(exc)) from None
-    return Episode(task, config, runs_dir=Path(config.runs_dir), child_of=(plan, parent)), config
 
 
 def lineage_in_tui(

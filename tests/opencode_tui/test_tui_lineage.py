@@ -16,7 +16,7 @@ from core.artifacts import RunDirReader
 from core.diff import diff_runs
 from core.events import ModelCall
 from opencode_tui.app import OpenCodeTUI
-from opencode_tui.lineage_command import child_episode
+from opencode_tui.lineage_child import child_episode
 from opencode_tui.lineage_request import LineageRequest
 from opencode_tui.plain_text import diff_lines
 from opencode_tui.screens.diff import DiffScreen, StepsTable
