@@ -129,7 +129,9 @@ class InstallProgress(_Event):
 
 
 # Warning codes that report a step the engine took for the run, not a risk to it: shown as information.
-INFORMATIONAL_WARNINGS = frozenset({"ripgrep_provisioned"})
+INFORMATIONAL_WARNINGS = frozenset(
+    {"ripgrep_provisioned", "replay_started", "replay_said", "replay_live", "replay_workspace_matched"}
+)
 # Warning codes that say the agent is being stopped ("stopping the agent…"): news until it has stopped.
 STOPPING_WARNINGS = frozenset({"cancel_requested", "cancel_hurried", "agent_stopped"})
 

@@ -236,7 +236,7 @@ class ChildRun:
             self._workspace_said = True
             self._emit(
                 Warning_(
-                    code="replay_workspace",
+                    code="replay_workspace_matched",
                     message=f"the workspace at the fork point (step {step}) matches the recorded digest",
                 )
             )

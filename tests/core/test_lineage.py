@@ -144,7 +144,8 @@ def test_fork_at_step_2_has_the_files_of_step_2_and_goes_live_after_the_replayed
     # the live part was the scripted model's (its tool-call ids), the replayed part the record's
     assert "call_s2_0" in str(first_live.response_body)
     warnings = [e.code for e in RunDirReader(child_dir).events() if e.type == "warning"]
-    assert {"replay_started", "replay_live", "replay_workspace"} <= set(warnings)
+    assert {"replay_started", "replay_live", "replay_workspace_matched"} <= set(warnings)  # notes, not risks
+    assert "replay_workspace" not in warnings  # the warning is kept for a workspace that differs
 
 
 def test_fork_say_puts_the_text_into_the_first_live_request(parent):
