@@ -99,8 +99,11 @@ def child_inputs(
                 f"the task in {task.root} changed since {name} ran; pass --allow-changed-task to "
                 f"{lineage} it anyway and see where it diverges"
             )
+    # Digests are always on in a child; the parent's unset value already means on, and is kept so
+    # that `diff` shows no drift where there is none.
+    digests = True if config.debug.workspace_digests is False else config.debug.workspace_digests
     config = config.model_copy(
-        update={"debug": config.debug.model_copy(update={"workspace_digests": True, "breaks": []})}
+        update={"debug": config.debug.model_copy(update={"workspace_digests": digests, "breaks": []})}
     )
     if overrides is not None:
         config = overrides(config)

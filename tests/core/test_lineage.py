@@ -358,3 +358,21 @@ def test_a_truncated_or_abandoned_record_before_the_fork_point_moves_it(cut_pare
         point = fork_point(marked, 6)
         assert (point.asked, point.step) == (6, 5) and point.why is not None and words in point.why
         assert fork_point(marked, 5).why is None
+
+
+@pytest.mark.parametrize(("recorded", "child"), [(None, None), (False, True), (True, True)])
+def test_a_childs_digests_are_on_and_an_unset_parent_setting_stays_unset(tmp_path, recorded, child):
+    """Digests are always on in a child. A parent that left the setting unset (which means on) keeps
+    it unset in the child, so `diff` shows no configuration drift where there is none; a parent that
+    turned them off is overridden. (The recorded fix-bug run of tests/fixtures/lineage-runs, its task
+    copied to where its record says.)"""
+    family = Path(__file__).resolve().parents[1] / "fixtures" / "lineage-runs"
+    parent_dir = tmp_path / "runs" / "parent"
+    shutil.copytree(family / "fix-bug-20261202-095618-65ebfb-a1", parent_dir)
+    task = _copy_task(tmp_path / "task")
+    info = json.loads((parent_dir / "run.json").read_text())
+    info["task_dir"] = str(task)
+    info["config"]["debug"]["workspace_digests"] = recorded
+    (parent_dir / "run.json").write_text(json.dumps(info))
+    config, _task, _plan = child_inputs(load_parent(parent_dir), lineage="rerun", allow_changed_task=True)
+    assert config.debug.workspace_digests is child
