@@ -35,14 +35,16 @@ Lineage = Literal["rerun", "fork"]
 # Kinds whose requests carry the agent's conversation: a difference there is a divergence. A title
 # request is answered from the record when one is left, else live, never judged.
 _JUDGED = frozenset({"agent", "compaction"})
-# Run-to-run noise in a conversation: clock times, dates and durations (``Ran 1 test in 0.001s``),
-# OpenCode's own ids (a subagent's ``<task id="ses_...">``) and the pid bash names in a job's death.
+# Run-to-run noise in a conversation: clock times, dates, durations (``Ran 1 test in 0.001s``) and
+# throughputs (dd's ``214 MB/s``), OpenCode's own ids (a subagent's ``<task id="ses_...">``) and the
+# pid bash names in a job's death.
 _NOISE = [
     (re.compile(r"\b(ses|msg|prt)_[0-9A-Za-z]{12,}\b"), r"\1_<id>"),
     (re.compile(r"(\s)\d+(\s+(Killed|Terminated|Aborted|Segmentation fault|Hangup)\b)"), r"\1<pid>\2"),
     (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:?\d\d)?"), "<datetime>"),
     (re.compile(r"\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun)\w* \w{3,9} \d{1,2},? \d{4}\b"), "<date>"),
     (re.compile(r"\b\d{1,2}:\d\d:\d\d(\.\d+)?\b"), "<time>"),
+    (re.compile(r"\b\d+(\.\d+)?\s?([kKMGTP]i?)?B/s\b"), "<rate>"),
     (re.compile(r"\b\d+(\.\d+)?\s?(ms|s|sec|secs|seconds)\b"), "<duration>"),
 ]
 DIFF_LINES = 12

@@ -168,6 +168,13 @@ def test_compare_ignores_ids_and_clock_noise_and_names_the_message() -> None:
         _second("line 1:   113 Killed   bash -c 'kill -9 $$'"),
     )
     assert compare(a, b) is None
+    # a throughput is a timing too (dd on the docker run of disk-full: 214 then 222 MB/s)
+    a, b = (
+        _second("3221225472 bytes (3.2 GB, 3.0 GiB) copied, 15.0 s, 214 MB/s"),
+        _second("3221225472 bytes (3.2 GB, 3.0 GiB) copied, 14.5 s, 222 MB/s"),
+    )
+    assert compare(a, b) is None
+    assert compare(_second("copied 3 GiB"), _second("copied 4 GiB")) is not None  # a size is not
     what, diff = compare(a, _second("changed")) or ("", "")
     assert what == "message 4 [tool] differs (a tool result)" and "+[tool] changed" in diff
     assert compare(agent_body(), _second("x")) is not None  # a message more
