@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core import provider_registry
 from core.admission import next_attempt_blocked
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
 from core.config import AgentConfig, warm_depth
@@ -247,6 +248,8 @@ class LocalExecutor(Executor):
 
     def plan(self, tasks: list[Task], config: AgentConfig, jobs: int) -> None:
         depth = warm_depth(config.batch, jobs, os.cpu_count())
+        if not provider_registry.get(config.sandbox.provider).capabilities.warm:
+            return  # a provider that does not declare it (OpenSandbox: not yet)
         if depth <= 0 or config.sandbox.mode != "owned" or len(tasks) <= max(1, jobs):
             return  # off, borrowed, or every task starts at once: nothing to prepare ahead
         self.pool = WarmPool(config, depth=depth, batch_id=self.batch_id)

@@ -51,6 +51,10 @@ class Capabilities(BaseModel):
     listing: bool = False  # listed()/remove(): sweep and attach can find its sandboxes
     # Listing needs nothing configured (no server to name), so a bare ``sweep`` covers it.
     sweep_by_default: bool = False
+    # A batch may prepare its sandboxes ahead of the episodes that take them (core/episode/pool.py):
+    # created before the episode exists, alongside the running ones, and labelled so that ``sweep``
+    # finds an unused one after a SIGKILL.
+    warm: bool = False
 
 
 class Check(BaseModel):

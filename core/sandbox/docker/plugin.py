@@ -50,6 +50,7 @@ class DockerPlugin(ProviderPlugin):
         host_mounts=True,
         listing=True,
         sweep_by_default=True,
+        warm=True,
     )
     oom_rules = RULES
 

@@ -33,6 +33,7 @@ class LocalPlugin(ProviderPlugin):
         host_mounts=True,
         listing=True,
         sweep_by_default=True,
+        warm=True,
     )
 
     def provider(self, settings: BaseModel) -> LocalProvider:

@@ -25,7 +25,9 @@ from core.events import CleanupObserved
 
 pytestmark = pytest.mark.slow
 
-CLOSE_S = 4.0
+# The release keeps a quarter of the budget: 2 s here. With 4 s (a 1 s reserve), a loaded CI machine
+# once ended this close with cleanup_unconfirmed: the release did not finish within its reserve.
+CLOSE_S = 8.0
 # What the host needs on top of the budget: starting execs, cancelling the agent's exec, closing the
 # model endpoint. Before the single deadline, this close took two full stop windows plus the rest.
 SLACK_S = 3.0
@@ -105,7 +107,7 @@ async def test_a_stalled_close_ends_within_one_budget_and_keeps_the_streamed_out
     assert elapsed <= CLOSE_S + SLACK_S, f"the close took {elapsed:.1f}s with a {CLOSE_S:g}s budget"
     # No receipt ever came: the owned sandbox was destroyed, and the record says both.
     kinds = [r.failure.kind for r in ep.failures]
-    assert "supervisor_lost" in kinds, kinds
+    assert "supervisor_lost" in kinds, [(r.failure.kind, r.failure.message) for r in ep.failures]
     assert result.cleanup_proof == "destroyed"
     assert ep.close_deadline is not None and ep.close_deadline.spent_s <= CLOSE_S + 1.0
     run_dir = Path(result.run_dir)

@@ -71,6 +71,9 @@ def test_hello_file_scores_with_opensandbox(os_batch: Any) -> None:
     r = results["hello-file"]
     assert (r.provider, r.action, r.reward, r.failure_kind) == ("opensandbox", "scored", 1.0, None)
     assert r.cleanup_confirmed is True
+    # OpenSandbox does not declare the warm capability: no sandbox was prepared ahead (here one would
+    # have taken the execd stand-in's one host port from the running sandbox: sandbox_not_ready).
+    assert not any(x.warm for x in results.values())
     reader = RunDirReader(Path(r.run_dir))
     ready = [e for e in reader.events() if isinstance(e, SandboxReady)]
     assert ready and ready[0].provider == "opensandbox" and ready[0].owned is True
