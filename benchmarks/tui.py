@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -186,6 +188,23 @@ class StreamingEngine(EpisodeControl):
                 await asyncio.sleep(0)
 
 
+@contextlib.contextmanager
+def _timed_follow_key(handled: list[float]) -> Iterator[None]:
+    """While open, each ``l`` (follow) the terminal pane acts on appends its time to ``handled``:
+    the key latency measured. The pane's own action is put back on the way out."""
+    original = TerminalView.action_toggle_follow
+
+    def recording_toggle(self: TerminalView) -> None:
+        handled.append(time.perf_counter())
+        original(self)
+
+    TerminalView.action_toggle_follow = recording_toggle  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        TerminalView.action_toggle_follow = original  # type: ignore[method-assign]
+
+
 async def run_stream(total_mb: float, rate_mb_s: float = 0.0) -> dict[str, float]:
     chunks = make_chunks(int(total_mb * 1024 * 1024))
     total_chars = sum(len(c) for c in chunks)
@@ -196,14 +215,7 @@ async def run_stream(total_mb: float, rate_mb_s: float = 0.0) -> dict[str, float
     app = OpenCodeTUI(control=engine)
     pressed: list[float] = []
     handled: list[float] = []
-    original = TerminalView.action_toggle_follow
-
-    def recording_toggle(self: TerminalView) -> None:
-        handled.append(time.perf_counter())
-        original(self)
-
-    TerminalView.action_toggle_follow = recording_toggle  # type: ignore[method-assign]
-    try:
+    with _timed_follow_key(handled):
         async with app.run_test(size=(160, 45)) as pilot:
             screen = app.screen
             assert isinstance(screen, RunScreen)
@@ -246,8 +258,6 @@ async def run_stream(total_mb: float, rate_mb_s: float = 0.0) -> dict[str, float
             await key_task
             assert term.rendered.count > 0
             await engine.cancel()
-    finally:
-        TerminalView.action_toggle_follow = original  # type: ignore[method-assign]
     mb = total_bytes / 1e6
     ingest_s = ingested - start
     lateness.sort()
@@ -578,15 +588,8 @@ async def run_single_replay(n_events: int, events_per_turn: int = 200) -> dict[s
     app = OpenCodeTUI(control=engine)
     pressed: list[float] = []
     handled: list[float] = []
-    original = TerminalView.action_toggle_follow
-
-    def recording_toggle(self: TerminalView) -> None:
-        handled.append(time.perf_counter())
-        original(self)
-
-    TerminalView.action_toggle_follow = recording_toggle  # type: ignore[method-assign]
     sent = 0
-    try:
+    with _timed_follow_key(handled):
         async with app.run_test(size=(160, 45)) as pilot:
             assert isinstance(app.screen, RunScreen)
             await pilot.pause(0.5)
@@ -614,8 +617,6 @@ async def run_single_replay(n_events: int, events_per_turn: int = 200) -> dict[s
                 await asyncio.sleep(0.001)
             await key_task
             await engine.cancel()
-    finally:
-        TerminalView.action_toggle_follow = original  # type: ignore[method-assign]
     keys = _key_latencies(pressed, handled)
     return {
         "events": float(sent),

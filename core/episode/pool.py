@@ -113,10 +113,7 @@ class Lease:
 
     def finished(self) -> None:
         """After the release: the socket and its directory (the endpoint removes them too)."""
-        if self.listen is not None:
-            with contextlib.suppress(OSError):
-                self.listen[0].close()
-            shutil.rmtree(self.listen[1], ignore_errors=True)
+        _close_listening(self.listen)
 
 
 @dataclass
@@ -152,6 +149,13 @@ def _listening_socket() -> tuple[socket.socket, str]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return sock, tmp
+
+
+def _close_listening(listen: tuple[socket.socket, str] | None) -> None:
+    if listen is not None:
+        with contextlib.suppress(OSError):
+            listen[0].close()
+        shutil.rmtree(listen[1], ignore_errors=True)
 
 
 class WarmPool:
@@ -396,10 +400,7 @@ class WarmPool:
         sandbox, entry.sandbox = entry.sandbox, None
         if count:
             self.counts.discarded += 1
-        if entry.listen is not None:
-            with contextlib.suppress(OSError):
-                entry.listen[0].close()
-            shutil.rmtree(entry.listen[1], ignore_errors=True)
+        _close_listening(entry.listen)
         if sandbox is None:
             return
         confirmed = False
