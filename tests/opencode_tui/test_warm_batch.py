@@ -127,3 +127,49 @@ def test_the_event_log_names_a_warm_sandbox():
         pool_run="pool-b1-1",
     )
     assert summarize(ev) == "sandbox sb1 prepared ahead (1.25s, waited 0.00s)"
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [("c", 130), ("q", 130), ("ctrl-c", 130), ("SIGTERM", 143), ("SIGHUP", 129)],
+)
+def test_every_way_off_the_batch_screen_releases_the_prepared_sandboxes(how, code, tmp_path, test_owner):
+    """The batch screen (the same tasks without --batch, in a pseudo-terminal) with two sandboxes
+    prepared ahead: `c` (confirmed with `y`; the cancelled batch stays on screen, then `q`), `q`
+    (confirmed), Ctrl-C, SIGTERM and SIGHUP all end with the prepared sandboxes released. The exit
+    code says how it ended."""
+    from tests.opencode_tui.test_tui_pty import Tui
+
+    proc = _start("local", tmp_path)  # the tasks and the config, as --batch would run them
+    proc.kill()
+    proc.wait(30)
+    tasks = sorted(str(p) for p in (tmp_path / "tasks").iterdir())
+    args = ["run", *tasks, "--jobs", "1", "--provider", "local", "--runs-dir", str(tmp_path / "screen")]
+    t = Tui([*args, "--config", str(tmp_path / "config.yaml")], tmp_path)
+    try:
+        t.wait_for(lambda s: "running 1" in s and "queued 3" in s, 90, "one running, three queued")
+        deadline = time.monotonic() + 180
+        while len(_pooled("local", test_owner)) < 2:
+            assert time.monotonic() < deadline, "two prepared sandboxes never appeared"
+            t.pump(0.5)
+        t.pump(3)  # their OpenCode installs
+        if how in ("SIGTERM", "SIGHUP"):
+            t.child.kill(signal.Signals[how])
+        elif how == "ctrl-c":
+            t.child.sendcontrol("c")
+        else:
+            t.child.send(how)
+            t.wait_for(lambda s: "(y)" in s, 15, "the question")
+            t.child.send("y")
+        if how == "c":  # the batch is cancelled and its end stays on screen until `q`
+            t.wait_for(lambda s: "failures in 4 of 4" in s, 150, "the cancelled batch's end")
+            assert _pooled("local", test_owner) == []
+            t.child.send("q")
+        exited = t.exit_code(timeout=150)
+    finally:
+        if t.child.isalive():
+            t.child.terminate(force=True)
+    assert exited == code, t.text()
+    assert _pooled("local", test_owner) == []
