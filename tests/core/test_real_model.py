@@ -121,10 +121,14 @@ def test_plain_path_is_scored_honestly(episodes):
     assert result.exit_code == ExitCode.OK
     records = _records(result)
     agent = [r for r in records if r["kind"] == "agent"]
-    assert agent and all(r["status"] == 200 and r["error"] is None for r in agent), agent
+    assert agent and all(r["status"] == 200 for r in agent), agent
     # The server serves one call at a time and interrupts a running stream when the next call arrives
-    # (its interrupt_requests default): the title call OpenCode sends beside the first agent call may be
-    # cut off, and is then a failed call, as recorded.
+    # (its interrupt_requests default): the title call or an agent call beside it may be cut off (a
+    # stream with nothing in it and no finish reason) and is then a failed call, as recorded; OpenCode
+    # asks again, and the agent's last call is a good one.
+    cut = [r for r in agent if r["error"] is not None]
+    assert all(r["answer_fault"] == "nothing" for r in cut), cut
+    assert agent[-1]["error"] is None, agent[-1]
     assert result.model_calls_failed == len([r for r in records if r["error"] is not None])
 
 
