@@ -49,6 +49,7 @@ from opencode_tui.messages import (
     EpisodeFinished,
     KeepSandboxChanged,
     KeepToggleWanted,
+    RerunWanted,
     ShellStateChanged,
     ShellWanted,
 )
@@ -62,8 +63,12 @@ from opencode_tui.screens.shell import ShellScreen
 from opencode_tui.themes import APP_VARIABLES, DEFAULT_THEME, load_themes, next_theme
 
 if TYPE_CHECKING:
+    from core.config import AgentConfig
     from core.control import EpisodeControl
     from core.diff import RunDiff
+    from core.episode import Episode, EpisodeResult
+    from core.episode.warm_next import WarmNext
+    from core.tasks import Task
 
 
 INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
@@ -118,6 +123,8 @@ class OpenCodeTUI(EpisodeHost):
         from_browser: bool = False,
         rerun_of: tuple[Path, Path | None] | None = None,
         notice: str | None = None,
+        warm: WarmNext | None = None,
+        inputs: tuple[Task, AgentConfig] | None = None,
     ) -> None:
         if control is None and run_dir is None and runs_dir is None and diff is None:
             raise ValueError(
@@ -142,6 +149,12 @@ class OpenCodeTUI(EpisodeHost):
             # `s` says the shell is disabled on every screen (a replay has no shell key of its own).
             self.bind("s", "open_shell", show=False)
         self._diff_result = diff_result
+        # issue 31: the sandbox prepared ahead for the next run (the first one, then a re-run), and the
+        # task and configuration of the live episode (what a re-run's is prepared for). Every way out
+        # releases the prepared one, confirmed (``_leave``).
+        self.warm = warm
+        self._inputs = inputs
+        self.ran: list[EpisodeControl] = [control] if control is not None else []  # in this app, in order
         self.themes = load_themes(theme_dirs)
         for t in self.themes.values():
             self.register_theme(t)
@@ -211,7 +224,7 @@ class OpenCodeTUI(EpisodeHost):
         elif self.episode_running:
             self._quit_after_cleanup(name)
         else:
-            self.exit()
+            self._leave()
 
     @staticmethod
     def _freeze_heap() -> None:
@@ -255,6 +268,52 @@ class OpenCodeTUI(EpisodeHost):
             self.notify(f"The episode ended with an error: {message.error}", severity="error", timeout=8)
         elif not self.quitting:
             self.notify("The episode has finished.", timeout=4)
+        if self.warm is not None:
+            self._after_episode(self.control)
+
+    # -- the sandbox prepared ahead (issue 31) ---------------------------------------------------
+
+    @work(group="warm")
+    async def _after_episode(self, control: EpisodeControl | None) -> None:
+        """An episode has ended: prepare a sandbox for a re-run of it (one that ended by itself), or
+        release the one there is (a cancelled episode; the app leaving)."""
+        assert self.warm is not None
+        result = _result_of(control)
+        if (
+            result is not None
+            and result.cancelled_by is None
+            and self._inputs is not None
+            and not (self.quitting or self.read_only)
+        ):
+            await self.warm.aim(*self._inputs)
+            return
+        before = self.warm.counts
+        await self.warm.discard()
+        after = self.warm.counts
+        if after.discarded > before.discarded:
+            confirmed = after.released_unconfirmed == before.released_unconfirmed
+            self.notify(
+                "The sandbox prepared ahead was released (cleanup confirmed)."
+                if confirmed
+                else "The sandbox prepared ahead was released, unconfirmed: `opencode-tui sweep` removes it.",
+                severity="information" if confirmed else "warning",
+                timeout=6,
+            )
+
+    def _leave(self) -> None:
+        """Exit the app, every way out: the sandbox prepared ahead is released first, confirmed."""
+        if self.warm is None:
+            self.exit()
+        else:
+            self._release_and_exit()
+
+    @work(group="leave")
+    async def _release_and_exit(self) -> None:
+        assert self.warm is not None
+        if self.warm.holding:
+            self.notify("Releasing the sandbox prepared ahead (cleanup is confirmed)…", timeout=10)
+        await self.warm.close()
+        self.exit()
 
     @property
     def episode_running(self) -> bool:
@@ -372,37 +431,97 @@ class OpenCodeTUI(EpisodeHost):
 
     @work(exclusive=True, group="run-here")
     async def _start_here(self, original: Path, lineage: LineageRequest | None) -> None:
-        from core.admission import AdmissionError, check_inputs, rerun_inputs
-        from core.artifacts import RunDirReader
+        from core.admission import AdmissionError
         from core.config import ConfigError
         from core.episode import Episode
 
-        def admitted() -> Episode:
+        def admitted() -> Episode | tuple[AgentConfig, Task]:
             # The provider's checks run their own event loop: this runs on a thread.
             if lineage is not None:
                 from opencode_tui.lineage_child import child_episode
 
                 return child_episode(lineage.args())[0]
-            config, task = rerun_inputs(RunDirReader(original).info(), original)
-            check_inputs(config, [task])
-            return Episode(task, config, runs_dir=original.parent)
+            return _rerun_inputs(original)
 
         doing = {None: "Re-running", "rerun": "Re-running from the record", "fork": "Forking"}
         self.notify(f"{doing[lineage.lineage if lineage else None]} {original.name}…", timeout=3)
         try:
-            episode = await asyncio.to_thread(admitted)
+            made = await asyncio.to_thread(admitted)
         except (AdmissionError, ConfigError, FileNotFoundError, ValueError) as exc:
             self.notify(f"{original.name} cannot be re-run: {exc}", severity="error", timeout=8)
             return
         if self.control is not None or self.quitting:
             return
-        self.control, self.run_episode, self._here = episode, episode.run, original
-        self.from_browser = True
+        self._here, self.from_browser = original, True
+        if isinstance(made, Episode):  # a rerun or fork takes no sandbox prepared ahead: it is released
+            if self.warm is not None:
+                await self.warm.discard()
+            await self._start_live(made, None, replace=False)
+        else:
+            await self._go_live(*made, original.parent, replace=False)
+
+    def on_rerun_wanted(self, _message: RerunWanted) -> None:
+        if not self._refused("re-run"):
+            self._rerun_live()
+
+    @work(exclusive=True, group="run-here")
+    async def _rerun_live(self) -> None:
+        """`r` on a live run that has ended: its task again with its recorded configuration (admitted
+        like `run`), on a new run screen in its place; it takes the sandbox prepared ahead for it."""
+        from core.admission import AdmissionError
+        from core.config import ConfigError
+
+        path = self.live_run_path
+        if path is None or self.episode_running or self.quitting:
+            return
+        self.notify(f"Re-running {path.name}…", timeout=3)
+        try:
+            config, task = await asyncio.to_thread(_rerun_inputs, path)
+        except (AdmissionError, ConfigError, FileNotFoundError, ValueError) as exc:
+            self.notify(f"{path.name} cannot be re-run: {exc}", severity="error", timeout=8)
+            return
+        if self.episode_running or self.quitting:
+            return
+        await self._go_live(config, task, path.parent, replace=True)
+
+    @property
+    def can_rerun(self) -> bool:
+        return self.control is not None and not self.quitting and self.live_run_path is not None
+
+    @property
+    def live_run_path(self) -> Path | None:
+        """The live episode's run directory, once it exists."""
+        found = getattr(self.control, "run_dir", None)
+        path = getattr(found, "path", found)
+        return Path(path) if isinstance(path, str | Path) else None
+
+    async def _go_live(self, config: AgentConfig, task: Task, runs_dir: Path, *, replace: bool) -> None:
+        """An episode of ``task`` under ``config``, live here: it takes the sandbox prepared ahead when
+        one matches (``WarmNext.aim``: one for another configuration is released, confirmed)."""
+        from core.episode import Episode
+
+        pool = await self.warm.aim(task, config) if self.warm is not None else None
+        await self._start_live(
+            Episode(task, config, runs_dir=runs_dir, pool=pool), (task, config), replace=replace
+        )
+
+    async def _start_live(
+        self, episode: Episode, inputs: tuple[Task, AgentConfig] | None, *, replace: bool
+    ) -> None:
+        """``episode`` becomes the app's live one, on a run screen pushed (over the browser) or put in
+        place of the ended run's (``replace``)."""
+        self.control, self.run_episode, self._inputs = episode, episode.run, inputs
+        self.ran.append(episode)
         self._queue = episode.bus.queue()
         self._run_ended = asyncio.Event()
+        self.quitting = False
         self.set_reactive(OpenCodeTUI.keep, episode.kept)
         self.set_reactive(OpenCodeTUI.episode_done, False)
-        await self.push_screen(LiveRunScreen(episode, from_browser=True).data_bind(keep=OpenCodeTUI.keep))
+        screen = LiveRunScreen(episode, from_browser=self.from_browser).data_bind(keep=OpenCodeTUI.keep)
+        if replace and len(self.screen_stack) > 1:
+            await self.switch_screen(screen)
+        else:  # over the browser; or over the app's first screen, which cannot be switched away
+            await self.push_screen(screen)
         self._watch_episode()
         self._run_episode()
 
@@ -430,7 +549,7 @@ class OpenCodeTUI(EpisodeHost):
         if self._here is not None:
             await self._back_to_browser()
         else:
-            self.exit()
+            self._leave()
 
     def open_shell(self, sandbox: str | None) -> None:
         if self.control is None:
@@ -533,7 +652,7 @@ class OpenCodeTUI(EpisodeHost):
 
     async def action_interrupt(self) -> None:
         if not self.episode_running:
-            self.exit()
+            self._leave()
         elif self.quitting:
             assert self.control is not None
             await self.control.cancel(INTERRUPT_KEY)  # pressed again: hurry the close
@@ -546,14 +665,20 @@ class OpenCodeTUI(EpisodeHost):
     @property
     def closing_done(self) -> bool:
         """The live episode's sandbox is released (cleanup confirmed), or its outcome is decided."""
-        for screen in self.screen_stack:
-            if isinstance(screen, RunScreen):
-                released = screen.state.cleanup.get(CleanupStep.SANDBOX_RELEASED)
-                if screen.state.outcome is not None or (
-                    released is not None and released.state is StepState.OK
-                ):
-                    return True
+        for screen in self._run_screens():
+            released = screen.state.cleanup.get(CleanupStep.SANDBOX_RELEASED)
+            if screen.state.outcome is not None or (released is not None and released.state is StepState.OK):
+                return True
         return False
+
+    def _run_screens(self) -> list[RunScreen]:
+        """The run screens of the live episode (a re-run's screen pushed over the ended run's, which
+        stays below it when it is the app's first screen, shows another episode)."""
+        return [
+            s
+            for s in self.screen_stack
+            if isinstance(s, RunScreen) and (not isinstance(s, LiveRunScreen) or s.control is self.control)
+        ]
 
     @work(exclusive=True, group="quit")
     async def _quit_after_cleanup(self, by: str = CANCELLED_BY_USER, cancel: bool = True) -> None:
@@ -561,8 +686,8 @@ class OpenCodeTUI(EpisodeHost):
         self.quitting = True
         if cancel:
             budget = None
-            for screen in self.screen_stack:
-                if isinstance(screen, RunScreen) and screen.state.started is not None:
+            for screen in self._run_screens():
+                if screen.state.started is not None:
                     budget = screen.state.started.close_budget_s
             self.push_screen(CleanupWaitScreen(budget))
             self.post_message(CancelRequested("quit"))
@@ -588,4 +713,20 @@ class OpenCodeTUI(EpisodeHost):
         if by == CANCELLED_BY_USER and self._here is not None:
             await self._back_to_browser()  # asked for on the run's screen; a signal or Ctrl-C ends the app
         else:
-            self.exit()
+            self._leave()
+
+
+def _result_of(control: EpisodeControl | None) -> EpisodeResult | None:
+    """The ended episode's result (an ``Episode``'s; None for another control, or one that did not end)."""
+    return getattr(control, "_result", None)
+
+
+def _rerun_inputs(path: Path) -> tuple[AgentConfig, Task]:
+    """The configuration and task ``path`` recorded, admitted like `run` (the provider's checks run
+    their own event loop: call it on a thread)."""
+    from core.admission import check_inputs, rerun_inputs
+    from core.artifacts import RunDirReader
+
+    config, task = rerun_inputs(RunDirReader(path).info(), path)
+    check_inputs(config, [task])
+    return config, task

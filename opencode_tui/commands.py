@@ -170,8 +170,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
     theme = _theme()
     if theme is None:
         return ExitCode.USAGE
+    from opencode_tui import read_only
     from opencode_tui.app import OpenCodeTUI
 
+    if read_only.served() and not read_only.enabled():
+        # A served session re-runs inside this app: each re-run that ends by itself has a sandbox
+        # prepared for the next (issue 31), released on every way out of the session.
+        from core.episode.warm_next import WarmNext
+        from opencode_tui.warm_run import run_app
+
+        run_app(OpenCodeTUI(runs_dir=runs_dir, theme=theme, warm=WarmNext()))
+        return ExitCode.OK
     app = OpenCodeTUI(runs_dir=runs_dir, theme=theme)
     app.run()
     # `r`: the run again, live (one episode per app, like `run`); then back to the browser, the two runs

@@ -31,3 +31,8 @@ class EpisodeHost(App[None]):
     def toggle_keep(self) -> None:
         """Keep the sandbox after the run, or not (``k``)."""
         raise NotImplementedError
+
+    @property
+    def can_rerun(self) -> bool:
+        """The live run, once ended, can be run again here (``r``)."""
+        return False

@@ -54,6 +54,11 @@ class KeepToggleWanted(Message):
 
 
 @dataclass
+class RerunWanted(Message):
+    """The user asked to run the ended live run's task again (``r``), in this app."""
+
+
+@dataclass
 class CancelRequested(Message):
     """The user confirmed cancelling the live episode (``reason``: "cancel" or "quit")."""
 

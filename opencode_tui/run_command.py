@@ -385,16 +385,33 @@ def _run_tui(
         runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         return _runs_dir_failed(RunsDirError(runs_dir, exc)), None
-    episode = Episode(task, config, runs_dir=runs_dir)
-    app = OpenCodeTUI(control=episode, theme=config.theme, run_episode=episode.run, from_browser=from_browser)
-    app.run()
-    result = episode._result
-    if result is None:
+    from core.episode.warm_next import WarmNext
+    from opencode_tui.warm_run import run_app, warm_line
+
+    # issue 31: the first sandbox starts preparing as the app's loop starts (before the screen is
+    # drawn) and the episode takes it; each run that ends by itself has the next one prepared for `r`.
+    warm = WarmNext()
+    episode = Episode(task, config, runs_dir=runs_dir, pool=warm.pool_for(task, config))
+    app = OpenCodeTUI(
+        control=episode,
+        theme=config.theme,
+        run_episode=episode.run,
+        from_browser=from_browser,
+        warm=warm,
+        inputs=(task, config),
+    )
+    counts = run_app(app, first=(task, config))
+    results = [r for r in (getattr(e, "_result", None) for e in app.ran) if r is not None]
+    for result in results:
+        for line in result_lines(result):
+            print(f"opencode-tui: {line}", file=sys.stderr)
+    if counts is not None:
+        print(f"opencode-tui: {warm_line(counts)}", file=sys.stderr)
+    last = getattr(app.ran[-1], "_result", None)
+    if last is None:
         print("opencode-tui run: the episode did not finish", file=sys.stderr)
         return ExitCode.INFRA, None
-    for line in result_lines(result):
-        print(f"opencode-tui: {line}", file=sys.stderr)
-    return result.exit_code, result
+    return last.exit_code, last
 
 
 def result_lines(result: EpisodeResult) -> list[str]:

@@ -20,7 +20,7 @@ from core.debugger.protocol import CtlReply, CtlRequest
 from core.events import CleanupStep, Event, Intervention, StepState, TerminalOutput
 from core.model import HandAnswer, answer_json
 from opencode_tui import debug_acts
-from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted
+from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted, RerunWanted
 from opencode_tui.screens import run
 from opencode_tui.screens.debug_input import DebugInputScreen
 from opencode_tui.screens.modals import ConfirmScreen, ModelCallScreen
@@ -62,6 +62,16 @@ class LiveRunScreen(RunScreen):
             "Keep sandbox",
             tooltip="Keep the sandbox after the run for debugging",
             id="run.keep",
+        ),
+        # Once the run has ended (check_action), over the terminal pane's `r` (raw, while it runs; the
+        # palette's "Raw output" after): the task again, in a sandbox prepared ahead when one matches.
+        Binding(
+            "r",
+            "rerun",
+            "Re-run",
+            tooltip="Run the task again with its recorded configuration",
+            priority=True,
+            id="run.rerun",
         ),
         # The debugger's keys (issue 27), only when they apply (check_action); the held bar lists the
         # ones for a held call (the footer has no room for them at 80 columns).
@@ -246,6 +256,8 @@ class LiveRunScreen(RunScreen):
             return bool(self.control.keep_changeable)  # else decided for good
         if action == "cancel_episode":
             return not self._episode_ended()  # after the outcome there is nothing left to cancel
+        if action == "rerun":
+            return not self.in_batch and not self.tui.episode_running and self.tui.can_rerun
         if action == "open_shell":
             # a live sandbox can be shelled into until cleanup released it
             return not self._sandbox_released()
@@ -312,11 +324,15 @@ class LiveRunScreen(RunScreen):
     def action_toggle_keep(self) -> None:
         self.post_message(KeepToggleWanted())
 
+    def action_rerun(self) -> None:
+        self.post_message(RerunWanted())
+
     def palette_entries(self) -> Iterable[PaletteEntry]:
         return (
             PaletteEntry("Open shell", "Interactive shell in the sandbox (s)", "open_shell"),
             PaletteEntry("Cancel episode", "Stop the agent; cleanup is confirmed (c)", "cancel_episode"),
             PaletteEntry("Keep sandbox", "Toggle keeping the sandbox after the run (k)", "toggle_keep"),
+            PaletteEntry("Re-run", "Run the task again with its recorded configuration (r)", "rerun"),
         )
 
     # -- the debugger (issue 27): acts go through the run's control socket, as `ctl` sends them ---
