@@ -707,9 +707,9 @@ class OpenCodeTUI(EpisodeHost):
         if waiter.done() and not waiter.cancelled():
             waiter.exception()  # the episode's failure is in its events; what matters is that it ended
         self.episode_done = True
-        for screen in self.screen_stack:
-            if isinstance(screen, LiveRunScreen):
-                screen.flush_live()
+        for live in self.screen_stack:
+            if isinstance(live, LiveRunScreen):
+                live.flush_live()
         if by == CANCELLED_BY_USER and self._here is not None:
             await self._back_to_browser()  # asked for on the run's screen; a signal or Ctrl-C ends the app
         else:
