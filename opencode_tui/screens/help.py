@@ -21,7 +21,8 @@ PANELS = """\
 - **Terminal**: what a person would have seen: the agent's terminal output with its colours, each bash
   tool call as `$ command` followed by its output, file edits as a short diff, the assistant's text.
   `l` follows new output or pauses (scrolling up pauses too); `r` shows the harness's raw stdout/stderr
-  byte for byte, escape sequences visible. Select text with the mouse and press `y` to copy it.
+  byte for byte, escape sequences visible (once a live run has ended, `r` re-runs it instead, in a
+  sandbox prepared ahead while you read; the palette's *Raw output* still switches the view). Select text with the mouse and press `y` to copy it.
   `/` (or `ctrl+f` anywhere) searches the shown view, case-insensitive: every match highlighted, `n` / `N`
   go to the next / previous one, `escape` clears the search. Enter opens the latest tool call on screen
   in full (the **step view**: its command or arguments, whole output, exit status, duration, and the
