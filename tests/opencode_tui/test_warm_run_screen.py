@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tests.opencode_tui.test_tui_pty import Tui
 from tests.opencode_tui.test_warm_batch import _pooled
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
+CLI = [sys.executable, "-m", "opencode_tui.cli"]
 WARM_LINE = re.compile(
     r"warm sandboxes: (\d+) prepared, (\d+) used, (\d+) discarded(, \d+ failed)?"
     r"(, \d+ release unconfirmed)?(, \d+ released unused, confirmed)?"
@@ -249,3 +251,76 @@ def test_batch_warm_0_turns_it_off_on_the_run_screen(tmp_path, test_owner):
     [run] = _runs(tmp_path)
     assert _events(run, "warm_sandbox") == []
     assert WARM_LINE.search(t.text()) is None
+
+
+@pytest.mark.slow
+def test_the_served_browsers_rerun_takes_the_prepared_sandbox_and_another_task_does_not(
+    provider, tmp_path, test_owner
+):
+    """A served session (one app: the browser's `r` runs inside it, ``run_here``): the re-run takes the
+    sandbox prepared for its run's task after the last run ended (ready: it waited 0 s); back in the
+    browser, a re-run of another task (other limits) is not given the one prepared meanwhile, which is
+    released, confirmed; `q` releases the last one. (Pilot, not a pseudo-terminal: the same app.)"""
+    import subprocess
+
+    from opencode_tui.app import OpenCodeTUI
+
+    runs = tmp_path / "runs"
+    other = tmp_path / "other"
+    shutil.copytree(SAMPLES / "hello-file", other)
+    spec = yaml.safe_load((other / "task.yaml").read_text())
+    (other / "task.yaml").write_text(yaml.safe_dump({**spec, "limits": {"memory": "768m"}}))
+    recorded = []
+    for task in (SAMPLES / "hello-file", other):
+        r = subprocess.run(
+            [*CLI, "run", str(task), "--batch", "--provider", provider, "--runs-dir", str(runs)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr
+        recorded.append(Path(json.loads(r.stdout.splitlines()[-1])["run_dir"]))
+    original, changed = recorded
+
+    async def scenario() -> None:
+        warm = WarmNext()
+        app = OpenCodeTUI(runs_dir=runs, warm=warm)
+
+        async def until(what: str, predicate, timeout: float = 240) -> None:
+            deadline = time.monotonic() + timeout
+            while not predicate():
+                assert time.monotonic() < deadline, f"never: {what}"
+                await pilot.pause(0.2)
+
+        def ended(n: int) -> bool:
+            return len(app.ran) == n and app.episode_done and app.control is not None
+
+        async with app.run_test(size=(160, 48)) as pilot:
+            for n in (1, 2):
+                app.run_here(original)
+                await until(f"re-run {n} ended", lambda n=n: ended(n))
+                await until(f"a sandbox prepared after re-run {n}", lambda n=n: warm.counts.prepared == n + 1)
+                await pilot.press("escape")  # the run has ended: back to the browser
+                await until("the browser", lambda: app.control is None)
+            prepared = await asyncio.to_thread(_pooled, provider, test_owner)
+            assert len(prepared) == 1
+            app.run_here(changed)
+            await until("the other task's run ended", lambda: ended(3))
+            assert prepared[0] not in await asyncio.to_thread(_pooled, provider, test_owner)
+            await until("a sandbox prepared after the other run", lambda: warm.counts.prepared == 4)
+            await pilot.press("q")  # the run has ended: back to the browser, then out of the app
+            await until("the browser", lambda: app.control is None)
+            await pilot.press("q")
+            await until("the app's exit", lambda: not app.is_running, 120)
+        counts = await warm.close()
+        assert counts.released_unconfirmed == 0 and counts.used == 3, counts
+        # the mismatched one, and the one prepared after the last run (released on the way out)
+        assert counts.discarded == counts.released_confirmed == 2, counts
+        warm_events = [_events(Path(e._result.run_dir), "warm_sandbox") for e in app.ran]
+        assert all(len(w) == 1 for w in warm_events), warm_events
+        second, third = warm_events[1][0], warm_events[2][0]
+        assert second["waited_s"] == 0  # prepared while the browser showed, ready when the re-run began
+        assert third["sandbox_id"] != prepared[0] and third["pool_run"] != second["pool_run"]
+
+    asyncio.run(scenario())
+    assert _pooled(provider, test_owner) == []
