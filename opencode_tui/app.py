@@ -219,7 +219,7 @@ class OpenCodeTUI(EpisodeHost):
             self._signals = None
 
     async def _on_signal(self, name: str) -> None:
-        if self.quitting and self.control is not None:
+        if self.quitting and self.control is not None and self.episode_running:
             await self.control.cancel(name)  # a second signal hurries the close
         elif self.episode_running:
             self._quit_after_cleanup(name)
@@ -302,6 +302,7 @@ class OpenCodeTUI(EpisodeHost):
 
     def _leave(self) -> None:
         """Exit the app, every way out: the sandbox prepared ahead is released first, confirmed."""
+        self.quitting = True  # nothing starts or is prepared any more (a re-run being admitted)
         if self.warm is None:
             self.exit()
         else:
@@ -509,12 +510,13 @@ class OpenCodeTUI(EpisodeHost):
         self, episode: Episode, inputs: tuple[Task, AgentConfig] | None, *, replace: bool
     ) -> None:
         """``episode`` becomes the app's live one, on a run screen pushed (over the browser) or put in
-        place of the ended run's (``replace``)."""
+        place of the ended run's (``replace``). Not while the app is leaving (it has no sandbox yet)."""
+        if self.quitting:
+            return
         self.control, self.run_episode, self._inputs = episode, episode.run, inputs
         self.ran.append(episode)
         self._queue = episode.bus.queue()
         self._run_ended = asyncio.Event()
-        self.quitting = False
         self.set_reactive(OpenCodeTUI.keep, episode.kept)
         self.set_reactive(OpenCodeTUI.episode_done, False)
         screen = LiveRunScreen(episode, from_browser=self.from_browser).data_bind(keep=OpenCodeTUI.keep)
