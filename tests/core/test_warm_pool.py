@@ -16,7 +16,7 @@ from core.artifacts import RunDirReader
 from core.batch import run_batch
 from core.config import AgentConfig, BatchSettings, warm_depth
 from core.episode.pool import WarmPool, pool_key
-from core.events import EpisodeStarted, WarmSandbox
+from core.events import EpisodeStarted, OpenCodeEvent, WarmSandbox
 from core.sandbox.base import LABEL_BATCH, LABEL_POOL
 from core.sandbox.providers import get_provider
 from core.tasks import Task, load_task
@@ -25,7 +25,9 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 OTHER_IMAGE = "opencode-tui/base-norg:bookworm"
 
 
-def _tasks(root: Path, n: int, image: str | None = None) -> list[Task]:
+def _tasks(root: Path, n: int, image: str | None = None, linger_s: int = 0) -> list[Task]:
+    """``n`` copies of hello-file; ``linger_s``: the agent's shell command sleeps that long first, so
+    an episode lasts longer than preparing the next sandbox (as a real agent's minutes do)."""
     out = []
     for i in range(n):
         d = root / f"hello-{i}"
@@ -34,6 +36,13 @@ def _tasks(root: Path, n: int, image: str | None = None) -> list[Task]:
         if image is not None:
             text += f"image: {image}\n"
         (d / "task.yaml").write_text(text)
+        if linger_s:
+            trajectory = d / "trajectory.yaml"
+            trajectory.write_text(
+                trajectory.read_text().replace(
+                    'command: "cat hello.txt"', f'command: "sleep {linger_s}; cat hello.txt"'
+                )
+            )
         out.append(load_task(d))
     return out
 
@@ -72,7 +81,7 @@ async def test_a_batch_of_four_with_warm_two(episode_provider, tmp_path, test_ow
     config = AgentConfig.model_validate(
         {"sandbox": {"provider": episode_provider}, "batch": {"warm": 2}, "policy": {"max_attempts": 1}}
     )
-    tasks = _tasks(tmp_path / "tasks", 4)
+    tasks = _tasks(tmp_path / "tasks", 4, linger_s=6)
     summary = await run_batch(tasks, config, runs_dir=tmp_path / "runs", jobs=1)
     assert summary.scored == 4, summary.line()
     assert summary.warm is not None
@@ -89,8 +98,16 @@ async def test_a_batch_of_four_with_warm_two(episode_provider, tmp_path, test_ow
             continue
         [started] = [e for e in events if isinstance(e, EpisodeStarted)]
         [w] = warm
-        assert w.prepared_at <= started.ts, (w, started.ts)
+        assert w.prepared_at <= started.ts and w.waited_s == 0, (w, started.ts)
         assert w.sandbox_id == result.sandbox_id and w.pool_run.startswith("pool-")
+        # OpenCode's server was started ahead too: ready before this task's prompt reached it.
+        assert w.server_ahead
+        said = [
+            e.event_type
+            for e in events
+            if isinstance(e, OpenCodeEvent) and e.event_type.startswith("runner.")
+        ]
+        assert said.index("runner.ready") < said.index("runner.task") < said.index("runner.prompt_sent"), said
     assert await _left(episode_provider, config, test_owner, LABEL_BATCH, summary.batch_id or "") == []
 
 
