@@ -19,8 +19,8 @@ the server's own status (128+signal when killed) when it dies first, 3 when it n
 Lines this runner adds itself have types starting with ``runner.``.
 
 With ``--ahead`` it starts the server before its task exists (the warm pool, issue 31): once listening
-(and with ``--ahead-session``, once the session is open) it notes ``runner.ready`` and waits for the
-task's prompt in ``prompt.txt`` next to itself, signalled by ``go``.
+(and with ``--ahead-session``, once its event stream is connected and the session open) it notes
+``runner.ready`` and waits for the task's prompt in ``prompt.txt`` next to itself, signalled by ``go``.
 
 Usage::
 
@@ -318,7 +318,9 @@ CONTROL_FILE = os.path.join(HERE, "control.json")
 # in the same upload, so the prompt is complete once it exists) says the task is there. The supervisor
 # starts the run deadline on the same file.
 AHEAD = "--ahead"
-AHEAD_SESSION = "--ahead-session"  # also open the session ahead (the task's files hold no git repository)
+# Also connect to the event stream and open the session ahead: OpenCode then settles the project of
+# its working directory before the task's files arrive, so only for tasks whose files hold no repository.
+AHEAD_SESSION = "--ahead-session"
 PROMPT_NAME = "prompt.txt"
 GO_NAME = "go"
 PROMPT_FILE = os.path.join(HERE, PROMPT_NAME)
@@ -429,13 +431,17 @@ def main():
             sys.stderr.write("opencode-tui: the model relay did not start\n")
             return 3
         try:
+            if ahead and not ahead_session:
+                # OpenCode decides the project of its working directory (a git repository or not)
+                # on the first request there, the event stream included: only once the files are in.
+                prompt = wait_for_task(started)
             events = connect(server)
             if events is None:
                 return 3
-            sid = open_session(server) if prompt is not None or ahead_session else None
+            sid = open_session(server)
             if prompt is None:
                 prompt = wait_for_task(started)
-            status = drive(server, events, sid or open_session(server), prompt)
+            status = drive(server, events, sid, prompt)
         except RunnerError as exc:
             note("error", message=str(exc))
             status = 1

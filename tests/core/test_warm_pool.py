@@ -5,6 +5,8 @@ binary, the embedded scripted model."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import shutil
 import subprocess
 import time
@@ -189,3 +191,68 @@ async def test_a_prepared_sandbox_past_its_max_age_is_discarded_never_used(tmp_p
     assert counts.discarded >= 1 and counts.used <= 1
     assert counts.released_confirmed == counts.discarded
     assert await _left("local", config, test_owner, LABEL_POOL, "bwarmtest03") == []
+
+
+def _first_agent_request(run_dir: str) -> dict:
+    """The first agent call's request as OpenCode sent it: its messages and tools, with the name of
+    OpenCode's private directory (``/tmp/.opencode-tui-<run>``, named in "Instructions from: …")
+    made neutral: it differs between any two runs, cold ones too."""
+    calls = [json.loads(line) for line in (Path(run_dir) / "model_calls.jsonl").read_text().splitlines()]
+    [body] = [c["request_body"] for c in calls if c["kind"] == "agent"][:1]
+    text = json.dumps({"messages": body["messages"], "tools": body.get("tools")})
+    return json.loads(re.sub(r"/tmp/\.opencode-tui-[A-Za-z0-9._-]+/", "/tmp/.opencode-tui-RUN/", text))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("git", [False, True], ids=["plain", "git-repo"])
+async def test_a_server_started_ahead_asks_the_model_exactly_what_a_cold_start_does(
+    episode_provider, tmp_path, test_owner, git
+):
+    """OpenCode's server started before the task existed is configured as the task's own: the first
+    agent request of a warm episode (instructions, system prompt, tools) is the one a cold start of
+    the same task sends. A task whose files hold a git repository has its session opened only once
+    its files are there (OpenCode decides the project then)."""
+    if git and episode_provider != "local":
+        pytest.skip("the git variant exercises the pool's logic, the same on every provider")
+    tasks = []
+    for i, rule in enumerate(["Alpha rule: be brief.", "Beta rule: be exact."]):
+        d = tmp_path / "tasks" / f"ahead-{i}"
+        shutil.copytree(SAMPLES / "hello-file", d)
+        text = (d / "task.yaml").read_text().replace("id: hello-file", f"id: ahead-{i}")
+        text += f"instructions: {json.dumps(rule)}\n"
+        if git:
+            (d / "files").mkdir()
+            (d / "files" / "README").write_text("a repository\n")
+            subprocess.run(["git", "init", "-q", str(d / "files")], check=True)
+            text += "files: files\n"
+        (d / "task.yaml").write_text(text)
+        tasks.append(load_task(d))
+    base = {"sandbox": {"provider": episode_provider}, "policy": {"max_attempts": 1}}
+    warm = await run_batch(
+        tasks,
+        AgentConfig.model_validate({**base, "batch": {"warm": 1}}),
+        runs_dir=tmp_path / "warm",
+        jobs=1,
+    )
+    cold = await run_batch(
+        tasks[1:],
+        AgentConfig.model_validate({**base, "batch": {"warm": 0}}),
+        runs_dir=tmp_path / "cold",
+        jobs=1,
+    )
+    assert warm.scored == 2 and cold.scored == 1, (warm.line(), cold.line())
+    [ahead] = [r for r in warm.results if r.task_id == "ahead-1"]
+    assert ahead.warm
+    events = list(RunDirReader(Path(ahead.run_dir)).events())
+    [w] = [e for e in events if isinstance(e, WarmSandbox)]
+    assert w.server_ahead
+    said = [
+        e.event_type for e in events if isinstance(e, OpenCodeEvent) and e.event_type.startswith("runner.")
+    ]
+    # Opened ahead unless the task brings a repository: then after its files (and prompt) arrived.
+    assert (said.index("runner.session") > said.index("runner.task")) is git, said
+    got, want = _first_agent_request(ahead.run_dir), _first_agent_request(cold.results[0].run_dir)
+    system = json.dumps(got["messages"][0])
+    assert "Beta rule" in system and "Alpha rule" not in system
+    assert got == want
+    assert await _left(episode_provider, AgentConfig(), test_owner, LABEL_POOL, warm.batch_id or "") == []
