@@ -81,7 +81,7 @@ SWEEP_DEADLINE_S = 180.0  # the sweep task on a lost worker's node (listing + re
 WARM_NOT_USED = (
     "is ignored by the ray executor: each attempt runs as a Ray task of its own, and no process on a "
     "node outlives its task to hold a prepared sandbox and confirm its release, so every attempt "
-    "creates its own sandbox (set batch.warm: 0, or use the local executor, to prepare ahead)"
+    "creates its own sandbox (the local executor prepares ahead; batch.warm: 0 silences this)"
 )
 
 

@@ -133,6 +133,8 @@ async def leftovers_check(config: AgentConfig) -> WarmCheck:
             )
         except TimeoutError:
             skipped.append(f"{name} not listed: no answer within {LIST_S:.0f} s")
+        except Exception as exc:  # the provider cannot even be made here: said, the others still listed
+            skip(name, exc)
     pool = [
         PoolSandbox(
             provider=item.record.provider,
