@@ -811,7 +811,9 @@ class Episode(EpisodeControl):
         ahead = self._ahead
         if ahead is not None and self.session is not ahead.session and self.sandbox is not None:
             # Started ahead and never given its task (this run ended before its agent phase): its
-            # supervisor stops it and confirms, within the close budget, before the sandbox goes.
+            # supervisor stops it and confirms (its receipt is this run's record), within the close
+            # budget, before the sandbox goes.
+            ahead.session.handover(self.emit, None)
             await ahead.stop(max(deadline.remaining(), 1.0))
         self._enter(Phase.RELEASE)
         await self._release(deadline)

@@ -256,3 +256,43 @@ async def test_a_server_started_ahead_asks_the_model_exactly_what_a_cold_start_d
     assert "Beta rule" in system and "Alpha rule" not in system
     assert got == want
     assert await _left(episode_provider, AgentConfig(), test_owner, LABEL_POOL, warm.batch_id or "") == []
+
+
+@pytest.mark.slow
+async def test_an_attempt_cancelled_before_its_agent_phase_stops_the_server_started_ahead(
+    episode_provider, tmp_path, test_owner
+):
+    """The attempt took a prepared sandbox whose OpenCode server waits for its task, and was cancelled
+    before giving it: the server's supervisor stops it and its receipt is in this run's record, then
+    the sandbox is released."""
+    from core.episode.episode import Episode
+    from core.events import CleanupObserved, CleanupStep, StepState
+
+    config = AgentConfig.model_validate({"sandbox": {"provider": episode_provider}})
+    [task] = _tasks(tmp_path / "x", 1)
+    pool = WarmPool(config, depth=1, batch_id="bwarmtest04")
+    try:
+        pool.plan([task])
+        deadline = time.monotonic() + 180
+        while pool.counts.prepared + pool.counts.failed < 1:
+            assert time.monotonic() < deadline, "nothing was prepared"
+            await asyncio.sleep(0.1)
+        episode = Episode(task, config, runs_dir=tmp_path / "runs", pool=pool)
+        cancels: list[asyncio.Task[None]] = []
+
+        def on_event(event: object) -> None:
+            if isinstance(event, WarmSandbox):
+                cancels.append(asyncio.ensure_future(episode.cancel()))
+
+        episode.bus.subscribe(on_event)
+        result = await asyncio.wait_for(episode.run(), 180)
+        await asyncio.gather(*cancels)
+    finally:
+        counts = await pool.close()
+    assert counts.used == 1 and result.warm and result.cancelled_by is not None, result
+    events = list(RunDirReader(Path(result.run_dir)).events())
+    [w] = [e for e in events if isinstance(e, WarmSandbox)]
+    assert w.server_ahead
+    receipts = [e for e in events if isinstance(e, CleanupObserved) and e.step is CleanupStep.RECEIPT]
+    assert [r.state for r in receipts] == [StepState.OK], receipts
+    assert await _left(episode_provider, config, test_owner, LABEL_POOL, "bwarmtest04") == []
