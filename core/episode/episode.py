@@ -677,9 +677,14 @@ class Episode(EpisodeControl):
         # Failures the provider recovered from without raising go to the event stream (shown, never
         # the outcome), stamped with the stage the episode is in (a provider only knows what failed).
         self.sandbox.on_recovered = self._recovered
-        seeded = await seed.identify(
-            self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
-        )
+        if self.lease is not None and self.lease.seeded is not None:  # decided by the pool, said now
+            for event in self.lease.seed_events:
+                self.emit(event)
+            seeded = self.lease.seeded
+        else:
+            seeded = await seed.identify(
+                self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
+            )
         self.sandbox_user = seeded.user
         self._write_info(
             sandbox_user=seeded.user.model_dump(mode="json"),

@@ -43,6 +43,7 @@ from core.tasks import Task
 
 if TYPE_CHECKING:
     from core.episode.ahead import ServerAhead
+    from core.episode.seed import Seeded
     from core.runtime.installer import Installer
     from core.runtime.prepare import PreparedRuntime
 
@@ -119,6 +120,8 @@ class Lease:
     listen: tuple[socket.socket, str] | None
     event: WarmSandbox
     server: ServerAhead | None = None  # OpenCode's server, started ahead and waiting for the task
+    seeded: Seeded | None = None  # who the sandbox user is, decided when the server was started
+    seed_events: list[Event] = field(default_factory=list)  # what deciding it said
 
     def finished(self) -> None:
         """After the release: the socket and its directory (the endpoint removes them too)."""
@@ -135,6 +138,8 @@ class _Entry:
     runtime: PreparedRuntime | None = None
     listen: tuple[socket.socket, str] | None = None
     server: ServerAhead | None = None
+    seeded: Seeded | None = None
+    seed_events: list[Event] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     prepared_at: datetime | None = None
     ready_at: float | None = None  # monotonic
@@ -278,6 +283,8 @@ class WarmPool:
             events=entry.events,
             listen=entry.listen,
             server=entry.server,
+            seeded=entry.seeded,
+            seed_events=entry.seed_events,
             event=WarmSandbox(
                 sandbox_id=entry.sandbox.sandbox_id,
                 provider=entry.sandbox.provider,
@@ -402,6 +409,7 @@ class WarmPool:
     ) -> None:
         """OpenCode's server, started ahead where the task's config allows it (core/episode/ahead.py)."""
         from core.episode.ahead import can_start_ahead, start_ahead
+        from core.episode.seed import identify
 
         socket_path = f"{entry.listen[1]}/model.sock" if entry.listen else None
         if (
@@ -412,11 +420,12 @@ class WarmPool:
             return
         assert socket_path is not None
         _, source = access.requested_user(self.config.sandbox.user, template.user)
-        # Who the sandbox user is decides who owns the session directory; the episode asks again
-        # (the same answer) and says it.
-        user = await access.establish_user(
-            entry.sandbox, requested, source, borrowed=False, emit=lambda _e: None
+        # Who the sandbox user is decides who owns the session directory: decided here, once, and
+        # what deciding it said is replayed by the episode's seed phase (which does not ask again).
+        entry.seeded = await identify(
+            entry.sandbox, requested, source, borrowed=False, emit=entry.seed_events.append
         )
+        user = entry.seeded.user
         entry.server = await start_ahead(
             entry.sandbox,
             entry.runtime,
