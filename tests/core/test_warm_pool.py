@@ -296,3 +296,32 @@ async def test_an_attempt_cancelled_before_its_agent_phase_stops_the_server_star
     receipts = [e for e in events if isinstance(e, CleanupObserved) and e.step is CleanupStep.RECEIPT]
     assert [r.state for r in receipts] == [StepState.OK], receipts
     assert await _left(episode_provider, config, test_owner, LABEL_POOL, "bwarmtest04") == []
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_the_run_deadline_of_a_server_started_ahead_starts_with_its_task(tmp_path, test_owner):
+    """A task with a 10 s run budget, whose prepared server waited 12 s for it: the wait is not the
+    agent's time (the supervisor's clock starts when the task arrives), so the attempt scores."""
+    from core.episode.episode import Episode
+
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
+    [task] = _tasks(tmp_path / "x", 1)
+    task = task.model_copy(update={"limits": task.limits.model_copy(update={"run_s": 10})})
+    pool = WarmPool(config, depth=1, batch_id="bwarmtest05")
+    try:
+        pool.plan([task])
+        deadline = time.monotonic() + 180
+        while pool.counts.prepared + pool.counts.failed < 1:
+            assert time.monotonic() < deadline, "nothing was prepared"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(12)
+        result = await asyncio.wait_for(
+            Episode(task, config, runs_dir=tmp_path / "runs", pool=pool).run(), 180
+        )
+    finally:
+        await pool.close()
+    assert result.warm and result.action == "scored" and result.reward == 1, result
+    events = list(RunDirReader(Path(result.run_dir)).events())
+    [w] = [e for e in events if isinstance(e, WarmSandbox)]
+    assert w.server_ahead and w.age_s >= 12
