@@ -54,6 +54,14 @@ async def _left(provider: str, config: AgentConfig, owner: str, label: str, valu
     return [r.sandbox_id for r in records if r.labels.get(label) == value]
 
 
+async def _prepared(pool: WarmPool, n: int, *, within_s: float) -> None:
+    """Until ``n`` preparations have ended (prepared or failed)."""
+    deadline = time.monotonic() + within_s
+    while pool.counts.prepared + pool.counts.failed < n:
+        assert time.monotonic() < deadline, "nothing was prepared"
+        await asyncio.sleep(0.1)
+
+
 def test_the_default_depth_is_the_free_cpu():
     assert warm_depth(BatchSettings(), jobs=1, cpus=2) == 1
     assert warm_depth(BatchSettings(), jobs=2, cpus=8) == 4  # at most 4
@@ -123,10 +131,7 @@ async def test_a_task_with_another_image_is_not_given_the_prepared_sandbox(
     pool = WarmPool(config, depth=1, batch_id="bwarmtest01")
     try:
         pool.plan([first, same], starting=1)  # the first starts at once: one is prepared, for `same`
-        deadline = time.monotonic() + 120
-        while pool.counts.prepared + pool.counts.failed < 1:
-            assert time.monotonic() < deadline, "nothing was prepared"
-            await asyncio.sleep(0.1)
+        await _prepared(pool, 1, within_s=120)
         assert pool.counts.prepared == 1
         assert await pool.take(other) is None  # another image: not given the prepared one
         lease = await pool.take(same)
@@ -155,10 +160,7 @@ async def test_an_unused_prepared_sandbox_is_released_and_confirmed(episode_prov
     pool = WarmPool(config, depth=2, batch_id="bwarmtest02")
     try:
         pool.plan(tasks, starting=1)
-        deadline = time.monotonic() + 180
-        while pool.counts.prepared + pool.counts.failed < 2:
-            assert time.monotonic() < deadline, "nothing was prepared"
-            await asyncio.sleep(0.1)
+        await _prepared(pool, 2, within_s=180)
         assert len(await _left(episode_provider, config, test_owner, LABEL_POOL, "bwarmtest02")) == 2
     finally:
         counts = await pool.close()
@@ -273,10 +275,7 @@ async def test_an_attempt_cancelled_before_its_agent_phase_stops_the_server_star
     pool = WarmPool(config, depth=1, batch_id="bwarmtest04")
     try:
         pool.plan([task])
-        deadline = time.monotonic() + 180
-        while pool.counts.prepared + pool.counts.failed < 1:
-            assert time.monotonic() < deadline, "nothing was prepared"
-            await asyncio.sleep(0.1)
+        await _prepared(pool, 1, within_s=180)
         episode = Episode(task, config, runs_dir=tmp_path / "runs", pool=pool)
         cancels: list[asyncio.Task[None]] = []
 
@@ -311,10 +310,7 @@ async def test_the_run_deadline_of_a_server_started_ahead_starts_with_its_task(t
     pool = WarmPool(config, depth=1, batch_id="bwarmtest05")
     try:
         pool.plan([task])
-        deadline = time.monotonic() + 180
-        while pool.counts.prepared + pool.counts.failed < 1:
-            assert time.monotonic() < deadline, "nothing was prepared"
-            await asyncio.sleep(0.1)
+        await _prepared(pool, 1, within_s=180)
         await asyncio.sleep(12)
         result = await asyncio.wait_for(
             Episode(task, config, runs_dir=tmp_path / "runs", pool=pool).run(), 180
