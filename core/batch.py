@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from core import provider_registry
 from core.admission import next_attempt_blocked
 from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
+from core.batch_record import BatchRecord, append_record
 from core.config import AgentConfig, warm_depth
 from core.episode import Episode, EpisodeResult
 from core.episode.common import stage_of
@@ -30,7 +31,8 @@ from core.events import EventBus, FailureRecorded
 from core.executor_registry import ExecutorHooks, ExecutorPlugin
 from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
-from core.invocation import pid_of
+from core.failures.evidence import utcnow
+from core.invocation import invocation_id, pid_of
 from core.resume import RESULTS_FILE, Resumption, load_previous, results_line, resume_key
 from core.tasks import Task
 
@@ -95,6 +97,7 @@ class BatchSummary(BaseModel):
     cancelled: bool = False
     cancelled_by: str | None = None
     warm: WarmCounts | None = None  # the warm pool's counts (None: no pool ran)
+    warm_not_used: str | None = None  # why the configured warm-ahead was not used (the executor's words)
 
     def line(self) -> str:
         """One line: how many were scored (those counted as zero, and why), how many failed and why,
@@ -126,6 +129,7 @@ class BatchSummary(BaseModel):
             + (f"; health warnings: {health}" if health else "")
             + (f"; limits not enforced: {unenforced}" if unenforced else "")
             + (f"; {self.warm.words()}" if self.warm is not None and self.warm.active else "")
+            + (f"; warm-ahead not used: {self.warm_not_used}" if self.warm_not_used else "")
         )
 
 
@@ -189,6 +193,14 @@ class Executor(abc.ABC):
     name: str
     # Set by ``run_batch`` before ``start`` (the batch control's id); every attempt carries it.
     batch_id: str | None = None
+    # Set by ``plan``: why the configured warm-ahead (``batch.warm``) is not used by this executor
+    # (the summary line, the batch's record, a warning when the batch starts); None: nothing to say.
+    warm_not_used: str | None = None
+
+    @property
+    def warm_depth(self) -> int:
+        """How many sandboxes ``plan`` set out to keep prepared ahead (0: none)."""
+        return 0
 
     async def start(self, runs_dir: Path, tasks: list[Task], config: AgentConfig) -> None:
         """Checks before any episode starts (the runs directory exists); raises ExecutorError."""
@@ -237,6 +249,12 @@ class ExecutorError(Exception):
     one line for the user, exit 2, no episode started."""
 
 
+def may_prepare_ahead(config: AgentConfig) -> bool:
+    """Sandboxes of this configuration can be prepared ahead: owned ones, of a provider that declares
+    the ``warm`` capability (OpenSandbox: not yet)."""
+    return config.sandbox.mode == "owned" and provider_registry.get(config.sandbox.provider).capabilities.warm
+
+
 class LocalExecutor(Executor):
     """Episodes in this process (the default; needs nothing beyond the package)."""
 
@@ -246,12 +264,14 @@ class LocalExecutor(Executor):
         self.on_episode = on_episode
         self.pool: WarmPool | None = None  # batch.warm: sandboxes prepared ahead (core/episode/pool.py)
 
+    @property
+    def warm_depth(self) -> int:
+        return self.pool.depth if self.pool is not None else 0
+
     def plan(self, tasks: list[Task], config: AgentConfig, jobs: int) -> None:
         depth = warm_depth(config.batch, jobs, os.cpu_count())
-        if not provider_registry.get(config.sandbox.provider).capabilities.warm:
-            return  # a provider that does not declare it (OpenSandbox: not yet)
-        if depth <= 0 or config.sandbox.mode != "owned" or len(tasks) <= max(1, jobs):
-            return  # off, borrowed, or every task starts at once: nothing to prepare ahead
+        if depth <= 0 or not may_prepare_ahead(config) or len(tasks) <= max(1, jobs):
+            return  # off, not this provider or mode, or every task starts at once: nothing ahead
         self.pool = WarmPool(config, depth=depth, batch_id=self.batch_id)
         self.pool.plan(tasks, starting=max(1, jobs))
 
@@ -358,9 +378,14 @@ async def run_batch(
     on_orphan: Callable[[RunInfo], None] | None = None,
     force: bool = False,
     executor: Executor | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> BatchSummary:
     """Runs the tasks; a task already scored with the same content and configuration in ``runs_dir``
-    is not run again (its result comes back with ``resumed=True``) unless ``force``."""
+    is not run again (its result comes back with ``resumed=True``) unless ``force``. ``on_warning``
+    hears what the user must know as the batch starts (the executor cannot use the warm pool).
+
+    The batch's record (``batches.jsonl``, core/batch_record.py) gets a line when its episodes are
+    about to start and one when it has ended (the warm pool's counts)."""
     control = control or BatchControl()
     executor = executor or LocalExecutor(on_episode)
     try:
@@ -433,6 +458,20 @@ async def run_batch(
     executor.plan([t for t in tasks if not Resumption(previous.get(keys[id(t)])).skip], config, jobs)
     if executor.stop_preparing not in control.on_halt:
         control.on_halt.append(executor.stop_preparing)
+    if executor.warm_not_used is not None and on_warning is not None:
+        on_warning(f"warm-ahead not used: {executor.warm_not_used}")
+    record_line = BatchRecord(
+        batch_id=control.batch_id,
+        executor=executor.name,
+        provider=config.sandbox.provider,
+        started_at=utcnow(),
+        controller=invocation_id(),
+        total=len(tasks),
+        warm_depth=executor.warm_depth,
+        warm_not_used=executor.warm_not_used,
+    )
+    with contextlib.suppress(OSError):  # the record is for `doctor`: a batch runs without it
+        append_record(runs_dir, record_line)
     cancelled = False
     warm: WarmCounts | None = None
     try:
@@ -457,6 +496,15 @@ async def run_batch(
                 if releasing.done():
                     warm = releasing.result()
                     break
+    scored = sum(1 for r in results if r.action.is_sample)
+    cancelled_by = control.cancelled_by
+    with contextlib.suppress(OSError):
+        append_record(
+            runs_dir,
+            record_line.model_copy(
+                update={"ended_at": utcnow(), "scored": scored, "cancelled_by": cancelled_by, "warm": warm}
+            ),
+        )
     failures = Counter(r.failure_kind for r in results if r.failure_kind)
     health: Counter[str] = Counter()
     unenforced: Counter[str] = Counter()
@@ -468,15 +516,16 @@ async def run_batch(
     return BatchSummary(
         total=len(tasks),
         batch_id=control.batch_id,
-        scored=sum(1 for r in results if r.action.is_sample),
+        scored=scored,
         results=results,
         failures_by_kind=dict(failures),
         health_by_kind=dict(health),
         unenforced_by_limit=dict(unenforced),
         warnings_by_kind=dict(kept),
-        cancelled=cancelled or control.cancelled_by is not None,
-        cancelled_by=control.cancelled_by,
+        cancelled=cancelled or cancelled_by is not None,
+        cancelled_by=cancelled_by,
         warm=warm,
+        warm_not_used=executor.warm_not_used,
     )
 
 

@@ -118,6 +118,7 @@ class WarmSandbox(_Event):
     waited_s: float  # how long this attempt waited for it (its preparation was under way)
     age_s: float  # how long it had waited ready, when the attempt took it
     pool_run: str  # its run label (``pool-…``): the pool's, not this run's
+    server_ahead: bool = False  # OpenCode's server was started too, and waited for this task
 
 
 class InstallProgress(_Event):

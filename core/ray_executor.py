@@ -16,6 +16,7 @@ What only a cluster adds:
   (same address): by the next episode task that lands on it, else by the driver's last pass over
   every live node at the end of the batch. Ray's own task retries are off: one attempt is one Ray
   task, and only the policy decides another.
+- No warm pool (``batch.warm``): see ``WARM_NOT_USED``; a batch that asks for one says it is ignored.
 - Cancelling (Ctrl-C, SIGTERM on the driver): a small coordinator actor tells every running worker,
   which cancels its episode exactly like the local executor does (graceful close, confirmed cleanup,
   the record written); queued tasks are cancelled in Ray and recorded as not started. A worker asks
@@ -38,7 +39,15 @@ from typing import Any
 from core import __version__
 from core.admission import admission_images, provider_refusals
 from core.artifacts import OutcomeSummary, RunDir, RunDirReader
-from core.batch import Attempt, BatchControl, Executor, ExecutorError, new_batch_id, not_started
+from core.batch import (
+    Attempt,
+    BatchControl,
+    Executor,
+    ExecutorError,
+    may_prepare_ahead,
+    new_batch_id,
+    not_started,
+)
 from core.config import AgentConfig, RaySettings
 from core.control import CANCELLED_BY_CALLER
 from core.episode import Episode, EpisodeResult, new_run_id
@@ -66,6 +75,14 @@ PASSED_ENV = ("OPENCODE_TUI_OWNER",)
 PROBE_DEADLINE_S = 600.0  # the first worker may wait for a free CPU on a busy cluster
 CONTROL_DEADLINE_S = 30.0  # one call to the coordinator actor
 SWEEP_DEADLINE_S = 180.0  # the sweep task on a lost worker's node (listing + removing its sandboxes)
+# Why a batch on Ray prepares no sandbox ahead (the batch summary, its record, a warning at its start):
+# a prepared sandbox must be held by a process that outlives the attempts before the one it serves and
+# releases it, confirmed, on every way out; a Ray task's worker process holds nothing between tasks.
+WARM_NOT_USED = (
+    "is ignored by the ray executor: each attempt runs as a Ray task of its own, and no process on a "
+    "node outlives its task to hold a prepared sandbox and confirm its release, so every attempt "
+    "creates its own sandbox (the local executor prepares ahead; batch.warm: 0 silences this)"
+)
 
 
 def _ray() -> Any:
@@ -345,6 +362,11 @@ class RayExecutor(Executor):
         self.notes: list[str] = []  # what the driver must tell the user at the end
 
     # -- lifecycle --
+
+    def plan(self, tasks: list[Task], config: AgentConfig, jobs: int) -> None:
+        """No warm pool here (see ``WARM_NOT_USED``); said when ``batch.warm`` asks for one."""
+        if config.batch.warm and tasks and may_prepare_ahead(config):
+            self.warm_not_used = f"batch.warm: {config.batch.warm} {WARM_NOT_USED}"
 
     def connect(self) -> None:
         """Join the cluster (blocking; before the driver installs its signal handlers, which

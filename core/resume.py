@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,12 +44,11 @@ def results_line(key: str, result: EpisodeResult) -> str:
     return json.dumps({"task_key": key, **result.model_dump(mode="json")}) + "\n"
 
 
-def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
-    """The last recorded result per task key (resume)."""
-    out: dict[str, EpisodeResult] = {}
+def recorded_results(runs_dir: Path) -> Iterator[tuple[str, EpisodeResult]]:
+    """Every line of ``results.jsonl`` in order: (task key, result)."""
     path = runs_dir / RESULTS_FILE
     if not path.exists():
-        return out
+        return
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
@@ -56,9 +56,12 @@ def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
             result = EpisodeResult.model_validate(rec)
         except (ValueError, KeyError):
             continue  # a torn last line from an interrupted run is not fatal
-        if result.started:
-            out[key] = result
-    return out
+        yield key, result
+
+
+def load_previous(runs_dir: Path) -> dict[str, EpisodeResult]:
+    """The last recorded result per task key (resume)."""
+    return {key: result for key, result in recorded_results(runs_dir) if result.started}
 
 
 @dataclass

@@ -233,8 +233,13 @@ class SandboxSession:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         on_output: OutputCallback | None = None,
+        clock: tuple[str, float] | None = None,
     ) -> ExecResult:
         """Stage, launch the harness under the supervisor, and wait for it (within the exec deadline).
+
+        ``clock`` (a file in the session dir, a wait cap): the harness is started ahead of its task and
+        its run deadline starts when that file appears (``launch_script``); the exec's own deadline
+        grows by the wait cap.
 
         ``files`` (relative path → (content or None for a directory, mode)) go into the session dir
         in the same upload as the supervisor; ``stage`` runs after it, for anything else.
@@ -264,10 +269,10 @@ class SandboxSession:
                 self.budgets.run_timeout,
                 self.budgets.cleanup_timeout,
                 stdin_file="stdin" if stdin is not None else None,
+                clock=clock,
             )
-            return await self.sandbox.exec(
-                argv, cwd=cwd, env=env, timeout=self.budgets.exec_timeout, on_output=on_output
-            )
+            timeout = self.budgets.exec_timeout + (clock[1] if clock else 0.0)
+            return await self.sandbox.exec(argv, cwd=cwd, env=env, timeout=timeout, on_output=on_output)
         except BaseException:
             with contextlib.suppress(BaseException):
                 await asyncio.shield(self.finalize())
@@ -287,6 +292,12 @@ class SandboxSession:
         )
         if stage is not None:
             await stage(self.sandbox)
+
+    def handover(self, emit: Emit, collect: Collect | None) -> None:
+        """A session launched ahead of its task (the warm pool) becomes an episode's: its events and
+        its collect hook are that episode's from now on."""
+        self._emit = emit
+        self._collect = collect
 
     # ---- finalize / release / close ------------------------------------------------------------
 

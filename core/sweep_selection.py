@@ -18,7 +18,14 @@ from core import provider_registry as registry
 from core.config import AgentConfig
 from core.invocation import Liveness, invocation_liveness
 from core.sandbox import kept
-from core.sandbox.base import LABEL_BATCH, LABEL_INVOCATION, LABEL_RUN, SandboxProvider, SandboxRecord
+from core.sandbox.base import (
+    LABEL_BATCH,
+    LABEL_INVOCATION,
+    LABEL_POOL,
+    LABEL_RUN,
+    SandboxProvider,
+    SandboxRecord,
+)
 from core.sandbox.base import default_owner as default_owner
 from core.sandbox.providers import get_provider
 
@@ -54,6 +61,11 @@ class Found:
     @property
     def batch_id(self) -> str | None:
         return self.record.labels.get(LABEL_BATCH)
+
+    @property
+    def pool(self) -> str | None:
+        """The batch whose warm pool prepared it (``opencode-tui.pool``); None: no pool's."""
+        return self.record.labels.get(LABEL_POOL)
 
     @property
     def liveness(self) -> Liveness:
@@ -123,6 +135,11 @@ def of_batch(found: list[Found], batch_id: str, run_ids: Collection[str] | None 
         for item in found
         if item.batch_id == batch_id and (run_ids is None or item.record.labels.get(LABEL_RUN) in run_ids)
     ]
+
+
+def of_pools(found: list[Found]) -> list[Found]:
+    """What a batch's warm pool prepared (used by an attempt or not)."""
+    return [item for item in found if item.pool is not None]
 
 
 def leftovers(found: list[Found]) -> list[Found]:

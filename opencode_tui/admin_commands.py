@@ -1,5 +1,6 @@
 """``opencode-tui doctor``: the environment checks (core/preflight.py), each provider's own
-``preflight()`` among them (``sweep`` lives in keep_commands)."""
+``preflight()`` among them, then the warm pool's recent batches and leftovers (core/warm_report.py)
+(``sweep`` lives in keep_commands)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from core import provider_registry as registry
 from core.config import ConfigError, load_config
 from core.exit_codes import ExitCode
 from core.preflight import environment_checks
+from core.provider_registry import Check
+from core.warm_report import warm_checks
 
 CONTRACT_PLUGIN = "core.sandbox.contract.plugin"
 CONTRACT_SUITE = "core.sandbox.contract.suite"
@@ -62,7 +66,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.contract_image:
         print("opencode-tui doctor: --contract-image goes with --provider-contract NAME", file=sys.stderr)
         return ExitCode.USAGE
-    checks = asyncio.run(environment_checks(config))
+    runs_dir = Path(args.runs_dir or config.runs_dir)
+
+    async def all_checks() -> list[Check]:
+        return [*await environment_checks(config), *await warm_checks(config, runs_dir)]
+
+    checks = asyncio.run(all_checks())
     if args.json:
         for c in checks:
             print(c.model_dump_json())

@@ -191,6 +191,7 @@ class BatchTUI(OpenCodeTUI):
                 control=self.batch,
                 executor=self.executor,
                 force=self.force,
+                on_warning=lambda words: self.notify(words, severity="warning", timeout=10),
             )
         except RunsDirError as exc:
             self.error = f"{exc.strerror}; free space or choose another --runs-dir"

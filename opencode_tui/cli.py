@@ -246,7 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     from opencode_tui.ctl_command import add_parser as add_ctl
 
     add_ctl(sub)
-    dr = sub.add_parser("doctor", help="check providers, bwrap, Docker, cache and the OpenCode pin")
+    dr = sub.add_parser(
+        "doctor",
+        help="check providers, bwrap, Docker, cache and the OpenCode pin; report recent batches' warm "
+        "pools and prepared sandboxes left over",
+    )
     dr.add_argument("--json", action="store_true")
     dr.add_argument(
         "--provider-contract",
@@ -258,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--contract-image", metavar="IMAGE", help="with --provider-contract: the image of its sandboxes"
     )
     dr.add_argument("--config", help="config file whose sandbox.<name> settings configure the providers")
+    dr.add_argument(
+        "--runs-dir",
+        help="whose recent batches' warm pools to report (default: the config's runs_dir, ./runs)",
+    )
     return p
 
 

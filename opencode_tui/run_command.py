@@ -294,6 +294,7 @@ def _run_batch(
                     on_orphan=_report_orphan,
                     executor=executor,
                     force=force,
+                    on_warning=_warn,
                 )
         finally:
             await executor.close()
@@ -327,6 +328,10 @@ def _runs_dir_failed(exc: OSError) -> int:
         hint, code = "choose another --runs-dir", ExitCode.INFRA
     print(f"opencode-tui run: {exc.strerror}; {hint}", file=sys.stderr)
     return code
+
+
+def _warn(words: str) -> None:
+    print(f"opencode-tui run: warning: {words}", file=sys.stderr, flush=True)
 
 
 def _report_orphan(info: RunInfo) -> None:

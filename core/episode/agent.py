@@ -22,10 +22,18 @@ from core.session import SandboxSession
 from core.tasks import Task
 
 if TYPE_CHECKING:
+    from core.config import AgentConfig
+    from core.episode.ahead import ServerAhead
     from core.runtime.opencode import OpenCodeHarness
 
 # After the agent ends, how long the live fault watch may take for its last look.
 FAULT_WATCH_FINAL_S = 3.0
+
+
+def run_budget_of(task: Task, config: AgentConfig) -> float:
+    """The agent's run budget: the config's, capped by the task's own limit."""
+    cap = task.limits.run_s
+    return min(config.budgets.run_s, cap) if cap else config.budgets.run_s
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,11 @@ async def run_agent(
     run_dir: RunDir,
     emit: Callable[[Event], object],
     started_at: datetime | None = None,
+    ahead: ServerAhead | None = None,
 ) -> AgentRun:
     """Stage and launch the harness under the supervisor and wait for it (within the run deadline).
+    ``ahead``: the harness was launched by the warm pool (``session`` is its session) and waits for
+    its task, which this uploads instead.
 
     OpenCode's database and logs come into the run directory only after confirmed cleanup (the
     session's ``collect`` hook)."""
@@ -86,15 +97,20 @@ async def run_agent(
         _watch_faults(session.sandbox, stop, shells, harness, emit, started_at or utcnow())
     )
     try:
-        result = await session.execute(
-            argv,
-            files=harness.staged_files(installed.runtime),  # one upload with the session's own files
-            collect=collect,
-            stdin=harness.prompt_bytes(),
-            env=env,
-            cwd=task.workdir,
-            on_output=harness.on_output(tracked, run_dir),
-        )
+        if ahead is not None:
+            result = await ahead.run(
+                harness, session.sandbox, harness.on_output(tracked, run_dir), emit, collect
+            )
+        else:
+            result = await session.execute(
+                argv,
+                files=harness.staged_files(installed.runtime),  # one upload with the session's own files
+                collect=collect,
+                stdin=harness.prompt_bytes(),
+                env=env,
+                cwd=task.workdir,
+                on_output=harness.on_output(tracked, run_dir),
+            )
     except BaseException:
         watch.cancel()
         raise

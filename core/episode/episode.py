@@ -71,6 +71,7 @@ from core.tasks import Task
 
 if TYPE_CHECKING:
     from core.debugger.debugger import Debugger
+    from core.episode.ahead import ServerAhead
     from core.episode.digests import DigestGate
     from core.episode.lineage import ChildRun, Parent
     from core.episode.pool import Lease, WarmPool
@@ -487,8 +488,7 @@ class Episode(EpisodeControl):
 
     @property
     def run_budget_s(self) -> float:
-        cap = self.task.limits.run_s
-        return min(self.config.budgets.run_s, cap) if cap else self.config.budgets.run_s
+        return agent.run_budget_of(self.task, self.config)
 
     def _artifacts_failed(self, message: str) -> None:
         """The run directory stopped taking writes (a full or read-only disk): the episode goes on
@@ -646,6 +646,7 @@ class Episode(EpisodeControl):
                 gate=gate,
                 replay=self.child.replayer if self.child is not None else None,
                 listen=self.lease.listen if self.lease is not None else None,
+                access_token=self._ahead.token if self._ahead is not None else None,
             )
         )
         provider = self._provider or get_provider(sb.provider, self.config)
@@ -676,9 +677,14 @@ class Episode(EpisodeControl):
         # Failures the provider recovered from without raising go to the event stream (shown, never
         # the outcome), stamped with the stage the episode is in (a provider only knows what failed).
         self.sandbox.on_recovered = self._recovered
-        seeded = await seed.identify(
-            self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
-        )
+        if self.lease is not None and self.lease.seeded is not None:  # decided by the pool, said now
+            for event in self.lease.seed_events:
+                self.emit(event)
+            seeded = self.lease.seeded
+        else:
+            seeded = await seed.identify(
+                self.sandbox, requested, user_source, borrowed=sb.mode == "borrowed", emit=self.emit
+            )
         self.sandbox_user = seeded.user
         self._write_info(
             sandbox_user=seeded.user.model_dump(mode="json"),
@@ -696,7 +702,8 @@ class Episode(EpisodeControl):
                 self.emit(event)
             self.installed = install.prepared(
                 self.lease.runtime,
-                run_id=self.run_id,
+                # A server started ahead has its session directory under the pool's run label.
+                run_id=self._ahead.run_id if self._ahead is not None else self.run_id,
                 task=self.task,
                 config=self.config,
                 endpoint=self.endpoint,
@@ -715,14 +722,17 @@ class Episode(EpisodeControl):
             )
 
         self._enter(Phase.AGENT)
-        self.session = agent.open_session(
-            self.sandbox,
-            self.installed,
-            run_budget_s=self.run_budget_s,
-            close_budget_s=self.config.budgets.close_s,
-            user=seeded.user,
-            emit=self.emit,
-        )
+        if self._ahead is not None:  # launched by the pool, waiting for this task: this run's from now
+            self.session = self._ahead.session
+        else:
+            self.session = agent.open_session(
+                self.sandbox,
+                self.installed,
+                run_budget_s=self.run_budget_s,
+                close_budget_s=self.config.budgets.close_s,
+                user=seeded.user,
+                emit=self.emit,
+            )
         from core.debugger.serve_acts import serve_acts
 
         assert self.debugger is not None
@@ -741,7 +751,12 @@ class Episode(EpisodeControl):
             run_dir=self.run_dir,
             emit=self.emit,
             started_at=self.started_at,
+            ahead=self._ahead,
         )
+
+    @property
+    def _ahead(self) -> ServerAhead | None:
+        return self.lease.server if self.lease is not None else None
 
     # ---- closing, transcript, verification, release, outcome -------------------------------------
 
@@ -798,11 +813,20 @@ class Episode(EpisodeControl):
             # [close budget] verification has its own deadline: the close budget's clock stops.
             with contextlib.suppress(asyncio.CancelledError), deadline.suspended():
                 await self._verify_task
+        ahead = self._ahead
+        if ahead is not None and self.session is not ahead.session and self.sandbox is not None:
+            # Started ahead and never given its task (this run ended before its agent phase): its
+            # supervisor stops it and confirms (its receipt is this run's record), within the close
+            # budget, before the sandbox goes.
+            ahead.session.handover(self.emit, None)
+            await ahead.stop(max(deadline.remaining(), 1.0))
         self._enter(Phase.RELEASE)
         await self._release(deadline)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(stack.aclose(), 10)
         if self.lease is not None:
+            if ahead is not None:
+                await ahead.joined(5.0)
             self.lease.finished()
         if self._cancel is not None:
             self._record_cancel()

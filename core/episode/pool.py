@@ -11,8 +11,9 @@ confirms it: the release returned and the engine reports the sandbox dead or gon
 
 Each carries the label ``opencode-tui.pool`` (the batch id) and a run label of its own (``pool-…``),
 its owner's and its creating process's, so ``opencode-tui sweep`` removes one left by a SIGKILL.
-OpenCode's server is not started ahead: its configuration names this episode's proxy token and
-prompt, so it starts in the agent phase as before.
+Where it can (the serve harness behind the model relay), OpenCode's server is started ahead too and
+waits for its task's prompt (core/episode/ahead.py): the episode's first model request then follows
+its start by a fraction of a second instead of OpenCode's boot.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from core.config import AgentConfig
+from core.episode.ahead import opens_session_ahead
 from core.events import Event, WarmSandbox
 from core.failures.evidence import utcnow
 from core.runtime import access
@@ -40,6 +42,8 @@ from core.sandbox.base import LABEL_BATCH, LABEL_POOL, Sandbox, SandboxProvider
 from core.tasks import Task
 
 if TYPE_CHECKING:
+    from core.episode.ahead import ServerAhead
+    from core.episode.seed import Seeded
     from core.runtime.installer import Installer
     from core.runtime.prepare import PreparedRuntime
 
@@ -95,7 +99,12 @@ def pool_key(task: Task, config: AgentConfig) -> str | None:
         "sandbox": sb.model_dump(mode="json"),
         "limits": config.limits.model_dump(mode="json"),
         "runtime": config.runtime.model_dump(mode="json"),
-        "install_s": config.budgets.install_s,
+        "budgets": config.budgets.model_dump(mode="json"),
+        # What a server started ahead was configured and launched with (core/episode/ahead.py).
+        "model": config.model.model_dump(mode="json"),
+        "run_s": task.limits.run_s,
+        "instructions": bool(task.instructions),
+        "session_ahead": opens_session_ahead(task),
     }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -110,6 +119,9 @@ class Lease:
     events: list[Event]
     listen: tuple[socket.socket, str] | None
     event: WarmSandbox
+    server: ServerAhead | None = None  # OpenCode's server, started ahead and waiting for the task
+    seeded: Seeded | None = None  # who the sandbox user is, decided when the server was started
+    seed_events: list[Event] = field(default_factory=list)  # what deciding it said
 
     def finished(self) -> None:
         """After the release: the socket and its directory (the endpoint removes them too)."""
@@ -125,6 +137,9 @@ class _Entry:
     sandbox: Sandbox | None = None
     runtime: PreparedRuntime | None = None
     listen: tuple[socket.socket, str] | None = None
+    server: ServerAhead | None = None
+    seeded: Seeded | None = None
+    seed_events: list[Event] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     prepared_at: datetime | None = None
     ready_at: float | None = None  # monotonic
@@ -267,6 +282,9 @@ class WarmPool:
             runtime=entry.runtime,
             events=entry.events,
             listen=entry.listen,
+            server=entry.server,
+            seeded=entry.seeded,
+            seed_events=entry.seed_events,
             event=WarmSandbox(
                 sandbox_id=entry.sandbox.sandbox_id,
                 provider=entry.sandbox.provider,
@@ -275,6 +293,7 @@ class WarmPool:
                 waited_s=round(max(0.0, entry.ready_at - asked), 3),
                 age_s=round(max(0.0, now - entry.ready_at), 3),
                 pool_run=entry.run_id,
+                server_ahead=entry.server is not None,
             ),
         )
 
@@ -380,9 +399,43 @@ class WarmPool:
             ),
             budget,
         )
+        await self._start_server(entry, template, requested, budget)
         entry.prepared_at = utcnow()
         entry.ready_at = time.monotonic()
         self.counts.prepared += 1
+
+    async def _start_server(
+        self, entry: _Entry, template: Task, requested: str | None, budget: float
+    ) -> None:
+        """OpenCode's server, started ahead where the task's config allows it (core/episode/ahead.py)."""
+        from core.episode.ahead import can_start_ahead, start_ahead
+        from core.episode.seed import identify
+
+        socket_path = f"{entry.listen[1]}/model.sock" if entry.listen else None
+        if (
+            entry.sandbox is None
+            or entry.runtime is None
+            or not can_start_ahead(template, self.config, socket_path)
+        ):
+            return
+        assert socket_path is not None
+        _, source = access.requested_user(self.config.sandbox.user, template.user)
+        # Who the sandbox user is decides who owns the session directory: decided here, once, and
+        # what deciding it said is replayed by the episode's seed phase (which does not ask again).
+        entry.seeded = await identify(
+            entry.sandbox, requested, source, borrowed=False, emit=entry.seed_events.append
+        )
+        user = entry.seeded.user
+        entry.server = await start_ahead(
+            entry.sandbox,
+            entry.runtime,
+            template,
+            self.config,
+            run_id=entry.run_id,
+            user=user,
+            socket_path=socket_path,
+            ready_s=budget,
+        )
 
     # ---- releasing -------------------------------------------------------------------------------
 
@@ -405,6 +458,8 @@ class WarmPool:
             return
         confirmed = False
         try:
+            if entry.server is not None:  # its supervisor stops it and says so, before the sandbox goes
+                await entry.server.stop(RELEASE_S)
             await asyncio.wait_for(sandbox.release(), RELEASE_S)
             probe = await sandbox.probe(PROBE_S)
             confirmed = probe.dead is not False

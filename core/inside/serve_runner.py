@@ -18,9 +18,14 @@ Exit status: 0 when the turn ended without a session error, 1 after a session er
 the server's own status (128+signal when killed) when it dies first, 3 when it never started listening.
 Lines this runner adds itself have types starting with ``runner.``.
 
+With ``--ahead`` it starts the server before its task exists (the warm pool, issue 31): once listening
+(and with ``--ahead-session``, once its event stream is connected and the session open) it notes
+``runner.ready`` and waits for the task's prompt in ``prompt.txt`` next to itself, signalled by ``go``.
+
 Usage::
 
     python3 serve_runner.py OPENCODE_BINARY < prompt.txt
+    python3 serve_runner.py --ahead[-session] OPENCODE_BINARY   # then prompt.txt and go
     python3 serve_runner.py --control say < message.txt   # the debugger (issue 27), a second process
     python3 serve_runner.py --control abort
 
@@ -217,19 +222,28 @@ def read_events(server, events, connected):
     events.put(None)
 
 
-def drive(server, prompt):
-    """Run the session to its end; the exit status."""
+def connect(server):
+    """The server's event stream as a queue, once it is connected (None: it did not connect)."""
     events: queue.Queue[dict | None] = queue.Queue()
     connected = threading.Event()
     threading.Thread(target=read_events, args=(server, events, connected), daemon=True).start()
     if not connected.wait(CONNECT_TIMEOUT_S):
         sys.stderr.write("opencode-tui runner: the server's event stream did not connect\n")
-        return 3
+        return None
+    return events
+
+
+def open_session(server):
     session = server.request("POST", "/session", {"permission": SESSION_PERMISSIONS})
     sid = session["id"]
-    ours = {sid}
     note("session", sessionID=sid)
     publish_control(server, sid)
+    return sid
+
+
+def drive(server, events, sid, prompt):
+    """Send the prompt and run the session to its end; the exit status."""
+    ours = {sid}
     server.request("POST", f"/session/{sid}/prompt_async", {"parts": [{"type": "text", "text": prompt}]})
     note("prompt_sent", sessionID=sid, chars=len(prompt))
     errors = 0
@@ -298,7 +312,34 @@ def drive(server, prompt):
             sys.stdout.buffer.flush()
 
 
-CONTROL_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "control.json")
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONTROL_FILE = os.path.join(HERE, "control.json")
+# Started ahead of its task (issue 31): the prompt arrives in PROMPT_FILE, and GO_FILE (written after it
+# in the same upload, so the prompt is complete once it exists) says the task is there. The supervisor
+# starts the run deadline on the same file.
+AHEAD = "--ahead"
+# Also connect to the event stream and open the session ahead: OpenCode then settles the project of
+# its working directory before the task's files arrive, so only for tasks whose files hold no repository.
+AHEAD_SESSION = "--ahead-session"
+PROMPT_NAME = "prompt.txt"
+GO_NAME = "go"
+PROMPT_FILE = os.path.join(HERE, PROMPT_NAME)
+GO_FILE = os.path.join(HERE, GO_NAME)
+GO_POLL_S = 0.01  # about 0.5% of a core while it waits; the task waits 5 ms on average
+
+
+def wait_for_task(started):
+    """Ahead of the task: say the server is ready, then wait for the task's prompt (the supervisor
+    caps the wait); the prompt."""
+    note("ready", seconds=round(time.monotonic() - started, 3))
+    sys.stdout.buffer.flush()
+    ready = time.monotonic()
+    while not os.path.exists(GO_FILE):
+        time.sleep(GO_POLL_S)
+    with open(PROMPT_FILE, "rb") as f:
+        prompt = f.read().decode("utf-8", "replace")
+    note("task", chars=len(prompt), waited=round(time.monotonic() - ready, 3))
+    return prompt
 
 
 def publish_control(server, sid):
@@ -361,13 +402,16 @@ def session_ended(where, timeout):
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--control":
         return control(sys.argv[2])
-    if len(sys.argv) != 2:
-        sys.stderr.write("usage: serve_runner.py OPENCODE_BINARY < prompt\n")
+    ahead = len(sys.argv) == 3 and sys.argv[1] in (AHEAD, AHEAD_SESSION)
+    if len(sys.argv) != 2 and not ahead:
+        sys.stderr.write(f"usage: serve_runner.py [{AHEAD}|{AHEAD_SESSION}] OPENCODE_BINARY < prompt\n")
         return 2
-    prompt = sys.stdin.buffer.read().decode("utf-8", "replace")
+    ahead_session = ahead and sys.argv[1] == AHEAD_SESSION
+    # Ahead of its task, the prompt comes later in a file (``wait_for_task``), not on stdin.
+    prompt = None if ahead else sys.stdin.buffer.read().decode("utf-8", "replace")
     started = time.monotonic()
-    note("starting", binary=sys.argv[1])
-    server = Server(sys.argv[1])
+    note("starting", binary=sys.argv[-1], ahead=ahead)
+    server = Server(sys.argv[-1])
 
     def on_term(signum, frame):
         server.stop()
@@ -387,7 +431,17 @@ def main():
             sys.stderr.write("opencode-tui: the model relay did not start\n")
             return 3
         try:
-            status = drive(server, prompt)
+            if ahead and not ahead_session:
+                # OpenCode decides the project of its working directory (a git repository or not)
+                # on the first request there, the event stream included: only once the files are in.
+                prompt = wait_for_task(started)
+            events = connect(server)
+            if events is None:
+                return 3
+            sid = open_session(server)
+            if prompt is None:
+                prompt = wait_for_task(started)
+            status = drive(server, events, sid, prompt)
         except RunnerError as exc:
             note("error", message=str(exc))
             status = 1

@@ -4,9 +4,12 @@
 Usage::
 
     python3 -I supervisor.py --timeout T --cleanup-timeout C --stop-file PATH --receipt PATH \
-        [--log-file PATH] [--preserve-descendants-on-success] -- <harness argv...>
+        [--log-file PATH] [--clock-file PATH --clock-wait W] [--preserve-descendants-on-success] \
+        -- <harness argv...>
 
-It starts the harness in its own session, enforces the deadline (TERM, grace, KILL), then kills and
+With ``--clock-file``, the run deadline starts only when that path exists (a harness started ahead of
+its task, issue 31, waits for it); if it does not appear within ``--clock-wait`` seconds the harness is
+stopped as by a stop request. It starts the harness in its own session, enforces the deadline (TERM, grace, KILL), then kills and
 reaps every descendant (it is a child subreaper, so double-forked and detached processes come back to
 it) and atomically writes a cleanup receipt::
 
@@ -173,6 +176,15 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-file",
         help="append the harness's stderr and the supervisor's messages here as well as to stderr",
+    )
+    parser.add_argument(
+        "--clock-file", help="the run deadline starts when this path exists (not at the launch)"
+    )
+    parser.add_argument(
+        "--clock-wait",
+        type=float,
+        default=0.0,
+        help="with --clock-file: how long to wait for it before stopping the harness",
     )
     parser.add_argument(
         "--preserve-descendants-on-success",
@@ -498,7 +510,10 @@ def _supervise(proc: subprocess.Popen, opts: argparse.Namespace, receipt_path: s
     pid = proc.pid
     pgid = pid  # start_new_session makes the harness its own process group leader
     cleanup = opts.cleanup_timeout
-    deadline = time.monotonic() + opts.timeout
+    # A clock file defers the run deadline to its appearance; until then the wait has its own cap.
+    waiting = bool(opts.clock_file)
+    wait_until = time.monotonic() + max(opts.clock_wait, 0.0)
+    deadline = math.inf if waiting else time.monotonic() + opts.timeout
     timed_out = False
     stopped = False
     error = None
@@ -512,6 +527,14 @@ def _supervise(proc: subprocess.Popen, opts: argparse.Namespace, receipt_path: s
                 stopped = True
                 _log("stop requested; terminating the harness")
                 break
+            if waiting:
+                if os.path.lexists(opts.clock_file):
+                    waiting = False
+                    deadline = time.monotonic() + opts.timeout
+                elif time.monotonic() >= wait_until:
+                    stopped = True
+                    _log(f"not started within {opts.clock_wait:g}s of waiting; terminating the harness")
+                    break
             if time.monotonic() >= deadline:
                 timed_out = True
                 _log(f"deadline of {opts.timeout:g}s passed; terminating the harness")

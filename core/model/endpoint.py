@@ -95,6 +95,7 @@ class ModelEndpoint:
         gate: CallGate | None = None,
         replay: Replayer | None = None,
         listen: tuple[socket.socket, str] | None = None,
+        access_token: str | None = None,
     ) -> None:
         self.task = task
         self.settings = settings
@@ -107,7 +108,9 @@ class ModelEndpoint:
         self.gate = gate  # the debugger's breakpoints (core.model.hold)
         self.replay = replay  # rerun/fork: the parent's recorded answers (core.model.replay)
         # OpenCode's API key for the proxy: only this episode's OpenCode can spend the upstream key.
-        self.access_token = secrets.token_urlsafe(24)
+        # A server started ahead (core/episode/ahead.py) was configured with its token before the
+        # episode existed: the episode's proxy accepts that one.
+        self.access_token = access_token or secrets.token_urlsafe(24)
         # A warm sandbox's socket (bound and listening, its file bind-mounted into the sandbox) and its
         # private directory: served here, and removed with the endpoint (core/episode/pool.py).
         self._listen = listen

@@ -20,7 +20,7 @@ from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, SandboxFault, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.inside import INSIDE_DIR
-from core.inside.serve_runner import RELAY_PORT_ENV
+from core.inside.serve_runner import AHEAD, AHEAD_SESSION, GO_NAME, PROMPT_NAME, RELAY_PORT_ENV
 from core.runtime import transcript
 from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
@@ -286,8 +286,22 @@ class OpenCodeHarness:
         archive = tree_tar(self.staged_files(), owner=self.owner, root_mode=root_mode)
         await sandbox.upload_tar(self.layout.session_dir, archive)
 
-    def command(self, runtime: Any) -> tuple[list[str], dict[str, str]]:
-        """The harness argv (run under the supervisor) and its environment."""
+    def task_files(self) -> dict[str, tuple[bytes | None, int]]:
+        """For a server started ahead (``command(ahead=…)``): the task's prompt and instructions, then
+        the file that starts it, in one upload into the session dir (in this order: the runner takes
+        the prompt once the last one exists)."""
+        rel = len(self.layout.session_dir) + 1
+        files: dict[str, tuple[bytes | None, int]] = {}
+        if self.task.instructions:
+            files[self.layout.instructions_file[rel:]] = (self.task.instructions.encode(), 0o644)
+        files[PROMPT_NAME] = (self.prompt_bytes(), 0o600)
+        files[GO_NAME] = (b"", 0o600)
+        return files
+
+    def command(self, runtime: Any, ahead: str | None = None) -> tuple[list[str], dict[str, str]]:
+        """The harness argv (run under the supervisor) and its environment. ``ahead``
+        (``AHEAD``/``AHEAD_SESSION``, serve only): the runner starts the server before its task
+        exists and waits for ``task_files``."""
         q = shlex.quote
         lines = [f"cd {q(self.task.workdir)} || exit 2"]
         if self.use_relay:
@@ -312,7 +326,10 @@ class OpenCodeHarness:
                 "done",
             ]
         if self.mode == "serve":
-            lines.append(f"exec {q(runtime.python)} -I {q(self.layout.runner_file)} {q(runtime.binary)}")
+            flag = f"{ahead} " if ahead in (AHEAD, AHEAD_SESSION) else ""
+            lines.append(
+                f"exec {q(runtime.python)} -I {q(self.layout.runner_file)} {flag}{q(runtime.binary)}"
+            )
         else:
             lines.append(f"exec {q(runtime.binary)} run --format json")
         env = {

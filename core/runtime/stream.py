@@ -323,6 +323,14 @@ class ServeStreamTranslator(_Translator):
             events.append(
                 display(f"{DIM}● opencode serve listening on port {props.get('port')}{after}{RESET}\n")
             )
+        elif etype == "runner.ready":
+            events.append(display(f"{DIM}● opencode serve ready ahead of the task{RESET}\n"))
+        elif etype == "runner.task":
+            waited = props.get("waited")
+            ready = (
+                f"; the server had been ready for {waited:.1f}s" if isinstance(waited, int | float) else ""
+            )
+            events.append(display(f"{DIM}● the task arrived{ready}{RESET}\n"))
         elif etype == "runner.session":
             self.session_id = props.get("sessionID")
             events.append(

@@ -167,6 +167,7 @@ def launch_script(
     cleanup_timeout: float,
     preserve: bool = False,
     stdin_file: str | None = None,
+    clock: tuple[str, float] | None = None,
 ) -> list[str]:
     """The exec argv that claims the launch and execs the supervisor around ``harness_argv``.
 
@@ -179,7 +180,9 @@ def launch_script(
     The harness's stdout is the exec's stdout, streamed as it is produced. The harness's stderr is
     the exec's stderr too, streamed, and the supervisor also appends it to ``output.log`` (its own
     ``--log-file`` copy, a thread of the supervisor: a ``tee`` process would itself be drained), so it
-    survives in the sandbox when the stream breaks. Stdin is
+    survives in the sandbox when the stream breaks. ``clock`` (a file relative to the session dir, a wait
+    cap in seconds): the run deadline starts when that file appears, not at the launch (a harness
+    started ahead of its task, issue 31). Stdin is
     ``stdin_file`` (relative paths are inside the session dir) or ``/dev/null``, so a harness never
     blocks on an exec channel that stays open.
     """
@@ -212,6 +215,14 @@ def launch_script(
         "--log-file",
         paths.output_log,
     ]
+    if clock is not None:
+        _positive("clock wait", clock[1])
+        supervisor_cmd += [
+            "--clock-file",
+            posixpath.join(paths.session_dir, clock[0]),
+            "--clock-wait",
+            repr(float(clock[1])),
+        ]
     if preserve:
         supervisor_cmd.append("--preserve-descendants-on-success")
     supervisor_cmd += ["--", *argv]

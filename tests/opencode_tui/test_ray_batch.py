@@ -369,6 +369,41 @@ def test_ray_batch_matches_the_local_executor(ray_head, tmp_path, test_owner):
     assert _our_sandboxes(test_owner) == []
 
 
+def test_batch_warm_on_ray_is_said_to_be_ignored_and_why(ray_head, tmp_path, test_owner):
+    """batch.warm asks for sandboxes prepared ahead; the Ray executor prepares none and says so as
+    the batch starts (stderr), in the summary line, in the batch's record and in doctor."""
+    tasks = [str(_task(tmp_path, "hello-file", f"hello-{i}")) for i in range(1, 3)]
+    config = tmp_path / "ray.yaml"
+    config.write_text(yaml.safe_dump({"batch": {"warm": 2}, "policy": {"max_attempts": 1}}))
+    runs = tmp_path / "runs"
+    r = subprocess.run(
+        [*_ray_cli(ray_head, runs), *tasks, "--jobs", "1", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=ray_head.env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert all(line["action"] == "scored" and not line["warm"] for line in _lines(r.stdout))
+    said = "warm-ahead not used: batch.warm: 2 is ignored by the ray executor: each attempt runs as a"
+    err = r.stderr.splitlines()
+    warned = [i for i, line in enumerate(err) if line.startswith(f"opencode-tui run: warning: {said}")]
+    batch_line = next(i for i, line in enumerate(err) if line.startswith("opencode-tui: batch "))
+    assert warned and warned[0] < batch_line, r.stderr  # as the batch starts, before its end
+    assert err[-1].startswith(f"opencode-tui: 2 of 2 scored; {said}"), err[-1]
+    assert "every attempt creates its own sandbox" in err[-1]
+
+    end = [json.loads(line) for line in (runs / "batches.jsonl").read_text().splitlines()][-1]
+    assert end["executor"] == "ray" and end["ended_at"] and end["warm"] is None and end["warm_depth"] == 0
+    assert end["warm_not_used"].startswith("batch.warm: 2 is ignored by the ray executor")
+    doctor = subprocess.run(
+        [*CLI, "doctor", "--json", "--runs-dir", str(runs)], capture_output=True, text=True, timeout=180
+    )
+    [warm] = [c for c in map(json.loads, doctor.stdout.splitlines()) if c["name"] == "warm pool"]
+    assert warm["status"] == "warn" and f"{said}" in warm["detail"], warm
+    assert _our_sandboxes(test_owner) == []
+
+
 def test_the_providers_checks_run_on_a_node_before_anything_starts(ray_head, tmp_path):
     """With Ray the sandboxes live on the nodes: the provider's admission checks (here Docker's: the
     image exists on the node's engine) run there, in the probe; a failure is one line, exit 2."""

@@ -165,6 +165,8 @@ def test_every_way_off_the_batch_screen_releases_the_prepared_sandboxes(how, cod
             t.child.send("y")
         if how == "c":  # the batch is cancelled and its end stays on screen until `q`
             t.wait_for(lambda s: "failures in 4 of 4" in s, 150, "the cancelled batch's end")
+            # The batch has returned once its summary (which counts the released ones) is said.
+            t.wait_for(lambda s: "discarded" in s, 60, "the batch's summary with the warm counts")
             assert _pooled("local", test_owner) == []
             t.child.send("q")
         exited = t.exit_code(timeout=150)

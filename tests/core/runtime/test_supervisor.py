@@ -81,6 +81,7 @@ def _run_supervisor(
     cleanup_timeout: float = 2.0,
     preserve: bool = False,
     python: str = PY,
+    clock: tuple[Path, float] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], dict]:
     receipt = tmp_path / "cleanup.json"
     argv = [
@@ -98,6 +99,8 @@ def _run_supervisor(
     ]
     if preserve:
         argv.append("--preserve-descendants-on-success")
+    if clock is not None:
+        argv += ["--clock-file", str(clock[0]), "--clock-wait", str(clock[1])]
     proc = subprocess.run([*argv, "--", *harness], capture_output=True, text=True, timeout=30)
     return proc, json.loads(receipt.read_text())
 
@@ -175,6 +178,32 @@ def test_deadline_overrun_terminates_with_signal(tmp_path: Path) -> None:
     assert receipt["return_code"] is None
     assert receipt["signal"] == signal.SIGTERM
     assert receipt["cleanup_confirmed"] is True
+
+
+def test_a_clock_file_starts_the_run_deadline_when_it_appears(tmp_path: Path) -> None:
+    """A harness started ahead of its task (issue 31): the 1 s run deadline does not run while it
+    waits, only from the clock file's appearance (here after 1.5 s, by the harness itself)."""
+    go = tmp_path / "go"
+    harness = ["/bin/sh", "-c", f"sleep 1.5; : > {go}; sleep 0.6; echo finished"]
+    proc, receipt = _run_supervisor(tmp_path, harness, timeout=1.0, clock=(go, 30.0))
+    assert receipt["timed_out"] is False and receipt["return_code"] == 0, (receipt, proc.stderr)
+    assert "finished" in proc.stdout
+    # ... and from then on it runs as usual: 1 s after the file, a harness still running is stopped.
+    go.unlink()
+    start = time.monotonic()
+    harness = ["/bin/sh", "-c", f"sleep 0.5; : > {go}; sleep 1000"]
+    proc, receipt = _run_supervisor(tmp_path, harness, timeout=1.0, clock=(go, 30.0))
+    assert receipt["timed_out"] is True and receipt["signal"] == signal.SIGTERM, receipt
+    assert 1.4 <= time.monotonic() - start < 10
+
+
+def test_a_clock_file_that_never_appears_stops_the_harness_at_the_wait_cap(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc, receipt = _run_supervisor(tmp_path, ["sleep", "1000"], timeout=100.0, clock=(tmp_path / "go", 0.5))
+    assert receipt["cleanup_confirmed"] is True and receipt["timed_out"] is False, receipt
+    assert receipt["signal"] == signal.SIGTERM
+    assert "not started within 0.5s of waiting" in proc.stderr
+    assert time.monotonic() - start < 10
 
 
 def test_harness_exit_status_is_reported(tmp_path: Path) -> None:
