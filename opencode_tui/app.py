@@ -278,14 +278,20 @@ class OpenCodeTUI(EpisodeHost):
         """An episode has ended: prepare a sandbox for a re-run of it (one that ended by itself), or
         release the one there is (a cancelled episode; the app leaving)."""
         assert self.warm is not None
-        result = _result_of(control)
+        result, inputs = _result_of(control), self._inputs
         if (
             result is not None
             and result.cancelled_by is None
-            and self._inputs is not None
+            and inputs is not None
             and not (self.quitting or self.read_only)
         ):
-            await self.warm.aim(*self._inputs)
+            prepared = self.warm.counts.prepared
+            await self.warm.aim(*inputs)
+            # Said once it is ready, so a person knows `r` starts at once (bounded like its install).
+            budget = inputs[1].budgets.install_s + 60
+            ready = await self.warm.prepared(prepared, budget)
+            if ready and not self.quitting and self.control in (None, control):
+                self.notify("A sandbox is ready for a re-run (r).", timeout=5)
             return
         before = self.warm.counts
         await self.warm.discard()

@@ -15,6 +15,7 @@ Where it applies: a provider that declares the ``warm`` capability, an owned san
 from __future__ import annotations
 
 import asyncio
+import time
 
 from core import provider_registry
 from core.config import AgentConfig
@@ -64,6 +65,16 @@ class WarmNext:
             if pool is not None:
                 pool.plan([task])  # this task object: the episode's ``take`` waits for one in preparation
             return pool
+
+    async def prepared(self, before: int, timeout_s: float) -> bool:
+        """Wait until a preparation finished after ``before`` (``counts.prepared`` then); False when none
+        did within ``timeout_s`` (it failed, was released, or is still under way)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._pool is not None:
+            if self.counts.prepared > before:
+                return True
+            await asyncio.sleep(0.2)
+        return False
 
     async def discard(self) -> None:
         """Release the prepared, unused sandbox (confirmed); a later ``aim`` prepares again."""

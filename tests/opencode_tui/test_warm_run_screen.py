@@ -71,11 +71,11 @@ def _prepared_for_rerun(t: Tui, provider: str, owner: str, tmp_path: Path) -> st
     """The run has ended (`r` is offered) and a sandbox is prepared for its re-run: its id."""
     t.wait_for(lambda s: "r Re-run" in s, 240, "the ended run's re-run key")
     used = {w["sandbox_id"] for run in _runs(tmp_path) for w in _events(run, "warm_sandbox")}
-    deadline = time.monotonic() + 120
-    while not (new := [p for p in _pooled(provider, owner) if p not in used]):
-        assert time.monotonic() < deadline, "no sandbox was prepared for the re-run"
+    deadline, ready = time.monotonic() + 180, False
+    while not ready or not (new := [p for p in _pooled(provider, owner) if p not in used]):
+        assert time.monotonic() < deadline, f"no sandbox was prepared for the re-run:\n{t.text()}"
         t.pump(0.5)
-    _pump(t, 3)  # its OpenCode install (cached)
+        ready = ready or "ready for a re-run" in t.text()  # a toast, for 5 s
     return new[0]
 
 
