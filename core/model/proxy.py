@@ -461,7 +461,7 @@ class ModelProxy(HttpService):
 
     def _finish(self, rec: ModelCallRecord) -> ModelCallRecord:
         """Redact, keep, append to model_calls.jsonl, emit the event."""
-        data = redact(json.loads(rec.model_dump_json()), self._secrets())
+        data = redact(rec.model_dump(mode="json"), self._secrets())
         if data.get("replayed_from") is None:  # the record of a run that is no replay is as it was
             data.pop("replayed_from", None)
         safe = ModelCallRecord.model_validate(data)
