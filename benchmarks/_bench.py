@@ -567,9 +567,9 @@ def machine_busy_s() -> float:
 
 
 def process_cpu_s() -> tuple[float, float]:
-    """(this process, its reaped descendants) user+system CPU-seconds. With the local provider every
-    process of an episode (bwrap, OpenCode, the verifier) is a reaped descendant of the process that
-    ran the episode; Docker's containers are not (they are containerd's)."""
+    """(this process, its reaped descendants) user+system CPU-seconds. Neither a local sandbox's
+    processes (bwrap's init in the sandbox's PID namespace reaps them, and bwrap does not wait for
+    that init) nor Docker's containers (containerd's) are among the descendants."""
     import resource
 
     me = resource.getrusage(resource.RUSAGE_SELF)
@@ -594,39 +594,43 @@ class CpuSpan:
     wall: float
     machine: float  # every core, everything on the machine (``/proc/stat``)
     controller: float  # this process (RUSAGE_SELF): the engine, the proxy, the scripted model
-    children: float  # reaped descendants (the local provider's sandboxes; docker CLI calls)
-    docker: float | None  # the Docker engine's containers (any owner), None: not measurable here
+    # Reaped descendants (docker CLI calls, a verifier). Not a local sandbox: bwrap's init in the
+    # sandbox's PID namespace reaps its processes and bwrap does not wait for that init.
+    children: float
+    docker: float | None  # the Docker engine's containers (any owner); None: not measured
 
     @property
-    def own(self) -> float:
-        """This process's tree plus Docker's containers: the run's own CPU, less the machine's noise
-        (dockerd/containerd's own work is not in it)."""
-        return self.controller + self.children + (self.docker or 0.0)
+    def own(self) -> float | None:
+        """With Docker: this process, its reaped descendants and the engine's containers, the run's
+        own CPU less the machine's noise (dockerd/containerd's own work is not in it). None without."""
+        return None if self.docker is None else self.controller + self.children + self.docker
 
     def per(self, n: int) -> dict[str, float | None]:
         n = max(1, n)
+        own = self.own
         return {
             "wall": self.wall / n,
             "machine": self.machine / n,
             "controller": self.controller / n,
             "children": self.children / n,
             "docker": None if self.docker is None else self.docker / n,
-            "own": self.own / n,
+            "own": None if own is None else own / n,
         }
 
 
 class CpuMeter:
-    """``m = CpuMeter(); ...; span = m.span()``: the CPU of everything between (see CpuSpan)."""
+    """``m = CpuMeter(docker=True); ...; span = m.span()``: the CPU of everything between (CpuSpan);
+    ``docker``: also the Docker engine's containers (for runs on the docker provider)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, docker: bool = False) -> None:
         self.t0 = time.perf_counter()
         self.busy0 = machine_busy_s()
         self.self0, self.kids0 = process_cpu_s()
-        self.docker0 = docker_cpu_s()
+        self.docker0 = docker_cpu_s() if docker else None
 
     def span(self) -> CpuSpan:
         me, kids = process_cpu_s()
-        docker = docker_cpu_s()
+        docker = docker_cpu_s() if self.docker0 is not None else None
         return CpuSpan(
             wall=time.perf_counter() - self.t0,
             machine=machine_busy_s() - self.busy0,

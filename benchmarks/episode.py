@@ -44,8 +44,9 @@
      ``--jobs`` (``ceiling_efficiency_by_jobs``) and the least of them (target ≥ 0.9).
    - ``cpu_per_episode_ratio``: machine CPU-s per episode of the warm ``--jobs 1`` batch ÷ the raw
      floor's (the same ``/proc/stat`` accounting around one raw episode, its sandbox's creation and
-     removal included; target ≤ 1.1). ``/proc/stat`` sees the whole machine: ``..._own`` is the same
-     ratio over this process, its reaped descendants and the Docker engine's containers only.
+     removal included; target ≤ 1.1). ``/proc/stat`` sees the whole machine: ``..._own`` (docker
+     only) is the same ratio over this process, its reaped descendants and the Docker engine's
+     containers (a local sandbox's processes are no reaped descendants: bwrap's init reaps them).
    - ``controller_cpu_ms_per_episode``: this process's CPU (RUSAGE_SELF: engine, proxy, scripted
      model, warm pool) over the warm ``--jobs 1`` batch ÷ episodes (target ≤ 150 ms).
 
@@ -245,8 +246,8 @@ async def ray_comparison(task: Any, config: AgentConfig, n: int, cpus: int, reps
     title = f"Batch throughput: Ray ({cpus} CPUs) vs local (--jobs {cpus}), {provider} provider"
     rep.say(B.table(headers, rows, title=title))
     rep.say(
-        "process CPU/ep: local = this process and its reaped descendants (with the local provider, the "
-        "whole episode: engine, proxy, bwrap, OpenCode, verifier; with docker, the engine only); "
+        "process CPU/ep: local = this process and its reaped descendants (the engine and proxy; not the "
+        "sandboxes: bwrap's init reaps a local sandbox's processes, containerd a container's); "
         "ray = the driver alone"
     )
     overheads = [p["overhead"] for p in pairs]
@@ -480,7 +481,7 @@ async def warm_batch(tasks: list[Any], config: AgentConfig, warm: int, jobs: int
     runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-warm{warm}-j{jobs}-"))
     n = len(tasks)
     try:
-        meter = B.CpuMeter()
+        meter = B.CpuMeter(docker=str(config.sandbox.provider) == "docker")
         summary = await run_batch(tasks, cfg, runs_dir=runs, jobs=jobs, max_attempts=1)
         span = meter.span()
         firsts: list[float] = []
@@ -524,7 +525,7 @@ async def raw_floor(raw: B.RawOpenCode, provider: str, tag: str) -> dict[str, An
     """One raw ``opencode run`` episode, no engine, in the provider's kind of sandbox: docker, a
     ``docker exec`` in a running container (``docker run -d`` and the removal inside the CPU span, not
     in the first-request time); local, one plain ``bwrap``. Exec → first model request, and its CPU."""
-    meter = B.CpuMeter()
+    meter = B.CpuMeter(docker=provider == "docker")
     r = await (raw.exec_run if provider == "docker" else raw.bwrap_floor_run)(tag)
     span = meter.span()
     if r["rc"] != 0 or r.get("verified") is False or r["t_first_call"] is None:
@@ -628,9 +629,9 @@ def warm_figures(
     c_first = B.med([x for b in cold for x in b["first_call_s"]])
     w_first = B.med([x for b in warm for x in b["first_call_s"]])
     f_cpu = B.med([f["cpu_s"]["machine"] for f in floor])
-    f_own = B.med([_own(f["cpu_s"]) for f in floor])
+    f_own = _med_known([_own(f["cpu_s"]) for f in floor])
     w_cpu = B.med([b["cpu_s_per_episode"]["machine"] for b in warm])
-    w_own = B.med([b["cpu_s_per_episode"]["own"] for b in warm])
+    w_own = _med_known([b["cpu_s_per_episode"]["own"] for b in warm])
     efficiency = {
         str(j): B.med([b["ceiling_efficiency"] for b in bs if b["ceiling_efficiency"] is not None])
         for j, bs in by_jobs.items()
@@ -651,8 +652,13 @@ def warm_figures(
     }
 
 
-def _own(cpu: dict[str, Any]) -> float:
-    return cpu["controller"] + cpu["children"] + (cpu["docker"] or 0.0)
+def _own(cpu: dict[str, Any]) -> float | None:
+    """B.CpuSpan.own of a span written out as a dict."""
+    return None if cpu["docker"] is None else cpu["controller"] + cpu["children"] + cpu["docker"]
+
+
+def _med_known(xs: list[float | None]) -> float | None:
+    return B.med([x for x in xs if x is not None])
 
 
 def warm_tables(
@@ -697,7 +703,7 @@ def warm_tables(
             B.fmt_s(B.med([c["wall"] for c in f_cpu]), "s"),
             "-",
             B.fmt_s(B.med([c["machine"] for c in f_cpu]), "s"),
-            B.fmt_s(B.med([_own(c) for c in f_cpu]), "s"),
+            B.fmt_s(_med_known([_own(c) for c in f_cpu]), "s"),
             B.fmt_s(B.med([c["controller"] for c in f_cpu])),
             "-",
             "-",
@@ -727,8 +733,8 @@ def warm_tables(
     headers += ["controller CPU/ep", "ceiling/min", "of ceiling", "scored"]
     rep.say(B.table(headers, rows, title=f"Batches and the CPU ceiling ({provider}, {os.cpu_count()} cores)"))
     rep.say(
-        "machine CPU = /proc/stat busy time (everything on the machine); own CPU = this process, its "
-        "reaped descendants and the Docker engine's containers; ceiling = cores x 60 / machine CPU-s per "
+        "machine CPU = /proc/stat busy time (everything on the machine); own CPU (docker only) = this "
+        "process, its reaped descendants and the Docker engine's containers; ceiling = cores x 60 / machine CPU-s per "
         "episode of that batch"
     )
     rep.say()

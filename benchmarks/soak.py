@@ -183,7 +183,7 @@ async def soak(args: argparse.Namespace, rep: B.Report) -> int:
     )
     rss["start"] = B.rss_mb()
     try:
-        meter = B.CpuMeter()
+        meter = B.CpuMeter(docker=args.provider == "docker")
         summary = await run_batch(
             [t for t, _ in tasks], config, runs_dir=runs, jobs=jobs, on_result=on_result
         )
