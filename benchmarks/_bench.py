@@ -524,6 +524,7 @@ class RawOpenCode:
             args += ["--ro-bind", str(self.binary_dir), self.MOUNT, "--ro-bind", str(tmp / "cfg"), "/cfg"]
             args += ["--bind", str(tmp / "xdg"), "/xdg", "--chdir", self.task.workdir, *env]
             args += ["--", "/bin/sh", "-c", script]
+            t_start = time.time()
             t0 = time.perf_counter()
             proc = await asyncio.create_subprocess_exec(
                 *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -536,6 +537,8 @@ class RawOpenCode:
             return {
                 "wall": wall,
                 "cpu": cpu,
+                "t_start": t_start,
+                "t_first_call": model.calls[0].at if model.calls else None,
                 "rc": proc.returncode,
                 "calls": len(model.calls),
                 "stderr": err.decode(errors="replace")[-500:],
@@ -549,6 +552,107 @@ def _shell_time(text: str) -> float:
     """``1m2.500s`` (the output format of the ``times`` builtin) → seconds."""
     minutes, _, seconds = text.rstrip("s").partition("m")
     return int(minutes) * 60 + float(seconds)
+
+
+# ---- CPU accounting ------------------------------------------------------------------------------
+
+DOCKER_CPUACCT = Path("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage")  # cgroup v1, cgroupfs driver
+
+
+def machine_busy_s() -> float:
+    """CPU-seconds every core of the machine has been busy since boot (``/proc/stat``)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s() -> tuple[float, float]:
+    """(this process, its reaped descendants) user+system CPU-seconds. Neither a local sandbox's
+    processes (bwrap's init in the sandbox's PID namespace reaps them, and bwrap does not wait for
+    that init) nor Docker's containers (containerd's) are among the descendants."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def docker_cpu_s() -> float | None:
+    """CPU-seconds of every container of this Docker engine since it started: the ``docker`` cgroup's
+    cumulative usage (cgroup v1 charges a removed container's time to its parent too), or None where
+    that cgroup is not there. Any owner's containers count (other tests on the machine)."""
+    try:
+        return int(DOCKER_CPUACCT.read_text()) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class CpuSpan:
+    """CPU used between two ``CpuMeter`` readings (seconds)."""
+
+    wall: float
+    machine: float  # every core, everything on the machine (``/proc/stat``)
+    controller: float  # this process (RUSAGE_SELF): the engine, the proxy, the scripted model
+    # Reaped descendants (docker CLI calls, a verifier). Not a local sandbox: bwrap's init in the
+    # sandbox's PID namespace reaps its processes and bwrap does not wait for that init.
+    children: float
+    docker: float | None  # the Docker engine's containers (any owner); None: not measured
+
+    @property
+    def own(self) -> float | None:
+        """With Docker: this process, its reaped descendants and the engine's containers, the run's
+        own CPU less the machine's noise (dockerd/containerd's own work is not in it). None without."""
+        return None if self.docker is None else self.controller + self.children + self.docker
+
+    def per(self, n: int) -> dict[str, float | None]:
+        n = max(1, n)
+        own = self.own
+        return {
+            "wall": self.wall / n,
+            "machine": self.machine / n,
+            "controller": self.controller / n,
+            "children": self.children / n,
+            "docker": None if self.docker is None else self.docker / n,
+            "own": None if own is None else own / n,
+        }
+
+
+class CpuMeter:
+    """``m = CpuMeter(docker=True); ...; span = m.span()``: the CPU of everything between (CpuSpan);
+    ``docker``: also the Docker engine's containers (for runs on the docker provider)."""
+
+    def __init__(self, *, docker: bool = False) -> None:
+        self.t0 = time.perf_counter()
+        self.busy0 = machine_busy_s()
+        self.self0, self.kids0 = process_cpu_s()
+        self.docker0 = docker_cpu_s() if docker else None
+
+    def span(self) -> CpuSpan:
+        me, kids = process_cpu_s()
+        docker = docker_cpu_s() if self.docker0 is not None else None
+        return CpuSpan(
+            wall=time.perf_counter() - self.t0,
+            machine=machine_busy_s() - self.busy0,
+            controller=me - self.self0,
+            children=kids - self.kids0,
+            docker=None if docker is None or self.docker0 is None else docker - self.docker0,
+        )
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set so far (it is the controller: episodes run in it)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """This process's resident set now (``/proc/self/status`` VmRSS)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def loadavg() -> list[float]:

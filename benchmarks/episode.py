@@ -27,12 +27,28 @@
    local wall. Machine CPU-seconds per episode (``/proc/stat`` busy time over the batch / episodes)
    include whatever else runs on the machine. Part 1 is skipped.
 
-4. ``--warm``: the batch's warm pool (issue 31). Two batches of N distinct hello-file copies (3 with
-   ``--quick``, else 5) at ``--jobs 1``, one with ``batch.warm: 0`` and one with ``batch.warm: 2``,
-   alternating (cold first), ``--reps`` pairs (default 1). For every attempt after the first: attempt
-   start (its EpisodeStarted event) → its first model request (the earliest ``started_at`` of its
-   ModelCall events, as the recording proxy saw it). Ratio = warm median / cold median; the batches'
-   wall clocks give ``jobs1_warm_speedup`` (cold wall / warm wall). Part 1 is skipped.
+4. ``--warm``: the batch's warm pool (issue 31); parts 1-2 are skipped. Per pair (``--reps``, default
+   1): raw floors (2 with ``--quick``, else 3; part 1's ``RawOpenCode``: docker, a ``docker exec`` of
+   ``opencode run`` in a running container of the image; local, one plain ``bwrap``), then a batch of N
+   distinct hello-file copies (3 with ``--quick``, else 5) at ``--jobs 1`` with ``batch.warm: 0``, the
+   same with ``batch.warm: --warm-depth`` (default 2), then with warm-ahead at every other ``--jobs``
+   (default: the core count; max(N, 2 x jobs) copies). Printed (and in ``--json``, one object):
+
+   - ``warm_first_call_ratio``: p50 of attempt start (its EpisodeStarted event) → its first model
+     request (the earliest ``started_at`` of its ModelCall events) over the attempts after the first
+     of the warm ``--jobs 1`` batch ÷ p50 of the raw floor's exec → its first model request (target
+     ≤ 0.2); ``warm_vs_cold_first_call_ratio``: the same against the cold batch.
+   - ``jobs1_warm_speedup``: cold wall / warm wall at ``--jobs 1`` (target ≥ 1.3).
+   - ``ceiling_efficiency``: episodes per minute ÷ the machine's CPU ceiling (cores x 60 / machine
+     CPU-s per episode of that batch, ``/proc/stat`` busy time over the batch ÷ episodes), per
+     ``--jobs`` (``ceiling_efficiency_by_jobs``) and the least of them (target ≥ 0.9).
+   - ``cpu_per_episode_ratio``: machine CPU-s per episode of the warm ``--jobs 1`` batch ÷ the raw
+     floor's (the same ``/proc/stat`` accounting around one raw episode, its sandbox's creation and
+     removal included; target ≤ 1.1). ``/proc/stat`` sees the whole machine: ``..._own`` (docker
+     only) is the same ratio over this process, its reaped descendants and the Docker engine's
+     containers (a local sandbox's processes are no reaped descendants: bwrap's init reaps them).
+   - ``controller_cpu_ms_per_episode``: this process's CPU (RUSAGE_SELF: engine, proxy, scripted
+     model, warm pool) over the warm ``--jobs 1`` batch ÷ episodes (target ≤ 150 ms).
 
 No container may be left behind: all containers of this process carry its own owner label
 (``opencode-tui.owner=bench-<pid>@<host>``) and are counted after every batch and at the end.
@@ -49,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +79,6 @@ from core.tasks import load_task  # noqa: E402
 
 TASK_DIR = B.ROOT / "sample_tasks" / "hello-file"
 PHASES = ("seed", "install", "agent", "closing", "transcript", "verification", "release")
-
-
-def peak_rss_mb() -> float:
-    """The benchmark process's peak resident set so far (it is the controller: episodes run in it)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict[str, Any]:
@@ -110,7 +120,7 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
         "wall": wall,
         "episodes_per_min": n / wall * 60,
         "engine_cpu_per_episode": cpu / n,
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": B.peak_rss_mb(),
         "loadavg_after": B.loadavg(),
         "scored": summary.scored,
         "failures": summary.failures_by_kind,
@@ -118,24 +128,6 @@ async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, 
         "cleanup_confirmed": sum(1 for r in summary.results if r.cleanup_confirmed),
         "leftover_containers": left,
     }
-
-
-def process_cpu_s() -> tuple[float, float]:
-    """(this process, its reaped descendants) user+system CPU-seconds. With the local provider every
-    process of an episode (bwrap, OpenCode, the verifier) is a reaped descendant of the process that
-    ran the episode; Docker's containers are not (they are containerd's)."""
-    import resource
-
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
-
-
-def machine_busy_s() -> float:
-    """CPU-seconds every core of the machine has been busy since boot (``/proc/stat``)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def start_local_ray(cpus: int) -> Path:
@@ -178,15 +170,15 @@ async def executor_batch(task: Any, config: AgentConfig, n: int, jobs: int, exec
     else:
         ex = LocalExecutor()
     try:
-        busy0 = machine_busy_s()
-        self0, kids0 = process_cpu_s()
+        busy0 = B.machine_busy_s()
+        self0, kids0 = B.process_cpu_s()
         t0 = time.perf_counter()
         if executor == "ray":
             await asyncio.to_thread(ex.connect)
         summary = await run_batch([task] * n, config, runs_dir=runs, jobs=jobs, max_attempts=1, executor=ex)
         wall = time.perf_counter() - t0
-        busy = machine_busy_s() - busy0
-        self1, kids1 = process_cpu_s()
+        busy = B.machine_busy_s() - busy0
+        self1, kids1 = B.process_cpu_s()
         await ex.close()
     finally:
         shutil.rmtree(runs, ignore_errors=True)
@@ -254,8 +246,8 @@ async def ray_comparison(task: Any, config: AgentConfig, n: int, cpus: int, reps
     title = f"Batch throughput: Ray ({cpus} CPUs) vs local (--jobs {cpus}), {provider} provider"
     rep.say(B.table(headers, rows, title=title))
     rep.say(
-        "process CPU/ep: local = this process and its reaped descendants (with the local provider, the "
-        "whole episode: engine, proxy, bwrap, OpenCode, verifier; with docker, the engine only); "
+        "process CPU/ep: local = this process and its reaped descendants (the engine and proxy; not the "
+        "sandboxes: bwrap's init reaps a local sandbox's processes, containerd a container's); "
         "ray = the driver alone"
     )
     overheads = [p["overhead"] for p in pairs]
@@ -460,7 +452,7 @@ async def main_async(args: argparse.Namespace) -> int:
             if f["rc"] != 0:
                 raise RuntimeError(f"the raw floor failed (rc {f['rc']}): {f['stderr']}")
             floor.append(f)
-        rep.data["meta"]["peak_rss_mb_after_single"] = peak_rss_mb()
+        rep.data["meta"]["peak_rss_mb_after_single"] = B.peak_rss_mb()
         single = single_table(engine, engine_run, floor, rep)
         rep.data.update(single)
         for j in jobs_list:
@@ -477,22 +469,24 @@ async def main_async(args: argparse.Namespace) -> int:
     return B.close_report(rep, left, OWNER, started, status)
 
 
-async def warm_batch(tasks: list[Any], config: AgentConfig, warm: int) -> dict[str, Any]:
-    """One batch at --jobs 1 with ``batch.warm: warm``: wall clock, and for each attempt after the
-    first its attempt start → first model request."""
+async def warm_batch(tasks: list[Any], config: AgentConfig, warm: int, jobs: int = 1) -> dict[str, Any]:
+    """One batch at ``jobs`` with ``batch.warm: warm``: wall clock, the CPU it took (see B.CpuSpan), and
+    for each attempt that did not start at once (after the first ``jobs``) its attempt start → first
+    model request."""
     from core.artifacts import RunDirReader
     from core.batch import run_batch
     from core.events import EpisodeStarted, ModelCall
 
     cfg = config.model_copy(update={"batch": config.batch.model_copy(update={"warm": warm})})
-    runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-warm{warm}-"))
+    runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-warm{warm}-j{jobs}-"))
+    n = len(tasks)
     try:
-        t0 = time.perf_counter()
-        summary = await run_batch(tasks, cfg, runs_dir=runs, jobs=1, max_attempts=1)
-        wall = time.perf_counter() - t0
+        meter = B.CpuMeter(docker=str(config.sandbox.provider) == "docker")
+        summary = await run_batch(tasks, cfg, runs_dir=runs, jobs=jobs, max_attempts=1)
+        span = meter.span()
         firsts: list[float] = []
         by_task = {r.task_id: r for r in summary.results}
-        for task in tasks[1:]:
+        for task in tasks[jobs:]:
             events = list(RunDirReader(Path(by_task[task.id].run_dir)).events())
             start = next(e.ts for e in events if isinstance(e, EpisodeStarted))
             calls = [e.started_at for e in events if isinstance(e, ModelCall)]
@@ -500,27 +494,72 @@ async def warm_batch(tasks: list[Any], config: AgentConfig, warm: int) -> dict[s
                 firsts.append((min(calls) - start).total_seconds())
     finally:
         shutil.rmtree(runs, ignore_errors=True)
+    per = span.per(n)
+    per_min = n / span.wall * 60
+    cores = os.cpu_count() or 1
+    # The machine's CPU ceiling at this batch's own cost: cores x 60 s / machine CPU-s per episode.
+    ceiling = cores * 60 / per["machine"] if per["machine"] else None
     return {
         "warm": warm,
-        "wall": wall,
+        "jobs": jobs,
+        "wall": span.wall,
         "scored": summary.scored,
-        "episodes": len(tasks),
+        "episodes": n,
+        "episodes_per_min": per_min,
+        "cpu_s": asdict(span),
+        "cpu_s_per_episode": per,
+        "controller_cpu_ms_per_episode": span.controller / n * 1000,
+        "ceiling_episodes_per_min": ceiling,
+        "ceiling_efficiency": B.ratio(per_min, ceiling),
         "first_call_s": firsts,
         "first_call_median": B.med(firsts),
         "pool": summary.warm.model_dump() if summary.warm else None,
         "warm_used": sum(1 for r in summary.results if r.warm),
+        "peak_rss_mb": B.peak_rss_mb(),
+        "loadavg_after": B.loadavg(),
         "leftover_containers": B.leftovers(OWNER)["ours"],
     }
+
+
+async def raw_floor(raw: B.RawOpenCode, provider: str, tag: str) -> dict[str, Any]:
+    """One raw ``opencode run`` episode, no engine, in the provider's kind of sandbox: docker, a
+    ``docker exec`` in a running container (``docker run -d`` and the removal inside the CPU span, not
+    in the first-request time); local, one plain ``bwrap``. Exec → first model request, and its CPU."""
+    meter = B.CpuMeter(docker=provider == "docker")
+    r = await (raw.exec_run if provider == "docker" else raw.bwrap_floor_run)(tag)
+    span = meter.span()
+    if r["rc"] != 0 or r.get("verified") is False or r["t_first_call"] is None:
+        raise RuntimeError(f"the raw floor failed (rc {r['rc']}, {r['calls']} calls): {r['stderr']}")
+    return {
+        "first_call_s": r["t_first_call"] - r["t_start"],
+        "cpu_s": asdict(span),
+        "opencode_cpu_s": r.get("cpu"),  # the ``times`` of the shell around it (local only)
+        "calls": r["calls"],
+    }
+
+
+def _pool_words(batches: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"{b['pool']['prepared']}/{b['pool']['used']}/{b['pool']['discarded']}" if b["pool"] else "-"
+        for b in batches
+    )
 
 
 async def main_warm(args: argparse.Namespace) -> int:
     n = args.batch or (3 if args.quick else 5)
     reps = args.reps or 1
-    meta = {"mode": "warm", "provider": args.provider, "batch": n, "reps": reps, "cpus": os.cpu_count()}
+    depth = args.warm_depth
+    cores = os.cpu_count() or 1
+    jobs_list = args.jobs or sorted({1, cores})
+    n_floor = 2 if args.quick else 3
+    meta = {"mode": "warm", "provider": args.provider, "batch": n, "reps": reps, "cpus": cores}
+    meta.update({"warm_depth": depth, "jobs": jobs_list, "raw_floor_runs": n_floor * reps})
     meta["loadavg_start"] = B.loadavg()
     rep = B.Report("episode", args.json, meta)
     rep.say(
-        f"episode benchmark, warm pool: {n} hello-file episodes at --jobs 1, warm 0 vs warm 2, {reps} pair(s)"
+        f"episode benchmark, warm pool ({args.provider}): {n} hello-file episodes at --jobs 1, warm 0 vs "
+        f"warm {depth}; warm {depth} at --jobs {', '.join(map(str, jobs_list))}; {n_floor} raw "
+        f"`opencode run` floor(s) per pair; {reps} pair(s)"
     )
     started = time.monotonic()
     import core.batch
@@ -528,75 +567,193 @@ async def main_warm(args: argparse.Namespace) -> int:
     import core.sandbox.docker  # noqa: F401
 
     config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))
+    binary_dir = await asyncio.to_thread(B.cached_binary_dir, config.runtime.opencode_version)
+    raw = B.RawOpenCode(load_task(TASK_DIR), binary_dir, OWNER)
     root = Path(tempfile.mkdtemp(prefix="octui-bench-warm-tasks-"))
     tasks = []
-    for i in range(n):
+    for i in range(max([n, *(2 * j for j in jobs_list if j > 1)])):
         d = root / f"hello-{i}"
         shutil.copytree(TASK_DIR, d)
         (d / "task.yaml").write_text(
             (d / "task.yaml").read_text().replace("id: hello-file", f"id: hello-{i}")
         )
         tasks.append(load_task(d))
+    floor: list[dict[str, Any]] = []
     cold: list[dict[str, Any]] = []
     warm: list[dict[str, Any]] = []
+    by_jobs: dict[int, list[dict[str, Any]]] = {j: [] for j in jobs_list}
     status = 0
     try:
+        # Page cache: the first read of the 185 MB binary is paid by neither side.
+        await asyncio.to_thread(
+            subprocess.run, [str(binary_dir / "opencode"), "--version"], capture_output=True, timeout=120
+        )
         for i in range(reps):
+            for k in range(n_floor):
+                rep.progress(f"raw floor {k + 1}/{n_floor} ({i + 1}/{reps})")
+                floor.append(await raw_floor(raw, args.provider, f"warm{i}-{k}"))
             rep.progress(f"batch without warm ({i + 1}/{reps})")
-            cold.append(await warm_batch(tasks, config, 0))
-            rep.progress(f"batch with warm 2 ({i + 1}/{reps})")
-            warm.append(await warm_batch(tasks, config, 2))
-        for b in cold + warm:
-            if b["leftover_containers"] or b["scored"] != n:
+            cold.append(await warm_batch(tasks[:n], config, 0))
+            rep.progress(f"batch with warm {depth} ({i + 1}/{reps})")
+            warm.append(await warm_batch(tasks[:n], config, depth))
+            for j in jobs_list:
+                if j == 1:
+                    by_jobs[1].append(warm[-1])
+                    continue
+                m = max(n, 2 * j)
+                rep.progress(f"batch of {m} with warm {depth} at --jobs {j} ({i + 1}/{reps})")
+                by_jobs[j].append(await warm_batch(tasks[:m], config, depth, jobs=j))
+        batches = cold + [b for bs in by_jobs.values() for b in bs]
+        for b in batches:
+            if b["leftover_containers"] or b["scored"] != b["episodes"]:
                 status = 1
-        c_first = B.med([x for b in cold for x in b["first_call_s"]])
-        w_first = B.med([x for b in warm for x in b["first_call_s"]])
-        c_wall = B.med([b["wall"] for b in cold])
-        w_wall = B.med([b["wall"] for b in warm])
-        rep.data.update(
-            {
-                "cold": cold,
-                "warm": warm,
-                "warm_first_call_ratio": B.ratio(w_first, c_first),
-                "jobs1_warm_speedup": B.ratio(c_wall, w_wall),
-            }
-        )
-        rows = [
-            [
-                "warm 0",
-                B.fmt_s(c_first),
-                B.fmt_spread([x for b in cold for x in b["first_call_s"]]),
-                B.fmt_s(c_wall, "s"),
-                "-",
-            ],
-            [
-                "warm 2",
-                B.fmt_s(w_first),
-                B.fmt_spread([x for b in warm for x in b["first_call_s"]]),
-                B.fmt_s(w_wall, "s"),
-                ", ".join(
-                    f"{b['pool']['prepared']}/{b['pool']['used']}/{b['pool']['discarded']}"
-                    if b["pool"]
-                    else "-"
-                    for b in warm
-                ),
-            ],
-        ]
-        rep.say(
-            B.table(
-                ["batch", "start → 1st request (p50)", "spread", "batch wall", "prepared/used/discarded"],
-                rows,
-                title=f"Attempts 2..{n}: attempt start → first model request ({args.provider})",
-            )
-        )
-        rep.say(
-            f"warm_first_call_ratio {B.fmt_ratio(B.ratio(w_first, c_first))}; jobs1_warm_speedup "
-            f"{B.fmt_ratio(B.ratio(c_wall, w_wall))}; load average at start {meta['loadavg_start']}, now {B.loadavg()}"
-        )
+        figures = warm_figures(floor, cold, warm, by_jobs)
+        rep.data.update({"raw_floor": floor, "cold": cold, "warm": warm})
+        rep.data["warm_by_jobs"] = {str(j): bs for j, bs in by_jobs.items()}
+        rep.data.update(figures)
+        warm_tables(floor, cold, warm, by_jobs, figures, rep)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         left = await B.reap_leftovers(OWNER)
     return B.close_report(rep, left, OWNER, started, status)
+
+
+def warm_figures(
+    floor: list[dict[str, Any]],
+    cold: list[dict[str, Any]],
+    warm: list[dict[str, Any]],
+    by_jobs: dict[int, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """The headline ratios of ``--warm`` (issue 31), each against a baseline measured in this run."""
+    f_first = B.med([f["first_call_s"] for f in floor])
+    c_first = B.med([x for b in cold for x in b["first_call_s"]])
+    w_first = B.med([x for b in warm for x in b["first_call_s"]])
+    f_cpu = B.med([f["cpu_s"]["machine"] for f in floor])
+    f_own = _med_known([_own(f["cpu_s"]) for f in floor])
+    w_cpu = B.med([b["cpu_s_per_episode"]["machine"] for b in warm])
+    w_own = _med_known([b["cpu_s_per_episode"]["own"] for b in warm])
+    efficiency = {
+        str(j): B.med([b["ceiling_efficiency"] for b in bs if b["ceiling_efficiency"] is not None])
+        for j, bs in by_jobs.items()
+    }
+    known = [e for e in efficiency.values() if e is not None]
+    return {
+        "warm_first_call_ratio": B.ratio(w_first, f_first),
+        "warm_vs_cold_first_call_ratio": B.ratio(w_first, c_first),
+        "first_call_s_p50": {"raw_floor": f_first, "cold": c_first, "warm": w_first},
+        "jobs1_warm_speedup": B.ratio(B.med([b["wall"] for b in cold]), B.med([b["wall"] for b in warm])),
+        "ceiling_efficiency": min(known) if known else None,
+        "ceiling_efficiency_by_jobs": efficiency,
+        "cpu_per_episode_ratio": B.ratio(w_cpu, f_cpu),
+        "cpu_per_episode_ratio_own": B.ratio(w_own, f_own),
+        "cpu_s_per_episode": {"raw_floor": f_cpu, "warm": w_cpu, "raw_floor_own": f_own, "warm_own": w_own},
+        "controller_cpu_ms_per_episode": B.med([b["controller_cpu_ms_per_episode"] for b in warm]),
+        "controller_cpu_ms_per_episode_cold": B.med([b["controller_cpu_ms_per_episode"] for b in cold]),
+    }
+
+
+def _own(cpu: dict[str, Any]) -> float | None:
+    """B.CpuSpan.own of a span written out as a dict."""
+    return None if cpu["docker"] is None else cpu["controller"] + cpu["children"] + cpu["docker"]
+
+
+def _med_known(xs: list[float | None]) -> float | None:
+    return B.med([x for x in xs if x is not None])
+
+
+def warm_tables(
+    floor: list[dict[str, Any]],
+    cold: list[dict[str, Any]],
+    warm: list[dict[str, Any]],
+    by_jobs: dict[int, list[dict[str, Any]]],
+    fig: dict[str, Any],
+    rep: B.Report,
+) -> None:
+    provider = rep.data["meta"]["provider"]
+    depth = rep.data["meta"]["warm_depth"]
+    n = rep.data["meta"]["batch"]
+    f_first = [f["first_call_s"] for f in floor]
+    rows = [["raw floor: exec of opencode run", B.fmt_s(B.med(f_first)), B.fmt_spread(f_first), "1.00x", "-"]]
+    for label, bs in (("warm 0 (cold)", cold), (f"warm {depth}", warm)):
+        xs = [x for b in bs for x in b["first_call_s"]]
+        rows.append(
+            [
+                label,
+                B.fmt_s(B.med(xs)),
+                B.fmt_spread(xs),
+                B.fmt_ratio(B.ratio(B.med(xs), B.med(f_first))),
+                _pool_words(bs),
+            ]
+        )
+    rep.say()
+    rep.say(
+        B.table(
+            ["", "start → 1st request p50", "spread ms", "vs floor", "prepared/used/discarded"],
+            rows,
+            title=f"Attempts 2..{n} at --jobs 1: attempt start → first model request ({provider})",
+        )
+    )
+    rep.say()
+    f_cpu = [f["cpu_s"] for f in floor]
+    rows = [
+        [
+            "raw floor (one episode)",
+            "-",
+            str(len(floor)),
+            B.fmt_s(B.med([c["wall"] for c in f_cpu]), "s"),
+            "-",
+            B.fmt_s(B.med([c["machine"] for c in f_cpu]), "s"),
+            B.fmt_s(_med_known([_own(c) for c in f_cpu]), "s"),
+            B.fmt_s(B.med([c["controller"] for c in f_cpu])),
+            "-",
+            "-",
+            "-",
+        ]
+    ]
+    labelled = [(f"warm 0 (cold) #{i + 1}", b) for i, b in enumerate(cold)]
+    labelled += [(f"warm {depth} #{i + 1}", b) for bs in by_jobs.values() for i, b in enumerate(bs)]
+    for label, b in labelled:
+        per = b["cpu_s_per_episode"]
+        rows.append(
+            [
+                label,
+                str(b["jobs"]),
+                str(b["episodes"]),
+                B.fmt_s(b["wall"], "s"),
+                f"{b['episodes_per_min']:.2f}",
+                B.fmt_s(per["machine"], "s"),
+                B.fmt_s(per["own"], "s"),
+                f"{b['controller_cpu_ms_per_episode']:.0f} ms",
+                "-" if b["ceiling_episodes_per_min"] is None else f"{b['ceiling_episodes_per_min']:.2f}",
+                "-" if b["ceiling_efficiency"] is None else f"{b['ceiling_efficiency']:.2f}",
+                f"{b['scored']}/{b['episodes']}",
+            ]
+        )
+    headers = ["batch", "jobs", "episodes", "wall", "episodes/min", "machine CPU/ep", "own CPU/ep"]
+    headers += ["controller CPU/ep", "ceiling/min", "of ceiling", "scored"]
+    rep.say(B.table(headers, rows, title=f"Batches and the CPU ceiling ({provider}, {os.cpu_count()} cores)"))
+    rep.say(
+        "machine CPU = /proc/stat busy time (everything on the machine); own CPU (docker only) = this "
+        "process, its reaped descendants and the Docker engine's containers; ceiling = cores x 60 / machine CPU-s per "
+        "episode of that batch"
+    )
+    rep.say()
+
+    def r(key: str) -> str:
+        return B.fmt_ratio(fig[key])
+
+    eff = ", ".join(
+        f"jobs {j}: {e:.2f}" for j, e in fig["ceiling_efficiency_by_jobs"].items() if e is not None
+    )
+    rep.say(
+        f"warm_first_call_ratio {r('warm_first_call_ratio')} (target <= 0.20x; warm vs cold "
+        f"{r('warm_vs_cold_first_call_ratio')}); jobs1_warm_speedup {r('jobs1_warm_speedup')} (target >= "
+        f"1.30x); ceiling_efficiency {fig['ceiling_efficiency'] or 0:.2f} ({eff}; target >= 0.90); "
+        f"cpu_per_episode_ratio {r('cpu_per_episode_ratio')} (own CPU {r('cpu_per_episode_ratio_own')}; "
+        f"target <= 1.10x); controller_cpu_ms_per_episode {fig['controller_cpu_ms_per_episode'] or 0:.0f} ms "
+        f"(cold {fig['controller_cpu_ms_per_episode_cold'] or 0:.0f} ms; target <= 150 ms)"
+    )
+    rep.say(f"load average at start {rep.data['meta']['loadavg_start']}, now {B.loadavg()}")
 
 
 async def main_ray(args: argparse.Namespace) -> int:
@@ -646,8 +803,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--warm",
         action="store_true",
-        help="only the warm pool: attempt start → first model request, warm 0 vs warm 2 (--jobs 1)",
+        help="only the warm pool: attempt start → first model request against the raw floor, warm 0 vs "
+        "warm-ahead at --jobs 1, warm-ahead at --jobs (default 1 and the core count), CPU per episode",
     )
+    p.add_argument("--warm-depth", type=int, default=2, help="batch.warm of the warm batches (default 2)")
     B.add_common_args(p)
     args = p.parse_args(argv)
     return asyncio.run(main_async(args))

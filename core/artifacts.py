@@ -60,7 +60,7 @@ from core.events import (
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
-from core.redaction import redact, redact_text
+from core.redaction import might_hold_secret, redact, redact_text
 
 
 class RunFiles:
@@ -292,7 +292,8 @@ class RunDir:
 
     def append_event(self, event: Event) -> None:
         line = encode(event)
-        if self._secrets or _might_hold_secret(line):
+        # (A cheap check first: megabytes of terminal output are not parsed twice when they hold nothing.)
+        if self._secrets or might_hold_secret(line):
             line = json.dumps(redact(json.loads(line), self._secrets), separators=(",", ":"))
         try:
             with self._lock:
@@ -368,25 +369,6 @@ class RunDir:
             if self._cast is not None:
                 with contextlib.suppress(OSError):
                     self._cast.close()
-
-
-_SECRET_HINTS = (
-    "uthorization",
-    "earer",
-    "sk-",
-    "api_key",
-    "apikey",
-    "api-key",
-    "token",
-    "secret",
-    "password",
-)
-
-
-def _might_hold_secret(line: str) -> bool:
-    # A cheap pre-check so megabytes of terminal output are not parsed twice when they hold nothing.
-    low = line.lower()
-    return any(h in low for h in _SECRET_HINTS)
 
 
 class RunDirReader:

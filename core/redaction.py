@@ -8,7 +8,10 @@ recursively.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -18,18 +21,31 @@ _SECRET_KEY = re.compile(
     r"refresh[-_]?token|secret|client[-_]?secret|password|passwd|token|x-api-key|cookie|set-cookie)$"
 )
 
-_TEXT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+# Each pattern with the words one of which it cannot match without (lower case): a text that holds
+# none of a pattern's words is not scanned by it. Most of what the engine writes (events, model
+# calls, run.json) holds none, and the scans were most of the cost of writing it.
+_TEXT_PATTERNS: list[tuple[tuple[str, ...], re.Pattern[str], str]] = [
     # Authorization header lines, any scheme.
-    (re.compile(r"(?im)^(\s*(?:proxy-)?authorization\s*:\s*)(.+)$"), r"\1" + REDACTED),
+    (
+        ("authorization",),
+        re.compile(r"(?im)^(\s*(?:proxy-)?authorization\s*:\s*)(.+)$"),
+        r"\1" + REDACTED,
+    ),
     # Bearer/Basic tokens anywhere.
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
+    (
+        ("bearer", "basic"),
+        re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"),
+        r"\1 " + REDACTED,
+    ),
     # Provider-style keys: sk-..., sk-proj-..., nvapi-..., ghp_..., xox?-...
     (
+        ("sk-", "nvapi-", "ghp_", "gho_", "github_pat_", "xox"),
         re.compile(r"\b(?:sk-(?:proj-|ant-)?|nvapi-|ghp_|gho_|github_pat_|xox[abpr]-)[A-Za-z0-9_-]{12,}"),
         REDACTED,
     ),
     # key=value / "key": "value" with a secret-looking key.
     (
+        ("key", "token", "secret", "password"),
         re.compile(
             r"(?i)((?:api[-_]?key|access[-_]?token|auth[-_]?token|secret|password|token)\"?\s*[:=]\s*\"?)"
             r"([^\s\",}]{4,})"
@@ -37,15 +53,88 @@ _TEXT_PATTERNS: list[tuple[re.Pattern[str], str]] = [
         r"\1" + REDACTED,
     ),
 ]
+_HINTS = tuple(h for hints, _, _ in _TEXT_PATTERNS for h in hints)
+# Non-ASCII letters that ``re``'s IGNORECASE matches to an ASCII one but ``str.lower`` does not map
+# to it (dotless i, long s; the dot that lowering leaves after an I with a dot is dropped).
+_FOLD = str.maketrans({"\u0131": "i", "\u017f": "s", "\u0307": None})
+
+
+def _folded(text: str) -> str:
+    """``text`` in lower case such that every pattern's match holds one of its words."""
+    low = text.lower()
+    return low if low.isascii() else low.translate(_FOLD)
+
+
+def might_hold_secret(text: str) -> bool:
+    """False when no text pattern can match ``text`` (a literal secret is another matter)."""
+    low = _folded(text)
+    return any(h in low for h in _HINTS)
+
+
+class _Remembered:
+    """Redactions of long texts, remembered: a model call's request repeats the system prompt, the
+    tool descriptions and every earlier message of the conversation, and the proxy records each call.
+    Keyed by a digest of the text and the literal secrets (neither is kept), least recently used
+    dropped first, within a bound on the characters held."""
+
+    MIN_CHARS = 1024  # shorter texts are scanned again (cheaper than the digest)
+    MAX_CHARS = 1 << 20  # longer ones too (one would crowd out the rest)
+    BUDGET_CHARS = 4 << 20
+
+    def __init__(self) -> None:
+        self._done: OrderedDict[bytes, str] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(text: str, extra_secrets: tuple[str, ...]) -> bytes:
+        h = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=20)
+        for secret in extra_secrets:
+            h.update(b"\0" + secret.encode("utf-8", "surrogatepass"))
+        return h.digest()
+
+    def get(self, key: bytes) -> str | None:
+        with self._lock:
+            done = self._done.get(key)
+            if done is not None:
+                self._done.move_to_end(key)
+            return done
+
+    def put(self, key: bytes, done: str) -> None:
+        with self._lock:
+            if key in self._done:
+                return
+            self._done[key] = done
+            self._chars += len(done)
+            while self._chars > self.BUDGET_CHARS:
+                _, dropped = self._done.popitem(last=False)
+                self._chars -= len(dropped)
+
+
+_REMEMBERED = _Remembered()
 
 
 def redact_text(text: str, extra_secrets: tuple[str, ...] = ()) -> str:
     """Scrub secrets out of free text; ``extra_secrets`` are literal values known to be secret."""
+    if not _Remembered.MIN_CHARS <= len(text) <= _Remembered.MAX_CHARS:
+        return _redact_text(text, extra_secrets)
+    key = _Remembered.key(text, extra_secrets)
+    done = _REMEMBERED.get(key)
+    if done is None:
+        done = _redact_text(text, extra_secrets)
+        _REMEMBERED.put(key, done)
+    return done
+
+
+def _redact_text(text: str, extra_secrets: tuple[str, ...]) -> str:
     for secret in extra_secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, REDACTED)
-    for pattern, repl in _TEXT_PATTERNS:
-        text = pattern.sub(repl, text)
+    low = _folded(text)
+    for hints, pattern, repl in _TEXT_PATTERNS:
+        # (A replacement brings in none of the words: the words of the text as it came still decide.)
+        if any(h in low for h in hints):
+            text = pattern.sub(repl, text)
     return text
 
 

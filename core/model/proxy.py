@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import itertools
 import json
@@ -31,6 +32,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import threading
 import zlib
 from collections.abc import Awaitable, Callable
@@ -95,6 +97,18 @@ _DROP_REQUEST_HEADERS = HOP_BY_HOP | {
     MESSAGE_ID_HEADER.lower(),
 }
 _DROP_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length"}
+
+
+@functools.cache
+def _verifying_context() -> ssl.SSLContext:
+    """httpx's default verifying TLS context, built once per process (loading the CA bundle is the
+    costly part) and shared by every proxy's client: the context holds no per-connection state."""
+    make: Callable[[], ssl.SSLContext] | None = getattr(httpx, "create_ssl_context", None)
+    if make is None:  # httpx 0.27: not public yet
+        from httpx._config import create_ssl_context
+
+        return create_ssl_context()
+    return make()
 
 
 class ProxyConfigError(ValueError):
@@ -383,7 +397,7 @@ class ModelProxy(HttpService):
             self._api_key = key.strip()
         if self.record_dir is not None:
             self.record_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        transport = httpx.AsyncHTTPTransport(uds=self._upstream_uds, verify=self._verify, retries=0)
+        transport = httpx.AsyncHTTPTransport(uds=self._upstream_uds, verify=self._tls(), retries=0)
         self._client = httpx.AsyncClient(transport=transport, timeout=self._timeout, follow_redirects=False)
         try:
             await super().start()
@@ -397,6 +411,14 @@ class ModelProxy(HttpService):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+    def _tls(self) -> ssl.SSLContext | bool:
+        """What the upstream client verifies with. A plain-http upstream (the scripted model, a local
+        vLLM) never speaks TLS (redirects are not followed): no context, whose CA bundle costs ~30 ms
+        of CPU per episode to load; an https one shares the process's verifying context."""
+        if urlsplit(self.upstream_url).scheme != "https" or not self._verify:
+            return False
+        return _verifying_context()
 
     @property
     def records_path(self) -> Path | None:
@@ -439,7 +461,7 @@ class ModelProxy(HttpService):
 
     def _finish(self, rec: ModelCallRecord) -> ModelCallRecord:
         """Redact, keep, append to model_calls.jsonl, emit the event."""
-        data = redact(json.loads(rec.model_dump_json()), self._secrets())
+        data = redact(rec.model_dump(mode="json"), self._secrets())
         if data.get("replayed_from") is None:  # the record of a run that is no replay is as it was
             data.pop("replayed_from", None)
         safe = ModelCallRecord.model_validate(data)

@@ -122,11 +122,15 @@ class FaultWatcher:
             # the command); later ones keep theirs (fewer reads on a busy machine).
             if known is not None and now - known.first_seen > REDESCRIBE_S:
                 continue
+            if known is not None:
+                # Only the command line changes (its pid in the sandbox does not): one read, not two.
+                command = _command_line(host_pid)
+                if command:  # a dying process's empty command line keeps the one known
+                    known.command = command
+                continue
             proc = _describe(host_pid)
-            if proc is not None and (known is None or not proc.command.startswith("[")):
-                if known is not None:
-                    proc.first_seen = known.first_seen
-                self._table[host_pid] = proc  # a dying process's empty command line keeps the one known
+            if proc is not None:
+                self._table[host_pid] = proc
         vanished = set()
         for host_pid, proc in list(self._table.items()):
             if host_pid in live:
@@ -365,14 +369,26 @@ def disk_full_seen(evidence: list[Evidence]) -> list[Evidence]:
     ]
 
 
-def _describe(host_pid: int) -> _Proc | None:
+def _command_line(host_pid: int) -> str | None:
+    """The process's command line (capped), "" for a kernel thread or a zombie, None: gone."""
     try:
-        raw = Path(f"/proc/{host_pid}/cmdline").read_bytes()
-        status = Path(f"/proc/{host_pid}/status").read_text()
+        with open(f"/proc/{host_pid}/cmdline", "rb") as f:
+            raw = f.read()
     except OSError:
         return None
     argv = raw.rstrip(b"\0").decode("utf-8", "replace").split("\0") if raw.strip(b"\0") else []
-    command = shlex.join(argv)[:COMMAND_CAP] if argv else ""
+    return shlex.join(argv)[:COMMAND_CAP] if argv else ""
+
+
+def _describe(host_pid: int) -> _Proc | None:
+    command = _command_line(host_pid)
+    try:
+        with open(f"/proc/{host_pid}/status", encoding="utf-8", errors="replace") as f:
+            status = f.read()
+    except OSError:
+        return None
+    if command is None:
+        return None
     pid = None
     for line in status.splitlines():
         if line.startswith("NSpid:"):

@@ -63,6 +63,59 @@ def test_redaction_nested_json_and_free_text():
     assert redact_text("nothing secret here: tokens_in=5") == "nothing secret here: tokens_in=5"
 
 
+# Texts for the check that skipping a pattern whose words a text lacks changes nothing: every pattern,
+# upper case, a replacement next to another secret, and the letters ``re`` folds onto ASCII ones
+# (dotless i, I with a dot, long s, the Kelvin sign) that ``str.lower`` alone would miss.
+REDACTION_TEXTS = [
+    "nothing secret here: tokens_in=5",
+    "AUTHORIZATION: whatever it is\nnext line",
+    "  proxy-authorization :  Basic dXNlcjpwYXNz",
+    "curl -H 'X: BEARER abcdefgh12345678'",
+    f"keys: {KEY} and ghp_abcdefghijklmnop1234 and xoxb-123456789012-abc",
+    "github_pat_11ABCDEFG0123456789_abcdefghij and nvapi-abcdefghijklmnop",
+    '{"Api-Key": "abcd1234", "PASSWORD"= hunter22, "auth_token":"zzzz9999"}',
+    "\u017fecret=abcdefgh",  # long s
+    "author\u0130zation: abcdefgh",  # I with a dot
+    "author\u0131zation: abcdefgh",  # dotless i
+    "api_\u212aey=abcdefgh",  # Kelvin sign
+    "caf\u00e9 token: abcdefgh, na\u00efve",
+    "sk-short tok=ab",
+]
+
+
+@pytest.mark.parametrize("text", REDACTION_TEXTS)
+def test_redact_text_skips_only_patterns_that_cannot_match(text):
+    from core.redaction import _TEXT_PATTERNS
+
+    every = text
+    for _, pattern, repl in _TEXT_PATTERNS:
+        every = pattern.sub(repl, every)
+    assert redact_text(text) == every
+
+
+def test_a_long_text_redacted_again_is_redacted_alike_and_per_literal_secret():
+    """Long texts' redactions are remembered (a model call repeats its prompt): the second time gives
+    what the first gave, and a literal secret given the second time is still scrubbed."""
+    text = "You are a helpful agent. " * 60 + f"token={KEY} and the word hunter2-literal"
+    first = redact_text(text)
+    assert KEY not in first and "hunter2-literal" in first
+    assert redact_text(text) == first
+    with_literal = redact_text(text, ("hunter2-literal",))
+    assert "hunter2-literal" not in with_literal and KEY not in with_literal
+    assert redact_text(text) == first
+
+
+def test_events_with_a_provider_key_alone_are_redacted_on_disk(tmp_path):
+    """An event line whose only secret is a GitHub or Slack token (no word like ``token`` beside it)."""
+    rd = RunDir.create(tmp_path / "runs", "r1")
+    rd.append_event(TerminalOutput(stream="stdout", data="ghp_abcdefghijklmnop1234\n"))
+    rd.append_event(TerminalOutput(stream="stdout", data="xoxb-123456789012-abcdefgh\n"))
+    rd.close()
+    text = (rd.path / RunFiles.EVENTS).read_text()
+    assert "ghp_abcdefghijklmnop1234" not in text and "xoxb-123456789012" not in text
+    assert text.count(REDACTED) == 2
+
+
 def test_diagnostics_fit_untouched_when_small():
     out = cap_diagnostics([("stdout", "hello\n"), ("log", "world")])
     assert out == "===== stdout =====\nhello\n===== log =====\nworld\n"
