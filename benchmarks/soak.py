@@ -45,22 +45,11 @@ import _bench as B
 OWNER = B.setup()
 
 from core.config import AgentConfig, warm_depth  # noqa: E402
+from core.samples import EXPECTED_OUTCOMES  # noqa: E402
 from core.tasks import Task, load_task  # noqa: E402
 
 SAMPLES = B.ROOT / "sample_tasks"
-# Each sample's outcome with two attempts (tests/core/test_episode.py checks the same, once each):
-# (action, reward, failure kind).
-EXPECTED: dict[str, tuple[str, float | None, str | None]] = {
-    "hello-file": ("scored", 1.0, None),
-    "fix-bug": ("scored", 1.0, None),
-    "swe-style": ("scored", 1.0, None),
-    "long-context": ("scored", 1.0, None),
-    "oom": ("count_as_zero", 0.0, "provider_oom_killed"),
-    "exit-137": ("scored", 1.0, None),
-    "model-flaky-429": ("scored", 1.0, None),
-    "model-flaky-500": ("mark_evaluation_error", None, "model_server_error"),
-    "timeout": ("count_as_zero", 0.0, "agent_timeout"),
-}
+EXPECTED = EXPECTED_OUTCOMES  # (action, reward, failure kind) per sample
 
 
 def make_tasks(n: int, root: Path) -> list[tuple[Task, str]]:

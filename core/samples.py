@@ -17,6 +17,19 @@ from core.harbor import TASK_TOML
 from core.tasks import TASK_FILE
 
 SAMPLES_DIRNAME = "sample_tasks"
+# What each bundled sample ends as, run with two attempts and the embedded scripted model: (action,
+# reward, failure kind). The episode tests and the soak benchmark check every run against it.
+EXPECTED_OUTCOMES: dict[str, tuple[str, float | None, str | None]] = {
+    "hello-file": ("scored", 1.0, None),
+    "fix-bug": ("scored", 1.0, None),
+    "swe-style": ("scored", 1.0, None),
+    "long-context": ("scored", 1.0, None),
+    "oom": ("count_as_zero", 0.0, "provider_oom_killed"),
+    "exit-137": ("scored", 1.0, None),
+    "model-flaky-429": ("scored", 1.0, None),
+    "model-flaky-500": ("mark_evaluation_error", None, "model_server_error"),
+    "timeout": ("count_as_zero", 0.0, "agent_timeout"),
+}
 _SKIP = ("__pycache__", "*.pyc")  # pip byte-compiles the samples' .py files at install
 
 

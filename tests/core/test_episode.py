@@ -17,6 +17,7 @@ from core.artifacts import RunDirReader, RunFiles
 from core.batch import run_batch
 from core.config import AgentConfig
 from core.events import CleanupObserved, ModelCall, OutcomeDecided, PhaseChanged, VerificationFinished
+from core.samples import EXPECTED_OUTCOMES
 from core.tasks import load_task, render_prompt
 
 pytestmark = pytest.mark.slow
@@ -61,19 +62,8 @@ def _events(result):
 
 def test_every_sample_task_has_its_expected_outcome(batch):
     _, _, results = batch
-    expected = {
-        "hello-file": ("scored", 1.0, None),
-        "fix-bug": ("scored", 1.0, None),
-        "swe-style": ("scored", 1.0, None),
-        "long-context": ("scored", 1.0, None),
-        "oom": ("count_as_zero", 0.0, "provider_oom_killed"),
-        "exit-137": ("scored", 1.0, None),
-        "model-flaky-429": ("scored", 1.0, None),
-        "model-flaky-500": ("mark_evaluation_error", None, "model_server_error"),
-        "timeout": ("count_as_zero", 0.0, "agent_timeout"),
-    }
     got = {t: (r.action, r.reward, r.failure_kind) for t, r in results.items()}
-    assert got == expected
+    assert got == EXPECTED_OUTCOMES
     assert all(r.cleanup_confirmed for r in results.values())
 
 

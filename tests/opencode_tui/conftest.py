@@ -311,3 +311,15 @@ class RecordedEpisode(EpisodeControl):
     async def play(self) -> None:
         for ev in self.events:
             self.bus.emit(ev)
+
+
+@pytest.fixture(
+    params=[pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)]
+)
+def provider(request) -> str:
+    """docker and local, each only where it can run (the warm sandbox tests)."""
+    if request.param == "docker":
+        from tests.core.conftest import require_docker_image
+
+        require_docker_image()
+    return request.param

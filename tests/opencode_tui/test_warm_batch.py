@@ -31,17 +31,6 @@ BUSY = {
 }
 
 
-@pytest.fixture(
-    params=[pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)]
-)
-def provider(request) -> str:
-    if request.param == "docker":
-        from tests.core.conftest import require_docker_image
-
-        require_docker_image()
-    return request.param
-
-
 def _pooled(provider: str, owner: str) -> list[str]:
     config = AgentConfig.model_validate({"sandbox": {"provider": provider}})
     records = asyncio.run(get_provider(provider, config).listed(owner=owner))

@@ -34,17 +34,6 @@ WARM_LINE = re.compile(
 )
 
 
-@pytest.fixture(
-    params=[pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)]
-)
-def provider(request) -> str:
-    if request.param == "docker":
-        from tests.core.conftest import require_docker_image
-
-        require_docker_image()
-    return request.param
-
-
 def _start(provider: str, tmp_path: Path, *args: str, task: Path | None = None) -> Tui:
     task = task or SAMPLES / "hello-file"
     return Tui(
