@@ -340,8 +340,10 @@ class Episode(EpisodeControl):
             self.durations[prev.value] = round(now - self._phase_started[prev.value], 3)
         self._phase = phase
         self._phase_started[phase.value] = now
-        self.emit(PhaseChanged(phase=phase, state=state, detail=detail))
+        # run.json first: whoever reads the new phase in events.jsonl (a test, the next run marking
+        # an orphan after a SIGKILL) then finds run.json agreeing with it.
         self._write_info(phase=phase.value, phase_durations_s=dict(self.durations))
+        self.emit(PhaseChanged(phase=phase, state=state, detail=detail))
 
     def _write_info(self, **fields: object) -> None:
         """Update run.json (once it exists) with what a phase learned."""

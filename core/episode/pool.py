@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import secrets
 import shutil
 import socket
 import tempfile
@@ -188,6 +189,9 @@ class WarmPool:
         self.config = config
         self.depth = depth
         self.batch_id = batch_id
+        # Names this pool's sandboxes (run ids, the pool label): unique per process too, so two TUIs
+        # warming at once never share a container name, and `sweep` tells their sandboxes apart.
+        self.pool_id = batch_id or f"tui-{secrets.token_hex(4)}"
         self._provider = provider
         self._installer = installer
         self.counts = WarmCounts(depth=depth)
@@ -341,7 +345,7 @@ class WarmPool:
                     await asyncio.wait_for(self._kick.wait(), min(30.0, self.config.batch.warm_max_age_s))
                 continue
             self._n += 1
-            entry = _Entry(key=key, run_id=f"pool-{self.batch_id or 'batch'}-{self._n}")
+            entry = _Entry(key=key, run_id=f"pool-{self.pool_id}-{self._n}")
             self._entries.append(entry)
             entry.task = asyncio.ensure_future(self._prepare(entry))
             try:
@@ -375,7 +379,7 @@ class WarmPool:
             cache_dir=installer.config.cache_dir,
             requested_user=requested,
             labels={
-                LABEL_POOL: self.batch_id or "1",
+                LABEL_POOL: self.pool_id,
                 **({LABEL_BATCH: self.batch_id} if self.batch_id else {}),
             },
         )
