@@ -47,6 +47,7 @@ class ExecHost(Protocol):
 _DRAIN_IDLE_S = 0.1  # after the command exits: keep reading while output still arrives this often
 _DRAIN_MAX_S = 1.0
 _PTY_BUFFER_MAX = 1 << 20
+_PTY_REAP_S = 1.5  # a closed terminal's bwrap exits within this once its command is killed
 
 
 class _Pump:
@@ -401,8 +402,17 @@ class _LocalPty(PtyHandle):
         self._stop_reading()
         self._event.set()
         _kill_exec_tree(self._sb, self._child, self._pidfd)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, signal.SIGKILL)
+        # bwrap reaps its killed child and exits by itself: killing bwrap first would hand the
+        # child's zombie to the host's init, and the keeper (the PID namespace's init) then waits
+        # for that zombie to be reaped before it can die; a slow host init made every release of a
+        # sandbox with a digest server take over a second. bwrap itself only as a fallback.
+        for _ in range(int(_PTY_REAP_S / 0.005)):
+            if not self._proc.isalive():  # (reaps it: a number waited for is never signalled)
+                break
+            await asyncio.sleep(0.005)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._proc.close, True)
         if self._pidfd is not None:

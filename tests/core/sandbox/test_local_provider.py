@@ -383,6 +383,21 @@ async def test_pty_round_trip(sb: LocalSandbox) -> None:
     assert await asyncio.wait_for(pty.read(), 5) == b""
 
 
+async def test_a_terminal_closed_while_its_command_runs_leaves_no_zombie(sb: LocalSandbox) -> None:
+    """Closing a terminal kills its command, and its bwrap reaps it: killing bwrap first would hand
+    the zombie to the host's init, which may reap it late, and the keeper cannot die before it is
+    (a release that took over a second, issue 31)."""
+    pty = await sb.pty(["sh", "-c", "echo up; exec sleep 1000"], cols=80, rows=10)
+    buf = b""
+    while b"up" not in buf:
+        buf += await asyncio.wait_for(pty.read(), 10)
+    before = set(sb.host_pids())
+    await pty.close()
+    left = {p: _describe(p) for p in sb.host_pids() if p not in before or not _alive(p)}
+    assert left == {}, left
+    assert len(sb.host_pids()) == len(before) - 1  # the command is gone, not left a zombie
+
+
 # ---------------------------------------------------------------------------------------- files
 
 
