@@ -60,7 +60,7 @@ from core.events import (
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
-from core.redaction import might_hold_secret, redact, redact_text
+from core.redaction import could_change, redact, redact_text
 
 
 class RunFiles:
@@ -293,7 +293,7 @@ class RunDir:
     def append_event(self, event: Event) -> None:
         line = encode(event)
         # (A cheap check first: megabytes of terminal output are not parsed twice when they hold nothing.)
-        if self._secrets or might_hold_secret(line):
+        if could_change(line, self._secrets):
             line = json.dumps(redact(json.loads(line), self._secrets), separators=(",", ":"))
         try:
             with self._lock:
@@ -318,7 +318,10 @@ class RunDir:
     def write_json(self, name: str, obj: Any) -> Path:
         if isinstance(obj, BaseModel):
             obj = json.loads(obj.model_dump_json())
-        return self._atomic(name, json.dumps(redact(obj, self._secrets), indent=2) + "\n")
+        text = json.dumps(obj, indent=2, ensure_ascii=False)
+        if could_change(text, self._secrets):
+            text = json.dumps(redact(obj, self._secrets), indent=2, ensure_ascii=False)
+        return self._atomic(name, text + "\n")
 
     def write_text(self, name: str, text: str) -> Path:
         return self._atomic(name, redact_text(text, self._secrets))

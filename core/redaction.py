@@ -9,6 +9,7 @@ recursively.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
 from collections import OrderedDict
@@ -65,10 +66,31 @@ def _folded(text: str) -> str:
     return low if low.isascii() else low.translate(_FOLD)
 
 
-def might_hold_secret(text: str) -> bool:
-    """False when no text pattern can match ``text`` (a literal secret is another matter)."""
-    low = _folded(text)
-    return any(h in low for h in _HINTS)
+# The words of ``_SECRET_KEY`` that no text pattern's words cover: a key holding one is redacted
+# whatever its value (``redact``), so a JSON text with one must be walked.
+_KEY_WORDS = ("passwd", "cookie")
+# A JSON escape of a character past ASCII (a control character's, as in terminal output, is none).
+_NON_ASCII_ESCAPE = re.compile(r"\\u(?!00[0-7])")
+
+
+def could_change(json_text: str, extra_secrets: tuple[str, ...] = ()) -> bool:
+    """False only when ``redact(json.loads(json_text), extra_secrets)`` is sure to change nothing, so
+    the walk can be skipped: no pattern's word, no secret key's word and no literal secret (as JSON
+    writes it) is in the text. The run directory's writes take this check first: most of what an
+    episode writes holds none, and walking every event and run.json was most of their cost."""
+    if _NON_ASCII_ESCAPE.search(json_text):
+        return True  # a letter written as \uXXXX (json.dumps' default) is not folded: walked
+    low = _folded(json_text)
+    if any(h in low for h in _HINTS) or any(w in low for w in _KEY_WORDS):
+        return True
+    for secret in extra_secrets:
+        if not secret:
+            continue
+        if not secret.isascii() or json.dumps(secret)[1:-1] != secret:
+            return True  # escaped in JSON (or folded): not looked for, walked
+        if secret in json_text:
+            return True
+    return False
 
 
 class _Remembered:

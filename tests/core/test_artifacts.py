@@ -105,6 +105,44 @@ def test_a_long_text_redacted_again_is_redacted_alike_and_per_literal_secret():
     assert redact_text(text) == first
 
 
+# Values for the check that the run directory's skip (``could_change``) never skips a change: every
+# text above, keys that name a secret whatever their value, literal secrets plain and escaped.
+COULD_CHANGE_VALUES = [
+    *({"text": t} for t in REDACTION_TEXTS),
+    {"Cookie": "a=1"},
+    {"headers": [{"Set-Cookie": "sid=abc"}]},
+    {"passwd": "x"},
+    {"data": "run hunter2-literal now"},
+    {"data": 'quote" and \\ hunter2-"lit'},
+    {"data": "caf\u00e9-s\u00e9cret-literal"},
+    {"tokens_in": 5, "tokens_out": 7, "data": "nothing here"},
+    {"data": "plain output \x1b[1mbold\n", "stream": "stdout"},
+]
+LITERALS = ("hunter2-literal", 'hunter2-"lit', "caf\u00e9-s\u00e9cret-literal")
+
+
+@pytest.mark.parametrize("value", COULD_CHANGE_VALUES)
+@pytest.mark.parametrize("secrets", [(), LITERALS], ids=["no-literals", "literals"])
+def test_a_write_skips_redaction_only_when_it_would_change_nothing(value, secrets):
+    from core.redaction import could_change
+
+    for text in (json.dumps(value), json.dumps(value, ensure_ascii=False, indent=2)):
+        if not could_change(text, secrets):
+            assert redact(json.loads(text), secrets) == json.loads(text), text
+
+
+def test_the_skip_is_taken_for_what_holds_nothing_and_refused_for_a_cookie(tmp_path):
+    """The skip exists (most events hold nothing), and a key that names a secret but shares no word
+    with the text patterns (a cookie) is still redacted on disk."""
+    from core.redaction import could_change
+
+    rd = RunDir.create(tmp_path / "runs", "r1")
+    rd.write_json("headers.json", {"Cookie": "sid=abcdefgh", "ok": True})
+    rd.close()
+    assert json.loads((rd.path / "headers.json").read_text())["Cookie"] == REDACTED
+    assert not could_change(json.dumps({"data": "plain \x1b[1mbold"}), ("hunter2-literal",))
+
+
 def test_events_with_a_provider_key_alone_are_redacted_on_disk(tmp_path):
     """An event line whose only secret is a GitHub or Slack token (no word like ``token`` beside it)."""
     rd = RunDir.create(tmp_path / "runs", "r1")
