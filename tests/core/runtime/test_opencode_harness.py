@@ -9,11 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from core.artifacts import RunFiles
 from core.config import ModelSettings
-from core.events import Warning_
+from core.events import Event, ToolCall, Warning_
 from core.runtime.opencode import build_config
+from tests.core.runtime.conftest import SAMPLES
 
 
 def test_output_cap_does_not_touch_context_window():
@@ -117,17 +119,30 @@ async def test_image_without_python_fails_with_the_preinstall_message(task_copy,
 
 @pytest.mark.slow
 @pytest.mark.docker
-async def test_image_without_ripgrep_warns_and_still_runs(task_copy, episode_on):
+@pytest.mark.parametrize("user", [None, "1000:1000"], ids=["root", "uid-1000"])
+async def test_an_image_without_ripgrep_gets_the_cached_one_and_opencode_greps_with_it(
+    task_copy, episode_on, user
+):
+    """No rg in the image: a link to the mounted cache's rg (no 6 MB upload per sandbox), which
+    OpenCode's grep tool runs, as root and as another user (the cache must be traversable)."""
     _docker_ready("opencode-tui/base-norg:bookworm")
-    ep = episode_on(
-        task_copy(),
-        sandbox={"provider": "docker", "image": "opencode-tui/base-norg:bookworm"},
-    )
-    warnings: list[Warning_] = []
-    ep.bus.subscribe(lambda e: warnings.append(e) if isinstance(e, Warning_) else None)
+    steps = [
+        {"tool_calls": [{"name": "grep", "arguments": {"pattern": "greppable-marker", "path": "{workdir}"}}]},
+        *yaml.safe_load((SAMPLES / "hello-file" / "trajectory.yaml").read_text())["steps"],
+    ]
+    task = task_copy(trajectory=steps, files="files")
+    (task / "files").mkdir()
+    (task / "files" / "notes.txt").write_text("a greppable-marker line\n")
+    sandbox = {"provider": "docker", "image": "opencode-tui/base-norg:bookworm"}
+    ep = episode_on(task, sandbox={**sandbox, **({"user": user} if user else {})})
+    seen: list[Event] = []
+    ep.bus.subscribe(seen.append)
     result = await ep.run()
-    assert result.action == "scored"
-    assert {w.code for w in warnings} & {"ripgrep_provisioned", "ripgrep_missing"}
+    assert result.action == "scored", result.summary
+    [rg] = [e for e in seen if isinstance(e, Warning_) and e.code.startswith("ripgrep_")]
+    assert rg.code == "ripgrep_provisioned" and "a link to the mounted cache" in rg.message, rg.message
+    [grep] = [e for e in seen if isinstance(e, ToolCall) and e.tool == "grep" and e.status != "running"]
+    assert grep.status == "completed" and "notes.txt" in (grep.output or ""), grep
 
 
 @pytest.mark.docker
