@@ -60,6 +60,7 @@ from core.events import (
 from core.failures import Outcome
 from core.failures.evidence import utcnow
 from core.invocation import Liveness, invocation_liveness
+from core.json_text import indented_json
 from core.redaction import could_change, redact, redact_text
 
 
@@ -318,9 +319,9 @@ class RunDir:
     def write_json(self, name: str, obj: Any) -> Path:
         if isinstance(obj, BaseModel):
             obj = json.loads(obj.model_dump_json())
-        text = json.dumps(obj, indent=2, ensure_ascii=False)
+        text = indented_json(obj)
         if could_change(text, self._secrets):
-            text = json.dumps(redact(obj, self._secrets), indent=2, ensure_ascii=False)
+            text = indented_json(redact(obj, self._secrets))
         return self._atomic(name, text + "\n")
 
     def write_text(self, name: str, text: str) -> Path:

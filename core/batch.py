@@ -33,6 +33,7 @@ from core.exit_codes import ExitCode
 from core.failures import FailureStage, Outcome
 from core.failures.evidence import utcnow
 from core.invocation import invocation_id, pid_of
+from core.memory import Reclaimer
 from core.resume import RESULTS_FILE, Resumption, load_previous, results_line, resume_key
 from core.tasks import Task
 
@@ -409,8 +410,12 @@ async def run_batch(
     sem = asyncio.Semaphore(max(1, jobs))
     results: list[EpisodeResult] = []
 
+    reclaimer = Reclaimer()
+
     def record(task: Task, result: EpisodeResult) -> None:
         results.append(result)
+        if not result.resumed:
+            reclaimer.episode_ended()
         if result.artifacts_error is not None:
             control.halt(result.artifacts_error)
         if not result.resumed:

@@ -139,6 +139,7 @@ class _Watch:
     async def run(self, aw: Awaitable[Any]) -> Any:
         """Await ``aw``; raise _ClientGone (after cancelling it) if the client disconnects first."""
         task = asyncio.ensure_future(aw)
+        done: set[asyncio.Future[Any]] = set()
         try:
             while self.task is not None:
                 done, _ = await asyncio.wait({task, self.task}, return_when=asyncio.FIRST_COMPLETED)
@@ -160,6 +161,11 @@ class _Watch:
                 with contextlib.suppress(BaseException):
                     await task
             raise
+        finally:
+            # The task holds what ``aw`` raised (StopAsyncIteration at every stream's end), whose
+            # traceback holds this frame: without these references no cycle is left to collect.
+            task = None  # type: ignore[assignment]
+            done.clear()
 
     async def stop(self) -> None:
         """Stop watching; bytes the watch already read are kept for the next request."""

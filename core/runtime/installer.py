@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # The pin and the registry are configuration facts (core.config); the installer takes them as defaults.
 from core.config import DEFAULT_OPENCODE_VERSION, DEFAULT_REGISTRY_URL
+from core.json_text import indented_json
 from core.runtime.targets import Target
 
 log = logging.getLogger(__name__)
@@ -833,7 +834,7 @@ class Installer:
                 "tarball": meta.tarball,
                 "installed_at": datetime.now(UTC).isoformat(),
             }
-            (tmp / META_NAME).write_text(json.dumps(record, indent=2) + "\n")
+            (tmp / META_NAME).write_text(indented_json(record) + "\n")
             os.chmod(tmp, 0o755)
             if entry.exists():
                 # Incomplete or stale (cached() rejected it): move it aside first so the rename is atomic.

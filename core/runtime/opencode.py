@@ -21,6 +21,7 @@ from core.events import Event, SandboxFault, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.inside import INSIDE_DIR
 from core.inside.serve_runner import AHEAD, AHEAD_SESSION, GO_NAME, PROMPT_NAME, RELAY_PORT_ENV
+from core.json_text import indented_json
 from core.runtime import transcript
 from core.runtime.access import SESSION_DIR_MODE
 from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
@@ -252,7 +253,7 @@ class OpenCodeHarness:
                 files[f"{self.layout.data_dir[rel:]}/{Path(path).name}"] = (Path(path).read_bytes(), 0o600)
             except OSError:
                 pass  # gone from the cache since the install phase: OpenCode builds its own
-        files[self.layout.config_file[rel:]] = (json.dumps(self.config_dict(), indent=2).encode(), 0o600)
+        files[self.layout.config_file[rel:]] = (indented_json(self.config_dict()).encode(), 0o600)
         files[self.layout.models_file[rel:]] = (EMPTY_CATALOGUE, 0o600)
         files[self.layout.plugin_file[rel:]] = (PLUGIN_SOURCE.read_bytes(), 0o644)
         if self.task.instructions:

@@ -23,7 +23,9 @@ def find_memory_cgroup(container_id: str, pid: int | None) -> tuple[Path, int] |
     candidates: list[Path] = []
     if pid:
         with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            with open(f"/proc/{pid}/cgroup") as f:  # (not pathlib: it interns every pid seen)
+                lines = f.read().splitlines()
+            for line in lines:
                 hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
                 rel = path.lstrip("/")
                 if "memory" in controllers.split(","):
@@ -57,7 +59,9 @@ def find_pids_cgroup(container_id: str, pid: int | None) -> Path | None:
     candidates: list[Path] = []
     if pid:
         with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            with open(f"/proc/{pid}/cgroup") as f:  # (not pathlib: it interns every pid seen)
+                lines = f.read().splitlines()
+            for line in lines:
                 hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
                 if "pids" in controllers.split(","):
                     candidates.append(CGROUP_ROOT / "pids" / path.lstrip("/"))

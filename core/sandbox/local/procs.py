@@ -26,7 +26,9 @@ class _ProcStat:
 
 def _proc_stat(pid: int) -> _ProcStat | None:
     try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        # (open, not pathlib: a Path interns its parts, so every pid ever seen stayed in memory)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
     except OSError:
         return None
     rest = raw[raw.rfind(b")") + 2 :].split()
@@ -176,7 +178,8 @@ def _pidfd_wait_status(pidfd: int) -> int | None:
 
 def _proc_parent(pid: int) -> int | None:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
     except OSError:
         return None
     fields = stat[stat.rfind(b")") + 2 :].split()

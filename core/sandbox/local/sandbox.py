@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shlex
@@ -22,6 +21,7 @@ from core.failures import (
     Evidence,
     FailureStage,
 )
+from core.json_text import indented_json
 from core.sandbox.base import (
     Sandbox,
     SandboxProbe,
@@ -140,7 +140,7 @@ class LocalSandbox(SandboxTransfer, SandboxCommands, SandboxKeeper, SandboxBinds
 
     def _write_meta(self) -> None:
         tmp = self.state_dir / (LABEL_FILE + ".tmp")
-        tmp.write_text(json.dumps(self._meta, indent=2, sort_keys=True))
+        tmp.write_text(indented_json(self._meta, sort_keys=True))
         tmp.chmod(0o600)
         tmp.replace(self.state_dir / LABEL_FILE)
 
