@@ -286,6 +286,10 @@ async def test_a_retry_outcome_says_what_happened_and_what_a_batch_would_do(tmp_
         await wait(pilot, lambda: app.episode_done, timeout=180, what="the episode to end")
         await wait(pilot, lambda: screen.state.outcome is not None, timeout=10, what="the outcome")
         assert screen.state.outcome.action == "retry"
+        # (The header is redrawn at its own pace: the last events may still be on their way to it.)
+        await wait(
+            pilot, lambda: "done ·" in screen.query_one(RunHeader).plain, timeout=10, what="the header's end"
+        )
         header = screen.query_one(RunHeader).plain
         assert "retry (" not in header, header
         assert "done · not retried (model_server_error; a batch would retry)" in header, header

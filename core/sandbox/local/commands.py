@@ -25,7 +25,6 @@ from core.sandbox.base import (
     SandboxUser,
     exec_start,
 )
-from core.sandbox.errors import SandboxError
 from core.sandbox.local.common import (
     _HOST_ENV,
     SANDBOX_PATH,
@@ -91,8 +90,15 @@ class SandboxCommands:
             # The fds pin the namespaces; check they are the keeper's and not a recycled pid's.
             # (bwrap keeps these two fds open in the command: harmless, it is already in those
             # namespaces and has no capability in them, so it cannot setns with them.)
-            if not keeper.alive() or os.fstat(opened[1]).st_ino != keeper.pidns:
-                raise SandboxError(f"local sandbox {self.sandbox_id}: its pid 1 exited while an exec started")
+            if not keeper.usable() or os.fstat(opened[1]).st_ino != keeper.pidns:
+                raise _error(
+                    "sandbox_lost",
+                    operation,
+                    f"local sandbox {self.sandbox_id}: its pid 1 exited while the command was starting "
+                    "(every process in it was killed); nothing was started",
+                    stage=FailureStage.AGENT,
+                    details=CommandDetails(delivery=Delivery.NOT_SENT),
+                )
             status_r, status_w = os.pipe()
             block_r, block_w = os.pipe()
         except BaseException:

@@ -273,7 +273,7 @@ class _ExecRun:
         for p in self.pumps:
             p.read_available()
         why = (bytes(self.stderr) + bytes(self.stdout)).decode("utf-8", "replace").strip() or "no output"
-        keeper_alive = self.sb._keeper is not None and self.sb._keeper.alive()
+        keeper_alive = self.sb._keeper is not None and self.sb._keeper.usable()
         kind = "command_failed" if keeper_alive else "sandbox_lost"
         raise _error(
             kind,

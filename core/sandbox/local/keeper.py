@@ -85,8 +85,20 @@ class _Keeper:
     pidns_fd: int | None = None  # holds the PID namespace, so its inode number stays this sandbox's
 
     def alive(self) -> bool:
+        """It exists (its namespace and processes may still be there): what a release waits out."""
         st = _proc_stat(self.pid)
         return st is not None and st.start_time == self.start_time and st.state not in ("Z", "X")
+
+    def usable(self) -> bool:
+        """Alive and not being killed: a command can still start in its namespace. A killed keeper
+        is lost at once, while the kernel reaps its namespace's processes (see _PF_EXITING)."""
+        st = _proc_stat(self.pid)
+        return (
+            st is not None
+            and st.start_time == self.start_time
+            and st.state not in ("Z", "X")
+            and not st.exiting
+        )
 
     def pin(self) -> None:
         """Hold the keeper's PID namespace open while we may use ``pidns`` to tell its processes.

@@ -212,7 +212,7 @@ class SandboxKeeper:
         async with self._lock:
             self._ensure_open(operation)
             k = self._keeper
-            if k is not None and k.alive():
+            if k is not None and k.usable():
                 return k
             if self.owned:
                 evidence = await self.inspect()

@@ -15,6 +15,12 @@ from pathlib import Path
 # /proc helpers
 
 
+# The kernel's PF_EXITING task flag (/proc/PID/stat's 9th field): the process is in do_exit. A PID
+# namespace's init that was killed stays there, sleeping, until every process of its namespace has
+# been reaped, which can take seconds; it is ending, though its state is not yet Z.
+_PF_EXITING = 0x4
+
+
 @dataclass(frozen=True)
 class _ProcStat:
     ppid: int
@@ -22,6 +28,11 @@ class _ProcStat:
     sid: int
     state: str
     start_time: int
+    flags: int = 0
+
+    @property
+    def exiting(self) -> bool:
+        return bool(self.flags & _PF_EXITING)
 
 
 def _proc_stat(pid: int) -> _ProcStat | None:
@@ -39,6 +50,7 @@ def _proc_stat(pid: int) -> _ProcStat | None:
             sid=int(rest[3]),
             state=rest[0].decode(),
             start_time=int(rest[19]),
+            flags=int(rest[6]),
         )
     except (IndexError, ValueError):
         return None

@@ -7,7 +7,9 @@ the cgroup, OOM evidence, release); the provider-independent behaviour is in tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
 import time
 import uuid
@@ -298,6 +300,46 @@ async def test_nothing_inside_can_end_the_sandbox_but_losing_pid_1_is_reported(s
     with pytest.raises(SandboxError) as info:
         await sb.exec(["true"], timeout=20)
     assert info.value.failure is not None and info.value.failure.kind == "sandbox_lost"
+
+
+async def test_a_killed_keeper_is_lost_at_once_while_the_kernel_reaps_its_namespace(sb: LocalSandbox) -> None:
+    """A real fault: every process of the sandbox killed from outside while one has a zombie its
+    host-side parent has not reaped yet (that bwrap is stopped). The killed pid 1 then sleeps in the
+    kernel's exit path until the zombie is reaped, its state still S; the next exec must say the
+    sandbox is lost, not that the command failed (a CI run saw ``command_failed``)."""
+    started = asyncio.ensure_future(sb.exec(["sh", "-c", "exec sleep 1000"], timeout=60))
+    launcher = None
+    try:
+        for _ in range(200):
+            sleeping = [
+                p for p in sb.host_pids() if "sleep 1000" in _describe(p) and p != _host_pid_of(sb, 1)
+            ]
+            if sleeping:
+                launcher = int(Path(f"/proc/{sleeping[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                break
+            await asyncio.sleep(0.02)
+        assert launcher is not None, "the command never started"
+        assert "bwrap" in _describe(launcher)
+        os.kill(launcher, signal.SIGSTOP)  # it cannot reap its child now
+        keeper = _host_pid_of(sb, 1)
+        os.kill(keeper, signal.SIGKILL)
+        flags = 0
+        for _ in range(200):  # the keeper is in do_exit (PF_EXITING), waiting for the zombie
+            fields = Path(f"/proc/{keeper}/stat").read_text().rsplit(")", 1)[1].split()
+            flags = int(fields[6])
+            if flags & 0x4:
+                break
+            await asyncio.sleep(0.01)
+        assert flags & 0x4 and fields[0] != "Z", fields
+        with pytest.raises(SandboxError) as info:
+            await sb.exec(["true"], timeout=20)
+        assert info.value.failure is not None and info.value.failure.kind == "sandbox_lost", info.value
+    finally:
+        if launcher is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(launcher, signal.SIGCONT)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(started, 30)
 
 
 async def test_connect_after_the_processes_ended_starts_a_new_keeper(
