@@ -475,6 +475,9 @@ class Episode(EpisodeControl):
         self.stopped_for = failure
         self.record_failure(failure)
         self._release_held(f"the agent was stopped ({failure.kind})")
+        proxy = getattr(self.endpoint, "proxy", None)
+        if proxy is not None:  # what it asks while it is being stopped never reaches the model
+            proxy.refuse(f"the agent was stopped ({failure.kind})")
         launched = self.session is not None and self.session.launch_started
         if self._phase is not Phase.AGENT or not launched:
             return  # the agent is not running (any more): the close follows as usual

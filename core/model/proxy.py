@@ -400,6 +400,7 @@ class ModelProxy(HttpService):
         self._file_lock = threading.Lock()
         self.records: list[ModelCallRecord] = []
         self.write_error: str | None = None  # the first failed append to model_calls.jsonl
+        self.refusing: str | None = None  # why every new model call is refused (see ``refuse``)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -427,6 +428,12 @@ class ModelProxy(HttpService):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+    def refuse(self, reason: str) -> None:
+        """From now on, answer every new call with a 503 naming ``reason``, without asking the model
+        (the episode stopped its agent): OpenCode asks again at once after an empty answer, so the
+        calls made while it was being stopped were unbounded (ten on docker, for a limit of five)."""
+        self.refusing = reason
 
     def _tls(self) -> ssl.SSLContext | bool:
         """What the upstream client verifies with. A plain-http upstream (the scripted model, a local
@@ -634,6 +641,16 @@ class ModelProxy(HttpService):
                     writer,
                     401,
                     {"error": {"message": rec.error, "type": "proxy_unauthorized", "code": 401}},
+                )
+            self._finish(rec)
+            return True
+        if self.refusing is not None and req.method == "POST":
+            rec.status = rec.proxy_status = 503
+            rec.latency_s = loop.time() - t0
+            rec.error = f"refused by the recording proxy: {self.refusing}"
+            with contextlib.suppress(ConnectionError):
+                await send_simple(
+                    writer, 503, {"error": {"message": rec.error, "type": "proxy_agent_stopped", "code": 503}}
                 )
             self._finish(rec)
             return True

@@ -232,6 +232,24 @@ async def test_500_is_forwarded_and_recorded(make_rig) -> None:  # type: ignore[
     assert len(r.model.calls) == 1
 
 
+async def test_after_refuse_no_call_reaches_the_model_and_each_is_a_recorded_503(make_rig) -> None:  # type: ignore[no-untyped-def]
+    """The episode stopped its agent (no progress): what OpenCode asks while it is being stopped is
+    answered 503 by the proxy itself, recorded as a failed call, and never reaches the model."""
+    r = await make_rig(one_step())
+    async with httpx.AsyncClient(timeout=10) as c:
+        first = await c.post(f"{r.proxy.url}/chat/completions", json=agent_body(), headers=headers())
+        r.proxy.refuse("the agent was stopped (model_empty_response)")
+        later = [
+            await c.post(f"{r.proxy.url}/chat/completions", json=agent_body(), headers=headers())
+            for _ in range(3)
+        ]
+    assert first.status_code == 200 and [x.status_code for x in later] == [503, 503, 503]
+    assert "the agent was stopped (model_empty_response)" in later[0].json()["error"]["message"]
+    assert len(r.model.calls) == 1  # only the call before the refusal was the model's
+    assert [(x.proxy_status, x.failed) for x in r.proxy.records[1:]] == [(503, True)] * 3
+    assert len(r.lines()) == 4 and len(r.events) == 4
+
+
 async def test_stall_client_timeout_fires_and_is_recorded(make_rig) -> None:  # type: ignore[no-untyped-def]
     r = await make_rig(one_step(fault="{stall: 5}"))
     async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.5)) as c:
