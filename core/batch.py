@@ -414,8 +414,6 @@ async def run_batch(
 
     def record(task: Task, result: EpisodeResult) -> None:
         results.append(result)
-        if not result.resumed:
-            reclaimer.episode_ended()
         if result.artifacts_error is not None:
             control.halt(result.artifacts_error)
         if not result.resumed:
@@ -426,6 +424,8 @@ async def run_batch(
                 control.halt(f"cannot write {runs_dir / RESULTS_FILE}: {exc.strerror or exc}")
         if on_result is not None:
             on_result(result)
+        if not result.resumed:  # (after its line is written: a reclaim takes tens of milliseconds)
+            reclaimer.episode_ended()
 
     async def one(task: Task) -> None:
         resumption = Resumption(previous.get(keys[id(task)]))
