@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core.sandbox.local.common import _HOST_ENV
-from core.sandbox.local.procs import _proc_stat
+from core.sandbox.local.procs import _proc_stat, _ProcStat
 
 # PID-namespace init it only receives signals it handles, so nothing inside can kill it.
 _KEEPER_SCRIPT = (
@@ -84,21 +84,22 @@ class _Keeper:
     ctl_w: int | None = None  # our end of the holder's control pipe (see the module docstring)
     pidns_fd: int | None = None  # holds the PID namespace, so its inode number stays this sandbox's
 
+    def _stat(self) -> _ProcStat | None:
+        """Its /proc stat while the number is still this keeper's and it is not a zombie."""
+        st = _proc_stat(self.pid)
+        if st is None or st.start_time != self.start_time or st.state in ("Z", "X"):
+            return None
+        return st
+
     def alive(self) -> bool:
         """It exists (its namespace and processes may still be there): what a release waits out."""
-        st = _proc_stat(self.pid)
-        return st is not None and st.start_time == self.start_time and st.state not in ("Z", "X")
+        return self._stat() is not None
 
     def usable(self) -> bool:
         """Alive and not being killed: a command can still start in its namespace. A killed keeper
         is lost at once, while the kernel reaps its namespace's processes (see _PF_EXITING)."""
-        st = _proc_stat(self.pid)
-        return (
-            st is not None
-            and st.start_time == self.start_time
-            and st.state not in ("Z", "X")
-            and not st.exiting
-        )
+        st = self._stat()
+        return st is not None and not st.exiting
 
     def pin(self) -> None:
         """Hold the keeper's PID namespace open while we may use ``pidns`` to tell its processes.

@@ -30,6 +30,7 @@ from core.sandbox.base import (
     SandboxState,
     UnsafeArchiveError,
 )
+from core.sandbox.local.procs import _proc_stat
 from core.sandbox.local.provider import LocalProvider, LocalSandbox
 from core.sandbox.oom import oom_confirmed
 
@@ -323,14 +324,12 @@ async def test_a_killed_keeper_is_lost_at_once_while_the_kernel_reaps_its_namesp
         os.kill(launcher, signal.SIGSTOP)  # it cannot reap its child now
         keeper = _host_pid_of(sb, 1)
         os.kill(keeper, signal.SIGKILL)
-        flags = 0
         for _ in range(200):  # the keeper is in do_exit (PF_EXITING), waiting for the zombie
-            fields = Path(f"/proc/{keeper}/stat").read_text().rsplit(")", 1)[1].split()
-            flags = int(fields[6])
-            if flags & 0x4:
+            st = _proc_stat(keeper)
+            if st is not None and st.exiting:
                 break
             await asyncio.sleep(0.01)
-        assert flags & 0x4 and fields[0] != "Z", fields
+        assert st is not None and st.exiting and st.state != "Z", st
         with pytest.raises(SandboxError) as info:
             await sb.exec(["true"], timeout=20)
         assert info.value.failure is not None and info.value.failure.kind == "sandbox_lost", info.value
