@@ -17,10 +17,14 @@ from typing import Any
 
 REDACTED = "[REDACTED]"
 
-_SECRET_KEY = re.compile(
-    r"(?i)^(?:x-)?(?:authorization|proxy-authorization|api[-_]?key|apikey|access[-_]?token|auth[-_]?token|"
-    r"refresh[-_]?token|secret|client[-_]?secret|password|passwd|token|x-api-key|cookie|set-cookie)$"
+# The names of keys whose values are secrets whatever they look like (case aside).
+_SECRET_KEY_NAMES = (
+    r"(?:x-)?(?:authorization|proxy-authorization|api[-_]?key|apikey|access[-_]?token|auth[-_]?token|"
+    r"refresh[-_]?token|secret|client[-_]?secret|password|passwd|token|x-api-key|cookie|set-cookie)"
 )
+_SECRET_KEY = re.compile(rf"(?i)^{_SECRET_KEY_NAMES}$")
+# The words the key=value pattern's names end in: a match goes on with ``"?\s*[:=]`` right after one.
+_NAME_WORDS = ("key", "token", "secret", "password")
 
 # Each pattern with the words one of which it cannot match without (lower case): a text that holds
 # none of a pattern's words is not scanned by it. Most of what the engine writes (events, model
@@ -46,7 +50,7 @@ _TEXT_PATTERNS: list[tuple[tuple[str, ...], re.Pattern[str], str]] = [
     ),
     # key=value / "key": "value" with a secret-looking key.
     (
-        ("key", "token", "secret", "password"),
+        _NAME_WORDS,
         re.compile(
             r"(?i)((?:api[-_]?key|access[-_]?token|auth[-_]?token|secret|password|token)\"?\s*[:=]\s*\"?)"
             r"([^\s\",}]{4,})"
@@ -54,7 +58,6 @@ _TEXT_PATTERNS: list[tuple[tuple[str, ...], re.Pattern[str], str]] = [
         r"\1" + REDACTED,
     ),
 ]
-_HINTS = tuple(h for hints, _, _ in _TEXT_PATTERNS for h in hints)
 # Non-ASCII letters that ``re``'s IGNORECASE matches to an ASCII one but ``str.lower`` does not map
 # to it (dotless i, long s; the dot that lowering leaves after an I with a dot is dropped).
 _FOLD = str.maketrans({"\u0131": "i", "\u017f": "s", "\u0307": None})
@@ -66,22 +69,33 @@ def _folded(text: str) -> str:
     return low if low.isascii() else low.translate(_FOLD)
 
 
-# The words of ``_SECRET_KEY`` that no text pattern's words cover: a key holding one is redacted
-# whatever its value (``redact``), so a JSON text with one must be walked.
-_KEY_WORDS = ("passwd", "cookie")
+# Any pattern's word at all.
+_ANY_WORD = re.compile("|".join(re.escape(w) for hints, _, _ in _TEXT_PATTERNS for w in hints))
+# What ``could_change`` looks for in a JSON text (folded to lower case), a superset of what can make
+# ``redact`` change its value:
+# - any other text pattern's words (a match holds one);
+# - the key=value pattern's names where a string's text could go on to ``"?\s*[:=]``: in JSON, a
+#   quote in a string is ``\"``, and white space is itself, an escape (``\n``) or a ``\uXXXX``; a
+#   name followed by anything else (the word ``tokens``, the key ``"pool_key"``) starts no match;
+# - a string (a key among them) that is a whole secret key name, quotes included.
+_JSON_PREFILTER = re.compile(
+    "|".join(re.escape(w) for hints, _, _ in _TEXT_PATTERNS if hints != _NAME_WORDS for w in hints)
+    + rf'|(?:{"|".join(_NAME_WORDS)})(?:\\"|\\[nrtfb]|\\u[0-9a-f]{{4}}|\s)*[:=]'
+    + rf'|"{_SECRET_KEY_NAMES}(?:\\n)?"'  # (``$`` also matches before a final newline)
+)
 # A JSON escape of a character past ASCII (a control character's, as in terminal output, is none).
 _NON_ASCII_ESCAPE = re.compile(r"\\u(?!00[0-7])")
 
 
 def could_change(json_text: str, extra_secrets: tuple[str, ...] = ()) -> bool:
     """False only when ``redact(json.loads(json_text), extra_secrets)`` is sure to change nothing, so
-    the walk can be skipped: no pattern's word, no secret key's word and no literal secret (as JSON
-    writes it) is in the text. The run directory's writes take this check first: most of what an
-    episode writes holds none, and walking every event and run.json was most of their cost."""
+    the walk can be skipped: nothing a pattern or a secret key needs (``_JSON_PREFILTER``) and no
+    literal secret (as JSON writes it) is in the text. The run directory's writes and the proxy's
+    records take this check first: most of what an episode writes holds none (token counts name
+    ``tokens`` but hold no secret), and walking them was most of the cost of writing them."""
     if _NON_ASCII_ESCAPE.search(json_text):
         return True  # a letter written as \uXXXX (json.dumps' default) is not folded: walked
-    low = _folded(json_text)
-    if any(h in low for h in _HINTS) or any(w in low for w in _KEY_WORDS):
+    if _JSON_PREFILTER.search(_folded(json_text)):
         return True
     for secret in extra_secrets:
         if not secret:
@@ -153,6 +167,8 @@ def _redact_text(text: str, extra_secrets: tuple[str, ...]) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, REDACTED)
     low = _folded(text)
+    if not _ANY_WORD.search(low):
+        return text  # (most strings: one scan instead of one per pattern)
     for hints, pattern, repl in _TEXT_PATTERNS:
         # (A replacement brings in none of the words: the words of the text as it came still decide.)
         if any(h in low for h in hints):

@@ -4,6 +4,8 @@ import json
 import stat
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from core.artifacts import RunDir, RunDirReader, RunFiles, RunInfo, list_runs
 from core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
@@ -129,6 +131,72 @@ def test_a_write_skips_redaction_only_when_it_would_change_nothing(value, secret
     for text in (json.dumps(value), json.dumps(value, ensure_ascii=False, indent=2)):
         if not could_change(text, secrets):
             assert redact(json.loads(text), secrets) == json.loads(text), text
+
+
+# The property below builds texts as a secret is shaped: something before, a name (every word the
+# patterns and the secret keys need, in both cases, and near misses), what may follow it (a quote, a
+# plural s, every kind of white space JSON writes as itself, as an escape or as \\uXXXX, a separator),
+# a value; keys alike.
+_BEFORE = ["", "x", "x-", "api_", "api-", "access_", "auth-", "refresh_", "client_", "proxy-", " ", "\n", '"']
+_NAMES = [
+    "key",
+    "KEY",
+    "token",
+    "Token",
+    "tokens",
+    "secret",
+    "password",
+    "passwd",
+    "cookie",
+    "set-cookie",
+    "apikey",
+    "authorization",
+    "Authorization",
+    "author\u0131zation",
+    "\u017fecret",
+    "api_\u212aey",
+    "bearer",
+    "Basic",
+    "sk-",
+    "nvapi-",
+    "ghp_",
+    "gho_",
+    "github_pat_",
+    "xoxb-",
+    "word",
+]
+_QUOTES = ["", '"', "\\", "s", "_"]
+_SPACES = [" ", "\n", "\t", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\xa0", "\u2003"]
+_SEPARATORS = ["", ":", "=", ","]
+_SECRET_VALUES = ["", "abcdefgh", "12345678901234", "ab", " abcdefgh", '"abcdefgh"', "}"]
+_SHAPED = st.tuples(
+    st.sampled_from(_BEFORE),
+    st.sampled_from(_NAMES),
+    st.sampled_from(_QUOTES),
+    st.lists(st.sampled_from(_SPACES), max_size=2).map("".join),
+    st.sampled_from(_SEPARATORS),
+    st.sampled_from(_SECRET_VALUES),
+).map("".join)
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.recursive(
+        _SHAPED | st.integers(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_SHAPED, inner, max_size=3),
+        max_leaves=4,
+    ),
+    st.booleans(),
+)
+@example({"Token\n": "x"}, True)  # (a secret key's pattern ends in ``$``: it allows a final newline)
+def test_the_skip_never_skips_a_change_whatever_the_text(value, ascii_only):
+    """The property behind the skip: whenever ``could_change`` says no, the walk changes nothing,
+    over texts shaped like what the patterns and the secret keys look for, and near misses."""
+    from core.redaction import could_change
+
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    if not could_change(text):
+        assert redact(json.loads(text)) == json.loads(text), text
 
 
 def test_the_skip_is_taken_for_what_holds_nothing_and_refused_for_a_cookie(tmp_path):

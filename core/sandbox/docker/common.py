@@ -56,6 +56,23 @@ _STATE_MAP = {
 }
 
 
+def docker_client(base_url: str | None, timeout: int) -> docker.DockerClient:
+    """The engine's client (``base_url``, else the environment's ``DOCKER_HOST``), the one way every
+    part of the provider makes one.
+
+    Over the SDK's own transports (a unix socket, a named pipe, ssh) it ignores the proxy variables:
+    no proxy applies to them, and requests would otherwise read the whole environment twice per call
+    looking for one (a third of the controller's CPU per engine call, measured)."""
+    client = (
+        docker.DockerClient(base_url=base_url, timeout=timeout)
+        if base_url
+        else docker.from_env(timeout=timeout)
+    )
+    if client.api.base_url.startswith("http+docker://"):  # how the SDK names its own transports
+        client.api.trust_env = False
+    return client
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 

@@ -21,11 +21,9 @@ from core.sandbox.errors import image_build_failure
 
 
 def _docker_client(settings: DockerSettings, timeout: int) -> Any:
-    import docker
+    from core.sandbox.docker.common import docker_client
 
-    if settings.base_url:
-        return docker.DockerClient(base_url=settings.base_url, timeout=timeout)
-    return docker.from_env(timeout=timeout)
+    return docker_client(settings.base_url, timeout)
 
 
 # A build runs under a scratch tag that carries its deadline: ``<repo>:building-<unix deadline>-<id>``.

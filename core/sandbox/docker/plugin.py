@@ -24,11 +24,9 @@ SHORT_ID = 12  # a Docker short id
 
 
 def _client(settings: DockerSettings) -> Any:
-    import docker
+    from core.sandbox.docker.common import docker_client
 
-    if settings.base_url:
-        return docker.DockerClient(base_url=settings.base_url, timeout=10)
-    return docker.from_env(timeout=10)
+    return docker_client(settings.base_url, 10)
 
 
 class DockerPlugin(ProviderPlugin):

@@ -74,6 +74,7 @@ from core.sandbox.docker.common import (
     _engine_error,
     _http_status,
     _slug,
+    docker_client,
 )
 from core.sandbox.docker.sandbox import DockerSandbox
 from core.sandbox.errors import SandboxError, sandbox_failure
@@ -111,9 +112,7 @@ class DockerProvider(SandboxProvider):
         self.api_timeout = api_timeout
 
     def _make_client(self) -> docker.DockerClient:
-        if self._base_url:
-            return docker.DockerClient(base_url=self._base_url, timeout=int(self.api_timeout))
-        return docker.from_env(timeout=int(self.api_timeout))
+        return docker_client(self._base_url, int(self.api_timeout))
 
     async def _get_client(self, stage: FailureStage, operation: str) -> docker.DockerClient:
         if self._client is None:
