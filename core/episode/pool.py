@@ -1,13 +1,14 @@
 """The batch's warm pool (issue 31): sandboxes prepared ahead of the episodes that will use them.
 
-While episodes run, the pool prepares the next ones, one at a time: the sandbox created (the same
-owned spec the seed phase builds, with its model socket already bound and listening) and OpenCode
-installed in it (``prepare_runtime``: binary, version check, first-run state). It then waits for one
-episode's task files and prompt. Each prepared sandbox serves exactly one episode and is never
-reused. One whose configuration (image, workdir, user, limits, network, OpenCode runtime) matches no
-task still to run, or that waited past ``batch.warm_max_age_s``, is released unused and counted as
-discarded. ``close`` (every way a batch ends, signals included) releases every unused one and
-confirms it: the release returned and the engine reports the sandbox dead or gone.
+While episodes run, the pool prepares the next ones, one at a time (a second one while an attempt
+waits for its sandbox): the sandbox created (the same owned spec the seed phase builds, with its
+model socket already bound and listening) and OpenCode installed in it (``prepare_runtime``: binary,
+version check, first-run state). It then waits for one episode's task files and prompt. Each
+prepared sandbox serves exactly one episode and is never reused. One whose configuration (image,
+workdir, user, limits, network, OpenCode runtime) matches no task still to run, or that waited past
+``batch.warm_max_age_s``, is released unused and counted as discarded. ``close`` (every way a batch
+ends, signals included) releases every unused one and confirms it: the release returned and the
+engine reports the sandbox dead or gone.
 
 Each carries the label ``opencode-tui.pool`` (the batch id) and a run label of its own (``pool-…``),
 its owner's and its creating process's, so ``opencode-tui sweep`` removes one left by a SIGKILL.
@@ -55,6 +56,8 @@ PROBE_S = 10.0
 # booting OpenCode takes a core for a second or more, and on a small machine it slowed the start it
 # was meant to make faster (attempt start -> first model request 0.3 s -> 0.5-0.8 s, --jobs 1, 2 cores).
 START_GRACE_S = 1.0
+# Preparations under way at once, at most (see WarmPool._may_start).
+PARALLEL_MAX = 2
 
 
 class WarmCounts(BaseModel):
@@ -179,7 +182,8 @@ def _close_listening(listen: tuple[socket.socket, str] | None) -> None:
 
 
 class WarmPool:
-    """Prepares sandboxes for the tasks still to run, ``depth`` ahead, one at a time."""
+    """Prepares sandboxes for the tasks still to run, ``depth`` ahead, one at a time (two while an
+    attempt waits for one)."""
 
     def __init__(
         self,
@@ -206,6 +210,7 @@ class WarmPool:
         self._kick = asyncio.Event()
         self._grace_until = 0.0  # no preparation starts before (see START_GRACE_S)
         self._filler: asyncio.Task[None] | None = None
+        self._watchers: set[asyncio.Task[None]] = set()  # one per preparation under way (``_watch``)
         self._stopped = False
         self._n = 0
         self._templates: dict[str, Task] = {}
@@ -340,11 +345,20 @@ class WarmPool:
                 return key
         return None
 
+    def _may_start(self) -> bool:
+        """One preparation at a time, or a second one while an attempt waits for a sandbox still
+        being prepared: the pool is behind, and the waiting attempt's core is idle meanwhile (at
+        ``--jobs 1`` on 2 cores, one at a time left a tenth of the machine idle between episodes)."""
+        in_flight = [e for e in self._entries if e.task is not None and not e.task.done()]
+        if not in_flight:
+            return True
+        return len(in_flight) < PARALLEL_MAX and any(e.claimed for e in in_flight)
+
     async def _fill(self) -> None:
         while not self._stopped:
             for e in self._unwanted():
                 await self._discard(e)
-            key = self._next_key()
+            key = self._next_key() if self._may_start() else None
             if key is None:
                 self._kick.clear()
                 with contextlib.suppress(TimeoutError):
@@ -360,16 +374,27 @@ class WarmPool:
             entry = _Entry(key=key, run_id=f"pool-{self.pool_id}-{self._n}")
             self._entries.append(entry)
             entry.task = asyncio.ensure_future(self._prepare(entry))
-            try:
-                await asyncio.shield(entry.task)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self._bad.add(key)
-                self.counts.failed += 1
-                if entry in self._entries:
-                    self._entries.remove(entry)
-                await self._release(entry, count=False)
+            watcher = asyncio.ensure_future(self._watch(entry))
+            self._watchers.add(watcher)
+            watcher.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, entry: _Entry) -> None:
+        """Until the entry's preparation ends; a failed one is counted, its key not tried again, and
+        its sandbox released here (a cancelled one is released by whoever cancelled it)."""
+        assert entry.task is not None
+        try:
+            await asyncio.shield(entry.task)
+        except asyncio.CancelledError:
+            if not entry.task.cancelled():
+                raise  # (this watcher itself: only at the loop's end, with the pool closed)
+        except Exception:
+            self._bad.add(entry.key)
+            self.counts.failed += 1
+            if entry in self._entries:
+                self._entries.remove(entry)
+            await self._release(entry, count=False)
+        finally:
+            self._kick.set()
 
     async def _prepare(self, entry: _Entry) -> None:
         from core.episode.seed import owned_spec
@@ -496,4 +521,6 @@ class WarmPool:
                 await self._filler
         entries, self._entries = list(self._entries), []
         await asyncio.gather(*(self._discard(e) for e in entries), return_exceptions=True)
+        # The releases of failed preparations (their watchers) end too before the pool says it is done.
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         return self.counts

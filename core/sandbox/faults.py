@@ -377,7 +377,15 @@ def _command_line(host_pid: int) -> str | None:
     except OSError:
         return None
     argv = raw.rstrip(b"\0").decode("utf-8", "replace").split("\0") if raw.strip(b"\0") else []
-    return shlex.join(argv)[:COMMAND_CAP] if argv else ""
+    # Quoted only up to the cap: a bwrap command line has hundreds of arguments.
+    words: list[str] = []
+    length = 0
+    for arg in argv:
+        if length > COMMAND_CAP:
+            break
+        words.append(shlex.quote(arg))
+        length += len(words[-1]) + 1
+    return " ".join(words)[:COMMAND_CAP]
 
 
 def _describe(host_pid: int) -> _Proc | None:
