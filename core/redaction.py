@@ -8,11 +8,14 @@ recursively.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -26,21 +29,37 @@ _SECRET_KEY = re.compile(rf"(?i)^{_SECRET_KEY_NAMES}$")
 # The words the key=value pattern's names end in: a match goes on with ``"?\s*[:=]`` right after one.
 _NAME_WORDS = ("key", "token", "secret", "password")
 
+
+def _basic_credentials(match: re.Match[str]) -> str:
+    try:
+        decoded = base64.b64decode(match.group(2), validate=True)
+    except (binascii.Error, ValueError):
+        return match.group(0)
+    return f"{match.group(1)} {REDACTED}" if b":" in decoded else match.group(0)
+
+
 # Each pattern with the words one of which it cannot match without (lower case): a text that holds
 # none of a pattern's words is not scanned by it. Most of what the engine writes (events, model
 # calls, run.json) holds none, and the scans were most of the cost of writing it.
-_TEXT_PATTERNS: list[tuple[tuple[str, ...], re.Pattern[str], str]] = [
+_TEXT_PATTERNS: list[tuple[tuple[str, ...], re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
     # Authorization header lines, any scheme.
     (
         ("authorization",),
         re.compile(r"(?im)^(\s*(?:proxy-)?authorization\s*:\s*)(.+)$"),
         r"\1" + REDACTED,
     ),
-    # Bearer/Basic tokens anywhere.
+    # Bearer tokens anywhere.
     (
-        ("bearer", "basic"),
-        re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"),
+        ("bearer",),
+        re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"),
         r"\1 " + REDACTED,
+    ),
+    # Basic credentials anywhere: only what decodes to ``user:password`` (RFC 7617), not a word
+    # after "basic" in prose (OpenCode's own tool descriptions say "for basic searches").
+    (
+        ("basic",),
+        re.compile(r"(?i)\b(basic)\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])"),
+        _basic_credentials,
     ),
     # Provider-style keys: sk-..., sk-proj-..., nvapi-..., ghp_..., xox?-...
     (

@@ -95,6 +95,19 @@ def test_redact_text_skips_only_patterns_that_cannot_match(text):
     assert redact_text(text) == every
 
 
+def test_basic_credentials_are_redacted_and_a_word_after_basic_in_prose_is_not():
+    """Basic credentials are ``user:password`` in base64 (RFC 7617); OpenCode's own tool descriptions
+    say "for basic searches", which was recorded as "for basic [REDACTED]"."""
+    assert (
+        redact_text("curl -H 'Authorization: Basic dXNlcjpwYXNz' x")
+        == f"curl -H 'Authorization: Basic {REDACTED}' x"
+    )
+    assert redact_text("basic YTpi") == f"basic {REDACTED}"  # a:b
+    prose = '"quick" for basic searches, "medium" for moderate exploration'
+    assert redact_text(prose) == prose
+    assert redact_text("basic abcdefgh") == "basic abcdefgh"  # base64, but no user:password
+
+
 def test_a_long_text_redacted_again_is_redacted_alike_and_per_literal_secret():
     """Long texts' redactions are remembered (a model call repeats its prompt): the second time gives
     what the first gave, and a literal secret given the second time is still scrubbed."""
