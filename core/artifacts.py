@@ -318,7 +318,7 @@ class RunDir:
 
     def write_json(self, name: str, obj: Any) -> Path:
         if isinstance(obj, BaseModel):
-            obj = json.loads(obj.model_dump_json())
+            obj = obj.model_dump(mode="json")
         text = indented_json(obj)
         if could_change(text, self._secrets):
             text = indented_json(redact(obj, self._secrets))
@@ -346,7 +346,7 @@ class RunDir:
         return self._atomic(RunFiles.DIAGNOSTICS, cap_diagnostics(parts, cap, secrets=self._secrets))
 
     def write_run_info(self, info: RunInfo) -> Path:
-        data = json.loads(info.model_dump_json())
+        data = info.model_dump(mode="json")
         for name in LINEAGE_FIELDS:
             if data.get(name) is None:
                 data.pop(name, None)
