@@ -26,16 +26,21 @@ _SECRET_KEY_NAMES = (
     r"refresh[-_]?token|secret|client[-_]?secret|password|passwd|token|x-api-key|cookie|set-cookie)"
 )
 _SECRET_KEY = re.compile(rf"(?i)^{_SECRET_KEY_NAMES}$")
+_BASIC_WORDS = ("basic",)
 # The words the key=value pattern's names end in: a match goes on with ``"?\s*[:=]`` right after one.
 _NAME_WORDS = ("key", "token", "secret", "password")
 
 
-def _basic_credentials(match: re.Match[str]) -> str:
+def _is_credentials(token: str) -> bool:
+    """``user:password`` in base64 (RFC 7617)."""
     try:
-        decoded = base64.b64decode(match.group(2), validate=True)
+        return b":" in base64.b64decode(token, validate=True)
     except (binascii.Error, ValueError):
-        return match.group(0)
-    return f"{match.group(1)} {REDACTED}" if b":" in decoded else match.group(0)
+        return False
+
+
+def _basic_credentials(match: re.Match[str]) -> str:
+    return f"{match.group(1)} {REDACTED}" if _is_credentials(match.group(2)) else match.group(0)
 
 
 # Each pattern with the words one of which it cannot match without (lower case): a text that holds
@@ -57,7 +62,7 @@ _TEXT_PATTERNS: list[tuple[tuple[str, ...], re.Pattern[str], str | Callable[[re.
     # Basic credentials anywhere: only what decodes to ``user:password`` (RFC 7617), not a word
     # after "basic" in prose (OpenCode's own tool descriptions say "for basic searches").
     (
-        ("basic",),
+        _BASIC_WORDS,
         re.compile(r"(?i)\b(basic)\s+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])"),
         _basic_credentials,
     ),
@@ -92,15 +97,26 @@ def _folded(text: str) -> str:
 _ANY_WORD = re.compile("|".join(re.escape(w) for hints, _, _ in _TEXT_PATTERNS for w in hints))
 # What ``could_change`` looks for in a JSON text (folded to lower case), a superset of what can make
 # ``redact`` change its value:
-# - any other text pattern's words (a match holds one);
+# - the words of the other text patterns but Basic's (a match holds one);
 # - the key=value pattern's names where a string's text could go on to ``"?\s*[:=]``: in JSON, a
 #   quote in a string is ``\"``, and white space is itself, an escape (``\n``) or a ``\uXXXX``; a
 #   name followed by anything else (the word ``tokens``, the key ``"pool_key"``) starts no match;
 # - a string (a key among them) that is a whole secret key name, quotes included.
 _JSON_PREFILTER = re.compile(
-    "|".join(re.escape(w) for hints, _, _ in _TEXT_PATTERNS if hints != _NAME_WORDS for w in hints)
+    "|".join(
+        re.escape(w)
+        for hints, _, _ in _TEXT_PATTERNS
+        if hints not in (_NAME_WORDS, _BASIC_WORDS)
+        for w in hints
+    )
     + rf'|(?:{"|".join(_NAME_WORDS)})(?:\\"|\\[nrtfb]|\\u[0-9a-f]{{4}}|\s)*[:=]'
     + rf'|"{_SECRET_KEY_NAMES}(?:\\n)?"'  # (``$`` also matches before a final newline)
+)
+# Basic's pattern as its strings are written in JSON (white space as itself or escaped), on the text
+# as it is (base64 has case): a candidate counts only if it decodes to credentials. (Prose has "basic"
+# in it: OpenCode's tool descriptions say "for basic searches".)
+_JSON_BASIC = re.compile(
+    r"(?i)basic(?:\\[nrtfb]|\\u[0-9a-f]{4}|\s)+([A-Za-z0-9+/]{4,}={0,2})(?![A-Za-z0-9+/=])"
 )
 # A JSON escape of a character past ASCII (a control character's, as in terminal output, is none).
 _NON_ASCII_ESCAPE = re.compile(r"\\u(?!00[0-7])")
@@ -115,6 +131,8 @@ def could_change(json_text: str, extra_secrets: tuple[str, ...] = ()) -> bool:
     if _NON_ASCII_ESCAPE.search(json_text):
         return True  # a letter written as \uXXXX (json.dumps' default) is not folded: walked
     if _JSON_PREFILTER.search(_folded(json_text)):
+        return True
+    if any(_is_credentials(m[1]) for m in _JSON_BASIC.finditer(json_text)):
         return True
     for secret in extra_secrets:
         if not secret:

@@ -345,11 +345,19 @@ class WarmPool:
                 return key
         return None
 
+    @property
+    def preparing(self) -> int:
+        """Preparations under way now."""
+        return len(self._in_flight())
+
+    def _in_flight(self) -> list[_Entry]:
+        return [e for e in self._entries if e.task is not None and not e.task.done()]
+
     def _may_start(self) -> bool:
         """One preparation at a time, or a second one while an attempt waits for a sandbox still
         being prepared: the pool is behind, and the waiting attempt's core is idle meanwhile (at
         ``--jobs 1`` on 2 cores, one at a time left a tenth of the machine idle between episodes)."""
-        in_flight = [e for e in self._entries if e.task is not None and not e.task.done()]
+        in_flight = self._in_flight()
         if not in_flight:
             return True
         return len(in_flight) < PARALLEL_MAX and any(e.claimed for e in in_flight)

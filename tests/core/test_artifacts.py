@@ -181,7 +181,17 @@ _NAMES = [
 _QUOTES = ["", '"', "\\", "s", "_"]
 _SPACES = [" ", "\n", "\t", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\xa0", "\u2003"]
 _SEPARATORS = ["", ":", "=", ","]
-_SECRET_VALUES = ["", "abcdefgh", "12345678901234", "ab", " abcdefgh", '"abcdefgh"', "}"]
+_SECRET_VALUES = [
+    "",
+    "abcdefgh",
+    "12345678901234",
+    "ab",
+    " abcdefgh",
+    '"abcdefgh"',
+    "}",
+    "dXNlcjpwYXNz",
+    "YTpi==",
+]
 _SHAPED = st.tuples(
     st.sampled_from(_BEFORE),
     st.sampled_from(_NAMES),
@@ -202,6 +212,7 @@ _SHAPED = st.tuples(
     st.booleans(),
 )
 @example({"Token\n": "x"}, True)  # (a secret key's pattern ends in ``$``: it allows a final newline)
+@example({"d": "for basic searches, or Basic\tdXNlcjpwYXNz"}, False)  # (Basic: only credentials count)
 def test_the_skip_never_skips_a_change_whatever_the_text(value, ascii_only):
     """The property behind the skip: whenever ``could_change`` says no, the walk changes nothing,
     over texts shaped like what the patterns and the secret keys look for, and near misses."""

@@ -195,6 +195,39 @@ async def test_a_prepared_sandbox_past_its_max_age_is_discarded_never_used(tmp_p
     assert await _left("local", config, test_owner, LABEL_POOL, "bwarmtest03") == []
 
 
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_a_second_preparation_starts_only_while_an_attempt_waits(tmp_path, test_owner):
+    """While the pool keeps up it prepares one sandbox at a time (a booting OpenCode takes a core
+    from the running episode); once an attempt waits for the one under way, a second starts."""
+    config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
+    tasks = _tasks(tmp_path / "x", 4)
+    pool = WarmPool(config, depth=2, batch_id="bwarmtest05")
+    leases = []
+    try:
+        pool.plan(tasks, starting=1)
+        await asyncio.sleep(0.5)
+        assert pool.preparing == 1 and pool.counts.prepared == 0  # nobody waits: one at a time
+        waiting = asyncio.ensure_future(pool.take(tasks[1]))
+        deadline = time.monotonic() + 5
+        while pool.preparing < 2:
+            assert pool.counts.prepared == 0, "the first was ready before a second one started"
+            assert time.monotonic() < deadline, "no second preparation while an attempt waited"
+            await asyncio.sleep(0.02)
+        leases.append(await waiting)
+        leases.append(await pool.take(tasks[2]))
+        assert all(lease is not None for lease in leases)
+        assert pool.counts.prepared == 2
+    finally:
+        for lease in leases:
+            if lease is not None:
+                await lease.sandbox.release()
+                lease.finished()
+        counts = await pool.close()
+    assert counts.used == 2 and counts.released_confirmed == counts.discarded
+    assert await _left("local", config, test_owner, LABEL_POOL, "bwarmtest05") == []
+
+
 def _first_agent_request(run_dir: str) -> dict:
     """The first agent call's request as OpenCode sent it: its messages and tools, with the name of
     OpenCode's private directory (``/tmp/.opencode-tui-<run>``, named in "Instructions from: …")
