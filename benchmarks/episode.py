@@ -723,7 +723,11 @@ def warm_tables(
         ]
     ]
     labelled = [(f"warm 0 (cold) #{i + 1}", b) for i, b in enumerate(cold)]
-    labelled += [(f"warm {depth} #{i + 1}", b) for bs in by_jobs.values() for i, b in enumerate(bs)]
+    throughput = [b for bs in by_jobs.values() for b in bs]
+    labelled += [(f"warm {depth} #{i + 1}", b) for i, b in enumerate(warm) if b not in throughput]
+    labelled += [
+        (f"warm {depth}, throughput #{i + 1}", b) for bs in by_jobs.values() for i, b in enumerate(bs)
+    ]
     for label, b in labelled:
         per = b["cpu_s_per_episode"]
         rows.append(
