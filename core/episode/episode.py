@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from core.episode.lineage import ChildRun, Parent
     from core.episode.pool import Lease, WarmPool
     from core.model.endpoint import ModelEndpoint
+    from core.model.proxy import ModelProxy
     from core.model.replay import ReplayPlan
     from core.runtime.installer import Installer
     from core.runtime.supervisor_client import CleanupReceipt
@@ -475,7 +476,7 @@ class Episode(EpisodeControl):
         self.stopped_for = failure
         self.record_failure(failure)
         self._release_held(f"the agent was stopped ({failure.kind})")
-        proxy = getattr(self.endpoint, "proxy", None)
+        proxy = self._proxy
         if proxy is not None:  # what it asks while it is being stopped never reaches the model
             proxy.refuse(f"the agent was stopped ({failure.kind})")
         launched = self.session is not None and self.session.launch_started
@@ -874,11 +875,16 @@ class Episode(EpisodeControl):
             engine_lost_recorded=any(r.failure.kind == engine_lost.KIND for r in self.failures),
         )
 
+    @property
+    def _proxy(self) -> ModelProxy | None:
+        """The episode's recording proxy, once the seed phase started it."""
+        return None if self.endpoint is None else self.endpoint.proxy
+
     def _outcome(self) -> EpisodeResult:
         assert self.run_dir is not None and self.info is not None
         if self.child is not None:
             self.child.finish(complete=self._cancel is None and self.stopped_for is None)
-        proxy = getattr(self.endpoint, "proxy", None)
+        proxy = self._proxy
         if proxy is not None and proxy.write_error and self.run_dir.write_error is None:
             self.run_dir.note_write_error(proxy.write_error)
         receipt_confirmed = self.cleanup_proof is not None

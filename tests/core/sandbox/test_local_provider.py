@@ -316,7 +316,8 @@ async def test_a_killed_keeper_is_lost_at_once_while_the_kernel_reaps_its_namesp
                 p for p in sb.host_pids() if "sleep 1000" in _describe(p) and p != _host_pid_of(sb, 1)
             ]
             if sleeping:
-                launcher = int(Path(f"/proc/{sleeping[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                parent = _proc_stat(sleeping[0])
+                launcher = parent.ppid if parent is not None else None
                 break
             await asyncio.sleep(0.02)
         assert launcher is not None, "the command never started"
