@@ -75,7 +75,7 @@ async def run_agent(
 ) -> AgentRun:
     """Stage and launch the harness under the supervisor and wait for it (within the run deadline).
     ``ahead``: the harness was launched by the warm pool (``session`` is its session) and waits for
-    its task, which this uploads instead.
+    its task, which this hands over instead.
 
     OpenCode's database and logs come into the run directory only after confirmed cleanup (the
     session's ``collect`` hook)."""
@@ -98,9 +98,7 @@ async def run_agent(
     )
     try:
         if ahead is not None:
-            result = await ahead.run(
-                harness, session.sandbox, harness.on_output(tracked, run_dir), emit, collect
-            )
+            result = await ahead.run(harness, harness.on_output(tracked, run_dir), emit, collect)
         else:
             result = await session.execute(
                 argv,

@@ -8,9 +8,11 @@ The supervisor's run deadline has not started: it starts when the task arrives (
 clock file), and the wait itself is capped by the pool's ``warm_max_age_s``.
 
 The episode that takes the sandbox takes this session too: its proxy accepts the token the config
-names (``ModelEndpoint(access_token=…)``), the output buffered so far is replayed into its run
-directory, its close stops this supervisor like any other (stop file, receipt). Unused, the pool
-closes it the same way before destroying the sandbox.
+names (``ModelEndpoint(access_token=…)``) and hands the runner its task over the relay
+(``core.episode.handoff``: the files and access check in the seed phase, the prompt in the agent
+phase, with no upload or exec through the provider); the output buffered so far is replayed into
+its run directory, and its close stops this supervisor like any other (stop file, receipt).
+Unused, the pool closes it the same way before destroying the sandbox.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from core.config import AgentConfig
+from core.episode.handoff import TaskHandoff, TaskOffer
 from core.events import Event
 from core.inside.serve_runner import AHEAD, AHEAD_SESSION
 from core.runtime import access
-from core.sandbox.base import ExecResult, OutputChunk, Sandbox, SandboxUser
+from core.sandbox.base import SANDBOX_MODEL_SOCKET, ExecResult, OutputChunk, Sandbox, SandboxUser
+from core.sandbox.tarsafe import tree_tar
 from core.session import Collect, SandboxSession
 from core.tasks import Task
 
@@ -76,6 +80,7 @@ class ServerAhead:
     session: SandboxSession
     session_ahead: bool
     exec_task: asyncio.Task[ExecResult] | None = None
+    handoff: TaskHandoff = field(default_factory=TaskHandoff)  # its task, through the relay
     _buffer: list[OutputChunk] = field(default_factory=list)
     _seen: bytes = b""
     _sink: Callable[[OutputChunk], None] | None = None
@@ -109,34 +114,46 @@ class ServerAhead:
             raise RuntimeError(f"OpenCode's server started ahead ended before it was ready: {said}")
         raise TimeoutError(f"OpenCode's server started ahead was not ready within {timeout:g}s")
 
+    async def stage(self, task: Task, user: SandboxUser, *, model_socket: bool) -> None:
+        """The seed phase's task files and access check, through the runner (``TaskHandoff``) rather
+        than an upload and an exec. Raises as ``access.stage_inputs`` does."""
+        assert self.exec_task is not None
+        archive, inputs = await access.task_archive(task.files_dir, user)
+        offer = TaskOffer(
+            workdir=task.workdir,
+            listing=access.preflight_listing(inputs),
+            check=access.PREFLIGHT_SH,
+            socket=SANDBOX_MODEL_SOCKET if model_socket else "",
+        )
+        result = await self.handoff.stage(
+            offer, archive, runner=self.exec_task, timeout=access.PREFLIGHT_TIMEOUT_S
+        )
+        access.judge_preflight(result, user)
+
     async def run(
         self,
         harness: OpenCodeHarness,
-        sandbox: Sandbox,
         on_output: Callable[[OutputChunk], None],
         emit: Callable[[Event], object],
         collect: Collect,
     ) -> ExecResult:
         """The episode's agent phase on this server: what it printed so far goes to ``on_output``
-        first, then its task is uploaded (which starts the run deadline) and the run waited for."""
+        first, then its prompt is handed over (which starts the run deadline) and the run waited for."""
         assert self.exec_task is not None
         self.session.handover(emit, collect)
         for chunk in self._buffer:
             on_output(chunk)
         self._buffer.clear()
         self._sink = on_output
-        from core.runtime.access import SESSION_DIR_MODE
-        from core.sandbox.tarsafe import tree_tar
-
-        await sandbox.upload_tar(
-            harness.layout.session_dir,
-            tree_tar(harness.task_files(), owner=self.session.owner, root_mode=SESSION_DIR_MODE),
+        self.handoff.go(
+            tree_tar(harness.task_files(), owner=self.session.owner, root_mode=access.SESSION_DIR_MODE)
         )
         return await asyncio.shield(self.exec_task)
 
     async def stop(self, timeout: float) -> bool:
         """Unused (the pool's discard, or an episode that failed before its agent phase): stop the
         runner and confirm it through the supervisor's receipt. True when confirmed."""
+        self.handoff.withdraw()
         try:
             receipt = await asyncio.wait_for(self.session.finalize(), timeout)
             confirmed = receipt.cleanup_confirmed

@@ -54,6 +54,7 @@ from core.failures import (
 )
 from core.health import HealthMonitor
 from core.image_build import ensure_task_image
+from core.inside.serve_runner import HANDOFF_PREFIX
 from core.model.hold import CallGate
 from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
 from core.runtime import access
@@ -653,6 +654,7 @@ class Episode(EpisodeControl):
                 replay=self.child.replayer if self.child is not None else None,
                 listen=self.lease.listen if self.lease is not None else None,
                 access_token=self._ahead.token if self._ahead is not None else None,
+                side=(HANDOFF_PREFIX, self._ahead.handoff.serve) if self._ahead is not None else None,
             )
         )
         provider = self._provider or get_provider(sb.provider, self.config)
@@ -700,7 +702,7 @@ class Episode(EpisodeControl):
         ready = seed.ready(self.sandbox, seeded, self.config)
         self.emit(ready)
         seed.refuse_unenforced(ready, self.config)  # limits.enforce: strict
-        await seed.stage(self.sandbox, self.config, self.task, seeded.user, self.endpoint)
+        await seed.stage(self.sandbox, self.config, self.task, seeded.user, self.endpoint, self._ahead)
 
         self._enter(Phase.INSTALL)
         if self.lease is not None:

@@ -33,6 +33,7 @@ from core.sandbox.base import (
 from core.tasks import Task
 
 if TYPE_CHECKING:
+    from core.episode.ahead import ServerAhead
     from core.model.endpoint import ModelEndpoint
     from core.runtime.installer import Installer
 
@@ -192,12 +193,23 @@ def refuse_unenforced(ready: SandboxReady, config: AgentConfig) -> None:
 
 
 async def stage(
-    sandbox: Sandbox, config: AgentConfig, task: Task, user: SandboxUser, endpoint: ModelEndpoint
+    sandbox: Sandbox,
+    config: AgentConfig,
+    task: Task,
+    user: SandboxUser,
+    endpoint: ModelEndpoint,
+    ahead: ServerAhead | None = None,
 ) -> None:
-    """The task files, workdir and model socket made the sandbox user's; then the preflight."""
+    """The task files, workdir and model socket made the sandbox user's; then the preflight. With a
+    server started ahead, its runner unpacks and checks them (one step, no round trip to the provider)."""
     socket = model_socket(config, endpoint) if config.sandbox.mode == "owned" else None
     try:
-        await access.stage_inputs(sandbox, task.files_dir, task.workdir, user, socket)
+        if ahead is not None:
+            if socket is not None:
+                access.grant_model_socket(sandbox, user, socket)
+            await ahead.stage(task, user, model_socket=socket is not None)
+        else:
+            await access.stage_inputs(sandbox, task.files_dir, task.workdir, user, socket)
     except access.SandboxPermissionDenied as exc:
         raise StageFailure(exc.failure) from exc
     except SandboxError as exc:

@@ -45,6 +45,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 
@@ -326,20 +327,108 @@ GO_NAME = "go"
 PROMPT_FILE = os.path.join(HERE, PROMPT_NAME)
 GO_FILE = os.path.join(HERE, GO_NAME)
 GO_POLL_S = 0.01  # about 0.5% of a core while it waits; the task waits 5 ms on average
+# The task handed over through the relay (core.episode.handoff): with the episode's token, GET the task
+# (a JSON line, then the task files as a tar), unpack and check it, POST the check's result; the answer
+# is the prompt's files as a tar (PROMPT_NAME, GO_NAME) once the agent phase starts.
+HANDOFF_PREFIX = "/opencode-tui/"
+HANDOFF_TASK_PATH = HANDOFF_PREFIX + "task"
+HANDOFF_STAGED_PATH = HANDOFF_PREFIX + "staged"
+HANDOFF_TOKEN_ENV = "OPENCODE_TUI_HANDOFF_TOKEN"
+HANDOFF_RETRY_S = 0.5  # the model socket is not served yet (or no more): ask again
+CHECK_TIMEOUT_S = 60.0
 
 
 def wait_for_task(started):
     """Ahead of the task: say the server is ready, then wait for the task's prompt (the supervisor
-    caps the wait); the prompt."""
+    caps the wait); the prompt. With a relay and a token, the task comes through the relay (its files
+    unpacked here, as the sandbox user); without, somebody else uploads it and writes GO_FILE."""
     note("ready", seconds=round(time.monotonic() - started, 3))
     sys.stdout.buffer.flush()
     ready = time.monotonic()
+    relay_port, token = os.environ.get(RELAY_PORT_ENV), os.environ.get(HANDOFF_TOKEN_ENV)
+    if relay_port and token:
+        receive_task(int(relay_port), token)
     while not os.path.exists(GO_FILE):
         time.sleep(GO_POLL_S)
     with open(PROMPT_FILE, "rb") as f:
         prompt = f.read().decode("utf-8", "replace")
     note("task", chars=len(prompt), waited=round(time.monotonic() - ready, 3))
     return prompt
+
+
+def receive_task(port, token):
+    """Take the task through the relay: its files into the workdir, the access check's result back,
+    then the prompt's files into this directory (GO_FILE last). Returns once they are here; exits
+    (status 3) when the episode withdrew the task or the line broke after the task was taken."""
+    headers = {"Authorization": "Bearer " + token}
+    failures = 0
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=None)  # held until the task comes
+        try:
+            conn.request("GET", HANDOFF_TASK_PATH, headers=headers)
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise RunnerError(f"GET {HANDOFF_TASK_PATH} answered {resp.status}")
+            head = json.loads(resp.readline())
+            report = stage_task(head, resp)
+            break
+        except (OSError, ValueError, RunnerError, http.client.HTTPException) as exc:
+            failures += 1
+            if failures == 1:
+                note("handoff_retry", error=str(exc))
+            time.sleep(HANDOFF_RETRY_S)
+        finally:
+            conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=None)  # held until the agent phase
+    try:
+        body = json.dumps(report).encode()
+        conn.request(
+            "POST", HANDOFF_STAGED_PATH, body=body, headers={**headers, "Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        if resp.status != 200:
+            sys.stderr.write(f"opencode-tui runner: the task was withdrawn ({resp.status})\n")
+            sys.exit(3)
+        unpack(resp, HERE)
+    except (OSError, tarfile.TarError, http.client.HTTPException) as exc:
+        sys.stderr.write(f"opencode-tui runner: the prompt did not arrive: {exc}\n")
+        sys.exit(3)
+    finally:
+        conn.close()
+
+
+def stage_task(head, stream):
+    """Unpack the task files into the workdir and run the access check there: the report."""
+    workdir = head["workdir"]
+    try:
+        unpack(stream, workdir)
+    except (OSError, tarfile.TarError) as exc:
+        return {"error": f"unpacking the task files into {workdir} failed: {exc}"}
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", head["check"], "sh", workdir, head["socket"]],
+            input=head["listing"].encode(),
+            capture_output=True,
+            timeout=CHECK_TIMEOUT_S,
+            cwd="/",
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"the access check did not run: {exc}"}
+    text = {"encoding": "utf-8", "errors": "replace"}
+    return {
+        "exit_code": done.returncode,
+        "stdout": done.stdout.decode(**text),
+        "stderr": done.stderr.decode(**text),
+    }
+
+
+def unpack(stream, where):
+    """A tar (made by the engine: trusted, modes kept as given) read from ``stream`` into ``where``."""
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        if hasattr(tarfile, "fully_trusted_filter"):
+            tar.extractall(where, filter="fully_trusted")
+        else:
+            tar.extractall(where)
 
 
 def publish_control(server, sid):

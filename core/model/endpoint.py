@@ -17,6 +17,7 @@ from core.calls.records import AnswerFault, ModelCallRecord, body_excerpt
 from core.config import ModelSettings
 from core.events import Compaction, Event, ModelCall
 from core.failures import Evidence, FailureEvent, FailureStage, ModelCallDetails
+from core.model._http import Handler
 from core.model.hold import CallGate
 from core.model.proxy import ModelProxy
 from core.model.replay import Replayer
@@ -96,6 +97,7 @@ class ModelEndpoint:
         replay: Replayer | None = None,
         listen: tuple[socket.socket, str] | None = None,
         access_token: str | None = None,
+        side: tuple[str, Handler] | None = None,
     ) -> None:
         self.task = task
         self.settings = settings
@@ -114,6 +116,7 @@ class ModelEndpoint:
         # A warm sandbox's socket (bound and listening, its file bind-mounted into the sandbox) and its
         # private directory: served here, and removed with the endpoint (core/episode/pool.py).
         self._listen = listen
+        self._side = side  # requests that are not the model's (ModelProxy ``side``)
 
     async def __aenter__(self) -> ModelEndpoint:
         # Unix socket paths are limited to ~108 bytes: keep it short, private, and outside the run dir.
@@ -139,6 +142,7 @@ class ModelEndpoint:
                 access_token=self.access_token,
                 gate=self.gate,
                 replay=self.replay,
+                side=self._side,
             ).start()
         except BaseException:
             await self.__aexit__(None, None, None)

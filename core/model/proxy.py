@@ -59,6 +59,7 @@ from core.model._http import (
     HOP_BY_HOP,
     LAST_CHUNK,
     BufferedReader,
+    Handler,
     HttpServer,
     HttpService,
     Request,
@@ -369,6 +370,7 @@ class ModelProxy(HttpService):
         access_token: str | None = None,
         gate: CallGate | None = None,
         replay: Replayer | None = None,
+        side: tuple[str, Handler] | None = None,
     ) -> None:
         parts = urlsplit(upstream_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -395,6 +397,9 @@ class ModelProxy(HttpService):
         self.gate = gate  # the debugger's breakpoints (core.model.hold); None: every call goes through
         # rerun/fork (core.model.replay): recorded answers instead of the upstream's; None: always forward
         self.replay = replay
+        # (path prefix, handler): requests there are not the model's (a runner taking its task,
+        # core.episode.handoff): answered by the handler, with the token still required, never recorded.
+        self.side = side
         self._client: httpx.AsyncClient | None = None
         self._server = HttpServer(self._handle, name="model-proxy")
         self._file_lock = threading.Lock()
@@ -608,6 +613,11 @@ class ModelProxy(HttpService):
     # -- the request path --------------------------------------------------------------------------
 
     async def _handle(self, req: Request, reader: BufferedReader, writer: asyncio.StreamWriter) -> bool:
+        if self.side is not None and req.path.startswith(self.side[0]):
+            if not self._authorized(req):
+                await send_simple(writer, 401, {"error": {"message": "this episode's token is required"}})
+                return False
+            return await self.side[1](req, reader, writer)
         loop = asyncio.get_running_loop()
         t0 = req.received_at or loop.time()
         started: datetime = utcnow()

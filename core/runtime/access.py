@@ -21,7 +21,14 @@ from typing import Any, Literal
 
 from core.events import Event, Warning_
 from core.failures import FailureEvent, FailureStage, GenericDetails
-from core.sandbox.base import SANDBOX_MODEL_SOCKET, Sandbox, SandboxError, SandboxUser, describe_exit
+from core.sandbox.base import (
+    SANDBOX_MODEL_SOCKET,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxUser,
+    describe_exit,
+)
 from core.sandbox.tarsafe import directory_tar, tree_tar
 
 # The workdir belongs to the sandbox user; others may read it (a root verifier, a shell as root).
@@ -115,21 +122,28 @@ async def stage_task_files(
     Modes are the task files' own (a file made unreadable on purpose stays so, and the preflight
     says it). Returns the staged paths, relative to the workdir, for the preflight.
     """
-    if files_dir is None:
-        await sandbox.upload_tar(workdir, tree_tar({}, owner=user.ids, root_mode=WORKDIR_MODE))
-        return []
-    archive = directory_tar(files_dir, owner=user.ids, root_mode=WORKDIR_MODE)
+    archive, inputs = await task_archive(files_dir, user)
     await sandbox.upload_tar(workdir, archive)
-    return await asyncio.to_thread(_relative_paths, files_dir)
+    return inputs
+
+
+async def task_archive(files_dir: Path | None, user: SandboxUser) -> tuple[bytes, list[str]]:
+    """The task files as the workdir's archive (the workdir an entry of it, the user's), and their
+    paths relative to it."""
+    if files_dir is None:
+        return tree_tar({}, owner=user.ids, root_mode=WORKDIR_MODE), []
+    archive = directory_tar(files_dir, owner=user.ids, root_mode=WORKDIR_MODE)
+    return archive, await asyncio.to_thread(_relative_paths, files_dir)
 
 
 def _relative_paths(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-# Reads paths (one per line, relative to the workdir) on stdin; prints one line per denial:
-# need <TAB> path <TAB> mode <TAB> uid:gid. Runs as the sandbox user, so `test` answers for it.
-_PREFLIGHT_SH = r"""
+# ``sh -c PREFLIGHT_SH sh WORKDIR SOCKET``. Reads paths (one per line, relative to the workdir) on
+# stdin; prints one line per denial: need <TAB> path <TAB> mode <TAB> uid:gid.
+# Runs as the sandbox user, so `test` answers for it.
+PREFLIGHT_SH = r"""
 wd=$1; sock=$2
 deny() {
   m=$(stat -c '%a %u:%g' -- "$2" 2>/dev/null) || m='? ?'
@@ -154,16 +168,27 @@ exit 0
 """
 
 
+# The preflight's bound, wherever it runs (an exec, or the runner started ahead: core.episode.handoff).
+PREFLIGHT_TIMEOUT_S = 60.0
+
+
+def preflight_listing(inputs: list[str]) -> str:
+    """The preflight's standard input: the staged paths, one per line."""
+    return "".join(f"{p}\n" for p in inputs if "\n" not in p)
+
+
 async def preflight(
     sandbox: Sandbox, user: SandboxUser, workdir: str, inputs: list[str], *, model_socket: bool
 ) -> None:
     """Check, as the sandbox user, that it can read every staged input, write the workdir and
     (model-only network) reach the model proxy's socket; raise SandboxPermissionDenied otherwise."""
-    listing = "".join(f"{p}\n" for p in inputs if "\n" not in p).encode()
     sock = SANDBOX_MODEL_SOCKET if model_socket else ""
     try:
         r = await sandbox.exec(
-            ["/bin/sh", "-c", _PREFLIGHT_SH, "sh", workdir, sock], cwd="/", stdin=listing, timeout=60
+            ["/bin/sh", "-c", PREFLIGHT_SH, "sh", workdir, sock],
+            cwd="/",
+            stdin=preflight_listing(inputs).encode(),
+            timeout=PREFLIGHT_TIMEOUT_S,
         )
     except SandboxError as exc:
         raise SandboxPermissionDenied(
@@ -174,6 +199,12 @@ async def preflight(
                 operation="check the sandbox user's access",
             )
         ) from exc
+    judge_preflight(r, user)
+
+
+def judge_preflight(r: ExecResult, user: SandboxUser) -> None:
+    """What the preflight printed, judged: raise SandboxPermissionDenied naming what the user cannot
+    use (or that the check did not run); nothing when every input is usable."""
     if not r.ok:
         detail = (
             r.stderr.decode("utf-8", "replace").strip()[:300]

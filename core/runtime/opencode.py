@@ -20,7 +20,14 @@ from core.config import AgentConfig, ModelSettings, PermissionProfile
 from core.events import Event, SandboxFault, TerminalOutput, TranscriptStats
 from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
 from core.inside import INSIDE_DIR
-from core.inside.serve_runner import AHEAD, AHEAD_SESSION, GO_NAME, PROMPT_NAME, RELAY_PORT_ENV
+from core.inside.serve_runner import (
+    AHEAD,
+    AHEAD_SESSION,
+    GO_NAME,
+    HANDOFF_TOKEN_ENV,
+    PROMPT_NAME,
+    RELAY_PORT_ENV,
+)
 from core.json_text import indented_json
 from core.runtime import transcript
 from core.runtime.access import SESSION_DIR_MODE
@@ -345,6 +352,9 @@ class OpenCodeHarness:
             "LANG": "C.UTF-8",
             "NO_COLOR": "1",
         }
+        token = getattr(self.endpoint, "access_token", None)
+        if ahead in (AHEAD, AHEAD_SESSION) and self.use_relay and token:
+            env[HANDOFF_TOKEN_ENV] = token  # the task comes through the relay (core.episode.handoff)
         return ["/bin/sh", "-c", "\n".join(lines)], env
 
     # ---- live output ----

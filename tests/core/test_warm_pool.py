@@ -49,6 +49,19 @@ def _tasks(root: Path, n: int, image: str | None = None, linger_s: int = 0) -> l
     return out
 
 
+def _nonroot_fixture():
+    """The non-root task of issue 17 (tests/fixtures/nonroot_task.py; tests/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "nonroot_task", SAMPLES.parent / "tests" / "fixtures" / "nonroot_task.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 async def _left(provider: str, config: AgentConfig, owner: str, label: str, value: str) -> list[str]:
     records = await get_provider(provider, config).listed(owner=owner)
     return [r.sandbox_id for r in records if r.labels.get(label) == value]
@@ -354,3 +367,52 @@ async def test_the_run_deadline_of_a_server_started_ahead_starts_with_its_task(t
     events = list(RunDirReader(Path(result.run_dir)).events())
     [w] = [e for e in events if isinstance(e, WarmSandbox)]
     assert w.server_ahead and w.age_s >= 12
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.parametrize("unreadable", [False, True], ids=["scored", "unreadable"])
+async def test_a_server_started_ahead_takes_its_task_as_the_sandbox_user(tmp_path, test_owner, unreadable):
+    """The runner started ahead takes its task from its episode through the model relay
+    (core.episode.handoff): it unpacks the files as the image's non-root user (uid 1000) and runs the
+    access check. Nothing else uploads the task, so a scored run shows the handoff carried it; the
+    agent and verifier then see the modes and owners a cold start gives. A file that user cannot read
+    fails the attempt in the seed phase with the cold start's own failure, and nothing is left."""
+    from core.artifacts import RunFiles
+    from core.episode.episode import Episode
+
+    nonroot = _nonroot_fixture()
+
+    image = subprocess.run(["docker", "image", "inspect", nonroot.NONROOT_IMAGE], capture_output=True)
+    if image.returncode != 0:
+        pytest.skip(f"{nonroot.NONROOT_IMAGE} is unavailable (scripts/build-images)")
+    config = AgentConfig.model_validate({"sandbox": {"provider": "docker"}})
+    task = load_task(nonroot.make_task(tmp_path / "t", unreadable=unreadable))
+    pool = WarmPool(config, depth=1, batch_id="bwarmtest06")
+    try:
+        pool.plan([task])
+        await _prepared(pool, 1, within_s=180)
+        assert pool.counts.prepared == 1, pool.counts
+        result = await asyncio.wait_for(
+            Episode(task, config, runs_dir=tmp_path / "runs", pool=pool).run(), 180
+        )
+    finally:
+        counts = await pool.close()
+    assert result.warm and counts.used == 1, (result.summary, counts)
+    events = list(RunDirReader(Path(result.run_dir)).events())
+    [w] = [e for e in events if isinstance(e, WarmSandbox)]
+    assert w.server_ahead
+    if unreadable:
+        assert (result.failure_kind, result.failure_stage, result.action) == (
+            "sandbox_permission_denied",
+            "seed",
+            "mark_evaluation_error",
+        ), result.summary
+        diagnostics = (Path(result.run_dir) / RunFiles.DIAGNOSTICS).read_text()
+        assert (
+            "agent (uid 1000, gid 1000) cannot read /app/secret.txt (mode 000, owner 1000:1000)"
+            in diagnostics
+        )
+    else:
+        nonroot.check_scored_run(result, "agent", "image")
+    assert await _left("docker", config, test_owner, LABEL_POOL, "bwarmtest06") == []
