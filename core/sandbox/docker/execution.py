@@ -33,6 +33,7 @@ from core.sandbox.docker.common import (
     _blocking,
     _engine_error,
 )
+from core.sandbox.docker.engine_socket import EngineSocket
 from core.sandbox.errors import SandboxClosedError, SandboxError
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,149 @@ class _AttachConn:
         if self.sock is not None:
             with contextlib.suppress(OSError):
                 self.sock.close()
+
+
+class _SocketExecJob:
+    """One execution driven from the event loop through the engine's Unix socket (``EngineSocket``):
+    the same messages on ``queue`` as ``_ExecJob``, with no thread and no SDK in between.
+
+    Once abandoned (deadline, cancellation) it keeps draining output (so the process never blocks on
+    a full pipe) but reports nothing more; ``close`` ends its stream."""
+
+    def __init__(
+        self,
+        engine: EngineSocket,
+        container_id: str,
+        argv: Sequence[str],
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+        user: str | None = None,
+    ):
+        self.engine = engine
+        self.container_id = container_id
+        self.argv = list(argv)
+        self.cwd = cwd
+        self.env = dict(env) if env else None
+        self.stdin = stdin
+        self.user = user
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.exec_id: str | None = None
+        self.started = False  # the start request was sent: the command may be running
+        self.abandoned = False
+        self.finished = False
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    def close(self) -> None:
+        self.abandoned = True
+        if self._writer is not None:
+            self._writer.transport.abort()
+        elif self._task is not None and not self.started:
+            self._task.cancel()  # still creating: nothing runs yet
+
+    def _post(self, kind: str, payload: Any) -> None:
+        if not self.abandoned:
+            self.queue.put_nowait((kind, payload))
+
+    async def _run(self) -> None:
+        stage = "create"
+        try:
+            config = {
+                "AttachStdin": self.stdin is not None,
+                "AttachStdout": True,
+                "AttachStderr": True,
+                "Tty": False,
+                "Cmd": self.argv,
+                # "" is the container's user (the image's USER, or SandboxSpec.user at create).
+                "User": self.user or "",
+                **({"Env": [f"{k}={v}" for k, v in self.env.items()]} if self.env else {}),
+                **({"WorkingDir": self.cwd} if self.cwd else {}),
+            }
+            created = await self.engine.call("POST", f"/containers/{self.container_id}/exec", config)
+            self.exec_id = str(created["Id"])
+            if self.abandoned:
+                return  # never started: the command did not run
+            stage = "start"
+            self.started = True
+            reader, self._writer = await self.engine.attach(
+                "POST", f"/exec/{self.exec_id}/start", {"Detach": False, "Tty": False}
+            )
+            stage = "stream"
+            feeding = asyncio.ensure_future(self._write_stdin(self._writer))
+            lost: BaseException | None = None
+            try:
+                await self._read_frames(reader)
+            except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as exc:
+                lost = exc
+            finally:
+                feeding.cancel()
+            stage = "exit"
+            exit_code, note = await self._exit_code()
+            if lost is not None and exit_code is None:
+                self._post("error", ("stream", lost))
+            else:
+                if lost is not None:
+                    note = f"output stream broke ({lost}); exit code read from the engine"
+                self._post("done", (exit_code, note))
+        except asyncio.CancelledError:
+            pass  # closed while creating: nothing was started
+        except Exception as exc:
+            self._post("error", (stage, exc))
+        finally:
+            self.finished = True
+            if self._writer is not None:
+                self._writer.transport.abort()
+
+    async def _write_stdin(self, writer: asyncio.StreamWriter) -> None:
+        try:
+            if self.stdin:
+                writer.write(self.stdin)
+                await writer.drain()
+            if self.stdin is not None:
+                writer.write_eof()
+        except (OSError, RuntimeError) as exc:
+            log.debug("stdin write to exec %s failed: %s", self.exec_id, exc)
+
+    async def _read_frames(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                header = await reader.readexactly(8)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    raise EOFError(
+                        f"attach stream ended inside a frame header ({len(exc.partial)} of 8 bytes)"
+                    ) from exc
+                return
+            stream_id, size = struct.unpack(">BxxxL", header)
+            if size == 0:
+                continue
+            data = await reader.readexactly(size)
+            if stream_id in (1, 2):
+                self._post("out", ("stdout" if stream_id == 1 else "stderr", data))
+
+    async def _exit_code(self) -> tuple[int | None, str | None]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + EXIT_POLL_S
+        last_error: str | None = None
+        while not self.abandoned:
+            try:
+                info = await self.engine.call("GET", f"/exec/{self.exec_id}/json")
+            except Exception as exc:
+                last_error = f"exec inspect failed: {exc}"
+            else:
+                if not info.get("Running") and isinstance(info.get("ExitCode"), int):
+                    return info["ExitCode"], None
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        return None, last_error or "the engine did not report an exit code after the output ended"
 
 
 class _ExecJob:

@@ -44,8 +44,9 @@ from core.sandbox.docker.common import (
     _http_status,
     _now,
 )
+from core.sandbox.docker.engine_socket import EngineSocket
 from core.sandbox.docker.evidence import ContainerEvidence
-from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _Tail
+from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _SocketExecJob, _Tail
 from core.sandbox.docker.oom_rules import SOURCE_STATE
 from core.sandbox.docker.transfer import ContainerTransfer
 from core.sandbox.errors import SandboxClosedError, SandboxError, sandbox_failure
@@ -78,7 +79,9 @@ class DockerSandbox(ContainerTransfer, ContainerEvidence, Sandbox):
         self._since = since  # epoch seconds: docker events are read from here on
         self._closed = False
         self._removed = False
-        self._jobs: set[_ExecJob] = set()
+        self._jobs: set[_ExecJob | _SocketExecJob] = set()
+        # The engine's Unix socket, for execs straight from the event loop (None: through the SDK).
+        self._engine = EngineSocket.of(client)
         self._ptys: set[DockerPty] = set()
         self._cgroup: tuple[Path, int] | None = None
         self._oom_baseline: int | None = None
@@ -173,7 +176,11 @@ class DockerSandbox(ContainerTransfer, ContainerEvidence, Sandbox):
         loop = asyncio.get_running_loop()
         started_at = _now()
         self._jobs = {j for j in self._jobs if not j.finished}
-        job = _ExecJob(self._api, self.sandbox_id, argv, cwd, env, stdin, loop, user)
+        job: _ExecJob | _SocketExecJob = (
+            _SocketExecJob(self._engine, self.sandbox_id, argv, cwd, env, stdin, user)
+            if self._engine is not None
+            else _ExecJob(self._api, self.sandbox_id, argv, cwd, env, stdin, loop, user)
+        )
         self._jobs.add(job)
         out, err = _Tail(), _Tail()
 
@@ -220,7 +227,9 @@ class DockerSandbox(ContainerTransfer, ContainerEvidence, Sandbox):
             job.abandon()
             raise
 
-    def _exec_error(self, stage: str, exc: BaseException, execution_id: str, job: _ExecJob) -> SandboxError:
+    def _exec_error(
+        self, stage: str, exc: BaseException, execution_id: str, job: _ExecJob | _SocketExecJob
+    ) -> SandboxError:
         status = _http_status(exc) if isinstance(exc, docker.errors.APIError) else None
         gone = status in (404, 409)  # no such container / container not running
         if stage == "create":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import docker
 import docker.errors
@@ -43,18 +45,14 @@ class ContainerTransfer:
             dest_dir = str(target.parent)
         try:
             try:
-                ok = await _blocking(
-                    self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
-                )
+                ok = await self._put_archive(dest_dir, archive)
             except docker.errors.NotFound:
                 # The destination does not exist yet (the engine refused before writing anything):
                 # create it, as root whatever the image's user (the engine extracts as root with the
                 # archive's owners), and put the archive once more. Usually it exists (the workdir,
                 # /tmp): then no exec is spent on it.
                 await self._mkdir_as_root(dest_dir)
-                ok = await _blocking(
-                    self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
-                )
+                ok = await self._put_archive(dest_dir, archive)
         except SandboxError:
             raise
         except Exception as exc:
@@ -74,6 +72,38 @@ class ContainerTransfer:
                 ),
             )
 
+    async def _put_archive(self, dest_dir: str, archive: bytes) -> bool:
+        if self._engine is None:
+            return await _blocking(
+                self._api.put_archive, self.sandbox_id, dest_dir, archive, within=FILE_DEADLINE_S
+            )
+        await asyncio.wait_for(
+            self._engine.request(
+                "PUT",
+                f"/containers/{self.sandbox_id}/archive?path={quote(dest_dir)}",
+                archive,
+                content_type="application/x-tar",
+                timeout=FILE_DEADLINE_S,
+            ),
+            FILE_DEADLINE_S,
+        )
+        return True  # an error status raised
+
+    async def _get_archive(self, path: str) -> bytes:
+        if self._engine is None:
+
+            def fetch() -> bytes:
+                chunks, _stat = self._api.get_archive(self.sandbox_id, path)
+                return b"".join(chunks)
+
+            return await _blocking(fetch, within=FILE_DEADLINE_S)
+        return await asyncio.wait_for(
+            self._engine.request(
+                "GET", f"/containers/{self.sandbox_id}/archive?path={quote(path)}", timeout=FILE_DEADLINE_S
+            ),
+            FILE_DEADLINE_S,
+        )
+
     async def _mkdir_as_root(self, dest_dir: str) -> None:
         made = await self.exec(["mkdir", "-p", "--", dest_dir], timeout=CALL_DEADLINE_S, user="0")
         if not made.ok:
@@ -90,13 +120,8 @@ class ContainerTransfer:
         self._ensure_open("download")
         if not PurePosixPath(path).is_absolute():
             raise ValueError(f"path must be absolute inside the sandbox, got {path!r}")
-
-        def fetch() -> bytes:
-            chunks, _stat = self._api.get_archive(self.sandbox_id, path)
-            return b"".join(chunks)
-
         try:
-            archive = await _blocking(fetch, within=FILE_DEADLINE_S)
+            archive = await self._get_archive(path)
         except docker.errors.NotFound as exc:
             message = f"download: {path!r} does not exist in sandbox {self.sandbox_id[:12]}"
             raise SandboxFileNotFoundError(
