@@ -20,7 +20,10 @@ Lines this runner adds itself have types starting with ``runner.``.
 
 With ``--ahead`` it starts the server before its task exists (the warm pool, issue 31): once listening
 (and with ``--ahead-session``, once its event stream is connected and the session open) it notes
-``runner.ready`` and waits for the task's prompt in ``prompt.txt`` next to itself, signalled by ``go``.
+``runner.ready`` and waits for its task. Given a token (``HANDOFF_TOKEN_ENV``), it asks the episode's
+proxy for it through the relay (``receive_task``: the task files unpacked into the workdir and the
+access check run, as the sandbox user, then the prompt); either way the prompt ends up in
+``prompt.txt`` next to itself, signalled by ``go``.
 
 Usage::
 
