@@ -84,7 +84,7 @@ class EngineSocket:
         reader, writer = await self._send(method, path, data, content_type, upgrade=False)
         try:
             status, headers = await _head(reader)
-            payload = await asyncio.wait_for(_body(reader, headers), timeout)
+            payload = await asyncio.wait_for(_body(reader, status, headers), timeout)
         finally:
             writer.close()
         _raise_for(status, payload)
@@ -101,7 +101,7 @@ class EngineSocket:
         try:
             status, headers = await _head(reader)
             if status not in (101, 200):
-                _raise_for(status, await asyncio.wait_for(_body(reader, headers), CALL_DEADLINE_S))
+                _raise_for(status, await asyncio.wait_for(_body(reader, status, headers), CALL_DEADLINE_S))
         except BaseException:
             writer.close()
             raise
@@ -132,6 +132,19 @@ class EngineSocket:
         return reader, writer
 
 
+def json_objects(body: bytes) -> list[Any]:
+    """The JSON values of a stream that writes them one after another (``/events``)."""
+    text, decoder, i = body.decode("utf-8", "replace"), json.JSONDecoder(), 0
+    out: list[Any] = []
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            return out
+        value, i = decoder.raw_decode(text, i)
+        out.append(value)
+
+
 async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     try:
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CALL_DEADLINE_S)
@@ -149,7 +162,9 @@ async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     return int(parts[1]), headers
 
 
-async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+async def _body(reader: asyncio.StreamReader, status: int, headers: dict[str, str]) -> bytes:
+    if status in (204, 304) or status < 200:
+        return b""  # no body, whatever the headers say
     if "chunked" in headers.get("transfer-encoding", "").lower():
         out = bytearray()
         while True:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 import docker
 import docker.errors
@@ -34,6 +36,7 @@ from core.sandbox.docker.common import (
     _blocking,
     _ts,
 )
+from core.sandbox.docker.engine_socket import json_objects
 from core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
 from core.sandbox.faults import FaultWatcher
 from core.sandbox.oom import SOURCE_CGROUP
@@ -52,10 +55,7 @@ class ContainerEvidence:
     async def _record_baseline(self, *, attrs: dict[str, Any] | None = None) -> None:
         """Remember the cgroup OOM counter (and, borrowed, OOMKilled) as found at create/connect."""
         if attrs is None:
-            inspected: dict[str, Any] = await _blocking(
-                self._api.inspect_container, self.sandbox_id, within=CALL_DEADLINE_S
-            )
-            attrs = inspected
+            attrs = await self._inspect_attrs(CALL_DEADLINE_S)
         state = attrs.get("State") or {}
         found = await _blocking(find_memory_cgroup, self.sandbox_id, state.get("Pid"), within=5.0)
         self._cgroup = found
@@ -88,7 +88,7 @@ class ContainerEvidence:
         evidence: list[Evidence] = []
         attrs: dict[str, Any] | None = None
         try:
-            attrs = await _blocking(self._api.inspect_container, cid, within=deadline - loop.time())
+            attrs = await self._inspect_attrs(deadline - loop.time())
         except docker.errors.NotFound:
             evidence.append(Evidence(source=SOURCE_STATE, scope=cid, data={"exists": False}))
         except Exception as exc:
@@ -121,18 +121,22 @@ class ContainerEvidence:
                 )
         return attrs, evidence
 
-    async def _events_evidence(self, budget_s: float) -> list[Evidence]:
-        cid = self.sandbox_id
-        since, until = self._since, time.time()
+    async def _container_events(
+        self, since: float, until: float, filters: dict[str, Any], within: float
+    ) -> list[dict[str, Any]]:
+        """The engine's events between ``since`` and ``until`` (epoch seconds) that match ``filters``;
+        raises as the engine does."""
+        if self._engine is not None:
+            lists = {k: v if isinstance(v, list) else [v] for k, v in filters.items()}
+            query = urlencode({"since": _ts(since), "until": _ts(until), "filters": json.dumps(lists)})
+            body = await asyncio.wait_for(
+                self._engine.request("GET", f"/events?{query}", timeout=within), max(within, 0.001)
+            )
+            return json_objects(body)
         holder: dict[str, Any] = {}
 
-        def query() -> list[dict[str, Any]]:
-            stream = self._api.events(
-                since=_ts(since),
-                until=_ts(until),
-                filters={"container": cid, "type": "container", "event": ["oom", "die", "kill"]},
-                decode=True,
-            )
+        def query_sdk() -> list[dict[str, Any]]:
+            stream = self._api.events(since=_ts(since), until=_ts(until), filters=filters, decode=True)
             holder["stream"] = stream
             try:
                 return list(stream)
@@ -140,13 +144,22 @@ class ContainerEvidence:
                 with contextlib.suppress(Exception):
                     stream.close()
 
-        window = {"since": _ts(since), "until": _ts(until)}
         try:
-            events = await _blocking(query, within=budget_s)
-        except Exception as exc:
+            return await _blocking(query_sdk, within=within)
+        except BaseException:
             if "stream" in holder:
                 with contextlib.suppress(Exception):
                     holder["stream"].close()
+            raise
+
+    async def _events_evidence(self, budget_s: float) -> list[Evidence]:
+        cid = self.sandbox_id
+        since, until = self._since, time.time()
+        window = {"since": _ts(since), "until": _ts(until)}
+        try:
+            filters = {"container": cid, "type": "container", "event": ["oom", "die", "kill"]}
+            events = await self._container_events(since, until, filters, budget_s)
+        except Exception as exc:
             return [
                 Evidence(
                     source=SOURCE_EVENTS, scope=cid, data={**window, "error": f"{type(exc).__name__}: {exc}"}
@@ -246,19 +259,10 @@ class ContainerEvidence:
 
     async def _oom_events(self, since: float, until: float) -> list[SandboxFault]:
         cid = self.sandbox_id
-
-        def query() -> list[dict[str, Any]]:
-            stream = self._api.events(
-                since=_ts(since), until=_ts(until), filters={"container": cid, "event": "oom"}, decode=True
-            )
-            try:
-                return list(stream)
-            finally:
-                with contextlib.suppress(Exception):
-                    stream.close()
-
         try:
-            events = await _blocking(query, within=EVENTS_DEADLINE_S)
+            events = await self._container_events(
+                since, until, {"container": cid, "event": "oom"}, EVENTS_DEADLINE_S
+            )
         except Exception:
             return []  # the close-time inspect reads the same events again, and says what failed
         out = []

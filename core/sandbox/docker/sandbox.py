@@ -107,6 +107,18 @@ class DockerSandbox(ContainerTransfer, ContainerEvidence, Sandbox):
 
     # ----------------------------------------------------------------------------------- setup
 
+    async def _inspect_attrs(self, within: float) -> dict[str, Any]:
+        """The engine's inspect of this container (raises NotFound when it is gone)."""
+        if self._engine is not None:
+            attrs = await asyncio.wait_for(
+                self._engine.call("GET", f"/containers/{self.sandbox_id}/json"), max(within, 0.001)
+            )
+            return dict(attrs)
+        inspected: dict[str, Any] = await _blocking(
+            self._api.inspect_container, self.sandbox_id, within=within
+        )
+        return inspected
+
     async def _wait_ready(self, budget_s: float) -> str | None:
         """Exec ``true`` until it succeeds; None when ready, else the last reason."""
         loop = asyncio.get_running_loop()
@@ -122,9 +134,7 @@ class DockerSandbox(ContainerTransfer, ContainerEvidence, Sandbox):
                 reason = str(exc)
                 if exc.failure is not None and exc.failure.kind == "sandbox_lost":
                     with contextlib.suppress(Exception):
-                        attrs = await _blocking(
-                            self._api.inspect_container, self.sandbox_id, within=min(remaining, 10.0)
-                        )
+                        attrs = await self._inspect_attrs(min(remaining, 10.0))
                         state = attrs.get("State") or {}
                         if state.get("Status") in ("exited", "dead"):
                             return f"the container's main process ended (exit code {state.get('ExitCode')})"
@@ -401,9 +411,13 @@ class DockerSandbox(ContainerTransfer, ContainerEvidence, Sandbox):
         if not self.owned or self._removed:
             return  # borrowed: disconnect only, the container is never stopped or removed
         try:
-            await _blocking(
-                self._api.remove_container, self.sandbox_id, force=True, v=True, within=RELEASE_DEADLINE_S
-            )
+            if self._engine is not None:
+                path = f"/containers/{self.sandbox_id}?force=1&v=1"
+                await asyncio.wait_for(self._engine.request("DELETE", path), RELEASE_DEADLINE_S)
+            else:
+                await _blocking(
+                    self._api.remove_container, self.sandbox_id, force=True, v=True, within=RELEASE_DEADLINE_S
+                )
         except docker.errors.NotFound:
             pass  # already gone
         except Exception as exc:

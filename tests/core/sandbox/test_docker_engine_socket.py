@@ -20,6 +20,7 @@ import pytest
 from core.failures import Delivery
 from core.sandbox.base import SandboxError, SandboxSpec
 from core.sandbox.docker.engine_socket import EngineNotFound, EngineSocket
+from core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
 from core.sandbox.docker.provider import DockerProvider, DockerSandbox
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
@@ -77,6 +78,8 @@ async def sandbox(
         yield sb
     finally:
         await sb.release()
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(sb.sandbox_id)
 
 
 def _tar(name: str, data: bytes, mode: int = 0o640) -> bytes:
@@ -91,7 +94,8 @@ def _tar(name: str, data: bytes, mode: int = 0o640) -> bytes:
 async def test_execs_and_files_give_the_same_results_either_way(sandbox: DockerSandbox) -> None:
     """stdin, both streams, the exit code, env, cwd and user; a deadline that expires; an upload
     into a directory that does not exist yet (refused with 404, made, put again) read back; a
-    download of a missing path."""
+    download of a missing path; the inspect and events the close reads; the removal (the fixture's
+    release, which fails the test if it does not confirm)."""
     r = await sandbox.exec(["sh", "-c", "cat; echo err >&2; exit 3"], stdin=b"in\n" * 5000, timeout=30)
     assert (r.exit_code, r.observed, r.stdout, r.stderr) == (3, True, b"in\n" * 5000, b"err\n")
     r = await sandbox.exec(
@@ -108,6 +112,10 @@ async def test_execs_and_files_give_the_same_results_either_way(sandbox: DockerS
         assert (member.mode & 0o777, member.uid, member.gid) == (0o640, 1000, 1000)
     with pytest.raises(FileNotFoundError):
         await sandbox.download_tar("/no/such/path")
+    # The engine's state and events, as the close reads them (the events' window is the sandbox's life).
+    evidence = {e.source: e.data for e in await sandbox.inspect()}
+    assert evidence[SOURCE_STATE]["exists"] is True and evidence[SOURCE_STATE]["Running"] is True
+    assert "error" not in evidence[SOURCE_EVENTS], evidence[SOURCE_EVENTS]
 
 
 async def test_an_exec_in_a_removed_container_is_lost_and_not_sent(
