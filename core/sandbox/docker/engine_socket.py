@@ -5,7 +5,8 @@ Through the SDK one exec costs about 4 ms of the controller's CPU: three request
 ``requests`` and ``http.client``, each in a worker thread, plus a thread reading the attach stream.
 Here the same three requests cost about 1 ms (measured, ``docker exec true``): one small HTTP/1.1
 exchange per connection, written and parsed in place. The archive calls (a task's files in, OpenCode's
-database and the verifier's output out) go the same way. Only for an engine reached over a Unix socket
+database and the verifier's output out), the container's inspect and events (the close's evidence)
+and its removal go the same way. Only for an engine reached over a Unix socket
 (the default); over tcp, ssh or TLS every call still goes through the SDK.
 
 Errors keep the SDK's shape, so the provider classifies them the same way: a status of 400 or more
