@@ -148,14 +148,20 @@ class _Remembered:
     """Redactions of long texts, remembered: a model call's request repeats the system prompt, the
     tool descriptions and every earlier message of the conversation, and the proxy records each call.
     Keyed by a digest of the text and the literal secrets (neither is kept), least recently used
-    dropped first, within a bound on the characters held."""
+    dropped first, within a bound on the characters held.
+
+    A text is kept only once it is seen a second time: most long texts are never seen again (an
+    episode's trajectory, a model's answer), and keeping those filled the budget with texts no lookup
+    would hit (a long batch's memory climbed by the budget before it levelled off)."""
 
     MIN_CHARS = 1024  # shorter texts are scanned again (cheaper than the digest)
     MAX_CHARS = 1 << 20  # longer ones too (one would crowd out the rest)
     BUDGET_CHARS = 4 << 20
+    SEEN_MAX = 4096  # digests of texts seen once (20 bytes each)
 
     def __init__(self) -> None:
         self._done: OrderedDict[bytes, str] = OrderedDict()
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
 
@@ -177,11 +183,20 @@ class _Remembered:
         with self._lock:
             if key in self._done:
                 return
+            if self._seen.pop(key, False) is False:  # first sight: only that it was seen
+                self._seen[key] = None
+                if len(self._seen) > self.SEEN_MAX:
+                    self._seen.popitem(last=False)
+                return
             self._done[key] = done
             self._chars += len(done)
             while self._chars > self.BUDGET_CHARS:
                 _, dropped = self._done.popitem(last=False)
                 self._chars -= len(dropped)
+
+    @property
+    def held_chars(self) -> int:
+        return self._chars
 
 
 _REMEMBERED = _Remembered()

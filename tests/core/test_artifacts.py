@@ -120,6 +120,24 @@ def test_a_long_text_redacted_again_is_redacted_alike_and_per_literal_secret():
     assert redact_text(text) == first
 
 
+
+def test_a_long_text_is_remembered_only_once_it_comes_again():
+    """A long text seen once (an episode's trajectory, a model's answer) is not kept: a long batch's
+    memory does not climb by the whole budget. Seen again, it is kept and later lookups hit."""
+    from core.redaction import _REMEMBERED, _Remembered
+
+    once = [f"episode {i}: " + "a unique trajectory line\n" * 80 for i in range(50)]
+    held = _REMEMBERED.held_chars
+    for text in once:
+        redact_text(text)
+    assert _REMEMBERED.held_chars == held
+    repeated = "You are a helpful agent; the same system prompt in every call. " * 40
+    key = _Remembered.key(repeated, ())
+    redact_text(repeated)
+    assert _REMEMBERED.get(key) is None and _REMEMBERED.held_chars == held
+    second = redact_text(repeated)
+    assert _REMEMBERED.get(key) == second and _REMEMBERED.held_chars == held + len(second)
+
 # Values for the check that the run directory's skip (``could_change``) never skips a change: every
 # text above, keys that name a secret whatever their value, literal secrets plain and escaped.
 COULD_CHANGE_VALUES = [
