@@ -120,7 +120,6 @@ def test_a_long_text_redacted_again_is_redacted_alike_and_per_literal_secret():
     assert redact_text(text) == first
 
 
-
 def test_a_long_text_is_remembered_only_once_it_comes_again():
     """A long text seen once (an episode's trajectory, a model's answer) is not kept: a long batch's
     memory does not climb by the whole budget. Seen again, it is kept and later lookups hit."""
@@ -137,6 +136,7 @@ def test_a_long_text_is_remembered_only_once_it_comes_again():
     assert _REMEMBERED.get(key) is None and _REMEMBERED.held_chars == held
     second = redact_text(repeated)
     assert _REMEMBERED.get(key) == second and _REMEMBERED.held_chars == held + len(second)
+
 
 # Values for the check that the run directory's skip (``could_change``) never skips a change: every
 # text above, keys that name a secret whatever their value, literal secrets plain and escaped.
