@@ -294,14 +294,18 @@ def _seen(ctx: Ctx) -> str:
     """What the row's run had recorded so far: its phases and failures (for a row's problem line)."""
     events = list(_events(ctx.runs))
     phases = [e.get("phase") for e in events if e.get("type") == "phase"]
+    # A failure's own words too: a row that fails in CI must be explainable from its log alone.
     failures = [
-        f"{e['failure'].get('kind')}@{e['failure'].get('stage')}"
+        f"{e['failure'].get('kind')}@{e['failure'].get('stage')}: {str(e['failure'].get('message'))[:300]!r}"
         for e in events
         if e.get("type") == "failure"
     ]
+    warm = [e for e in events if e.get("type") == "warm_sandbox"]
     code = ctx.proc.poll() if ctx.proc is not None else None
-    return f"phases {' > '.join(map(str, phases)) or 'none'}; failures {', '.join(failures) or 'none'}" + (
-        "" if code is None else f"; the CLI exited {code}"
+    return (
+        f"phases {' > '.join(map(str, phases)) or 'none'}; failures {', '.join(failures) or 'none'}"
+        + (f"; a prepared sandbox (server ahead: {warm[0].get('server_ahead')})" if warm else "")
+        + ("" if code is None else f"; the CLI exited {code}")
     )
 
 
