@@ -103,6 +103,7 @@ class EngineSocket:
             status, headers = await _head(reader)
             if status not in (101, 200):
                 _raise_for(status, await asyncio.wait_for(_body(reader, status, headers), CALL_DEADLINE_S))
+                raise EngineStatusError(status, "the engine did not hand over the connection")
         except BaseException:
             writer.close()
             raise
