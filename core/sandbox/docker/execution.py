@@ -162,7 +162,35 @@ class _AttachConn:
                 self.sock.close()
 
 
-class _SocketExecJob:
+class _ExecState:
+    """What both exec jobs keep of one execution, and the state ``_run_exec`` reads."""
+
+    def __init__(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+        user: str | None,
+    ):
+        self.container_id = container_id
+        self.argv = list(argv)
+        self.cwd = cwd
+        self.env = dict(env) if env else None
+        self.stdin = stdin
+        self.user = user
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.exec_id: str | None = None
+        self.started = False  # the start request was sent: the command may be running
+        self.abandoned = False
+        self.finished = False
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
+class _SocketExecJob(_ExecState):
     """One execution driven from the event loop through the engine's Unix socket (``EngineSocket``):
     the same messages on ``queue`` as ``_ExecJob``, with no thread and no SDK in between.
 
@@ -179,26 +207,13 @@ class _SocketExecJob:
         stdin: bytes | None,
         user: str | None = None,
     ):
+        super().__init__(container_id, argv, cwd, env, stdin, user)
         self.engine = engine
-        self.container_id = container_id
-        self.argv = list(argv)
-        self.cwd = cwd
-        self.env = dict(env) if env else None
-        self.stdin = stdin
-        self.user = user
-        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self.exec_id: str | None = None
-        self.started = False  # the start request was sent: the command may be running
-        self.abandoned = False
-        self.finished = False
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
-
-    def abandon(self) -> None:
-        self.abandoned = True
 
     def close(self) -> None:
         self.abandoned = True
@@ -305,7 +320,7 @@ class _SocketExecJob:
         return None, last_error or "the engine did not report an exit code after the output ended"
 
 
-class _ExecJob:
+class _ExecJob(_ExecState):
     """One execution, driven by a daemon thread that reports to the event loop through a queue.
 
     Messages: ``("out", (stream, data))``, ``("done", (exit_code, note))``, ``("error", (stage, exc))``.
@@ -324,27 +339,14 @@ class _ExecJob:
         loop: asyncio.AbstractEventLoop,
         user: str | None = None,
     ):
+        super().__init__(container_id, argv, cwd, env, stdin, user)
         self.api = api
-        self.user = user
-        self.container_id = container_id
-        self.argv = list(argv)
-        self.cwd = cwd
-        self.env = dict(env) if env else None
-        self.stdin = stdin
         self.loop = loop
-        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self.exec_id: str | None = None
-        self.started = False  # the start request was sent: the command may be running
         self.conn: _AttachConn | None = None
-        self.abandoned = False
-        self.finished = False
         self.thread = threading.Thread(target=self._run, name="docker-exec", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
-
-    def abandon(self) -> None:
-        self.abandoned = True
 
     def close(self) -> None:
         self.abandoned = True
