@@ -205,7 +205,7 @@ class OpLog:
 
 
 def make_timed_sandbox(inner: Any, log: OpLog) -> Any:
-    from core.sandbox.base import Sandbox
+    from opencode_tui_core.sandbox.base import Sandbox
 
     class TimedSandbox(Sandbox):
         """Delegates every call to ``inner`` and records it in ``log``."""
@@ -255,7 +255,7 @@ def make_timed_sandbox(inner: Any, log: OpLog) -> Any:
 
 def make_timed_provider(inner: Any) -> Any:
     """A provider whose sandboxes are TimedSandboxes; ``.logs`` holds one OpLog per created sandbox."""
-    from core.sandbox.base import SandboxProvider
+    from opencode_tui_core.sandbox.base import SandboxProvider
 
     class TimedProvider(SandboxProvider):
         def __init__(self) -> None:
@@ -319,8 +319,8 @@ def cached_binary_dir(version: str = "1.18.32") -> Path:
     """The installer cache entry of the pinned x64 build (installed first if missing)."""
     import asyncio
 
-    from core.runtime.installer import Installer, InstallerConfig
-    from core.runtime.targets import Target
+    from opencode_tui_core.runtime.installer import Installer, InstallerConfig
+    from opencode_tui_core.runtime.targets import Target
 
     inst = Installer(InstallerConfig(version=version))
     target = Target(arch="x64")
@@ -354,7 +354,7 @@ class RawOpenCode:
         self.image = image or task.image
 
     async def _model(self) -> Any:
-        from core.model.scripted import ScriptedModel
+        from opencode_tui_core.model.scripted import ScriptedModel
 
         return await ScriptedModel(
             self.task.trajectory_path, placeholders={"workdir": self.task.workdir}, model_id="scripted"
@@ -363,8 +363,8 @@ class RawOpenCode:
     def _files(self, model_url: str) -> Path:
         import tempfile
 
-        from core.config import ModelSettings
-        from core.runtime.opencode import build_config
+        from opencode_tui_core.config import ModelSettings
+        from opencode_tui_core.runtime.opencode import build_config
 
         tmp = Path(tempfile.mkdtemp(prefix="octui-bench-raw-"))
         (tmp / "cfg").mkdir()
@@ -374,7 +374,7 @@ class RawOpenCode:
         return tmp
 
     def _env_args(self) -> list[str]:
-        from core.runtime.opencode import OPENCODE_ENV
+        from opencode_tui_core.runtime.opencode import OPENCODE_ENV
 
         env = {
             "HOME": "/root",
@@ -410,7 +410,7 @@ class RawOpenCode:
         import asyncio
         import shutil
 
-        from core.tasks import render_prompt
+        from opencode_tui_core.tasks import render_prompt
 
         model = await self._model()
         tmp = self._files(model.url)
@@ -460,7 +460,7 @@ class RawOpenCode:
         import asyncio
         import shutil
 
-        from core.tasks import render_prompt
+        from opencode_tui_core.tasks import render_prompt
 
         model = await self._model()
         tmp = self._files(model.url)
@@ -501,8 +501,8 @@ class RawOpenCode:
         import asyncio
         import shutil
 
-        from core.sandbox.local.bwrap import _system_fs_args, resolve_bwrap
-        from core.tasks import render_prompt
+        from opencode_tui_core.sandbox.local.bwrap import _system_fs_args, resolve_bwrap
+        from opencode_tui_core.tasks import render_prompt
 
         model = await self._model()
         tmp = self._files(model.url)

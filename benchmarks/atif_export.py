@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.export.atif import build_trajectory  # noqa: E402
+from opencode_tui_core.export.atif import build_trajectory  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "runs" / "hello-file"
 

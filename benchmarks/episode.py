@@ -15,7 +15,7 @@
    server's event stream) and, for comparison, with the ``run`` harness (``opencode run --format json``,
    the floor's own command). Engine and floor repetitions alternate; ratio = median / median.
 
-2. Batch throughput: ``core.batch.run_batch`` (what ``opencode-tui run --batch`` uses) over N copies of
+2. Batch throughput: ``opencode_tui_core.batch.run_batch`` (what ``opencode-tui run --batch`` uses) over N copies of
    hello-file at each ``--jobs`` value, each in a fresh temporary runs directory, one attempt each.
    Episodes per minute = N / wall clock; speed-up against the first jobs value.
 
@@ -77,16 +77,16 @@ import _bench as B
 
 OWNER = B.setup()
 
-from core.config import AgentConfig, SandboxConfig  # noqa: E402
-from core.failures import Outcome  # noqa: E402
-from core.tasks import load_task  # noqa: E402
+from opencode_tui_core.config import AgentConfig, SandboxConfig  # noqa: E402
+from opencode_tui_core.failures import Outcome  # noqa: E402
+from opencode_tui_core.tasks import load_task  # noqa: E402
 
 TASK_DIR = B.ROOT / "sample_tasks" / "hello-file"
 PHASES = ("seed", "install", "agent", "closing", "transcript", "verification", "release")
 
 
 async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict[str, Any]:
-    from core.episode import Episode
+    from opencode_tui_core.episode import Episode
 
     ep = Episode(task, config, runs_dir=runs_dir)
     c0 = time.process_time()
@@ -105,7 +105,7 @@ async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict
 
 
 async def batch(task: Any, config: AgentConfig, n: int, jobs: int) -> dict[str, Any]:
-    from core.batch import run_batch
+    from opencode_tui_core.batch import run_batch
 
     runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-batch-j{jobs}-"))
     try:
@@ -163,11 +163,11 @@ def start_local_ray(cpus: int) -> Path:
 async def executor_batch(task: Any, config: AgentConfig, n: int, jobs: int, executor: str) -> dict[str, Any]:
     """One batch of ``n`` through ``run_batch``: the local executor at ``jobs``, or the Ray executor
     on the Ray instance this process started (its CPUs bound the concurrency)."""
-    from core.batch import LocalExecutor, run_batch
+    from opencode_tui_core.batch import LocalExecutor, run_batch
 
     runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-{executor}-"))
     if executor == "ray":
-        from core.ray_executor import RayExecutor
+        from opencode_tui_core.ray_executor import RayExecutor
 
         ex: Any = RayExecutor(config.executor.ray)
         jobs = n
@@ -188,7 +188,7 @@ async def executor_batch(task: Any, config: AgentConfig, n: int, jobs: int, exec
         shutil.rmtree(runs, ignore_errors=True)
     left = B.leftovers(OWNER)["ours"]
     if str(config.sandbox.provider) == "local":
-        from core.sandbox.providers import get_provider
+        from opencode_tui_core.sandbox.providers import get_provider
 
         left += [r.sandbox_id for r in await get_provider(config.sandbox.provider).listed(owner=OWNER)]
     return {
@@ -425,11 +425,11 @@ async def main_async(args: argparse.Namespace) -> int:
     started = time.monotonic()
     status = 0
     # Imports an episode would otherwise pay inside its first phase (once per process).
-    import core.batch
-    import core.episode
-    import core.model.endpoint
-    import core.runtime.opencode
-    import core.sandbox.docker  # noqa: F401
+    import opencode_tui_core.batch
+    import opencode_tui_core.episode
+    import opencode_tui_core.model.endpoint
+    import opencode_tui_core.runtime.opencode
+    import opencode_tui_core.sandbox.docker  # noqa: F401
 
     task = load_task(TASK_DIR)
     config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))
@@ -477,9 +477,9 @@ async def warm_batch(tasks: list[Any], config: AgentConfig, warm: int, jobs: int
     """One batch at ``jobs`` with ``batch.warm: warm``: wall clock, the CPU it took (see B.CpuSpan), and
     for each attempt that did not start at once (after the first ``jobs``) its attempt start → first
     model request."""
-    from core.artifacts import RunDirReader
-    from core.batch import run_batch
-    from core.events import EpisodeStarted, ModelCall
+    from opencode_tui_core.artifacts import RunDirReader
+    from opencode_tui_core.batch import run_batch
+    from opencode_tui_core.events import EpisodeStarted, ModelCall
 
     cfg = config.model_copy(update={"batch": config.batch.model_copy(update={"warm": warm})})
     runs = Path(tempfile.mkdtemp(prefix=f"octui-bench-warm{warm}-j{jobs}-"))
@@ -570,9 +570,9 @@ async def main_warm(args: argparse.Namespace) -> int:
         f"`opencode run` floor(s) per pair; {reps} pair(s); throughput batches of {ceiling_n} (at least 2 x jobs)"
     )
     started = time.monotonic()
-    import core.batch
-    import core.episode
-    import core.sandbox.docker  # noqa: F401
+    import opencode_tui_core.batch
+    import opencode_tui_core.episode
+    import opencode_tui_core.sandbox.docker  # noqa: F401
 
     config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))
     binary_dir = await asyncio.to_thread(B.cached_binary_dir, config.runtime.opencode_version)
@@ -785,11 +785,11 @@ async def main_ray(args: argparse.Namespace) -> int:
         f"episode benchmark, executors: {n} hello-file episodes on Ray at {cpus} CPUs vs local --jobs {cpus}"
     )
     started = time.monotonic()
-    import core.batch
-    import core.episode
-    import core.model.endpoint
-    import core.runtime.opencode
-    import core.sandbox.docker  # noqa: F401
+    import opencode_tui_core.batch
+    import opencode_tui_core.episode
+    import opencode_tui_core.model.endpoint
+    import opencode_tui_core.runtime.opencode
+    import opencode_tui_core.sandbox.docker  # noqa: F401
 
     task = load_task(TASK_DIR)
     config = AgentConfig(sandbox=SandboxConfig(provider=args.provider))

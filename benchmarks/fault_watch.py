@@ -29,8 +29,8 @@ import _bench as B
 
 OWNER = B.setup()
 
-from core.events import FaultKind, SandboxFault  # noqa: E402
-from core.sandbox.base import Sandbox, SandboxSpec  # noqa: E402
+from opencode_tui_core.events import FaultKind, SandboxFault  # noqa: E402
+from opencode_tui_core.sandbox.base import Sandbox, SandboxSpec  # noqa: E402
 
 HOG = "echo $$; exec python3 -c 'b = [bytearray(32 << 20) for _ in range(64)]'"
 TARGET_S = 2.0
@@ -60,12 +60,12 @@ async def one_kill(sb: Sandbox) -> tuple[float, float, bool]:
 
 async def bench(provider: str, reps: int) -> dict:
     if provider == "local":
-        from core.sandbox.local.provider import LocalProvider
+        from opencode_tui_core.sandbox.local.provider import LocalProvider
 
         prov = LocalProvider(base_dir=Path(tempfile.mkdtemp(prefix="bench-faults-")) / "state")
         spec = SandboxSpec(run_id="bench-faults", memory_bytes=128 << 20)
     else:
-        from core.sandbox.docker.provider import DockerProvider
+        from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
         prov = DockerProvider()
         spec = SandboxSpec(run_id="bench-faults", memory_bytes=128 << 20, image=B.IMAGE)

@@ -215,14 +215,14 @@ class Mirror:
 
 
 def real_cache() -> Path:
-    from core.runtime.installer import default_cache_dir
+    from opencode_tui_core.runtime.installer import default_cache_dir
 
     return default_cache_dir()
 
 
 def genuine_entry() -> tuple[Path, dict[str, Any]]:
     """The real cache's entry for the pinned x64 package (populated by an earlier run)."""
-    from core.runtime.installer import DEFAULT_OPENCODE_VERSION
+    from opencode_tui_core.runtime.installer import DEFAULT_OPENCODE_VERSION
 
     entry = real_cache() / DEFAULT_OPENCODE_VERSION / "opencode-linux-x64"
     meta = json.loads((entry / "meta.json").read_text())
@@ -369,7 +369,7 @@ class _Sampler:
 def _first_attempt_action(kind: str | None, stage: str | None, http_status: int | None = None) -> str:
     if kind is None or stage is None:
         return "-"
-    from core.failures import DEFAULT_POLICY, FailureEvent, decide
+    from opencode_tui_core.failures import DEFAULT_POLICY, FailureEvent, decide
 
     failure = FailureEvent(
         kind=kind, stage=stage, operation="fault suite", message=kind, http_status=http_status
@@ -765,7 +765,7 @@ class _Endpoint:
     def __init__(self, trajectory: Path) -> None:
         import asyncio
 
-        from core.model.scripted import ScriptedModel
+        from opencode_tui_core.model.scripted import ScriptedModel
 
         self.loop = asyncio.new_event_loop()
         self.model = ScriptedModel(trajectory, placeholders={"workdir": "/app"})

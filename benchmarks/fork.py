@@ -37,11 +37,11 @@ import yaml
 
 OWNER = B.setup()
 
-from core.artifacts import RunDirReader, RunFiles  # noqa: E402
-from core.config import AgentConfig  # noqa: E402
-from core.episode import Episode, child_inputs, load_parent  # noqa: E402
-from core.events import EpisodeStarted  # noqa: E402
-from core.tasks import load_task  # noqa: E402
+from opencode_tui_core.artifacts import RunDirReader, RunFiles  # noqa: E402
+from opencode_tui_core.config import AgentConfig  # noqa: E402
+from opencode_tui_core.episode import Episode, child_inputs, load_parent  # noqa: E402
+from opencode_tui_core.events import EpisodeStarted  # noqa: E402
+from opencode_tui_core.tasks import load_task  # noqa: E402
 
 TASK_DIR = B.ROOT / "sample_tasks" / "fix-bug"
 FORK_AT = 2

@@ -4,7 +4,7 @@
     python benchmarks/proxy.py --quick      # 60 calls each way
     python benchmarks/proxy.py --calls 1000 --json out.json
 
-The upstream is a minimal OpenAI-compatible server on 127.0.0.1 (core.model._http's server, the one
+The upstream is a minimal OpenAI-compatible server on 127.0.0.1 (opencode_tui_core.model._http's server, the one
 the scripted model uses): ``POST /v1/chat/completions`` answered with a streamed chat completion
 (role, three content deltas, a finish reason, usage, ``[DONE]``) at once, whatever was asked. In front
 of it, the recording proxy as an episode runs it (core/model/endpoint.py): a record directory
@@ -83,14 +83,14 @@ class Upstream:
     """The minimal OpenAI-compatible upstream (one canned stream for every request)."""
 
     def __init__(self) -> None:
-        from core.model._http import HttpServer
+        from opencode_tui_core.model._http import HttpServer
 
         self.first, self.rest = canned_stream()
         self.server = HttpServer(self._handle, name="bench-upstream")
         self.served = 0
 
     async def _handle(self, req: Any, reader: Any, writer: asyncio.StreamWriter) -> bool:
-        from core.model._http import LAST_CHUNK, chunk_bytes, head_bytes, send_simple
+        from opencode_tui_core.model._http import LAST_CHUNK, chunk_bytes, head_bytes, send_simple
 
         if req.method != "POST":
             await send_simple(writer, 404, {"error": {"message": "not found"}})
@@ -187,7 +187,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 async def measure(calls: int, warmup: int) -> dict[str, Any]:
-    from core.model.proxy import ModelProxy
+    from opencode_tui_core.model.proxy import ModelProxy
 
     upstream = Upstream()
     url = await upstream.start()

@@ -52,13 +52,13 @@ import _bench as B
 
 OWNER = B.setup()
 
-from core.artifacts import RunFiles  # noqa: E402
-from core.config import AgentConfig, ModelSettings, SandboxConfig  # noqa: E402
-from core.events import EventBus, ModelCall, Phase, PhaseChanged  # noqa: E402
-from core.failures import Outcome  # noqa: E402
-from core.runtime.installer import Installer, InstallerConfig  # noqa: E402
-from core.runtime.targets import Target  # noqa: E402
-from core.tasks import load_task  # noqa: E402
+from opencode_tui_core.artifacts import RunFiles  # noqa: E402
+from opencode_tui_core.config import AgentConfig, ModelSettings, SandboxConfig  # noqa: E402
+from opencode_tui_core.events import EventBus, ModelCall, Phase, PhaseChanged  # noqa: E402
+from opencode_tui_core.failures import Outcome  # noqa: E402
+from opencode_tui_core.runtime.installer import Installer, InstallerConfig  # noqa: E402
+from opencode_tui_core.runtime.targets import Target  # noqa: E402
+from opencode_tui_core.tasks import load_task  # noqa: E402
 
 TASK_DIR = B.ROOT / "sample_tasks" / "hello-file"
 VERSION = "1.18.32"
@@ -170,8 +170,8 @@ def _ts(dt: Any) -> float:
 
 
 async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict[str, Any]:
-    from core.episode import Episode
-    from core.sandbox.docker.provider import DockerProvider
+    from opencode_tui_core.episode import Episode
+    from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
     provider = B.make_timed_provider(DockerProvider())
     bus = EventBus()
@@ -213,12 +213,12 @@ async def engine_episode(task: Any, config: AgentConfig, runs_dir: Path) -> dict
 
 async def replica(task: Any, config: AgentConfig, variant: str, tag: str) -> dict[str, Any]:
     """The engine's launch path with the OpenCode binary replaced by a timestamp printer."""
-    from core.model.endpoint import ModelEndpoint
-    from core.runtime.opencode import OpenCodeHarness
-    from core.runtime.prepare import RUNTIME_CACHE_MOUNT
-    from core.sandbox.base import LABEL_OWNER, LABEL_RUN, Mount, NetworkPolicy, SandboxSpec
-    from core.sandbox.docker.provider import DockerProvider
-    from core.session import SandboxSession
+    from opencode_tui_core.model.endpoint import ModelEndpoint
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.runtime.prepare import RUNTIME_CACHE_MOUNT
+    from opencode_tui_core.sandbox.base import LABEL_OWNER, LABEL_RUN, Mount, NetworkPolicy, SandboxSpec
+    from opencode_tui_core.sandbox.docker.provider import DockerProvider
+    from opencode_tui_core.session import SandboxSession
 
     tmp = Path(tempfile.mkdtemp(prefix="octui-bench-replica-"))
     run_id = f"bench-replica-{tag}"
@@ -291,10 +291,10 @@ async def replica(task: Any, config: AgentConfig, variant: str, tag: str) -> dic
 
 async def bench_first_call(reps: int, rep: B.Report) -> dict[str, Any]:
     # Imports an episode would otherwise pay inside its first phase (once per process).
-    import core.episode
-    import core.model.endpoint
-    import core.runtime.opencode
-    import core.sandbox.docker  # noqa: F401
+    import opencode_tui_core.episode
+    import opencode_tui_core.model.endpoint
+    import opencode_tui_core.runtime.opencode
+    import opencode_tui_core.sandbox.docker  # noqa: F401
 
     task = load_task(TASK_DIR)
     config = AgentConfig(sandbox=SandboxConfig(provider="docker"), model=ModelSettings())

@@ -48,9 +48,9 @@ import _bench as B
 
 OWNER = B.setup()
 
-from core.sandbox.base import SandboxSpec  # noqa: E402
-from core.sandbox.tarsafe import single_file_tar  # noqa: E402
-from core.session import SandboxSession  # noqa: E402
+from opencode_tui_core.sandbox.base import SandboxSpec  # noqa: E402
+from opencode_tui_core.sandbox.tarsafe import single_file_tar  # noqa: E402
+from opencode_tui_core.session import SandboxSession  # noqa: E402
 
 SESSION_DIR = "/tmp/.octui-bench/session"
 PAYLOAD = b"x" * 1024
@@ -160,7 +160,7 @@ def docker_cli_round(image: str, execs: int, tag: str) -> dict[str, Any]:
 
 
 def bwrap_argv(command: list[str]) -> list[str]:
-    from core.sandbox.local.bwrap import _system_fs_args, resolve_bwrap
+    from opencode_tui_core.sandbox.local.bwrap import _system_fs_args, resolve_bwrap
 
     return [
         resolve_bwrap().path,
@@ -223,7 +223,7 @@ def collect(rounds: list[dict[str, Any]]) -> dict[str, list[float]]:
 async def bench_docker(reps: int, execs: int, image: str, rep: B.Report) -> dict[str, Any]:
     import docker
 
-    from core.sandbox.docker.provider import DockerProvider
+    from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
     client = docker.from_env(timeout=120)
     provider = DockerProvider()
@@ -244,7 +244,7 @@ async def bench_docker(reps: int, execs: int, image: str, rep: B.Report) -> dict
 
 
 async def bench_local(reps: int, execs: int, rep: B.Report) -> dict[str, Any]:
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     base = Path(tempfile.mkdtemp(prefix="octui-bench-local-"))
     provider = LocalProvider(base_dir=base)

@@ -4,7 +4,7 @@
     python benchmarks/soak.py --quick              # 12 episodes (each sample at least once)
     python benchmarks/soak.py --provider docker --episodes 60 --json out.json
 
-The batch (``core.batch.run_batch``, what ``opencode-tui run --batch`` runs) cycles through the sample
+The batch (``opencode_tui_core.batch.run_batch``, what ``opencode-tui run --batch`` runs) cycles through the sample
 tasks whose outcomes tests/core/test_episode.py pins (``EXPECTED``: scored ones, a kernel OOM kill, a
 run deadline, a model that answers 429 then recovers, one that keeps answering 500), each copy under
 an id of its own (``<sample>-<n>``), at ``--jobs`` (default 4) with the warm pool on (``batch.warm``:
@@ -44,9 +44,9 @@ import _bench as B
 
 OWNER = B.setup()
 
-from core.config import AgentConfig, warm_depth  # noqa: E402
-from core.samples import EXPECTED_OUTCOMES  # noqa: E402
-from core.tasks import Task, load_task  # noqa: E402
+from opencode_tui_core.config import AgentConfig, warm_depth  # noqa: E402
+from opencode_tui_core.samples import EXPECTED_OUTCOMES  # noqa: E402
+from opencode_tui_core.tasks import Task, load_task  # noqa: E402
 
 SAMPLES = B.ROOT / "sample_tasks"
 EXPECTED = EXPECTED_OUTCOMES  # (action, reward, failure kind) per sample
@@ -96,7 +96,7 @@ def descendants() -> list[dict[str, Any]]:
 
 
 async def leaked(provider_name: str, config: AgentConfig) -> dict[str, Any]:
-    from core.sandbox.providers import get_provider
+    from opencode_tui_core.sandbox.providers import get_provider
 
     listed = [r.sandbox_id for r in await get_provider(provider_name, config).listed(owner=OWNER)]
     containers = B.leftovers(OWNER)["ours"] if provider_name == "docker" else []
@@ -140,7 +140,7 @@ def check_results(runs: Path, tasks: list[tuple[Task, str]]) -> dict[str, Any]:
 
 
 async def soak(args: argparse.Namespace, rep: B.Report) -> int:
-    from core.batch import run_batch
+    from opencode_tui_core.batch import run_batch
 
     n, jobs = rep.data["meta"]["episodes"], args.jobs
     checkpoint = min(args.checkpoint, max(1, n // 2))

@@ -6,7 +6,7 @@ directory, the runs browser on many run directories, the batch screen with 500 a
     python benchmarks/tui.py --mb 10 --check # exit 1 if a target is missed (never used by tests)
     python benchmarks/tui.py --batch-only --check  # the batch screen and its baseline alone
 
-Live path, end to end: TerminalOutput events are emitted on a real ``core.events.EventBus`` (by a
+Live path, end to end: TerminalOutput events are emitted on a real ``opencode_tui_core.events.EventBus`` (by a
 stand-in for the engine, the same way an episode emits them), arrive through ``bus.queue()``, are
 batched by the run screen and ingested by the terminal pane, which is redrawn while they stream.
 
@@ -21,7 +21,7 @@ Reported, all measured in this run on this machine:
 - start-up: the first screen of a run directory of 1,000,000 events (target < 1 s), against reading the
   file's bytes once (the floor for anything that reads it all) and decoding every event (the eager way);
 - runs browser: the first screen with 10,000 run directories (target < 1 s), against
-  ``core.artifacts.list_runs`` (every run.json read and validated: the eager way);
+  ``opencode_tui_core.artifacts.list_runs`` (every run.json read and validated: the eager way);
 - batch screen: 500 attempts (a recorded run's events replayed into their rows at speed, each ending
   with a recorded result), keys pressed all through: the worst key (target < TARGET_KEY_MS), as a ratio
   (target <= TARGET_BATCH_RATIO) with the single-run screen's worst key when fed the same events at the
@@ -54,11 +54,11 @@ if str(ROOT) not in sys.path:
 
 from textual import events  # noqa: E402
 
-from core.control import EpisodeControl  # noqa: E402
-from core.events import EpisodeStarted, EventBus, Phase, PhaseChanged, TerminalOutput  # noqa: E402
 from opencode_tui.app import OpenCodeTUI  # noqa: E402
 from opencode_tui.screens.run import RunScreen  # noqa: E402
 from opencode_tui.widgets.terminal import TerminalView  # noqa: E402
+from opencode_tui_core.control import EpisodeControl  # noqa: E402
+from opencode_tui_core.events import EpisodeStarted, EventBus, Phase, PhaseChanged, TerminalOutput  # noqa: E402
 
 TARGET_MB_S = 50.0
 TARGET_KEY_MS = 50.0
@@ -289,8 +289,8 @@ def write_run(runs_dir: Path, n_events: int) -> Path:
     """A run directory of ``n_events`` events: the first few through the real writer (typed events on a
     real bus), the bulk of terminal output lines stamped from the writer's own encoding of one such event
     (a million typed events would take longer to write than everything measured here)."""
-    from core.artifacts import RunDir, RunInfo
-    from core.events import decode, encode
+    from opencode_tui_core.artifacts import RunDir, RunInfo
+    from opencode_tui_core.events import decode, encode
 
     rd = RunDir.create(runs_dir, "startup")
     bus = EventBus()
@@ -342,7 +342,7 @@ def write_run(runs_dir: Path, n_events: int) -> Path:
 
 
 async def run_startup(n_events: int) -> dict[str, float]:
-    from core.events import decode
+    from opencode_tui_core.events import decode
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_run(Path(tmp), n_events)
@@ -389,7 +389,7 @@ async def run_startup(n_events: int) -> dict[str, float]:
 def write_runs(runs_dir: Path, n_runs: int) -> None:
     """``n_runs`` run directories as the engine names and writes them (run.json, events.jsonl), with
     mixed outcomes, tasks and providers."""
-    from core.artifacts import OutcomeSummary, RunInfo
+    from opencode_tui_core.artifacts import OutcomeSummary, RunInfo
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     outcomes = [
@@ -418,8 +418,8 @@ def write_runs(runs_dir: Path, n_runs: int) -> None:
 
 
 async def run_browser(n_runs: int) -> dict[str, float]:
-    from core.artifacts import list_runs
     from opencode_tui.screens.runs import RunsList, RunsScreen
+    from opencode_tui_core.artifacts import list_runs
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp)
@@ -485,13 +485,13 @@ async def run_batch_screen(n_attempts: int, jobs: int = 20, events_per_turn: int
     ending with a recorded batch's result; ``down`` pressed every KEY_EVERY_S all through."""
     import json
 
-    from core.artifacts import RunDirReader
-    from core.batch import LocalExecutor
-    from core.config import AgentConfig
-    from core.episode import EpisodeResult
     from opencode_tui.batch_app import BatchTUI
     from opencode_tui.batch_board import BatchBoard
     from opencode_tui.screens.batch import AttemptList, BatchScreen
+    from opencode_tui_core.artifacts import RunDirReader
+    from opencode_tui_core.batch import LocalExecutor
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.episode import EpisodeResult
 
     recorded = list(RunDirReader(RUN_FIXTURE).events())
     results = [
@@ -579,7 +579,7 @@ async def run_single_replay(n_events: int, events_per_turn: int = 200) -> dict[s
     """The baseline of the batch screen's figure: the single-run screen fed the same recorded events
     (tests/fixtures/runs/hello-file: its start once, then the rest cycled to ``n_events``) at the same
     pace (``events_per_turn`` per turn of TURN_S, on a real EventBus), ``l`` pressed every KEY_EVERY_S."""
-    from core.artifacts import RunDirReader
+    from opencode_tui_core.artifacts import RunDirReader
 
     recorded = list(RunDirReader(RUN_FIXTURE).events())
     start_ev = next(e for e in recorded if isinstance(e, EpisodeStarted))
@@ -689,7 +689,7 @@ def _run_screen_and_browser(args: argparse.Namespace) -> tuple[bool, float]:
     b = asyncio.run(run_browser(args.runs))
     print(f"runs browser on {b['runs']:,.0f} run directories, headless app")
     print(
-        f"  baselines: core.artifacts.list_runs (every run.json read) {b['eager_s']:.3f}s; "
+        f"  baselines: opencode_tui_core.artifacts.list_runs (every run.json read) {b['eager_s']:.3f}s; "
         f"first screen on an empty runs directory {b['empty_s']:.3f}s"
     )
     print(

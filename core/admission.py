@@ -14,13 +14,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from core import executor_registry
-from core import provider_registry as registry
-from core.artifacts import RunInfo
-from core.config import AgentConfig, ConfigError
-from core.failures import Outcome
-from core.session import SandboxSession
-from core.tasks import Task, load_task
+from opencode_tui_core import executor_registry
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core.artifacts import RunInfo
+from opencode_tui_core.config import AgentConfig, ConfigError
+from opencode_tui_core.failures import Outcome
+from opencode_tui_core.session import SandboxSession
+from opencode_tui_core.tasks import Task, load_task
 
 
 class AdmissionError(Exception):
@@ -37,7 +37,7 @@ def admit_run(
     """What ``run`` checks once its configuration and tasks are loaded; raises AdmissionError/ConfigError."""
     built = [t for t in tasks if t.build is not None]
     if built:
-        from core.image_build import build_refusal
+        from opencode_tui_core.image_build import build_refusal
 
         refusal = build_refusal(built[0], config)
         if refusal:
@@ -85,7 +85,7 @@ def check_inputs(config: AgentConfig, tasks: list[Task]) -> None:
                 f"task(s) {', '.join(missing)} have no model.trajectory for the embedded scripted model; "
                 "pass --model-url (and --model) to use a real model"
             )
-        from core.model.trajectory import load_trajectory
+        from opencode_tui_core.model.trajectory import load_trajectory
 
         for t in tasks:
             assert t.trajectory_path is not None
@@ -182,7 +182,7 @@ async def borrowed_sandbox_is_clean(
         return True
     if session is None or not session.keeps_session_dir or config.sandbox.sandbox_id is None:
         return False
-    from core.sandbox.providers import get_provider
+    from opencode_tui_core.sandbox.providers import get_provider
 
     later: SandboxSession | None = None
     try:

@@ -44,10 +44,10 @@ from typing import Any, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import __version__
-from core.calls.records import ModelCallRecord, TokenUsage
-from core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
-from core.events import (
+from opencode_tui_core import __version__
+from opencode_tui_core.calls.records import ModelCallRecord, TokenUsage
+from opencode_tui_core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
+from opencode_tui_core.events import (
     Event,
     FailureRecorded,
     FailureRecovered,
@@ -57,11 +57,11 @@ from core.events import (
     decode,
     encode,
 )
-from core.failures import Outcome
-from core.failures.evidence import utcnow
-from core.invocation import Liveness, invocation_liveness
-from core.json_text import indented_json
-from core.redaction import could_change, redact, redact_text
+from opencode_tui_core.failures import Outcome
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.invocation import Liveness, invocation_liveness
+from opencode_tui_core.json_text import indented_json
+from opencode_tui_core.redaction import could_change, redact, redact_text
 
 
 class RunFiles:
@@ -182,9 +182,11 @@ class RunInfo(BaseModel):
     sandbox_kept: bool = False
     # The process that ran the episode: a run without an outcome whose controller is gone was
     # interrupted (SIGKILL, power loss), not running.
-    controller: str | None = None  # core.invocation.invocation_id() of the process that ran it
+    controller: str | None = None  # opencode_tui_core.invocation.invocation_id() of the process that ran it
     # issue 28: a rerun or fork of ``parent`` (``fork_step``: the agent calls answered from its record)
-    task_hash: str | None = None  # the task's content (core.tasks.task_content_hash) when it started
+    task_hash: str | None = (
+        None  # the task's content (opencode_tui_core.tasks.task_content_hash) when it started
+    )
     lineage: Literal["rerun", "fork"] | None = None
     parent: RunParent | None = None
     fork_step: int | None = None
@@ -778,7 +780,7 @@ def read_cast(path: Path) -> Cast | None:
 
 # ---- which directories are runs ------------------------------------------------------------------
 
-# A run directory's name as the engine makes it (core.episode.new_run_id):
+# A run directory's name as the engine makes it (opencode_tui_core.episode.new_run_id):
 # ``<task>-<YYYYmmdd-HHMMSS>-<hex>-a<attempt>``.
 RUN_NAME = re.compile(r"^(?P<task>.+)-(?P<stamp>\d{8}-\d{6})-[0-9a-f]{6}-a(?P<attempt>\d+)$")
 

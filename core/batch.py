@@ -19,23 +19,23 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import provider_registry
-from core.admission import next_attempt_blocked
-from core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
-from core.batch_record import BatchRecord, append_record
-from core.config import AgentConfig, warm_depth
-from core.episode import Episode, EpisodeResult
-from core.episode.common import stage_of
-from core.episode.pool import WarmCounts, WarmPool
-from core.events import EventBus, FailureRecorded
-from core.executor_registry import ExecutorHooks, ExecutorPlugin
-from core.exit_codes import ExitCode
-from core.failures import FailureStage, Outcome
-from core.failures.evidence import utcnow
-from core.invocation import invocation_id, pid_of
-from core.memory import Reclaimer
-from core.resume import RESULTS_FILE, Resumption, load_previous, results_line, resume_key
-from core.tasks import Task
+from opencode_tui_core import provider_registry
+from opencode_tui_core.admission import next_attempt_blocked
+from opencode_tui_core.artifacts import OutcomeSummary, RunDir, RunInfo, list_runs
+from opencode_tui_core.batch_record import BatchRecord, append_record
+from opencode_tui_core.config import AgentConfig, warm_depth
+from opencode_tui_core.episode import Episode, EpisodeResult
+from opencode_tui_core.episode.common import stage_of
+from opencode_tui_core.episode.pool import WarmCounts, WarmPool
+from opencode_tui_core.events import EventBus, FailureRecorded
+from opencode_tui_core.executor_registry import ExecutorHooks, ExecutorPlugin
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.failures import FailureStage, Outcome
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.invocation import invocation_id, pid_of
+from opencode_tui_core.memory import Reclaimer
+from opencode_tui_core.resume import RESULTS_FILE, Resumption, load_previous, results_line, resume_key
+from opencode_tui_core.tasks import Task
 
 
 def new_batch_id() -> str:
@@ -48,7 +48,7 @@ class BatchControl:
     close gracefully and concurrently, each within its close budget. A second cancel hurries them."""
 
     def __init__(self, batch_id: str | None = None) -> None:
-        # The batch's id (``sweep --batch ID`` removes its leftovers; see core.sandbox.base.LABEL_BATCH).
+        # The batch's id (``sweep --batch ID`` removes its leftovers; see opencode_tui_core.sandbox.base.LABEL_BATCH).
         self.batch_id = batch_id or new_batch_id()
         self.cancelled_by: str | None = None
         self.halted: str | None = None  # why no further episode starts (the runs directory failed)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.episode.pool import WarmCounts
-from core.invocation import Liveness, invocation_liveness
+from opencode_tui_core.episode.pool import WarmCounts
+from opencode_tui_core.invocation import Liveness, invocation_liveness
 
 BATCHES_FILE = "batches.jsonl"
 

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core import DEFAULT_PROVIDER
-from core.breaks import parse_break
-from core.failures import ClassificationConfig, OutcomePolicyOverrides
+from opencode_tui_core import DEFAULT_PROVIDER
+from opencode_tui_core.breaks import parse_break
+from opencode_tui_core.failures import ClassificationConfig, OutcomePolicyOverrides
 
 # The pin. Checked against registry.npmjs.org: opencode-linux-x64-musl and opencode-linux-x64-baseline-musl
 # stop at 1.18.32, while opencode-linux-x64 goes on to 1.18.34 and opencode-linux-x64-baseline to 1.18.33,
@@ -91,7 +91,7 @@ class _Model(BaseModel):
 class Budgets(_Model):
     """Time budgets in seconds; all finite and > 0. ``close_s`` bounds the whole close (stop and
     receipt, collect, inspect, transcript export, release) as one deadline; a quarter of it is kept
-    for the release (see ``core.session.CloseDeadline``); verification has its own deadline."""
+    for the release (see ``opencode_tui_core.session.CloseDeadline``); verification has its own deadline."""
 
     run_s: float = 10800.0
     install_s: float = 600.0
@@ -204,7 +204,7 @@ class SandboxConfig(_Model):
     @field_validator("provider")
     @classmethod
     def _registered(cls, value: str) -> str:
-        from core import provider_registry as registry
+        from opencode_tui_core import provider_registry as registry
 
         return registry.get(value).name  # loaded now: a broken plug-in is a config error too
 
@@ -216,7 +216,7 @@ class SandboxConfig(_Model):
         extra = [key for key in data if key not in cls.model_fields]
         if not extra:
             return data
-        from core import provider_registry as registry
+        from opencode_tui_core import provider_registry as registry
 
         data = dict(data)
         errors: list[Any] = []
@@ -242,7 +242,7 @@ class SandboxConfig(_Model):
 
     def settings_for(self, provider: str | None = None) -> BaseModel:
         """The settings of ``provider`` (default: the configured one), its defaults when not given."""
-        from core import provider_registry as registry
+        from opencode_tui_core import provider_registry as registry
 
         name = provider or self.provider
         given = (self.model_extra or {}).get(name)
@@ -355,7 +355,7 @@ class ExecutorSettings(_Model):
     @field_validator("name")
     @classmethod
     def _registered(cls, value: str) -> str:
-        from core import executor_registry
+        from opencode_tui_core import executor_registry
 
         return executor_registry.check_name(value)
 
@@ -383,7 +383,9 @@ class DebugSettings(_Model):
     """The episode debugger (issue 27): where the recording proxy holds agent calls from the start
     (``run --break COND``); more can be set live through the run's control socket."""
 
-    breaks: list[str] = Field(default_factory=list)  # core.breaks syntax: next, call:N, tool:NAME, ...
+    breaks: list[str] = Field(
+        default_factory=list
+    )  # opencode_tui_core.breaks syntax: next, call:N, tool:NAME, ...
     # A digest of the workspace before each agent model call (workspace_digests.jsonl): what a fork
     # at that step must reproduce (issue 28). On unless false (None, the default, is on: a run recorded
     # before this setting existed reads the same, `diff` sees no drift); always on in a rerun or fork.
@@ -468,7 +470,7 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Fields a task may NOT set, with the reason shown to the user (``core.tasks.load_task`` says it): the
+# Fields a task may NOT set, with the reason shown to the user (``opencode_tui_core.tasks.load_task`` says it): the
 # engine always runs the pinned OpenCode under its supervisor, in the sandbox the task describes.
 REFUSED_TASK_FIELDS = {
     "env": "custom sandbox environment variables are not supported; bake them into the task image or "

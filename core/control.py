@@ -10,9 +10,9 @@ import signal
 
 from pydantic import BaseModel, ConfigDict
 
-from core.artifacts import RunDir
-from core.events import EventBus, Phase
-from core.sandbox.base import PtyHandle
+from opencode_tui_core.artifacts import RunDir
+from opencode_tui_core.events import EventBus, Phase
+from opencode_tui_core.sandbox.base import PtyHandle
 
 CANCELLED_BY_USER = "user"  # `c` or `q` in the TUI
 CANCELLED_BY_CALLER = "caller"  # the task running the episode was cancelled

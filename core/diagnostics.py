@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 
-from core.redaction import redact_text
+from opencode_tui_core.redaction import redact_text
 
 DIAGNOSTICS_CAP = 16_000
 

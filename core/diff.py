@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.artifacts import RunDirReader, RunFiles, RunInfo
-from core.events import (
+from opencode_tui_core.artifacts import RunDirReader, RunFiles, RunInfo
+from opencode_tui_core.events import (
     EpisodeStarted,
     Event,
     HealthWarning,
@@ -33,7 +33,7 @@ from core.events import (
     OutcomeDecided,
     ToolCall,
 )
-from core.tally import ROOT_SESSION_EVENT, Tally
+from opencode_tui_core.tally import ROOT_SESSION_EVENT, Tally
 
 # What the agent was given, as recorded in the run directory: compared when both runs have the file.
 TASK_FILES = (RunFiles.TASK_YAML, RunFiles.PROMPT, RunFiles.INSTRUCTIONS)

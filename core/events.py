@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from core.failures import Decision, Evidence, FailureClass, FailureEvent, Outcome, Recovery
-from core.failures.evidence import utcnow
+from opencode_tui_core.failures import Decision, Evidence, FailureClass, FailureEvent, Outcome, Recovery
+from opencode_tui_core.failures.evidence import utcnow
 
 
 class Phase(StrEnum):
@@ -189,7 +189,7 @@ class ModelCall(_Event):
     tokens_cache_read: int | None = None
     tokens_reasoning: int | None = None
     error: str | None = None
-    # A 2xx that is no answer (core.calls.records.AnswerFault: empty_body, no_choices, unterminated,
+    # A 2xx that is no answer (opencode_tui_core.calls.records.AnswerFault: empty_body, no_choices, unterminated,
     # error_object); such a call has an ``error`` too and counts as failed.
     answer_fault: str | None = None
     produced: bool | None = None  # text, a tool call, reasoning or output tokens; None: not a chat answer

@@ -15,22 +15,22 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from core.plugins import Registry
+from opencode_tui_core.plugins import Registry
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from core.batch import Executor
-    from core.config import AgentConfig
-    from core.episode import Episode
+    from opencode_tui_core.batch import Executor
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.episode import Episode
 
 ENTRY_POINT_GROUP = "opencode_tui.executors"
 
 # Also declared as entry points in pyproject.toml (a test keeps the two equal); used when the installed
 # metadata lacks them.
 BUILTIN = {
-    "local": "core.batch:LOCAL",
-    "ray": "core.ray_executor:PLUGIN",
+    "local": "opencode_tui_core.batch:LOCAL",
+    "ray": "opencode_tui_core.ray_executor:PLUGIN",
 }
 
 
@@ -59,7 +59,7 @@ class ExecutorPlugin(abc.ABC):
     @abc.abstractmethod
     def executor(self, config: AgentConfig, hooks: ExecutorHooks) -> Executor:
         """An executor ready to run attempts (a remote one has joined its cluster; raises
-        ``core.batch.ExecutorError`` when it cannot)."""
+        ``opencode_tui_core.batch.ExecutorError`` when it cannot)."""
 
     def output_to(self, path: Path) -> AbstractContextManager[None]:
         """While open, what the executor's own machinery would print or log in this process (a

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.failures import Evidence
+from opencode_tui_core.failures import Evidence
 
 if TYPE_CHECKING:  # (the episode's record imports evidence_signature from here)
-    from core.artifacts import RunInfo
-    from core.events import OutcomeDecided
+    from opencode_tui_core.artifacts import RunInfo
+    from opencode_tui_core.events import OutcomeDecided
 
 # Evidence fields that say what happened (in this order), never which call, container or time.
 SIGNATURE_FIELDS = (

@@ -26,7 +26,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from core.config import ConfigError
+from opencode_tui_core.config import ConfigError
 
 TASK_TOML = "task.toml"
 INSTRUCTION = "instruction.md"

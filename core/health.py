@@ -5,7 +5,7 @@ events from it (``EventBus.derive``); a command's silence has no event of its ow
 it on a clock while the agent runs. Warnings are shown and counted (the batch line's ``health``), never
 failures and never the outcome: a run can storm and still pass.
 
-What each kind means (thresholds in ``core.config.HealthThresholds``):
+What each kind means (thresholds in ``opencode_tui_core.config.HealthThresholds``):
 
 - ``compaction_storm``: many compactions within a window, or the first agent call after a compaction
   still near the context limit (compaction freed nothing: OpenCode will compact again at once; a real
@@ -28,9 +28,9 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from core.calls.progress import empty_answer, good_answer
-from core.config import HealthThresholds
-from core.events import (
+from opencode_tui_core.calls.progress import empty_answer, good_answer
+from opencode_tui_core.config import HealthThresholds
+from opencode_tui_core.events import (
     Compaction,
     Event,
     EventBus,
@@ -43,7 +43,7 @@ from core.events import (
     TerminalOutput,
     ToolCall,
 )
-from core.failures.evidence import utcnow
+from opencode_tui_core.failures.evidence import utcnow
 
 # OpenCode's tool names, by what they do to files.
 READ_TOOLS = frozenset({"read", "grep", "glob", "list"})

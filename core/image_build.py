@@ -2,7 +2,7 @@
 
 The provider's plug-in does the build (``ProviderPlugin.build_image``); this module holds what every
 provider shares: the refusal for one that builds no images, the build log's name, the typed failure
-(``core.sandbox.errors.image_build_failure``), and where the build log goes (``RunFiles.BUILD_LOG``,
+(``opencode_tui_core.sandbox.errors.image_build_failure``), and where the build log goes (``RunFiles.BUILD_LOG``,
 and the terminal as it streams).
 """
 
@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from core import provider_registry as registry
-from core.artifacts import RunDir, RunFiles
-from core.config import AgentConfig
-from core.events import Event, TerminalOutput
-from core.sandbox.errors import image_build_failure
-from core.tasks import Task
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core.artifacts import RunDir, RunFiles
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.events import Event, TerminalOutput
+from opencode_tui_core.sandbox.errors import image_build_failure
+from opencode_tui_core.tasks import Task
 
 
 def build_refusal(task: Task, config: AgentConfig) -> str | None:

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.events import FaultKind, SandboxFault
-from core.exit_codes import ExitCode
-from core.failures import (
+from opencode_tui_core.events import FaultKind, SandboxFault
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.failures import (
     DeadlineDetails,
     Decision,
     Evidence,
@@ -31,11 +31,11 @@ from core.failures import (
     Outcome,
     VerificationDetails,
 )
-from core.runtime.supervisor_client import CleanupReceipt
-from core.sandbox.base import describe_exit
-from core.sandbox.faults import disk_full_seen
-from core.sandbox.oom import SOURCE_CGROUP, oom_evidence
-from core.sandbox.pids import pids_limit_hit
+from opencode_tui_core.runtime.supervisor_client import CleanupReceipt
+from opencode_tui_core.sandbox.base import describe_exit
+from opencode_tui_core.sandbox.faults import disk_full_seen
+from opencode_tui_core.sandbox.oom import SOURCE_CGROUP, oom_evidence
+from opencode_tui_core.sandbox.pids import pids_limit_hit
 
 
 class RecordedFailure(BaseModel):

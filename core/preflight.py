@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import platform
 
-from core import provider_registry as registry
-from core.config import AgentConfig
-from core.provider_registry import Check
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.provider_registry import Check
 
 
 async def environment_checks(config: AgentConfig) -> list[Check]:
@@ -27,8 +27,8 @@ async def environment_checks(config: AgentConfig) -> list[Check]:
 
 
 async def _check_opencode(config: AgentConfig) -> list[Check]:
-    from core.runtime.installer import Installer, InstallerConfig
-    from core.runtime.targets import parse_probe, probe_script, select_target
+    from opencode_tui_core.runtime.installer import Installer, InstallerConfig
+    from opencode_tui_core.runtime.targets import parse_probe, probe_script, select_target
 
     proc = await asyncio.create_subprocess_exec(
         "/bin/sh", "-c", probe_script(), stdout=asyncio.subprocess.PIPE

@@ -1,6 +1,6 @@
 """Which sandbox providers are registered: the entry points of ``opencode_tui.providers``, by name.
 
-Kept apart from core/provider_registry.py (the plug-ins themselves, pydantic models) so that naming
+Kept apart from opencode_tui_core/provider_registry.py (the plug-ins themselves, pydantic models) so that naming
 the providers costs no more than reading the installed metadata: the command line lists them in its
 help and checks ``--provider`` without loading a plug-in.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 
-from core.plugins import scan
+from opencode_tui_core.plugins import scan
 
 ENTRY_POINT_GROUP = "opencode_tui.providers"
 
@@ -18,9 +18,9 @@ ENTRY_POINT_GROUP = "opencode_tui.providers"
 # equal). Used only when the installed metadata lacks them: an editable install made before the
 # entry points existed, or running from a source tree that is not installed.
 BUILTIN = {
-    "docker": "core.sandbox.docker.plugin:PLUGIN",
-    "local": "core.sandbox.local.plugin:PLUGIN",
-    "opensandbox": "core.sandbox.opensandbox.plugin:PLUGIN",
+    "docker": "opencode_tui_core.sandbox.docker.plugin:PLUGIN",
+    "local": "opencode_tui_core.sandbox.local.plugin:PLUGIN",
+    "opensandbox": "opencode_tui_core.sandbox.opensandbox.plugin:PLUGIN",
 }
 
 

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from core.plugins import Registry
+from opencode_tui_core.plugins import Registry
 
 # The names and the built-in table live in core/provider_names.py (read without loading a plug-in).
-from core.provider_names import BUILTIN, ENTRY_POINT_GROUP
+from opencode_tui_core.provider_names import BUILTIN, ENTRY_POINT_GROUP
 
 if TYPE_CHECKING:
-    from core.config import AgentConfig
-    from core.sandbox.base import SandboxProvider
-    from core.sandbox.oom import OomRule
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.sandbox.base import SandboxProvider
+    from opencode_tui_core.sandbox.oom import OomRule
 
 
 class Capabilities(BaseModel):
@@ -40,7 +40,7 @@ class Capabilities(BaseModel):
     disk_limit: bool = False
     pty: bool = False  # pty(): an interactive terminal (the TUI's shell, attach)
     # Evidence sources from which an OOM kill can be confirmed: each has a rule, core's
-    # (core.sandbox.oom.CORE_RULES) or the plug-in's own (ProviderPlugin.oom_rules).
+    # (opencode_tui_core.sandbox.oom.CORE_RULES) or the plug-in's own (ProviderPlugin.oom_rules).
     oom_evidence: frozenset[str] = frozenset()
     borrowed: bool = False  # connect() to a sandbox it did not create (sandbox.mode: borrowed)
     images: bool = False  # spec.image is what runs (False: the host's own system)
@@ -74,7 +74,7 @@ class ProviderPlugin(abc.ABC):
     summary: str = ""  # one line for help texts
     settings_model: type[BaseModel]  # pydantic, extra="forbid"; the config's ``sandbox.<name>:``
     capabilities: Capabilities = Capabilities()
-    # How each kind of OOM evidence this provider produces confirms a kill (core.sandbox.oom): a
+    # How each kind of OOM evidence this provider produces confirms a kill (opencode_tui_core.sandbox.oom): a
     # provider with a new kind of evidence contributes its rule here, core iterates over them.
     oom_rules: Sequence[OomRule] = ()
 
@@ -101,7 +101,7 @@ class ProviderPlugin(abc.ABC):
     async def build_image(self, task: Any, config: AgentConfig, log: Callable[[str], None]) -> str:
         """Build ``task.image`` from ``task.build`` (only for ``capabilities.image_build``): the tag.
         ``log`` takes the build's output as it comes (from any thread). Raises
-        ``core.sandbox.errors.ImageBuildFailed`` (``image_build_failure``) with the log's end as evidence."""
+        ``opencode_tui_core.sandbox.errors.ImageBuildFailed`` (``image_build_failure``) with the log's end as evidence."""
         raise NotImplementedError(f"the {self.name} provider builds no images")
 
     def short_id(self, sandbox_id: str) -> str:

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import __version__
-from core.admission import admission_images, provider_refusals
-from core.artifacts import OutcomeSummary, RunDir, RunDirReader
-from core.batch import (
+from opencode_tui_core import __version__
+from opencode_tui_core.admission import admission_images, provider_refusals
+from opencode_tui_core.artifacts import OutcomeSummary, RunDir, RunDirReader
+from opencode_tui_core.batch import (
     Attempt,
     BatchControl,
     Executor,
@@ -48,13 +48,13 @@ from core.batch import (
     new_batch_id,
     not_started,
 )
-from core.config import AgentConfig, RaySettings
-from core.control import CANCELLED_BY_CALLER
-from core.episode import Episode, EpisodeResult, new_run_id
-from core.episode.common import stage_of
-from core.events import CleanupProof, EventBus, PhaseChanged
-from core.executor_registry import ExecutorHooks, ExecutorPlugin
-from core.failures import (
+from opencode_tui_core.config import AgentConfig, RaySettings
+from opencode_tui_core.control import CANCELLED_BY_CALLER
+from opencode_tui_core.episode import Episode, EpisodeResult, new_run_id
+from opencode_tui_core.episode.common import stage_of
+from opencode_tui_core.events import CleanupProof, EventBus, PhaseChanged
+from opencode_tui_core.executor_registry import ExecutorHooks, ExecutorPlugin
+from opencode_tui_core.failures import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
     FailureEvent,
@@ -62,9 +62,9 @@ from core.failures import (
     merged,
     merged_classification,
 )
-from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
-from core.ray_coordinator import Begin, Coordinator
-from core.tasks import Task
+from opencode_tui_core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
+from opencode_tui_core.ray_coordinator import Begin, Coordinator
+from opencode_tui_core.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ async def _episode_in_worker(
 ) -> WorkerReport:
     import ray
 
-    from core.invocation import invocation_id
+    from opencode_tui_core.invocation import invocation_id
 
     node_id = ray.get_runtime_context().get_node_id()
     # Every node checks, not only the first: a node that joined without the shared mount must not
@@ -305,7 +305,7 @@ async def sweep_run(config: AgentConfig, batch_id: str, run_ids: list[str]) -> l
     Only what carries both the batch's id and one of the run ids: another batch's sandboxes (even one
     sharing the owner) are never touched; a sandbox whose creator still runs (a worker Ray wrongly
     thought lost) is left alone."""
-    from core import sweep_selection as sweeping
+    from opencode_tui_core import sweep_selection as sweeping
 
     found = await sweeping.list_ours([config.sandbox.provider], sweeping.default_owner(), config=config)
     removed = []
@@ -646,7 +646,7 @@ class RayExecutor(Executor):
             return None, None, f"its sandbox is kept (remove it with `opencode-tui sweep --run {run_id}`)"
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from core import provider_registry as registry
+        from opencode_tui_core import provider_registry as registry
 
         # A provider whose listing needs a configured server (OpenSandbox) keeps its sandboxes there,
         # reachable from any node: any node may sweep them. The others' live on the lost node.

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.config import AgentConfig
-from core.episode import EpisodeResult
-from core.tasks import Task, task_content_hash
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import EpisodeResult
+from opencode_tui_core.tasks import Task, task_content_hash
 
 RESULTS_FILE = "results.jsonl"
 

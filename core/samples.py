@@ -13,8 +13,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.harbor import TASK_TOML
-from core.tasks import TASK_FILE
+from opencode_tui_core.harbor import TASK_TOML
+from opencode_tui_core.tasks import TASK_FILE
 
 SAMPLES_DIRNAME = "sample_tasks"
 # What each bundled sample ends as, run with two attempts and the embedded scripted model: (action,

@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import TypeVar
 
-from core.events import CleanupObserved, CleanupStep, Event, StepState
-from core.runtime.access import SESSION_DIR_MODE
-from core.runtime.supervisor_client import (
+from opencode_tui_core.events import CleanupObserved, CleanupStep, Event, StepState
+from opencode_tui_core.runtime.access import SESSION_DIR_MODE
+from opencode_tui_core.runtime.supervisor_client import (
     RELEASE_RESERVE_SHARE,
     SUPERVISOR_FILE,
     CleanupReceipt,
@@ -43,8 +43,15 @@ from core.runtime.supervisor_client import (
     stop_window,
     supervisor_source,
 )
-from core.sandbox.base import ExecResult, OutputCallback, Sandbox, SandboxError, SingleFlight, describe_exit
-from core.sandbox.tarsafe import tree_tar
+from opencode_tui_core.sandbox.base import (
+    ExecResult,
+    OutputCallback,
+    Sandbox,
+    SandboxError,
+    SingleFlight,
+    describe_exit,
+)
+from opencode_tui_core.sandbox.tarsafe import tree_tar
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from core.artifacts import CastWriter
-from core.sandbox.base import PtyHandle
+from opencode_tui_core.artifacts import CastWriter
+from opencode_tui_core.sandbox.base import PtyHandle
 
 
 class RecordedShell(PtyHandle):

@@ -12,7 +12,7 @@ import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 
-from core.control import CLOSING_SIGNALS
+from opencode_tui_core.control import CLOSING_SIGNALS
 
 
 @contextlib.contextmanager

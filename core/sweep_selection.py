@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import provider_registry as registry
-from core.config import AgentConfig
-from core.invocation import Liveness, invocation_liveness
-from core.sandbox import kept
-from core.sandbox.base import (
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.invocation import Liveness, invocation_liveness
+from opencode_tui_core.sandbox import kept
+from opencode_tui_core.sandbox.base import (
     LABEL_BATCH,
     LABEL_INVOCATION,
     LABEL_POOL,
@@ -26,8 +26,8 @@ from core.sandbox.base import (
     SandboxProvider,
     SandboxRecord,
 )
-from core.sandbox.base import default_owner as default_owner
-from core.sandbox.providers import get_provider
+from opencode_tui_core.sandbox.base import default_owner as default_owner
+from opencode_tui_core.sandbox.providers import get_provider
 
 MIN_PREFIX = 12  # the shortest id prefix a named sandbox may be given by (a Docker short id is 12)
 

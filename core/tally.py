@@ -8,7 +8,7 @@ stats panel, live and in replay) and read back (``opencode-tui diff``). They can
 - Compactions: likewise, the transcript's, else the highest count the proxy reported (never lowered by
   a late, lower one).
 - Model calls: one per call id (a later record of the same call replaces it); their tokens are
-  ``core.tokens.token_totals`` (unknown is None, never 0). Agent tokens: the transcript's.
+  ``opencode_tui_core.tokens.token_totals`` (unknown is None, never 0). Agent tokens: the transcript's.
 - A subagent's model calls: the episode's own session is the one the serve runner created (its
   ``runner.session`` line); a call that names another session (OpenCode's ``x-opencode-session`` header,
   recorded as the call's ``session_id``) was made by a subagent (the ``task`` tool's child session).
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from core.events import (
+from opencode_tui_core.events import (
     Compaction,
     Event,
     ModelCall,
@@ -30,7 +30,7 @@ from core.events import (
     ToolCall,
     TranscriptStats,
 )
-from core.tokens import TokenTotals, token_totals
+from opencode_tui_core.tokens import TokenTotals, token_totals
 
 # The serve runner's line naming the session it created (core/inside/serve_runner.py): the episode's own.
 ROOT_SESSION_EVENT = "runner.session"

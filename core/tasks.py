@@ -29,7 +29,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.config import (
+from opencode_tui_core.config import (
     DEFAULT_IMAGE,
     REFUSED_TASK_FIELDS,
     ConfigError,
@@ -77,7 +77,7 @@ class Limits(_Model):
     cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # Caps the configured run budget for this task (the smaller of the two applies).
     run_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # Override the config's ``limits.pids`` / ``limits.disk`` (see core.config.SandboxLimits).
+    # Override the config's ``limits.pids`` / ``limits.disk`` (see opencode_tui_core.config.SandboxLimits).
     pids: int | None = Field(default=None, ge=1)
     disk: str | int | None = None
 
@@ -189,7 +189,7 @@ def load_task(path: str | Path) -> Task:
     """Load a task from its directory (``task.yaml``, or a Harbor directory with ``task.toml``) or its
     ``task.yaml``; errors name the file and the field."""
     p = Path(path)
-    from core.harbor import TASK_TOML, is_harbor_dir
+    from opencode_tui_core.harbor import TASK_TOML, is_harbor_dir
 
     if is_harbor_dir(p) or (p.name == TASK_TOML and p.is_file()):
         return with_build_tag(load_harbor_task(p if p.is_dir() else p.parent))
@@ -288,7 +288,7 @@ def render_prompt(task: Task) -> str:
 def load_harbor_task(root: Path) -> Task:
     """A Harbor task directory (core/harbor.py reads it) as a Task (``load_warnings`` holds the field
     warnings)."""
-    from core.harbor import TASK_TOML, harbor_task_data
+    from opencode_tui_core.harbor import TASK_TOML, harbor_task_data
 
     root = root.resolve()
     fields, warnings = harbor_task_data(root)

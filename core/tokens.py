@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
-from core.events import ModelCall
+from opencode_tui_core.events import ModelCall
 
 
 class TokenTotals(BaseModel):

@@ -13,13 +13,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import provider_registry as registry
-from core import sweep_selection as sweeping
-from core.batch_record import BATCHES_FILE, BatchRecord, recent_batches
-from core.config import AgentConfig
-from core.invocation import Liveness, pid_of
-from core.provider_registry import Check
-from core.resume import recorded_results
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core import sweep_selection as sweeping
+from opencode_tui_core.batch_record import BATCHES_FILE, BatchRecord, recent_batches
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.invocation import Liveness, pid_of
+from opencode_tui_core.provider_registry import Check
+from opencode_tui_core.resume import recorded_results
 
 LIST_S = 60.0  # listing one provider's sandboxes
 SHOWN = 5  # batches shown

@@ -12,15 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core import provider_registry as registry
-from core.config import ConfigError, load_config
-from core.exit_codes import ExitCode
-from core.preflight import environment_checks
-from core.provider_registry import Check
-from core.warm_report import warm_checks
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core.config import ConfigError, load_config
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.preflight import environment_checks
+from opencode_tui_core.provider_registry import Check
+from opencode_tui_core.warm_report import warm_checks
 
-CONTRACT_PLUGIN = "core.sandbox.contract.plugin"
-CONTRACT_SUITE = "core.sandbox.contract.suite"
+CONTRACT_PLUGIN = "opencode_tui_core.sandbox.contract.plugin"
+CONTRACT_SUITE = "opencode_tui_core.sandbox.contract.suite"
 _CONTRACT_NEEDS = ("pytest", "pytest_asyncio")
 
 

@@ -36,9 +36,6 @@ from textual.dom import DOMNode
 from textual.reactive import reactive
 from textual.screen import Screen
 
-from core.control import CANCELLED_BY_USER
-from core.events import CleanupStep, Event, StepState
-from core.signals import closing_signals
 from opencode_tui import read_only
 from opencode_tui.host import EpisodeHost
 from opencode_tui.lineage_request import LineageRequest
@@ -61,14 +58,17 @@ from opencode_tui.screens.run import RunScreen
 from opencode_tui.screens.runs import RunsScreen
 from opencode_tui.screens.shell import ShellScreen
 from opencode_tui.themes import APP_VARIABLES, DEFAULT_THEME, load_themes, next_theme
+from opencode_tui_core.control import CANCELLED_BY_USER
+from opencode_tui_core.events import CleanupStep, Event, StepState
+from opencode_tui_core.signals import closing_signals
 
 if TYPE_CHECKING:
-    from core.config import AgentConfig
-    from core.control import EpisodeControl
-    from core.diff import RunDiff
-    from core.episode import Episode, EpisodeResult
-    from core.episode.warm_next import WarmNext
-    from core.tasks import Task
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.control import EpisodeControl
+    from opencode_tui_core.diff import RunDiff
+    from opencode_tui_core.episode import Episode, EpisodeResult
+    from opencode_tui_core.episode.warm_next import WarmNext
+    from opencode_tui_core.tasks import Task
 
 
 INTERRUPT_KEY = "Ctrl-C"  # what the record names when the key, not a signal, interrupted the run
@@ -438,9 +438,9 @@ class OpenCodeTUI(EpisodeHost):
 
     @work(exclusive=True, group="run-here")
     async def _start_here(self, original: Path, lineage: LineageRequest | None) -> None:
-        from core.admission import AdmissionError
-        from core.config import ConfigError
-        from core.episode import Episode
+        from opencode_tui_core.admission import AdmissionError
+        from opencode_tui_core.config import ConfigError
+        from opencode_tui_core.episode import Episode
 
         def admitted() -> Episode | tuple[AgentConfig, Task]:
             # The provider's checks run their own event loop: this runs on a thread.
@@ -475,8 +475,8 @@ class OpenCodeTUI(EpisodeHost):
     async def _rerun_live(self) -> None:
         """`r` on a live run that has ended: its task again with its recorded configuration (admitted
         like `run`), on a new run screen in its place; it takes the sandbox prepared ahead for it."""
-        from core.admission import AdmissionError
-        from core.config import ConfigError
+        from opencode_tui_core.admission import AdmissionError
+        from opencode_tui_core.config import ConfigError
 
         path = self.live_run_path
         if path is None or self.episode_running or self.quitting:
@@ -505,7 +505,7 @@ class OpenCodeTUI(EpisodeHost):
     async def _go_live(self, config: AgentConfig, task: Task, runs_dir: Path, *, replace: bool) -> None:
         """An episode of ``task`` under ``config``, live here: it takes the sandbox prepared ahead when
         one matches (``WarmNext.aim``: one for another configuration is released, confirmed)."""
-        from core.episode import Episode
+        from opencode_tui_core.episode import Episode
 
         pool = await self.warm.aim(task, config) if self.warm is not None else None
         await self._start_live(
@@ -732,8 +732,8 @@ def _result_of(control: EpisodeControl | None) -> EpisodeResult | None:
 def _rerun_inputs(path: Path) -> tuple[AgentConfig, Task]:
     """The configuration and task ``path`` recorded, admitted like `run` (the provider's checks run
     their own event loop: call it on a thread)."""
-    from core.admission import check_inputs, rerun_inputs
-    from core.artifacts import RunDirReader
+    from opencode_tui_core.admission import check_inputs, rerun_inputs
+    from opencode_tui_core.artifacts import RunDirReader
 
     config, task = rerun_inputs(RunDirReader(path).info(), path)
     check_inputs(config, [task])

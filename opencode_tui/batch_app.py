@@ -1,4 +1,4 @@
-"""The TUI for several tasks: the batch engine (``core.batch.run_batch``, the same one ``--batch`` runs:
+"""The TUI for several tasks: the batch engine (``opencode_tui_core.batch.run_batch``, the same one ``--batch`` runs:
 one engine, two front ends) shown live on the batch screen, with any attempt opened on the run screen.
 
 The app is ``OpenCodeTUI`` with one twist: its ``control`` is the episode opened from the batch screen
@@ -20,21 +20,28 @@ from pathlib import Path
 from textual import work
 from textual.screen import Screen
 
-from core.batch import BatchControl, BatchSummary, Executor, ExecutorError, RunsDirError, run_batch
-from core.config import AgentConfig
-from core.control import CANCELLED_BY_USER
-from core.episode import Episode, EpisodeResult
-from core.events import Event
-from core.exit_codes import ExitCode
-from core.outcome import exit_code as outcome_exit_code
-from core.signals import closing_signals
-from core.tasks import Task
 from opencode_tui.app import INTERRUPT_KEY, OpenCodeTUI
 from opencode_tui.batch_board import AttemptRow, BatchBoard
 from opencode_tui.screens.batch import AttemptOpened, BatchCancelWanted, BatchScreen, BatchScreenResumed
 from opencode_tui.screens.live import LiveRunScreen
 from opencode_tui.screens.modals import ConfirmScreen
 from opencode_tui.screens.replay import ReplayRunScreen
+from opencode_tui_core.batch import (
+    BatchControl,
+    BatchSummary,
+    Executor,
+    ExecutorError,
+    RunsDirError,
+    run_batch,
+)
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.control import CANCELLED_BY_USER
+from opencode_tui_core.episode import Episode, EpisodeResult
+from opencode_tui_core.events import Event
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.outcome import exit_code as outcome_exit_code
+from opencode_tui_core.signals import closing_signals
+from opencode_tui_core.tasks import Task
 
 
 class EpisodeFeed:

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.episode import EpisodeResult
-from core.events import (
+from opencode_tui_core.episode import EpisodeResult
+from opencode_tui_core.events import (
     CleanupObserved,
     CleanupStep,
     EpisodeStarted,
@@ -24,9 +24,9 @@ from core.events import (
     PhaseChanged,
     StepState,
 )
-from core.failure_groups import FailureGroup, group_failures
-from core.failures import Outcome
-from core.tally import Tally
+from opencode_tui_core.failure_groups import FailureGroup, group_failures
+from opencode_tui_core.failures import Outcome
+from opencode_tui_core.tally import Tally
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TextIO
 
-from core.episode import Episode, EpisodeResult
-from core.events import Event, HealthWarning, InstallProgress, OutcomeDecided, PhaseChanged
+from opencode_tui_core.episode import Episode, EpisodeResult
+from opencode_tui_core.events import Event, HealthWarning, InstallProgress, OutcomeDecided, PhaseChanged
 
 
 def health_words(counts: dict[str, int]) -> str:

@@ -14,7 +14,7 @@ A usage error is one line on stderr (what was wrong, where help is), exit 2.
 Start-up stays cheap: nothing here imports the provider registry, pydantic or the config. The
 ``--provider`` choices are read from the installed metadata (core/provider_names.py, no plug-in
 loaded) only when argparse needs them (help, or checking a given name), and the default provider's
-name comes from ``core.DEFAULT_PROVIDER``.
+name comes from ``opencode_tui_core.DEFAULT_PROVIDER``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-from core import DEFAULT_PROVIDER, __version__
-from core.exit_codes import ExitCode
+from opencode_tui_core import DEFAULT_PROVIDER, __version__
+from opencode_tui_core.exit_codes import ExitCode
 
 # httpx imports its own command line (click, rich, pygments: about 0.1 s, on the path from `run` to the
 # first model call) whenever those packages are installed; this process never runs httpx's CLI. A None
@@ -68,19 +68,19 @@ class LazyChoices:
 
 
 def _provider_names() -> list[str]:
-    from core.provider_names import names  # the installed metadata only: no plug-in is loaded
+    from opencode_tui_core.provider_names import names  # the installed metadata only: no plug-in is loaded
 
     return names()
 
 
 def _executor_names() -> list[str]:
-    from core import executor_registry
+    from opencode_tui_core import executor_registry
 
     return executor_registry.names()
 
 
 def _atif_version(value: str) -> str:
-    from core.export.atif_versions import VERSIONS
+    from opencode_tui_core.export.atif_versions import VERSIONS
 
     if value not in VERSIONS:
         choices = ", ".join(repr(v) for v in VERSIONS)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.exit_codes import ExitCode
+from opencode_tui_core.exit_codes import ExitCode
 
 THEME_ENV = "OPENCODE_TUI_THEME"
 
@@ -110,7 +110,7 @@ def _theme() -> str | None:
 
 
 def cmd_open(args: argparse.Namespace) -> int:
-    from core.artifacts import RunDirReader
+    from opencode_tui_core.artifacts import RunDirReader
 
     path = Path(args.run_dir)
     try:
@@ -176,8 +176,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if read_only.served() and not read_only.enabled():
         # A served session re-runs inside this app: each re-run that ends by itself has a sandbox
         # prepared for the next (issue 31), released on every way out of the session.
-        from core.episode.warm_next import WarmNext
         from opencode_tui.warm_run import run_app
+        from opencode_tui_core.episode.warm_next import WarmNext
 
         run_app(OpenCodeTUI(runs_dir=runs_dir, theme=theme, warm=WarmNext()))
         return ExitCode.OK
@@ -186,8 +186,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     # `r`: the run again, live (one episode per app, like `run`); then back to the browser, the two runs
     # marked against each other; until the browser is quit, or the run was interrupted (Ctrl-C, a signal).
     while (app.rerun_request or app.lineage_request) is not None and not (app.read_only or app.served):
-        from core.control import CANCELLED_BY_USER
         from opencode_tui.run_command import AdmissionError, ConfigError, rerun_in_tui
+        from opencode_tui_core.control import CANCELLED_BY_USER
 
         lineage = app.lineage_request  # a replay's `R` / `F` (issue 28)
         original = lineage.run_dir if lineage is not None else app.rerun_request
@@ -222,8 +222,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def _batch_groups(runs_dir: Path, batch_id: str, *, as_json: bool) -> int:
     """``runs --batch ID``: the batch's results (results.jsonl) with its failures grouped."""
-    from core.failure_groups import group_failures
-    from core.resume import RESULTS_FILE, load_batch
+    from opencode_tui_core.failure_groups import group_failures
+    from opencode_tui_core.resume import RESULTS_FILE, load_batch
 
     results = load_batch(runs_dir, batch_id)
     if not results:
@@ -260,8 +260,8 @@ def _batch_groups(runs_dir: Path, batch_id: str, *, as_json: bool) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from core.artifacts import RunDirReader
-    from core.diff import diff_runs
+    from opencode_tui_core.artifacts import RunDirReader
+    from opencode_tui_core.diff import diff_runs
 
     run_a, run_b = Path(args.run_a), Path(args.run_b)
     try:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.exit_codes import ExitCode
+from opencode_tui_core.exit_codes import ExitCode
 
 ACTIONS = ("status", "pause", "continue", "step", "say", "answer", "edit", "abort", "break")
 
@@ -57,9 +57,9 @@ def _run_dir(ref: str, runs_dir: str) -> Path | None:
 def cmd_ctl(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from core.debugger.client import NotLive, request
-    from core.debugger.protocol import CtlRequest
-    from core.model import HandAnswer
+    from opencode_tui_core.debugger.client import NotLive, request
+    from opencode_tui_core.debugger.protocol import CtlRequest
+    from opencode_tui_core.model import HandAnswer
 
     run_dir = _run_dir(args.run, args.runs_dir)
     if run_dir is None:

@@ -1,5 +1,5 @@
 """The TUI's side of the episode debugger (issue 27): a person's acts go to the run's control socket
-(``core.debugger.client``, the one ``opencode-tui ctl`` uses) as ``who="tui"``; replies written in the
+(``opencode_tui_core.debugger.client``, the one ``opencode-tui ctl`` uses) as ``who="tui"``; replies written in the
 answer/edit box become a ``HandAnswer``.
 
 What the box takes: plain text (the model's reply is that text), one tool call as
@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.debugger.client import NotLive, request
-from core.debugger.protocol import CtlReply, CtlRequest
-from core.model import HandAnswer, HandToolCall
+from opencode_tui_core.debugger.client import NotLive, request
+from opencode_tui_core.debugger.protocol import CtlReply, CtlRequest
+from opencode_tui_core.model import HandAnswer, HandToolCall
 
 WHO = "tui"
 ANSWER_FORMS = 'plain text, {"tool": NAME, "arguments": {...}}, or {"text": ..., "tool_calls": [...]}'

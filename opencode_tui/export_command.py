@@ -18,12 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-from core.exit_codes import ExitCode
+from opencode_tui_core.exit_codes import ExitCode
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from core.export.atif import TRAJECTORY_FILE, AtifTrajectory, build_trajectory, to_messages
-    from core.export.atif_versions import NEWEST, for_version, schema_version, versioned_file
+    from opencode_tui_core.export.atif import TRAJECTORY_FILE, AtifTrajectory, build_trajectory, to_messages
+    from opencode_tui_core.export.atif_versions import NEWEST, for_version, schema_version, versioned_file
 
     out = args.output
     several = len(args.run_dirs) > 1

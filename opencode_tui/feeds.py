@@ -1,5 +1,5 @@
 """Run directories as the TUI lists and replays them (no Textual here). Every read goes through
-``core.artifacts.RunDirReader`` (events lazily, in batches, with an ``EventIndex`` to read any one back).
+``opencode_tui_core.artifacts.RunDirReader`` (events lazily, in batches, with an ``EventIndex`` to read any one back).
 
 The app turns these into the same ``EventsReceived`` batches a live episode produces, so live and
 replay share one event-handling path.
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from core.artifacts import EventIndex, LoadStats, RunDirReader, RunInfo, list_runs
-from core.events import Event
+from opencode_tui_core.artifacts import EventIndex, LoadStats, RunDirReader, RunInfo, list_runs
+from opencode_tui_core.events import Event
 
 __all__ = ["EventIndex", "LoadStats", "iter_event_batches", "run_rows", "run_summary"]
 

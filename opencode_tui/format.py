@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from core.events import (
+from opencode_tui_core.events import (
     CleanupObserved,
     CleanupStep,
     Compaction,
@@ -31,7 +31,7 @@ from core.events import (
     WarmSandbox,
     Warning_,
 )
-from core.failures import Outcome, Recovery
+from opencode_tui_core.failures import Outcome, Recovery
 
 # Escape sequences (CSI, OSC, two-character escapes) and the other control characters of terminal output:
 # a one-line summary shows the text they style, never the codes themselves.

@@ -10,7 +10,7 @@ import asyncio
 
 from textual.app import App
 
-from core.events import Event
+from opencode_tui_core.events import Event
 
 
 class EpisodeHost(App[None]):

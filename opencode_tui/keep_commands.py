@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.config import AgentConfig
-from core.exit_codes import ExitCode
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.exit_codes import ExitCode
 
 _SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"]
 
@@ -40,7 +40,7 @@ class UsageError(Exception):
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from core import sweep_selection as sweeping
+    from opencode_tui_core import sweep_selection as sweeping
 
     owner = None if args.all_owners else sweeping.default_owner()
     names = sweeping.provider_names(args.provider)
@@ -92,7 +92,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _read_run(run_dir: Path) -> dict[str, Any]:
     """run.json as plain data: attach must work on a record written by another version too."""
-    from core.artifacts import RunDirReader, RunFiles
+    from opencode_tui_core.artifacts import RunDirReader, RunFiles
 
     try:
         return RunDirReader(run_dir, check=False).info_data()
@@ -104,7 +104,7 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
 
 def _target(ref: str) -> tuple[str, str, dict[str, Any], Path | None]:
     """(provider, sandbox id, run.json or {}, run dir) of a kept sandbox named by run dir or id."""
-    from core.sandbox import find_kept
+    from opencode_tui_core.sandbox import find_kept
 
     path = Path(ref)
     if path.is_dir():
@@ -141,9 +141,9 @@ def _recorded(handle: Any, run_dir: Path | None, cols: int, rows: int, user: str
     """The shell recorded in the run directory like any shell (its own cast, shell_opened/closed).
 
     After the run it is post-mortem: it marks nothing (``marks_sample`` false, phase ``done``)."""
-    from core.artifacts import RunDir, RunDirReader
-    from core.events import Phase, ShellClosed, ShellOpened
-    from core.shells import RecordedShell
+    from opencode_tui_core.artifacts import RunDir, RunDirReader
+    from opencode_tui_core.events import Phase, ShellClosed, ShellOpened
+    from opencode_tui_core.shells import RecordedShell
 
     if run_dir is None or not os.access(run_dir, os.W_OK):
         return handle
@@ -182,7 +182,7 @@ def _config(run: dict[str, Any]) -> AgentConfig:
 
 
 async def _connect(provider_name: str, sandbox_id: str, run: dict[str, Any]) -> Any:
-    from core.sandbox import get_provider
+    from opencode_tui_core.sandbox import get_provider
 
     try:
         provider = get_provider(provider_name, _config(run))
@@ -257,7 +257,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         return ExitCode.USAGE
 
     async def attach() -> int:
-        from core import provider_registry as registry
+        from opencode_tui_core import provider_registry as registry
 
         try:
             sandbox = await _connect(provider_name, sandbox_id, run)

@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the engine (and pydantic) load when a child is made, not for --help (start-up)
-    from core.config import AgentConfig
-    from core.episode import Episode
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.episode import Episode
 
 
 def child_episode(args: argparse.Namespace) -> tuple[Episode, AgentConfig]:
     """The child episode (not started); ValueError with one line when it cannot start as asked.
     Its admission checks run their own event loop: inside an app, call it on a thread."""
-    from core.admission import AdmissionError, check_inputs
-    from core.config import ConfigError
-    from core.episode import Episode, LineageError, child_inputs, load_parent
+    from opencode_tui_core.admission import AdmissionError, check_inputs
+    from opencode_tui_core.config import ConfigError
+    from opencode_tui_core.episode import Episode, LineageError, child_inputs, load_parent
 
     name = args.command  # rerun | fork
     path = Path(args.run_dir)
@@ -42,7 +42,7 @@ def child_episode(args: argparse.Namespace) -> tuple[Episode, AgentConfig]:
 
 
 def _overrides(args: argparse.Namespace) -> Any:
-    from core.config import AgentConfig
+    from opencode_tui_core.config import AgentConfig
 
     def apply(config: AgentConfig) -> AgentConfig:
         data = config.model_dump(mode="json")

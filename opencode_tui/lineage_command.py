@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.exit_codes import ExitCode
 from opencode_tui.lineage_child import child_episode
+from opencode_tui_core.exit_codes import ExitCode
 
 if TYPE_CHECKING:  # the engine (and pydantic) load when a command runs, not for --help (start-up)
-    from core.config import AgentConfig
-    from core.episode import Episode, EpisodeResult
     from opencode_tui.lineage_request import LineageRequest
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.episode import Episode, EpisodeResult
 
 
 def add_parsers(sub: Any, provider_choices: Any) -> None:
@@ -123,8 +123,8 @@ def _headless(name: str, episode: Episode) -> tuple[int, bool]:
     import asyncio  # here, not at the top: --help stays cheap (benchmarks/startup.py)
     import json
 
-    from core.control import CANCELLED_BY_USER
-    from core.signals import closing_signals
+    from opencode_tui_core.control import CANCELLED_BY_USER
+    from opencode_tui_core.signals import closing_signals
 
     async def main() -> EpisodeResult:
         with closing_signals(episode.cancel, announce=_announce(name)):

@@ -9,7 +9,7 @@ from typing import Literal
 
 from textual.message import Message
 
-from core.events import Event
+from opencode_tui_core.events import Event
 
 
 @dataclass

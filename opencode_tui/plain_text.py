@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from core.diff import RunDiff, Step
+from opencode_tui_core.diff import RunDiff, Step
 
 DASH = "–"
 RUNS_HEADER: tuple[str, ...] = ("run", "task", "outcome", "reward", "failure kind", "duration")

@@ -11,19 +11,26 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from core import executor_registry
-from core.admission import AdmissionError, admit_run, check_inputs, rerun_inputs
-from core.artifacts import RunInfo
-from core.batch import BatchControl, BatchSummary, Executor, ExecutorError, RunsDirError, run_batch
-from core.config import AgentConfig, ConfigError, load_config
-from core.episode import Episode, EpisodeResult
-from core.executor_registry import ExecutorHooks
-from core.exit_codes import ExitCode
-from core.failure_groups import groups_line
-from core.failures import Outcome
-from core.outcome import exit_code as outcome_exit_code
-from core.signals import closing_signals
-from core.tasks import Task, load_task
+from opencode_tui_core import executor_registry
+from opencode_tui_core.admission import AdmissionError, admit_run, check_inputs, rerun_inputs
+from opencode_tui_core.artifacts import RunInfo
+from opencode_tui_core.batch import (
+    BatchControl,
+    BatchSummary,
+    Executor,
+    ExecutorError,
+    RunsDirError,
+    run_batch,
+)
+from opencode_tui_core.config import AgentConfig, ConfigError, load_config
+from opencode_tui_core.episode import Episode, EpisodeResult
+from opencode_tui_core.executor_registry import ExecutorHooks
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.failure_groups import groups_line
+from opencode_tui_core.failures import Outcome
+from opencode_tui_core.outcome import exit_code as outcome_exit_code
+from opencode_tui_core.signals import closing_signals
+from opencode_tui_core.tasks import Task, load_task
 
 if TYPE_CHECKING:
     from opencode_tui.batch_app import BatchTUI
@@ -61,7 +68,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _checked_breaks(breaks: list[str]) -> list[str]:
-    from core.breaks import parse_break
+    from opencode_tui_core.breaks import parse_break
 
     try:
         return [parse_break(b).words for b in breaks]
@@ -70,8 +77,8 @@ def _checked_breaks(breaks: list[str]) -> list[str]:
 
 
 def _task_path(ref: str) -> Path:
-    """A path here, else the bundled sample of that name (core.samples); says which was used."""
-    from core.samples import resolve_task_ref
+    """A path here, else the bundled sample of that name (opencode_tui_core.samples); says which was used."""
+    from opencode_tui_core.samples import resolve_task_ref
 
     found = resolve_task_ref(ref)
     if found.sample is not None:
@@ -366,7 +373,7 @@ def rerun_in_tui(path: Path, *, from_browser: bool = False) -> tuple[int, Episod
     """Re-run ``path`` in the live TUI: its exit code and result (None: it did not finish). Raises
     AdmissionError/ConfigError when the run cannot start as recorded (nothing started).
     ``from_browser``: Esc (and `q`) on the run lead back to the browser that asked for it."""
-    from core.artifacts import RunDirReader
+    from opencode_tui_core.artifacts import RunDirReader
 
     try:
         config, task = rerun_inputs(RunDirReader(path).info(), path)
@@ -390,8 +397,8 @@ def _run_tui(
         runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         return _runs_dir_failed(RunsDirError(runs_dir, exc)), None
-    from core.episode.warm_next import WarmNext
     from opencode_tui.warm_run import run_app, warm_line
+    from opencode_tui_core.episode.warm_next import WarmNext
 
     # issue 31: the first sandbox starts preparing as the app's loop starts (before the screen is
     # drawn) and the episode takes it; each run that ends by itself has the next one prepared for `r`.

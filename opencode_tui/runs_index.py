@@ -2,7 +2,7 @@
 only for the rows on screen (or, in a background thread, for all of them once a sort or filter needs a
 field only run.json holds).
 
-A run directory's name says its task and start time (``core.artifacts.RUN_NAME``), so the default view
+A run directory's name says its task and start time (``opencode_tui_core.artifacts.RUN_NAME``), so the default view
 (newest first) and a task filter need no file read at all: listing 10,000 runs is one ``scandir``. Names that do not follow the pattern (copied
 or hand-made run directories) are read at once: their start time comes from run.json.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from core.artifacts import RunDirReader, RunFiles, RunInfo, run_dir_names
+from opencode_tui_core.artifacts import RunDirReader, RunFiles, RunInfo, run_dir_names
 
 # Sort keys, in the order ``s`` cycles through them; which need run.json.
 SORTS = ("date", "task", "outcome", "kind", "provider")
@@ -176,7 +176,7 @@ def _stamp(stamp: str) -> datetime | None:
 
 
 def scan_runs(runs_dir: Path) -> list[RunEntry]:
-    """Every run directory under ``runs_dir`` (``core.artifacts.run_dir_names``), unread."""
+    """Every run directory under ``runs_dir`` (``opencode_tui_core.artifacts.run_dir_names``), unread."""
     root = Path(runs_dir)
     return [
         RunEntry(root, name, task_hint=m["task"], stamp=m["stamp"]) if m is not None else RunEntry(root, name)
@@ -277,7 +277,7 @@ class RunsIndex:
 
     def scan_families(self, stop: threading.Event | None = None) -> None:
         """Read the run.json of every rerun or fork, so ``apply`` places it under its parent: a run.json
-        names a parent only when it is a child (``core.artifacts.LINEAGE_FIELDS``), so the others are
+        names a parent only when it is a child (``opencode_tui_core.artifacts.LINEAGE_FIELDS``), so the others are
         only looked at (about a quarter of validating each), never parsed."""
         for n, e in enumerate(self.entries):
             if stop is not None and stop.is_set():

@@ -1,4 +1,4 @@
-"""``opencode-tui samples``: the sample tasks that ship in the package (core.samples), listed or copied."""
+"""``opencode-tui samples``: the sample tasks that ship in the package (opencode_tui_core.samples), listed or copied."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.exit_codes import ExitCode
+from opencode_tui_core.exit_codes import ExitCode
 
 
 def cmd_samples(args: argparse.Namespace) -> int:
-    from core.samples import copy_samples, list_samples, samples_root
+    from opencode_tui_core.samples import copy_samples, list_samples, samples_root
 
     if args.samples_command == "copy":
         dest = Path(args.dest)

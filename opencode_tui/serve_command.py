@@ -31,8 +31,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from core.exit_codes import ExitCode
 from opencode_tui import read_only
+from opencode_tui_core.exit_codes import ExitCode
 
 COOKIE = "opencode_tui_session"
 DEFAULT_MAX_SESSIONS = 4
@@ -296,9 +296,9 @@ def make_server(command: str, sock: socket.socket, token: str, max_sessions: int
 def _admitted_tasks(args: argparse.Namespace) -> list[str] | None:
     """``--run``'s tasks admitted as `run` admits them (here, once: a bad task is one line and exit 2,
     not a session that fails in the browser), as absolute paths; None after saying what was wrong."""
-    from core.admission import AdmissionError
-    from core.config import ConfigError
     from opencode_tui.run_command import admit
+    from opencode_tui_core.admission import AdmissionError
+    from opencode_tui_core.config import ConfigError
 
     run_args = argparse.Namespace(
         tasks=args.run,

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import cast
 
-from core.artifacts import RunInfo
-from core.debugger.debugger import INTERVENING
-from core.events import (
+from opencode_tui_core.artifacts import RunInfo
+from opencode_tui_core.debugger.debugger import INTERVENING
+from opencode_tui_core.events import (
     CleanupObserved,
     CleanupStep,
     Compaction,
@@ -40,7 +40,7 @@ from core.events import (
     VerificationFinished,
     Warning_,
 )
-from core.tally import ROOT_SESSION_EVENT, Tally
+from opencode_tui_core.tally import ROOT_SESSION_EVENT, Tally
 
 CLEANUP_ORDER = (
     CleanupStep.RECEIPT,
@@ -65,7 +65,9 @@ class RunState:
     phase: PhaseChanged | None = None
     install: dict[str, InstallProgress] = field(default_factory=dict)
     warnings: list[Warning_] = field(default_factory=list)
-    tally: Tally = field(default_factory=Tally)  # tool calls, compactions, model calls, tokens (core.tally)
+    tally: Tally = field(
+        default_factory=Tally
+    )  # tool calls, compactions, model calls, tokens (opencode_tui_core.tally)
     cleanup: dict[CleanupStep, CleanupObserved] = field(default_factory=dict)
     failures: list[FailureRecorded | FailureRecovered] = field(default_factory=list)  # both, in order
     health: list[HealthWarning] = field(default_factory=list)  # episode-health warnings (core/health.py)
@@ -247,7 +249,7 @@ class RunState:
 
     @property
     def tool_counts(self) -> dict[str, int]:
-        """Tool calls by tool, the most used first (core.tally)."""
+        """Tool calls by tool, the most used first (opencode_tui_core.tally)."""
         return dict(Counter(self.tally.tool_calls).most_common())
 
     @property
@@ -259,7 +261,7 @@ class RunState:
         return self.tally.compactions
 
     def tokens(self, attr: str) -> int | None:
-        """A token total over every model call (core.tokens: unknown is None, not zero)."""
+        """A token total over every model call (opencode_tui_core.tokens: unknown is None, not zero)."""
         return getattr(self.tally.tokens, attr)
 
     @property

@@ -14,13 +14,13 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
-from core.signals import closing_signals
+from opencode_tui_core.signals import closing_signals
 
 if TYPE_CHECKING:
-    from core.config import AgentConfig
-    from core.episode.pool import WarmCounts
-    from core.tasks import Task
     from opencode_tui.app import OpenCodeTUI
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.episode.pool import WarmCounts
+    from opencode_tui_core.tasks import Task
 
 
 def run_app(app: OpenCodeTUI, first: tuple[Task, AgentConfig] | None = None) -> WarmCounts | None:

@@ -15,7 +15,7 @@ import pytest
 
 # The provider contract suite's fixtures and options (shipped in the package, for third-party providers
 # too); tests/core/sandbox/conftest.py gives the built-in providers this repository's test environment.
-pytest_plugins = ["core.sandbox.contract.plugin"]
+pytest_plugins = ["opencode_tui_core.sandbox.contract.plugin"]
 
 TEST_OWNER = f"pytest-{uuid.uuid4().hex[:10]}"
 # Set before any provider is created, so every owned sandbox of this session carries it. An xdist

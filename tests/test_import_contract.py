@@ -1,6 +1,6 @@
 """The import contracts: `core` never imports Textual or the TUI package; the engine's layers
 (pyproject.toml, exhaustive: every core module is placed); the in-sandbox programs import nothing
-from core; the front end uses only core's public surface (not the sandbox, runtime and model
+from opencode_tui_core; the front end uses only core's public surface (not the sandbox, runtime and model
 packages' submodules); and no import circle among the modules of both packages.
 
 Runs the real import-linter against this tree (must pass) and against copies of it with one planted
@@ -43,59 +43,71 @@ def _planted(tmp_path: Path, path: str, source: str) -> subprocess.CompletedProc
     copy = tmp_path / "tree"
     copy.mkdir()
     shutil.copy(ROOT / "pyproject.toml", copy)
-    for pkg in ("core", "opencode_tui"):
+    for pkg in ("opencode_tui_core", "opencode_tui"):
         shutil.copytree(ROOT / pkg, copy / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / path).write_text(source)
     return _lint(copy)
 
 
 def test_contract_breaks_when_core_imports_textual(tmp_path):
-    r = _planted(tmp_path, "core/leak.py", "import textual  # forbidden\n")
+    r = _planted(tmp_path, "opencode_tui_core/leak.py", "import textual  # forbidden\n")
     assert r.returncode != 0
     assert "BROKEN" in r.stdout
-    assert "core.leak -> textual" in r.stdout
+    assert "opencode_tui_core.leak -> textual" in r.stdout
 
 
 def test_layers_break_when_a_lower_layer_imports_a_higher_one(tmp_path):
     # The sandbox layer reaching up into the episode: the shape of every upward import.
-    r = _planted(tmp_path, "core/sandbox/leak.py", "from core.episode import Episode  # upward\n")
+    r = _planted(
+        tmp_path,
+        "opencode_tui_core/sandbox/leak.py",
+        "from opencode_tui_core.episode import Episode  # upward\n",
+    )
     assert r.returncode != 0
     assert "The engine's layers" in r.stdout and "BROKEN" in r.stdout
-    assert "core.sandbox.leak -> core.episode" in r.stdout
+    assert "opencode_tui_core.sandbox.leak -> opencode_tui_core.episode" in r.stdout
 
 
 def test_layers_break_when_independent_siblings_import_each_other(tmp_path):
     # runtime and model share a layer as independent siblings.
-    r = _planted(tmp_path, "core/model/leak.py", "import core.runtime.stream  # sideways\n")
+    r = _planted(
+        tmp_path, "opencode_tui_core/model/leak.py", "import opencode_tui_core.runtime.stream  # sideways\n"
+    )
     assert r.returncode != 0
-    assert "core.model.leak -> core.runtime.stream" in r.stdout
+    assert "opencode_tui_core.model.leak -> opencode_tui_core.runtime.stream" in r.stdout
 
 
 def test_layers_break_when_a_new_module_is_not_placed(tmp_path):
     # Exhaustive: a new top-level core module must be given a layer.
-    r = _planted(tmp_path, "core/unplaced.py", "X = 1\n")
+    r = _planted(tmp_path, "opencode_tui_core/unplaced.py", "X = 1\n")
     assert r.returncode != 0
-    assert "core.unplaced" in r.stdout
+    assert "opencode_tui_core.unplaced" in r.stdout
 
 
 def test_inside_programs_break_when_they_import_core(tmp_path):
     r = _planted(
-        tmp_path, "core/inside/leak.py", "from core.config import AgentConfig  # not on the sandbox\n"
+        tmp_path,
+        "opencode_tui_core/inside/leak.py",
+        "from opencode_tui_core.config import AgentConfig  # not on the sandbox\n",
     )
     assert r.returncode != 0
-    assert "core.inside" in r.stdout and "BROKEN" in r.stdout
-    assert "core.inside.leak -> core.config" in r.stdout
+    assert "opencode_tui_core.inside" in r.stdout and "BROKEN" in r.stdout
+    assert "opencode_tui_core.inside.leak -> opencode_tui_core.config" in r.stdout
 
 
 def test_front_end_breaks_when_it_imports_an_engine_internal(tmp_path):
-    r = _planted(tmp_path, "opencode_tui/leak.py", "from core.sandbox.base import PtyHandle  # internal\n")
+    r = _planted(
+        tmp_path, "opencode_tui/leak.py", "from opencode_tui_core.sandbox.base import PtyHandle  # internal\n"
+    )
     assert r.returncode != 0
     assert "public surface" in r.stdout and "BROKEN" in r.stdout
-    assert "opencode_tui.leak -> core.sandbox.base" in r.stdout
+    assert "opencode_tui.leak -> opencode_tui_core.sandbox.base" in r.stdout
 
 
 def test_front_end_may_use_the_packages_public_names(tmp_path):
-    r = _planted(tmp_path, "opencode_tui/fine.py", "from core.sandbox import PtyHandle  # public\n")
+    r = _planted(
+        tmp_path, "opencode_tui/fine.py", "from opencode_tui_core.sandbox import PtyHandle  # public\n"
+    )
     assert r.returncode == 0, r.stdout
 
 
@@ -104,7 +116,7 @@ def test_no_import_circles():
     (function-level imports count; TYPE_CHECKING ones do not)."""
     import grimp
 
-    graph = grimp.build_graph("core", "opencode_tui", exclude_type_checking_imports=True)
+    graph = grimp.build_graph("opencode_tui_core", "opencode_tui", exclude_type_checking_imports=True)
     circles = [
         (a, b)
         for a in sorted(graph.modules)

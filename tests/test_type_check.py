@@ -1,7 +1,7 @@
 """The type checker's strictness at phase boundaries: scripts/test runs mypy on this tree (at no errors);
 these tests show the configuration in pyproject.toml bites where it must. A handle that one episode
 phase passes to the next, typed ``Any`` with the real type in a comment, is an error in
-``core.episode.*``; the same handle with its real type passes, and so does ``Any`` in a module the
+``opencode_tui_core.episode.*``; the same handle with its real type passes, and so does ``Any`` in a module the
 override does not cover.
 
 Runs the real mypy with this repository's pyproject.toml on a small tree of planted modules.
@@ -60,18 +60,18 @@ def _mypy(tmp_path: Path, module: str, source: str) -> subprocess.CompletedProce
 
 
 def test_an_any_typed_phase_handle_is_an_error(tmp_path):
-    r = _mypy(tmp_path, "core.episode.planted", HANDLE.format(annotation="Any  # Harness"))
+    r = _mypy(tmp_path, "opencode_tui_core.episode.planted", HANDLE.format(annotation="Any  # Harness"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert 'Explicit "Any" is not allowed  [explicit-any]' in r.stdout
-    assert "core/episode/planted.py:13: error" in r.stdout
+    assert "opencode_tui_core/episode/planted.py:13: error" in r.stdout
 
 
 def test_the_same_handle_with_its_real_type_passes(tmp_path):
-    r = _mypy(tmp_path, "core.episode.planted", HANDLE.format(annotation="Harness"))
+    r = _mypy(tmp_path, "opencode_tui_core.episode.planted", HANDLE.format(annotation="Harness"))
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_any_outside_the_phase_boundaries_is_allowed(tmp_path):
     # JSON payloads (e.g. an event's ``dict[str, Any]``) keep Any where no override applies.
-    r = _mypy(tmp_path, "core.planted", HANDLE.format(annotation="Any"))
+    r = _mypy(tmp_path, "opencode_tui_core.planted", HANDLE.format(annotation="Any"))
     assert r.returncode == 0, r.stdout + r.stderr

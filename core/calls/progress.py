@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from core.events import ModelCall
-from core.failures import Evidence, FailureEvent, FailureStage, GenericDetails
+from opencode_tui_core.events import ModelCall
+from opencode_tui_core.failures import Evidence, FailureEvent, FailureStage, GenericDetails
 
 EMPTY_RESPONSE_KIND = "model_empty_response"
 EVIDENCE_SOURCE = "proxy.model_calls"

@@ -1,4 +1,4 @@
-"""``model_calls.jsonl`` (read back with ``core.artifacts.RunDirReader.model_calls``): one ModelCallRecord per model call seen by the recording proxy.
+"""``model_calls.jsonl`` (read back with ``opencode_tui_core.artifacts.RunDirReader.model_calls``): one ModelCallRecord per model call seen by the recording proxy.
 
 Token counts are parsed from the response (the streamed usage chunk or the JSON body). A count the
 response did not report stays ``None``; it is never written as 0.
@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.calls.classify import CallKind
-from core.events import ModelCall, call_failed
+from opencode_tui_core.calls.classify import CallKind
+from opencode_tui_core.events import ModelCall, call_failed
 
 
 class TokenUsage(BaseModel):

@@ -6,8 +6,8 @@ import os
 import socket
 from pathlib import Path
 
-from core.debugger.control_socket import connect_path
-from core.debugger.protocol import CtlReply, CtlRequest
+from opencode_tui_core.debugger.control_socket import connect_path
+from opencode_tui_core.debugger.protocol import CtlReply, CtlRequest
 
 TIMEOUT_S = 45.0  # above the engine's own bound on a say/abort in the sandbox (serve_acts: 30 s)
 

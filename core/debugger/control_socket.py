@@ -1,5 +1,5 @@
 """The run's control socket: ``control.sock`` in the run directory (mode 0600, the owner's uid only),
-JSON lines (core.debugger.protocol), served by the engine while the episode runs.
+JSON lines (opencode_tui_core.debugger.protocol), served by the engine while the episode runs.
 
 A Unix socket path is limited to about 108 bytes: when the run directory's is longer, the socket lives
 in a private temporary directory and ``control.sock`` in the run directory is a symbolic link to it
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from core.debugger.debugger import Debugger
-from core.debugger.protocol import CONTROL_SOCKET, CtlReply, CtlRequest
+from opencode_tui_core.debugger.debugger import Debugger
+from opencode_tui_core.debugger.protocol import CONTROL_SOCKET, CtlReply, CtlRequest
 
 MAX_LINE = 1 << 20
 IDLE_S = 60.0  # a connection that sends nothing for this long is closed

@@ -1,8 +1,8 @@
 """The live debugger of one episode: holds agent calls at breakpoints and carries out a person's acts.
 
-It is the recording proxy's ``CallGate`` (core.model.hold) and a subscriber of the event stream (the
+It is the recording proxy's ``CallGate`` (opencode_tui_core.model.hold) and a subscriber of the event stream (the
 ``tool:``, ``warning``, ``error`` and ``failure`` conditions are facts of the stream). Acts come from the
-control socket (core.debugger.control_socket) or the TUI; each one is an ``Intervention`` event.
+control socket (opencode_tui_core.debugger.control_socket) or the TUI; each one is an ``Intervention`` event.
 
 A hold never outlives the run: it is bounded by the run deadline (then failed with a 503), released by
 ``release_all`` when the episode closes (cancel, signal, deadline), and cancelled when OpenCode hangs up.
@@ -15,11 +15,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from core.breaks import BreakCondition, BreakKind, parse_break
-from core.debugger.protocol import CtlReply, HeldView, StatusView
-from core.debugger.readable_request import short_conversation
-from core.events import Event, FailureRecorded, HealthWarning, Intervention, ModelCall, ToolCall
-from core.model.hold import FORWARD, HandAnswer, HeldCall, HoldVerdict, Release, answer_problem
+from opencode_tui_core.breaks import BreakCondition, BreakKind, parse_break
+from opencode_tui_core.debugger.protocol import CtlReply, HeldView, StatusView
+from opencode_tui_core.debugger.readable_request import short_conversation
+from opencode_tui_core.events import Event, FailureRecorded, HealthWarning, Intervention, ModelCall, ToolCall
+from opencode_tui_core.model.hold import FORWARD, HandAnswer, HeldCall, HoldVerdict, Release, answer_problem
 
 # Acts that change what the agent sees: a run with any of them is human_intervened.
 INTERVENING = frozenset({"say", "answer", "edited", "abort"})

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.model.hold import HandAnswer
+from opencode_tui_core.model.hold import HandAnswer
 
 CONTROL_SOCKET = "control.sock"  # in the run directory, mode 0600, while the run is live
 

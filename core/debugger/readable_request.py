@@ -1,11 +1,11 @@
-"""A held request as a short conversation a person reads at a break (built on core.model.readable)."""
+"""A held request as a short conversation a person reads at a break (built on opencode_tui_core.model.readable)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from core.model.readable import conversation
+from opencode_tui_core.model.readable import conversation
 
 MESSAGES_SHOWN = 6
 TEXT_CHARS = 300

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.sandbox.base import Sandbox
+from opencode_tui_core.sandbox.base import Sandbox
 
 ACT_TIMEOUT_S = 30.0
 NO_SESSION = 4  # serve_runner --control: no live session

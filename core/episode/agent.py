@@ -12,19 +12,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from core.artifacts import RunDir
-from core.episode.install import Installed
-from core.events import Event, ToolCall, Warning_
-from core.failures.evidence import utcnow
-from core.runtime.supervisor_client import CleanupReceipt
-from core.sandbox.base import ExecResult, Sandbox, SandboxUser
-from core.session import SandboxSession
-from core.tasks import Task
+from opencode_tui_core.artifacts import RunDir
+from opencode_tui_core.episode.install import Installed
+from opencode_tui_core.events import Event, ToolCall, Warning_
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.runtime.supervisor_client import CleanupReceipt
+from opencode_tui_core.sandbox.base import ExecResult, Sandbox, SandboxUser
+from opencode_tui_core.session import SandboxSession
+from opencode_tui_core.tasks import Task
 
 if TYPE_CHECKING:
-    from core.config import AgentConfig
-    from core.episode.ahead import ServerAhead
-    from core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.episode.ahead import ServerAhead
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
 
 # After the agent ends, how long the live fault watch may take for its last look.
 FAULT_WATCH_FINAL_S = 3.0

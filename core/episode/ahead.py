@@ -9,7 +9,7 @@ clock file), and the wait itself is capped by the pool's ``warm_max_age_s``.
 
 The episode that takes the sandbox takes this session too: its proxy accepts the token the config
 names (``ModelEndpoint(access_token=…)``) and hands the runner its task over the relay
-(``core.episode.handoff``: the files and access check in the seed phase, the prompt in the agent
+(``opencode_tui_core.episode.handoff``: the files and access check in the seed phase, the prompt in the agent
 phase, with no upload or exec through the provider); the output buffered so far is replayed into
 its run directory, and its close stops this supervisor like any other (stop file, receipt).
 Unused, the pool closes it the same way before destroying the sandbox.
@@ -24,19 +24,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from core.config import AgentConfig
-from core.episode.handoff import TaskHandoff, TaskOffer
-from core.events import Event
-from core.inside.serve_runner import AHEAD, AHEAD_SESSION
-from core.runtime import access
-from core.sandbox.base import SANDBOX_MODEL_SOCKET, ExecResult, OutputChunk, Sandbox, SandboxUser
-from core.sandbox.tarsafe import tree_tar
-from core.session import Collect, SandboxSession
-from core.tasks import Task
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode.handoff import TaskHandoff, TaskOffer
+from opencode_tui_core.events import Event
+from opencode_tui_core.inside.serve_runner import AHEAD, AHEAD_SESSION
+from opencode_tui_core.runtime import access
+from opencode_tui_core.sandbox.base import SANDBOX_MODEL_SOCKET, ExecResult, OutputChunk, Sandbox, SandboxUser
+from opencode_tui_core.sandbox.tarsafe import tree_tar
+from opencode_tui_core.session import Collect, SandboxSession
+from opencode_tui_core.tasks import Task
 
 if TYPE_CHECKING:
-    from core.runtime.opencode import OpenCodeHarness
-    from core.runtime.prepare import PreparedRuntime
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.runtime.prepare import PreparedRuntime
 
 # What the runner prints once it waits for its task (a line of its stdout, ``runner.ready``).
 READY_MARK = b'"type":"runner.ready"'
@@ -57,7 +57,7 @@ class AheadEndpoint:
 def can_start_ahead(task: Task, config: AgentConfig, socket_path: str | None) -> bool:
     """A server can be started ahead only where its config names nothing the episode decides later:
     the serve harness, reaching the model through the relay to a socket the pool bound."""
-    from core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
 
     if socket_path is None or config.runtime.harness != "serve":
         return False
@@ -185,8 +185,8 @@ async def start_ahead(
 ) -> ServerAhead:
     """Stage the session directory and launch the runner ahead; returns once it waits for its task
     (within ``ready_s``). On failure the caller releases the sandbox (which ends what was started)."""
-    from core.episode.agent import run_budget_of
-    from core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.episode.agent import run_budget_of
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
 
     token = secrets.token_urlsafe(24)
     harness = OpenCodeHarness(
@@ -207,7 +207,7 @@ async def start_ahead(
         run_id=run_id, token=token, session=session, session_ahead=opens_session_ahead(template)
     )
     argv, env = harness.command(runtime, ahead=AHEAD_SESSION if ahead.session_ahead else AHEAD)
-    from core.inside.serve_runner import GO_NAME
+    from opencode_tui_core.inside.serve_runner import GO_NAME
 
     ahead.exec_task = asyncio.ensure_future(
         session.execute(

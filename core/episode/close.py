@@ -11,19 +11,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from core.episode import engine_lost
-from core.episode.common import PhaseIO, evidence_key, failure_from
-from core.events import CleanupProof, SandboxFault, Warning_
-from core.failures import CleanupDetails, Evidence, FailureEvent, FailureStage
-from core.outcome import AgentFacts, agent_failure
-from core.runtime.supervisor_client import CleanupReceipt
-from core.sandbox.base import Sandbox
-from core.session import CleanupUnconfirmed, CloseDeadline, SandboxSession
+from opencode_tui_core.episode import engine_lost
+from opencode_tui_core.episode.common import PhaseIO, evidence_key, failure_from
+from opencode_tui_core.events import CleanupProof, SandboxFault, Warning_
+from opencode_tui_core.failures import CleanupDetails, Evidence, FailureEvent, FailureStage
+from opencode_tui_core.outcome import AgentFacts, agent_failure
+from opencode_tui_core.runtime.supervisor_client import CleanupReceipt
+from opencode_tui_core.sandbox.base import Sandbox
+from opencode_tui_core.session import CleanupUnconfirmed, CloseDeadline, SandboxSession
 
 if TYPE_CHECKING:
-    from core.calls.records import ModelCallRecord
-    from core.model.endpoint import ModelEndpoint
-    from core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.calls.records import ModelCallRecord
+    from opencode_tui_core.model.endpoint import ModelEndpoint
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ async def oom_evidence(sandbox: Sandbox | None, deadline: CloseDeadline, io: Pha
 def last_requested_command(records: list[ModelCallRecord]) -> str | None:
     """The last shell command the model asked for, as the proxy recorded it: when the agent kills
     its own supervisor, the live event for that command may never have left the sandbox."""
-    from core.calls.records import assembled_tool_calls
+    from opencode_tui_core.calls.records import assembled_tool_calls
 
     for record in reversed(records):
         for name, args in reversed(assembled_tool_calls(record.response_body)):
@@ -209,7 +209,7 @@ async def _judge_agent(
     sandbox: Sandbox, receipt: CleanupReceipt | None, check: AgentCheck, deadline: CloseDeadline, io: PhaseIO
 ) -> frozenset[tuple[str, str]]:
     """Turn provider evidence, the receipt and the model calls into at most one agent failure."""
-    from core.sandbox.oom import oom_evidence as confirming
+    from opencode_tui_core.sandbox.oom import oom_evidence as confirming
 
     evidence = await oom_evidence(sandbox, deadline, io)
     failed_call = check.endpoint.last_failed_call()

@@ -2,7 +2,7 @@
 
 A phase is a function that takes what it needs and returns a typed result. It says what it sees
 through ``PhaseIO.emit`` and records failures through ``PhaseIO.record`` at the moment they happen:
-the order of recorded failures decides the outcome (``core.outcome.primary_failure``), and a failure
+the order of recorded failures decides the outcome (``opencode_tui_core.outcome.primary_failure``), and a failure
 recorded by someone else meanwhile (a shell a person opened, a full disk) must keep its place.
 """
 
@@ -13,10 +13,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.artifacts import RunDir
-from core.events import CleanupObserved, CleanupStep, Event, Phase, StepState
-from core.failures import Evidence, FailureEvent, FailureStage
-from core.sandbox.errors import failure_of
+from opencode_tui_core.artifacts import RunDir
+from opencode_tui_core.events import CleanupObserved, CleanupStep, Event, Phase, StepState
+from opencode_tui_core.failures import Evidence, FailureEvent, FailureStage
+from opencode_tui_core.sandbox.errors import failure_of
 
 
 class StageFailure(Exception):

@@ -23,9 +23,9 @@ import re
 import time
 from collections.abc import Callable
 
-from core.artifacts import RunDir, RunFiles
-from core.model.hold import FORWARD, CallGate, HandAnswer, HeldCall, HoldVerdict
-from core.sandbox.base import PtyHandle, Sandbox
+from opencode_tui_core.artifacts import RunDir, RunFiles
+from opencode_tui_core.model.hold import FORWARD, CallGate, HandAnswer, HeldCall, HoldVerdict
+from opencode_tui_core.sandbox.base import PtyHandle, Sandbox
 
 DIGEST_TIMEOUT_S = 20.0
 STATE_FILE = "workspace-digest.json"

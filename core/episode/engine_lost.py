@@ -5,7 +5,7 @@ An unreachable engine is waited for within the close budget, so that what is own
 released; then ``Sandbox.probe`` asks it whether the sandbox is dead. A dead container or PID
 namespace holds no process: that is proof of cleanup (``found_dead``), receipt or not. The failure
 is ``sandbox_engine_lost``: the stage the episode was working in, the probes as evidence; the policy
-retries it, and it explains the failed commands recorded around it (core.outcome.ROOT_CAUSE_KINDS).
+retries it, and it explains the failed commands recorded around it (opencode_tui_core.outcome.ROOT_CAUSE_KINDS).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from core.episode.common import PhaseIO
-from core.events import CleanupObserved, CleanupProof, CleanupStep, StepState, Warning_
-from core.failures import CleanupDetails, FailureEvent, FailureStage
-from core.sandbox.base import Sandbox, SandboxProbe
-from core.session import CloseDeadline, SandboxSession
+from opencode_tui_core.episode.common import PhaseIO
+from opencode_tui_core.events import CleanupObserved, CleanupProof, CleanupStep, StepState, Warning_
+from opencode_tui_core.failures import CleanupDetails, FailureEvent, FailureStage
+from opencode_tui_core.sandbox.base import Sandbox, SandboxProbe
+from opencode_tui_core.session import CloseDeadline, SandboxSession
 
 KIND = "sandbox_engine_lost"
 # Kinds a provider gives an engine it cannot talk to.

@@ -13,15 +13,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core import invocation
-from core.artifacts import RunDir, RunFiles, RunInfo, versions
-from core.calls.progress import ProgressWatch
-from core.config import AgentConfig
-from core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
-from core.episode import agent, close, engine_lost, install, release, seed, transcript, verify
-from core.episode.common import UNEXPECTED_KIND, PhaseIO, StageFailure, failure_from, stage_of
-from core.episode.record import EpisodeResult, Tally, new_run_id, outcome_event, result_of, write_record
-from core.events import (
+from opencode_tui_core import invocation
+from opencode_tui_core.artifacts import RunDir, RunFiles, RunInfo, versions
+from opencode_tui_core.calls.progress import ProgressWatch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.control import CANCELLED_BY_CALLER, CANCELLED_BY_USER, CancelRequest, EpisodeControl
+from opencode_tui_core.episode import agent, close, engine_lost, install, release, seed, transcript, verify
+from opencode_tui_core.episode.common import UNEXPECTED_KIND, PhaseIO, StageFailure, failure_from, stage_of
+from opencode_tui_core.episode.record import (
+    EpisodeResult,
+    Tally,
+    new_run_id,
+    outcome_event,
+    result_of,
+    write_record,
+)
+from opencode_tui_core.events import (
     CleanupObserved,
     CleanupProof,
     CleanupStep,
@@ -40,7 +47,7 @@ from core.events import (
     TerminalOutput,
     Warning_,
 )
-from core.failures import (
+from opencode_tui_core.failures import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
     Decision,
@@ -52,13 +59,13 @@ from core.failures import (
     merged,
     merged_classification,
 )
-from core.health import HealthMonitor
-from core.image_build import ensure_task_image
-from core.inside.serve_runner import HANDOFF_PREFIX
-from core.model.hold import CallGate
-from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
-from core.runtime import access
-from core.sandbox.base import (
+from opencode_tui_core.health import HealthMonitor
+from opencode_tui_core.image_build import ensure_task_image
+from opencode_tui_core.inside.serve_runner import HANDOFF_PREFIX
+from opencode_tui_core.model.hold import CallGate
+from opencode_tui_core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
+from opencode_tui_core.runtime import access
+from opencode_tui_core.sandbox.base import (
     ExpectedRefusal,
     PtyHandle,
     Sandbox,
@@ -66,21 +73,21 @@ from core.sandbox.base import (
     SandboxProvider,
     SandboxUser,
 )
-from core.session import CloseDeadline, SandboxSession
-from core.shells import RecordedShell
-from core.tasks import Task
+from opencode_tui_core.session import CloseDeadline, SandboxSession
+from opencode_tui_core.shells import RecordedShell
+from opencode_tui_core.tasks import Task
 
 if TYPE_CHECKING:
-    from core.debugger.debugger import Debugger
-    from core.episode.ahead import ServerAhead
-    from core.episode.digests import DigestGate
-    from core.episode.lineage import ChildRun, Parent
-    from core.episode.pool import Lease, WarmPool
-    from core.model.endpoint import ModelEndpoint
-    from core.model.proxy import ModelProxy
-    from core.model.replay import ReplayPlan
-    from core.runtime.installer import Installer
-    from core.runtime.supervisor_client import CleanupReceipt
+    from opencode_tui_core.debugger.debugger import Debugger
+    from opencode_tui_core.episode.ahead import ServerAhead
+    from opencode_tui_core.episode.digests import DigestGate
+    from opencode_tui_core.episode.lineage import ChildRun, Parent
+    from opencode_tui_core.episode.pool import Lease, WarmPool
+    from opencode_tui_core.model.endpoint import ModelEndpoint
+    from opencode_tui_core.model.proxy import ModelProxy
+    from opencode_tui_core.model.replay import ReplayPlan
+    from opencode_tui_core.runtime.installer import Installer
+    from opencode_tui_core.runtime.supervisor_client import CleanupReceipt
 
 
 class Episode(EpisodeControl):
@@ -117,7 +124,9 @@ class Episode(EpisodeControl):
         self.info: RunInfo | None = None
         self.endpoint: ModelEndpoint | None = None  # once the seed phase started it
         self.sandbox: Sandbox | None = None
-        self.sandbox_user: SandboxUser | None = None  # decided once in the seed phase (core.runtime.access)
+        self.sandbox_user: SandboxUser | None = (
+            None  # decided once in the seed phase (opencode_tui_core.runtime.access)
+        )
         self.installed: install.Installed | None = None
         self.session: SandboxSession | None = None
         self.agent_run: agent.AgentRun | None = None
@@ -298,7 +307,7 @@ class Episode(EpisodeControl):
     # ---- the debugger (issue 27) -----------------------------------------------------------------
 
     def _start_debugger(self) -> None:
-        from core.debugger.debugger import Debugger
+        from opencode_tui_core.debugger.debugger import Debugger
 
         self.debugger = Debugger(
             self.config.debug.breaks,
@@ -433,7 +442,7 @@ class Episode(EpisodeControl):
         """A child run's lineage (issue 28)."""
         if self._child_of is None:
             return
-        from core.episode.lineage import ChildRun
+        from opencode_tui_core.episode.lineage import ChildRun
 
         plan, parent = self._child_of
         self.child = ChildRun(plan, parent, emit=self.emit, stop_agent=self.stop_agent, save=self._save_info)
@@ -442,7 +451,7 @@ class Episode(EpisodeControl):
     async def _hash_task(self) -> None:
         """run.json's ``task_hash``: the task's content, what a rerun checks it against (off the loop:
         a large task takes a while to read, and other episodes share the loop)."""
-        from core.tasks import task_content_hash
+        from opencode_tui_core.tasks import task_content_hash
 
         try:
             digest: str | None = await asyncio.to_thread(task_content_hash, self.task)
@@ -621,19 +630,19 @@ class Episode(EpisodeControl):
 
     async def _work(self, stack: contextlib.AsyncExitStack) -> None:
         """Seed, install, agent: interrupted as a whole by a cancel before the agent launched."""
-        from core.model.endpoint import ModelEndpoint
-        from core.sandbox.providers import get_provider
+        from opencode_tui_core.model.endpoint import ModelEndpoint
+        from opencode_tui_core.sandbox.providers import get_provider
 
         assert self.run_dir is not None and self.debugger is not None  # made with the run directory
         sb = self.config.sandbox
         self._enter(Phase.SEED)
         await self._hash_task()
-        from core.debugger.control_socket import ControlSocket
+        from opencode_tui_core.debugger.control_socket import ControlSocket
 
         await stack.enter_async_context(ControlSocket(self.run_dir.path, self.debugger))
         gate: CallGate = self.debugger
         if self.config.debug.workspace_digests is not False:  # issue 28: what a fork at a step reproduces
-            from core.episode.digests import DigestGate
+            from opencode_tui_core.episode.digests import DigestGate
 
             on_digest = self.child.on_digest if self.child is not None else None
             gate = self.digests = DigestGate(self.debugger, self.run_dir, on_digest=on_digest)
@@ -741,7 +750,7 @@ class Episode(EpisodeControl):
                 user=seeded.user,
                 emit=self.emit,
             )
-        from core.debugger.serve_acts import serve_acts
+        from opencode_tui_core.debugger.serve_acts import serve_acts
 
         assert self.debugger is not None
         self.debugger.agent_started(self.run_budget_s, serve_acts(self.sandbox, self.installed))

@@ -9,7 +9,7 @@ the model socket, served by the episode's proxy. So the runner asks for its task
    the access check's script, the model socket) then the task files as a tar. The runner, as the
    sandbox user, unpacks it into the workdir and runs the access check;
 2. ``POST STAGED_PATH`` with what the check printed: the episode judges it exactly as it judges the
-   check run through the provider (``core.runtime.access``). The answer is held until the agent
+   check run through the provider (``opencode_tui_core.runtime.access``). The answer is held until the agent
    phase: the prompt's files as a tar (``go``), or 409 when the episode ended first.
 
 The proxy serves these paths only with the episode's token, and records none of them.
@@ -22,11 +22,11 @@ import json
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.failures.evidence import utcnow
-from core.inside.serve_runner import HANDOFF_STAGED_PATH, HANDOFF_TASK_PATH
-from core.model._http import BufferedReader, Request, head_bytes, send_simple
-from core.sandbox.base import ExecResult
-from core.sandbox.errors import SandboxError
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.inside.serve_runner import HANDOFF_STAGED_PATH, HANDOFF_TASK_PATH
+from opencode_tui_core.model._http import BufferedReader, Request, head_bytes, send_simple
+from opencode_tui_core.sandbox.base import ExecResult
+from opencode_tui_core.sandbox.errors import SandboxError
 
 
 class TaskOffer(BaseModel):
@@ -36,7 +36,7 @@ class TaskOffer(BaseModel):
 
     workdir: str
     listing: str  # the staged paths, one per line, relative to the workdir
-    check: str  # the access check's shell script (``core.runtime.access``)
+    check: str  # the access check's shell script (``opencode_tui_core.runtime.access``)
     socket: str  # the model socket to check ("" when none)
 
 

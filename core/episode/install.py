@@ -7,18 +7,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from core.config import AgentConfig
-from core.episode.common import StageFailure, failure_from
-from core.events import Event
-from core.failures import DeadlineDetails, FailureEvent, FailureStage
-from core.sandbox.base import Sandbox, SandboxUser
-from core.tasks import Task
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode.common import StageFailure, failure_from
+from opencode_tui_core.events import Event
+from opencode_tui_core.failures import DeadlineDetails, FailureEvent, FailureStage
+from opencode_tui_core.sandbox.base import Sandbox, SandboxUser
+from opencode_tui_core.tasks import Task
 
 if TYPE_CHECKING:
-    from core.model.endpoint import ModelEndpoint
-    from core.runtime.installer import Installer
-    from core.runtime.opencode import OpenCodeHarness
-    from core.runtime.prepare import PreparedRuntime
+    from opencode_tui_core.model.endpoint import ModelEndpoint
+    from opencode_tui_core.runtime.installer import Installer
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.runtime.prepare import PreparedRuntime
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ async def install(
 ) -> Installed:
     """Build the harness and prepare its runtime; a timeout or a provider's failure ends the episode's
     agent part (``StageFailure``), keeping the provider's kind, cause and evidence."""
-    from core.runtime.opencode import OpenCodeHarness
-    from core.runtime.prepare import RuntimeNotReady, prepare_runtime
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.runtime.prepare import RuntimeNotReady, prepare_runtime
 
     harness = OpenCodeHarness(run_id, task, config, endpoint)
     harness.owner = user.ids  # sandbox user (issue 17)
@@ -89,7 +89,7 @@ def prepared(
 ) -> Installed:
     """The install phase of a warm sandbox: its runtime was prepared by the batch's pool (the same
     ``prepare_runtime``, earlier); only this run's harness is built."""
-    from core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
 
     harness = OpenCodeHarness(run_id, task, config, endpoint)
     harness.owner = user.ids  # sandbox user (issue 17)

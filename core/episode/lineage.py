@@ -14,15 +14,22 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.admission import AdmissionError, rerun_inputs
-from core.artifacts import ReplaySummary, RunDirReader, RunFiles, RunInfo, RunParent, is_run_dir
-from core.calls.records import ModelCallRecord
-from core.config import AgentConfig, ConfigError
-from core.episode.digests import recorded_digests
-from core.events import Event, Warning_
-from core.failures import FailureEvent, FailureStage, GenericDetails
-from core.model.replay import Divergence, OnDivergence, Replayer, ReplayPlan, agent_steps, fork_point
-from core.tasks import Task, task_content_hash
+from opencode_tui_core.admission import AdmissionError, rerun_inputs
+from opencode_tui_core.artifacts import ReplaySummary, RunDirReader, RunFiles, RunInfo, RunParent, is_run_dir
+from opencode_tui_core.calls.records import ModelCallRecord
+from opencode_tui_core.config import AgentConfig, ConfigError
+from opencode_tui_core.episode.digests import recorded_digests
+from opencode_tui_core.events import Event, Warning_
+from opencode_tui_core.failures import FailureEvent, FailureStage, GenericDetails
+from opencode_tui_core.model.replay import (
+    Divergence,
+    OnDivergence,
+    Replayer,
+    ReplayPlan,
+    agent_steps,
+    fork_point,
+)
+from opencode_tui_core.tasks import Task, task_content_hash
 
 REPLAY_DIVERGED = "replay_diverged"
 
@@ -146,7 +153,7 @@ class ChildRun:
             on_live=self._live,
             at_fork_point=self._say if plan.say else None,
         )
-        # say/abort through OpenCode's server (core.debugger.serve_acts), once the agent runs
+        # say/abort through OpenCode's server (opencode_tui_core.debugger.serve_acts), once the agent runs
         self.serve: Callable[[str, str], Awaitable[None]] | None = None
         self._workspace_said = False
 

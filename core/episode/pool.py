@@ -35,19 +35,19 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from core.config import AgentConfig
-from core.episode.ahead import opens_session_ahead
-from core.events import Event, WarmSandbox
-from core.failures.evidence import utcnow
-from core.runtime import access
-from core.sandbox.base import LABEL_BATCH, LABEL_POOL, Sandbox, SandboxProvider
-from core.tasks import Task
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode.ahead import opens_session_ahead
+from opencode_tui_core.events import Event, WarmSandbox
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.runtime import access
+from opencode_tui_core.sandbox.base import LABEL_BATCH, LABEL_POOL, Sandbox, SandboxProvider
+from opencode_tui_core.tasks import Task
 
 if TYPE_CHECKING:
-    from core.episode.ahead import ServerAhead
-    from core.episode.seed import Seeded
-    from core.runtime.installer import Installer
-    from core.runtime.prepare import PreparedRuntime
+    from opencode_tui_core.episode.ahead import ServerAhead
+    from opencode_tui_core.episode.seed import Seeded
+    from opencode_tui_core.runtime.installer import Installer
+    from opencode_tui_core.runtime.prepare import PreparedRuntime
 
 # How long a release of an unused sandbox, and the engine's confirmation, may take.
 RELEASE_S = 60.0
@@ -218,7 +218,7 @@ class WarmPool:
     @property
     def provider(self) -> SandboxProvider:
         if self._provider is None:
-            from core.sandbox.providers import get_provider
+            from opencode_tui_core.sandbox.providers import get_provider
 
             self._provider = get_provider(self.config.sandbox.provider, self.config)
         return self._provider
@@ -226,7 +226,7 @@ class WarmPool:
     @property
     def installer(self) -> Installer:
         if self._installer is None:
-            from core.episode.seed import default_installer
+            from opencode_tui_core.episode.seed import default_installer
 
             self._installer = default_installer(self.config)
         return self._installer
@@ -405,9 +405,9 @@ class WarmPool:
             self._kick.set()
 
     async def _prepare(self, entry: _Entry) -> None:
-        from core.episode.seed import owned_spec
-        from core.runtime.opencode import RuntimeLayout
-        from core.runtime.prepare import prepare_runtime
+        from opencode_tui_core.episode.seed import owned_spec
+        from opencode_tui_core.runtime.opencode import RuntimeLayout
+        from opencode_tui_core.runtime.prepare import prepare_runtime
 
         config = self.config
         template = self._templates[entry.key]
@@ -457,8 +457,8 @@ class WarmPool:
         self, entry: _Entry, template: Task, requested: str | None, budget: float
     ) -> None:
         """OpenCode's server, started ahead where the task's config allows it (core/episode/ahead.py)."""
-        from core.episode.ahead import can_start_ahead, start_ahead
-        from core.episode.seed import identify
+        from opencode_tui_core.episode.ahead import can_start_ahead, start_ahead
+        from opencode_tui_core.episode.seed import identify
 
         socket_path = f"{entry.listen[1]}/model.sock" if entry.listen else None
         if (

@@ -1,5 +1,5 @@
 """What an episode leaves behind: its result (the batch JSON line), run.json's outcome and counts,
-and diagnostics.txt. The outcome itself is ``core.outcome.decide_outcome``, a pure function."""
+and diagnostics.txt. The outcome itself is ``opencode_tui_core.outcome.decide_outcome``, a pure function."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.artifacts import OutcomeSummary, RunDir, RunInfo
-from core.events import (
+from opencode_tui_core.artifacts import OutcomeSummary, RunDir, RunInfo
+from opencode_tui_core.events import (
     CleanupProof,
     Event,
     OutcomeDecided,
     Warning_,
 )
-from core.failure_groups import evidence_signature
-from core.failures import Outcome
-from core.outcome import RecordedFailure, Verdict
-from core.tally import Tally
+from opencode_tui_core.failure_groups import evidence_signature
+from opencode_tui_core.failures import Outcome
+from opencode_tui_core.outcome import RecordedFailure, Verdict
+from opencode_tui_core.tally import Tally
 
 
 class EpisodeResult(BaseModel):
@@ -39,7 +39,7 @@ class EpisodeResult(BaseModel):
     failure_kind: str | None = None
     failure_stage: str | None = None
     failure_class: str | None = None
-    # The deciding failure's evidence in a few words (core.failure_groups): how failures are grouped.
+    # The deciding failure's evidence in a few words (opencode_tui_core.failure_groups): how failures are grouped.
     failure_evidence: str | None = None
     cleanup_confirmed: bool | None = None
     cleanup_proof: CleanupProof | None = None
@@ -191,7 +191,7 @@ def write_record(
 def write_trajectory(run_dir: RunDir, emit: Callable[[Event], object]) -> None:
     """ATIF ``trajectory.json``, built from what is written above; one that cannot be built is a
     recorded warning: the outcome stands."""
-    from core.export.atif import TRAJECTORY_FILE, build_trajectory
+    from opencode_tui_core.export.atif import TRAJECTORY_FILE, build_trajectory
 
     try:
         run_dir.write_text(TRAJECTORY_FILE, build_trajectory(run_dir.path).to_json())

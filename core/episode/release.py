@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.episode import engine_lost
-from core.episode.common import PhaseIO
-from core.events import CleanupObserved, CleanupProof, CleanupStep, StepState, Warning_
-from core.failures import FailureEvent, FailureStage
-from core.sandbox.base import Sandbox
-from core.session import CloseDeadline, SandboxSession
+from opencode_tui_core.episode import engine_lost
+from opencode_tui_core.episode.common import PhaseIO
+from opencode_tui_core.events import CleanupObserved, CleanupProof, CleanupStep, StepState, Warning_
+from opencode_tui_core.failures import FailureEvent, FailureStage
+from opencode_tui_core.sandbox.base import Sandbox
+from opencode_tui_core.session import CloseDeadline, SandboxSession
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Released:
 
 async def keep(sandbox: Sandbox, run_id: str, run_dir: Path | None, io: PhaseIO) -> Released:
     """Keep (issue 18): the sandbox outlives this process; a failure to record it is a warning."""
-    from core.sandbox.kept import keep_for_later
+    from opencode_tui_core.sandbox.kept import keep_for_later
 
     kept = False
     try:

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from core.config import AgentConfig
-from core.episode.common import StageFailure, failure_from
-from core.events import Event, SandboxReady
-from core.failures import FailureStage
-from core.runtime import access
-from core.sandbox.base import (
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode.common import StageFailure, failure_from
+from opencode_tui_core.events import Event, SandboxReady
+from opencode_tui_core.failures import FailureStage
+from opencode_tui_core.runtime import access
+from opencode_tui_core.sandbox.base import (
     LABEL_BATCH,
     LABEL_OWNER,
     LABEL_RUN,
@@ -30,12 +30,12 @@ from core.sandbox.base import (
     SandboxUser,
     default_owner,
 )
-from core.tasks import Task
+from opencode_tui_core.tasks import Task
 
 if TYPE_CHECKING:
-    from core.episode.ahead import ServerAhead
-    from core.model.endpoint import ModelEndpoint
-    from core.runtime.installer import Installer
+    from opencode_tui_core.episode.ahead import ServerAhead
+    from opencode_tui_core.model.endpoint import ModelEndpoint
+    from opencode_tui_core.runtime.installer import Installer
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Seeded:
 
 def default_installer(config: AgentConfig) -> Installer:
     """The OpenCode installer the configuration asks for (its cache is shared between episodes)."""
-    from core.runtime.installer import Installer, InstallerConfig
+    from opencode_tui_core.runtime.installer import Installer, InstallerConfig
 
     fields: dict[str, object] = {
         "version": config.runtime.opencode_version,
@@ -76,7 +76,7 @@ def owned_spec(
     labels: dict[str, str],
 ) -> SandboxSpec:
     """An owned sandbox for ``task`` (the warm pool builds the same one ahead of its episode)."""
-    from core.runtime.prepare import RUNTIME_CACHE_MOUNT
+    from opencode_tui_core.runtime.prepare import RUNTIME_CACHE_MOUNT
 
     sb = config.sandbox
     return SandboxSpec(

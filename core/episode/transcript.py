@@ -6,14 +6,14 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from core.artifacts import RunFiles
-from core.episode.common import PhaseIO, failure_from
-from core.events import CleanupObserved, CleanupStep, StepState, TranscriptStats
-from core.failures import Evidence, FailureEvent, FailureStage
-from core.session import CloseDeadline
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.episode.common import PhaseIO, failure_from
+from opencode_tui_core.events import CleanupObserved, CleanupStep, StepState, TranscriptStats
+from opencode_tui_core.failures import Evidence, FailureEvent, FailureStage
+from opencode_tui_core.session import CloseDeadline
 
 if TYPE_CHECKING:
-    from core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Transcribed:
 def snapshot_evidence(io: PhaseIO, exc: BaseException) -> Evidence:
     """What the controller saw of OpenCode's data when its snapshot failed: the copy it read from
     (the files it holds, their sizes) and the error. The transcript is an optional artifact: this
-    failure is a warning that never costs a graded reward (``core.failures.policy.WARNING_KINDS``)."""
+    failure is a warning that never costs a graded reward (``opencode_tui_core.failures.policy.WARNING_KINDS``)."""
     copy = io.run_dir.path / RunFiles.OPENCODE_DATA
     files = sorted(copy.rglob("*")) if copy.is_dir() else []
     return Evidence(

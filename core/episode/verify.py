@@ -1,7 +1,7 @@
 """The verification phase, only after confirmed cleanup and never after a cancel: the task's verifier
 under a small wrapper that records its exit code or killing signal; the reward file, when it has one.
 
-A killed, timed-out or lost grader is no grade: ``core.outcome.verifier_verdict`` says so, and an OOM
+A killed, timed-out or lost grader is no grade: ``opencode_tui_core.outcome.verifier_verdict`` says so, and an OOM
 the provider confirms (evidence not already seen for the agent) is named as what it is.
 """
 
@@ -10,17 +10,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from core.artifacts import RunFiles
-from core.episode.close import oom_evidence
-from core.episode.common import PhaseIO, evidence_key, failure_from
-from core.events import VerificationFinished
-from core.failures import FailureEvent, FailureStage
-from core.harbor import read_reward
-from core.outcome import VerifierRun, verifier_verdict
-from core.runtime.verify_wrapper import VERIFY_WRAPPER_SOURCE, read_verify_status
-from core.sandbox.base import Sandbox, SandboxUser
-from core.session import CloseDeadline
-from core.tasks import Task
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.episode.close import oom_evidence
+from opencode_tui_core.episode.common import PhaseIO, evidence_key, failure_from
+from opencode_tui_core.events import VerificationFinished
+from opencode_tui_core.failures import FailureEvent, FailureStage
+from opencode_tui_core.harbor import read_reward
+from opencode_tui_core.outcome import VerifierRun, verifier_verdict
+from opencode_tui_core.runtime.verify_wrapper import VERIFY_WRAPPER_SOURCE, read_verify_status
+from opencode_tui_core.sandbox.base import Sandbox, SandboxUser
+from opencode_tui_core.session import CloseDeadline
+from opencode_tui_core.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ async def verify(
     deadline: CloseDeadline,
     io: PhaseIO,
 ) -> Verified:
-    from core.sandbox.oom import oom_evidence as confirming
-    from core.sandbox.tarsafe import directory_tar
+    from opencode_tui_core.sandbox.oom import oom_evidence as confirming
+    from opencode_tui_core.sandbox.tarsafe import directory_tar
 
     v = task.verify
     started = time.monotonic()

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from core import provider_registry
-from core.config import AgentConfig
-from core.episode.pool import WarmCounts, WarmPool, pool_key
-from core.tasks import Task
+from opencode_tui_core import provider_registry
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode.pool import WarmCounts, WarmPool, pool_key
+from opencode_tui_core.tasks import Task
 
 
 def warm_key(task: Task, config: AgentConfig) -> str | None:

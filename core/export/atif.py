@@ -35,9 +35,9 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.artifacts import RunDirReader, RunFiles, RunInfo, is_run_dir
-from core.calls.records import TokenUsage
-from core.runtime.transcript import compaction_trigger
+from opencode_tui_core.artifacts import RunDirReader, RunFiles, RunInfo, is_run_dir
+from opencode_tui_core.calls.records import TokenUsage
+from opencode_tui_core.runtime.transcript import compaction_trigger
 
 ATIF_VERSION: Final = "ATIF-v1.8"
 TRAJECTORY_FILE = RunFiles.TRAJECTORY

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from core.export.atif import ATIF_VERSION
+from opencode_tui_core.export.atif import ATIF_VERSION
 
 NEWEST = ATIF_VERSION.removeprefix("ATIF-v")
 VERSIONS = (NEWEST, "1.7")  # newest first: what ``--atif-version`` accepts

@@ -1,8 +1,14 @@
 """One failure vocabulary and one outcome policy for every provider and stage."""
 
-from core.failures.evidence import Evidence
-from core.failures.kinds import check_kind, describe, is_registered, register_kind, registered_kinds
-from core.failures.model import (
+from opencode_tui_core.failures.evidence import Evidence
+from opencode_tui_core.failures.kinds import (
+    check_kind,
+    describe,
+    is_registered,
+    register_kind,
+    registered_kinds,
+)
+from opencode_tui_core.failures.model import (
     CleanupDetails,
     CommandDetails,
     DeadlineDetails,
@@ -21,7 +27,7 @@ from core.failures.model import (
     Recovery,
     VerificationDetails,
 )
-from core.failures.policy import (
+from opencode_tui_core.failures.policy import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
     Action,

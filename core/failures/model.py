@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from core.failures.evidence import Evidence, utcnow
-from core.failures.kinds import check_kind
+from opencode_tui_core.failures.evidence import Evidence, utcnow
+from opencode_tui_core.failures.kinds import check_kind
 
 
 class FailureStage(StrEnum):

@@ -20,7 +20,7 @@ Two facts hold before any table:
   by the HTTP status of the request through which it was noticed (a 502 status poll).
 - A failure to produce an optional artifact (``WARNING_KINDS``: the transcript) is a warning: it
   is recorded with its evidence and its decision says ``warning``; it decides the outcome only
-  when the verifier graded nothing (``core.outcome.primary_failure``).
+  when the verifier graded nothing (``opencode_tui_core.outcome.primary_failure``).
 
 A ``retry`` is bounded by ``max_attempts`` and, for a key listed in ``max_retries``, by that count.
 """
@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.failures.model import FailureClass, FailureEvent, FailureStage, OomDetails, OomVictim
+from opencode_tui_core.failures.model import FailureClass, FailureEvent, FailureStage, OomDetails, OomVictim
 
 
 class Action(StrEnum):

@@ -55,7 +55,7 @@ import time
 LISTEN_TIMEOUT_S = 120.0
 # The model relay (started next to this runner by the harness) must accept within this long.
 RELAY_TIMEOUT_S = 10.0
-RELAY_PORT_ENV = "OPENCODE_TUI_RELAY_PORT"  # set by the harness (core.runtime.opencode)
+RELAY_PORT_ENV = "OPENCODE_TUI_RELAY_PORT"  # set by the harness (opencode_tui_core.runtime.opencode)
 CONNECT_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
@@ -330,7 +330,7 @@ GO_NAME = "go"
 PROMPT_FILE = os.path.join(HERE, PROMPT_NAME)
 GO_FILE = os.path.join(HERE, GO_NAME)
 GO_POLL_S = 0.01  # about 0.5% of a core while it waits; the task waits 5 ms on average
-# The task handed over through the relay (core.episode.handoff): with the episode's token, GET the task
+# The task handed over through the relay (opencode_tui_core.episode.handoff): with the episode's token, GET the task
 # (a JSON line, then the task files as a tar), unpack and check it, POST the check's result; the answer
 # is the prompt's files as a tar (PROMPT_NAME, GO_NAME) once the agent phase starts.
 HANDOFF_PREFIX = "/opencode-tui/"

@@ -4,8 +4,14 @@ The names below are the package's public surface: what code outside ``core`` (th
 may use (an import-linter contract in pyproject.toml keeps ``opencode_tui`` to these).
 """
 
-from core.model.hold import HandAnswer, HandToolCall, answer_json
-from core.model.readable import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
+from opencode_tui_core.model.hold import HandAnswer, HandToolCall, answer_json
+from opencode_tui_core.model.readable import (
+    AssembledResponse,
+    Conversation,
+    ToolCallMade,
+    assemble_response,
+    conversation,
+)
 
 __all__ = [
     "AssembledResponse",

@@ -12,17 +12,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.calls.progress import EMPTY_RESPONSE_KIND
-from core.calls.records import AnswerFault, ModelCallRecord, body_excerpt
-from core.config import ModelSettings
-from core.events import Compaction, Event, ModelCall
-from core.failures import Evidence, FailureEvent, FailureStage, ModelCallDetails
-from core.model._http import Handler
-from core.model.hold import CallGate
-from core.model.proxy import ModelProxy
-from core.model.replay import Replayer
-from core.model.scripted import ScriptedModel
-from core.tasks import Task
+from opencode_tui_core.calls.progress import EMPTY_RESPONSE_KIND
+from opencode_tui_core.calls.records import AnswerFault, ModelCallRecord, body_excerpt
+from opencode_tui_core.config import ModelSettings
+from opencode_tui_core.events import Compaction, Event, ModelCall
+from opencode_tui_core.failures import Evidence, FailureEvent, FailureStage, ModelCallDetails
+from opencode_tui_core.model._http import Handler
+from opencode_tui_core.model.hold import CallGate
+from opencode_tui_core.model.proxy import ModelProxy
+from opencode_tui_core.model.replay import Replayer
+from opencode_tui_core.model.scripted import ScriptedModel
+from opencode_tui_core.tasks import Task
 
 # At most this many of the failed calls behind a failure are cited as its evidence (the last ones).
 EVIDENCE_CALLS = 10
@@ -107,8 +107,8 @@ class ModelEndpoint:
         self.proxy: ModelProxy | None = None
         self._tmp: str | None = None
         self.compactions = 0
-        self.gate = gate  # the debugger's breakpoints (core.model.hold)
-        self.replay = replay  # rerun/fork: the parent's recorded answers (core.model.replay)
+        self.gate = gate  # the debugger's breakpoints (opencode_tui_core.model.hold)
+        self.replay = replay  # rerun/fork: the parent's recorded answers (opencode_tui_core.model.replay)
         # OpenCode's API key for the proxy: only this episode's OpenCode can spend the upstream key.
         # A server started ahead (core/episode/ahead.py) was configured with its token before the
         # episode existed: the episode's proxy accepts that one.

@@ -1,6 +1,6 @@
 """Holding a model call before the recording proxy forwards it (the debugger's breakpoints, issue 27).
 
-The proxy knows nothing of breakpoints: it asks a ``CallGate`` (implemented by ``core.debugger``)
+The proxy knows nothing of breakpoints: it asks a ``CallGate`` (implemented by ``opencode_tui_core.debugger``)
 what to do with each agent call and acts on the ``HoldVerdict``: forward it, answer it with a reply a
 person wrote (streamed back in the chat-completions format, never sent to the model), or fail it
 (a cancelled run, a passed deadline) with a 503 the agent sees as a failed call. A call forwarded with
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.model.readable import assemble_response
+from opencode_tui_core.model.readable import assemble_response
 
 
 class HandToolCall(BaseModel):

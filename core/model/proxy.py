@@ -9,7 +9,7 @@ Path mapping: the proxy serves the upstream base URL at ``/v1``: ``/v1/chat/comp
 ``{upstream_url}/chat/completions``; a path without the ``/v1`` prefix is appended to the base as is.
 
 For each call it records a ModelCallRecord (``model_calls.jsonl`` in ``record_dir``) and emits a
-``core.events.ModelCall`` through ``on_call``: status, latency, time to first byte and first token, token
+``opencode_tui_core.events.ModelCall`` through ``on_call``: status, latency, time to first byte and first token, token
 usage parsed from the response (unknown stays None), ``x-session-id``, the attribution plugin's
 ``X-OpenCode-Assistant-Message-Id`` header, the kind (title/agent/compaction/other) and redacted request
 and response bodies.
@@ -43,9 +43,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from core.artifacts import RunFiles
-from core.calls.classify import classify
-from core.calls.records import (
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.calls.classify import classify
+from opencode_tui_core.calls.records import (
     AnswerFault,
     ModelCallRecord,
     TokenUsage,
@@ -53,9 +53,9 @@ from core.calls.records import (
     merge_usage,
     parse_usage,
 )
-from core.events import ModelCall
-from core.failures.evidence import utcnow
-from core.model._http import (
+from opencode_tui_core.events import ModelCall
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.model._http import (
     HOP_BY_HOP,
     LAST_CHUNK,
     BufferedReader,
@@ -67,7 +67,7 @@ from core.model._http import (
     head_bytes,
     send_simple,
 )
-from core.model.hold import (
+from opencode_tui_core.model.hold import (
     FORWARD,
     CallGate,
     HandAnswer,
@@ -78,8 +78,8 @@ from core.model.hold import (
     answer_sse,
     reply_of,
 )
-from core.model.replay import Replayer
-from core.redaction import REDACTED, redact, redact_headers, redact_text
+from opencode_tui_core.model.replay import Replayer
+from opencode_tui_core.redaction import REDACTED, redact, redact_headers, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -394,11 +394,13 @@ class ModelProxy(HttpService):
         self._counter = itertools.count(1)
         self._api_key: str | None = None
         self.access_token = access_token
-        self.gate = gate  # the debugger's breakpoints (core.model.hold); None: every call goes through
-        # rerun/fork (core.model.replay): recorded answers instead of the upstream's; None: always forward
+        self.gate = (
+            gate  # the debugger's breakpoints (opencode_tui_core.model.hold); None: every call goes through
+        )
+        # rerun/fork (opencode_tui_core.model.replay): recorded answers instead of the upstream's; None: always forward
         self.replay = replay
         # (path prefix, handler): requests there are not the model's (a runner taking its task,
-        # core.episode.handoff): answered by the handler, with the token still required, never recorded.
+        # opencode_tui_core.episode.handoff): answered by the handler, with the token still required, never recorded.
         self.side = side
         self._client: httpx.AsyncClient | None = None
         self._server = HttpServer(self._handle, name="model-proxy")

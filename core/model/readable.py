@@ -1,6 +1,6 @@
 """A recorded model call made readable: the request as a conversation, the response assembled.
 
-The proxy records bodies as they went over the wire (``core.calls.records.ModelCallRecord``): the
+The proxy records bodies as they went over the wire (``opencode_tui_core.calls.records.ModelCallRecord``): the
 request as JSON, a streamed response as its raw server-sent events, tool arguments in fragments. These
 functions turn them into what a person debugging an episode reads: who said what (the system prompt and
 tool list apart, since they are long and the same on every call), and what the model answered (its

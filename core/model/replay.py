@@ -28,7 +28,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.calls.records import ModelCallRecord
+from opencode_tui_core.calls.records import ModelCallRecord
 
 OnDivergence = Literal["stop", "continue", "live"]
 Lineage = Literal["rerun", "fork"]

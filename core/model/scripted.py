@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from core.calls.classify import CallKind, classify_body, content_text
-from core.model._http import (
+from opencode_tui_core.calls.classify import CallKind, classify_body, content_text
+from opencode_tui_core.model._http import (
     LAST_CHUNK,
     BufferedReader,
     HttpServer,
@@ -59,7 +59,7 @@ from core.model._http import (
     head_bytes,
     send_simple,
 )
-from core.model.trajectory import Step, Trajectory, Usage, fill_placeholders, load_trajectory
+from opencode_tui_core.model.trajectory import Step, Trajectory, Usage, fill_placeholders, load_trajectory
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core.config import ConfigError, format_validation_error, yaml_error_text
+from opencode_tui_core.config import ConfigError, format_validation_error, yaml_error_text
 
 
 class _Model(BaseModel):

@@ -4,6 +4,6 @@ The names below are the package's public surface: what code outside ``core`` (th
 may use (an import-linter contract in pyproject.toml keeps ``opencode_tui`` to these).
 """
 
-from core.runtime.stream import EventRenderer
+from opencode_tui_core.runtime.stream import EventRenderer
 
 __all__ = ["EventRenderer"]

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from core.events import Event, Warning_
-from core.failures import FailureEvent, FailureStage, GenericDetails
-from core.sandbox.base import (
+from opencode_tui_core.events import Event, Warning_
+from opencode_tui_core.failures import FailureEvent, FailureStage, GenericDetails
+from opencode_tui_core.sandbox.base import (
     SANDBOX_MODEL_SOCKET,
     ExecResult,
     Sandbox,
@@ -29,7 +29,7 @@ from core.sandbox.base import (
     SandboxUser,
     describe_exit,
 )
-from core.sandbox.tarsafe import directory_tar, tree_tar
+from opencode_tui_core.sandbox.tarsafe import directory_tar, tree_tar
 
 # The workdir belongs to the sandbox user; others may read it (a root verifier, a shell as root).
 WORKDIR_MODE = 0o755
@@ -168,7 +168,7 @@ exit 0
 """
 
 
-# The preflight's bound, wherever it runs (an exec, or the runner started ahead: core.episode.handoff).
+# The preflight's bound, wherever it runs (an exec, or the runner started ahead: opencode_tui_core.episode.handoff).
 PREFLIGHT_TIMEOUT_S = 60.0
 
 

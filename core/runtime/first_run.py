@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.events import Event, Warning_
-from core.inside import INSIDE_DIR
-from core.sandbox.base import Sandbox, SandboxError, describe_exit
+from opencode_tui_core.events import Event, Warning_
+from opencode_tui_core.inside import INSIDE_DIR
+from opencode_tui_core.sandbox.base import Sandbox, SandboxError, describe_exit
 
 BUILDER_SOURCE = INSIDE_DIR / "first_run.py"
 BUILD_TIMEOUT_S = 60.0

@@ -40,10 +40,10 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# The pin and the registry are configuration facts (core.config); the installer takes them as defaults.
-from core.config import DEFAULT_OPENCODE_VERSION, DEFAULT_REGISTRY_URL
-from core.json_text import indented_json
-from core.runtime.targets import Target
+# The pin and the registry are configuration facts (opencode_tui_core.config); the installer takes them as defaults.
+from opencode_tui_core.config import DEFAULT_OPENCODE_VERSION, DEFAULT_REGISTRY_URL
+from opencode_tui_core.json_text import indented_json
+from opencode_tui_core.runtime.targets import Target
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Running OpenCode in a sandbox: private layout, generated config, the harness command (the serve
-runner, or ``opencode run --format json``), its live stream handed to ``core.runtime.stream``, and the
+runner, or ``opencode run --format json``), its live stream handed to ``opencode_tui_core.runtime.stream``, and the
 artifacts collected after confirmed cleanup.
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core import provider_registry as registry
-from core.artifacts import RunDir, RunFiles
-from core.config import AgentConfig, ModelSettings, PermissionProfile
-from core.events import Event, SandboxFault, TerminalOutput, TranscriptStats
-from core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
-from core.inside import INSIDE_DIR
-from core.inside.serve_runner import (
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core.artifacts import RunDir, RunFiles
+from opencode_tui_core.config import AgentConfig, ModelSettings, PermissionProfile
+from opencode_tui_core.events import Event, SandboxFault, TerminalOutput, TranscriptStats
+from opencode_tui_core.failures import Evidence, FailureEvent, FailureStage, PermissionDetails
+from opencode_tui_core.inside import INSIDE_DIR
+from opencode_tui_core.inside.serve_runner import (
     AHEAD,
     AHEAD_SESSION,
     GO_NAME,
@@ -28,15 +28,15 @@ from core.inside.serve_runner import (
     PROMPT_NAME,
     RELAY_PORT_ENV,
 )
-from core.json_text import indented_json
-from core.runtime import transcript
-from core.runtime.access import SESSION_DIR_MODE
-from core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
-from core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
-from core.sandbox.tarsafe import safe_extract, tree_tar
-from core.tasks import TASK_FILE, Task, render_prompt
+from opencode_tui_core.json_text import indented_json
+from opencode_tui_core.runtime import transcript
+from opencode_tui_core.runtime.access import SESSION_DIR_MODE
+from opencode_tui_core.runtime.stream import RejectedPermission, RunStreamTranslator, ServeStreamTranslator
+from opencode_tui_core.sandbox.base import SANDBOX_MODEL_SOCKET, OutputChunk, Sandbox, SandboxError
+from opencode_tui_core.sandbox.tarsafe import safe_extract, tree_tar
+from opencode_tui_core.tasks import TASK_FILE, Task, render_prompt
 
-# OpenCode's output in the run directory (the names are spelled in core.artifacts.RunFiles).
+# OpenCode's output in the run directory (the names are spelled in opencode_tui_core.artifacts.RunFiles).
 STDOUT_FILE = RunFiles.OPENCODE_STDOUT
 STDERR_FILE = RunFiles.OPENCODE_STDERR
 OUTPUT_LOG_FILE = RunFiles.OPENCODE_OUTPUT_LOG
@@ -249,7 +249,7 @@ class OpenCodeHarness:
 
     def staged_files(self, runtime: Any = None) -> dict[str, tuple[bytes | None, int]]:
         """Everything OpenCode needs in the session dir, relative to it (``None``: a directory);
-        with the prepared ``runtime``, also OpenCode's first-run state (core.runtime.first_run)."""
+        with the prepared ``runtime``, also OpenCode's first-run state (opencode_tui_core.runtime.first_run)."""
         rel = len(self.layout.session_dir) + 1
         files: dict[str, tuple[bytes | None, int]] = {
             d[rel:]: (None, 0o700) for d in [self.layout.home, self.layout.bin_dir, *self.layout.xdg.values()]
@@ -283,7 +283,7 @@ class OpenCodeHarness:
         if self.mode == "serve":
             files[self.layout.runner_file[rel:]] = (RUNNER_SOURCE.read_bytes(), 0o644)
         if self.use_relay:
-            from core.inside.relay import RELAY_SCRIPT_PATH
+            from opencode_tui_core.inside.relay import RELAY_SCRIPT_PATH
 
             files[self.layout.relay_file[rel:]] = (Path(RELAY_SCRIPT_PATH).read_bytes(), 0o644)
         return files
@@ -354,7 +354,9 @@ class OpenCodeHarness:
         }
         token = getattr(self.endpoint, "access_token", None)
         if ahead in (AHEAD, AHEAD_SESSION) and self.use_relay and token:
-            env[HANDOFF_TOKEN_ENV] = token  # the task comes through the relay (core.episode.handoff)
+            env[HANDOFF_TOKEN_ENV] = (
+                token  # the task comes through the relay (opencode_tui_core.episode.handoff)
+            )
         return ["/bin/sh", "-c", "\n".join(lines)], env
 
     # ---- live output ----

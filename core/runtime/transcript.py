@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from core.events import TranscriptStats
+from opencode_tui_core.events import TranscriptStats
 
 
 def snapshot(source_dir: Path, dest: Path) -> Path:

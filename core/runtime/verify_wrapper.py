@@ -13,10 +13,10 @@ import json
 import signal as _signal
 from typing import TYPE_CHECKING
 
-from core.inside import INSIDE_DIR
+from opencode_tui_core.inside import INSIDE_DIR
 
 if TYPE_CHECKING:
-    from core.sandbox.base import ExecResult, Sandbox
+    from opencode_tui_core.sandbox.base import ExecResult, Sandbox
 
 # The wrapper program (core/inside/verify_wrapper.py), read at import; it runs as
 # ``python3 -c VERIFY_WRAPPER_SOURCE COMMAND STATUS_PATH``: nothing is uploaded for it.

@@ -23,13 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # NetworkPolicy, parse_user_spec and Recovery live below the sandbox layer (the config and the events
 # use them); providers import them from here, the sandbox layer's one vocabulary.
-from core.config import NetworkPolicy, parse_user_spec  # noqa: F401
-from core.events import SandboxFault
-from core.failures import Evidence, FailureEvent, Recovery
-from core.invocation import Liveness, invocation_id, invocation_liveness  # noqa: F401 (the label's home)
+from opencode_tui_core.config import NetworkPolicy, parse_user_spec  # noqa: F401
+from opencode_tui_core.events import SandboxFault
+from opencode_tui_core.failures import Evidence, FailureEvent, Recovery
+from opencode_tui_core.invocation import Liveness, invocation_id, invocation_liveness  # noqa: F401 (the label's home)
 
-# The exceptions live in core.sandbox.errors; re-exported here for callers that import them from base.
-from core.sandbox.errors import (  # noqa: F401
+# The exceptions live in opencode_tui_core.sandbox.errors; re-exported here for callers that import them from base.
+from opencode_tui_core.sandbox.errors import (  # noqa: F401
     ExpectedRefusal,
     SandboxClosedError,
     SandboxError,
@@ -429,13 +429,13 @@ class Sandbox(abc.ABC):
 
     # Convenience built on the primitives above.
     async def upload_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        from core.sandbox.tarsafe import single_file_tar
+        from opencode_tui_core.sandbox.tarsafe import single_file_tar
 
         parent = str(PurePosixPath(path).parent)
         await self.upload_tar(parent, single_file_tar(PurePosixPath(path).name, data, mode))
 
     async def download_file(self, path: str) -> bytes:
-        from core.sandbox.tarsafe import read_single_file
+        from opencode_tui_core.sandbox.tarsafe import read_single_file
 
         return read_single_file(await self.download_tar(path), PurePosixPath(path).name)
 

@@ -1,7 +1,7 @@
 """Reading a memory cgroup (v1 or v2), for every provider and the live fault watch: one reader.
 
 The OOM counter (``oom_kill``, from v1 ``memory.oom_control`` or v2 ``memory.events``) is the
-``cgroup.memory`` evidence (``core.sandbox.oom``); the other numbers give it context. Finding a
+``cgroup.memory`` evidence (``opencode_tui_core.sandbox.oom``); the other numbers give it context. Finding a
 sandbox's cgroup, setting limits and killing its processes stay with the provider that owns it.
 """
 

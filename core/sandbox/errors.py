@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from core.failures import Evidence, FailureCause, FailureDetails, FailureEvent, FailureStage
+from opencode_tui_core.failures import Evidence, FailureCause, FailureDetails, FailureEvent, FailureStage
 
 # A failure's message is one line of a report, not a log: longer ones are cut here.
 MESSAGE_CHARS = 2000

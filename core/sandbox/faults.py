@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.events import FaultKind, SandboxFault
-from core.failures import Evidence
-from core.sandbox import cgroup
-from core.sandbox.kernel_log import KernelLog, OomKillRecord
-from core.sandbox.oom import SOURCE_CGROUP
+from opencode_tui_core.events import FaultKind, SandboxFault
+from opencode_tui_core.failures import Evidence
+from opencode_tui_core.sandbox import cgroup
+from opencode_tui_core.sandbox.kernel_log import KernelLog, OomKillRecord
+from opencode_tui_core.sandbox.oom import SOURCE_CGROUP
 
 POLL_S = 0.2
 # After the counter rises, how long the kernel's record of the kill is waited for.

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.failures.evidence import utcnow
-from core.sandbox.base import Sandbox, default_owner
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.sandbox.base import Sandbox, default_owner
 
 KEPT_DIR_ENV = "OPENCODE_TUI_KEPT_DIR"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")

@@ -4,10 +4,10 @@ sandbox counts: flags, counters and reason codes. Text never does.
 The rules are contributed, not listed here. Each evidence *source* (a string such as
 ``docker.state``) has one ``OomRule``: a predicate saying whether a piece from that source confirms
 an OOM kill. Core owns the rule of the one source it produces itself, ``cgroup.memory`` (a cgroup's
-``oom_kill`` counter rose above its baseline: read by ``core.sandbox.cgroup``, used by the docker and
+``oom_kill`` counter rose above its baseline: read by ``opencode_tui_core.sandbox.cgroup``, used by the docker and
 local providers and by the live fault watch). Every other rule comes from the provider plug-in that
 produces the evidence (``ProviderPlugin.oom_rules``): the docker plug-in's rules are in
-``core.sandbox.docker.oom_rules``, OpenSandbox's in ``core.sandbox.opensandbox.oom_rules``.
+``opencode_tui_core.sandbox.docker.oom_rules``, OpenSandbox's in ``opencode_tui_core.sandbox.opensandbox.oom_rules``.
 docs/providers.md says how a new provider adds its own kind.
 
 Rules are tried plug-in by plug-in (in name order, each in the order it lists them), core's last;
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from core import provider_registry
-from core.failures import Evidence
+from opencode_tui_core import provider_registry
+from opencode_tui_core.failures import Evidence
 
 SOURCE_CGROUP = "cgroup.memory"
 
@@ -47,7 +47,7 @@ def _cgroup_says_oom(ev: Evidence) -> bool:
     return count > baseline
 
 
-# The rules of the evidence core itself produces (core.sandbox.cgroup, core.sandbox.faults).
+# The rules of the evidence core itself produces (opencode_tui_core.sandbox.cgroup, opencode_tui_core.sandbox.faults).
 CORE_RULES: tuple[OomRule, ...] = (OomRule(SOURCE_CGROUP, _cgroup_says_oom),)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from core.failures import Evidence
+from opencode_tui_core.failures import Evidence
 
 SOURCE_PIDS = "cgroup.pids"
 

@@ -7,7 +7,7 @@ import os
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from core.sandbox.errors import UnsafeArchiveError
+from opencode_tui_core.sandbox.errors import UnsafeArchiveError
 
 
 def _check_name(name: str) -> PurePosixPath:

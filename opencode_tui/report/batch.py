@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from core.artifacts import list_runs
-from core.failure_groups import Decided, FailureGroup, RecordedAttempt, group_failures
-from core.resume import load_batch
 from opencode_tui import format as fmt
 from opencode_tui.report.collect import BATCH_LIMITS, ReportInputError, RunReport, collect
 from opencode_tui.report.html import esc, page
 from opencode_tui.report.page import run_body
+from opencode_tui_core.artifacts import list_runs
+from opencode_tui_core.failure_groups import Decided, FailureGroup, RecordedAttempt, group_failures
+from opencode_tui_core.resume import load_batch
 
 
 def batch_groups(runs_dir: Path, batch_id: str, reports: list[RunReport]) -> list[FailureGroup]:
     """The batch's failures grouped as the batch screen, ``runs --batch`` and the stderr summary group
-    them (core.failure_groups): each task once, by the deciding failure of its last attempt. The result
+    them (opencode_tui_core.failure_groups): each task once, by the deciding failure of its last attempt. The result
     lines (results.jsonl) come after the run directories' records, so a task's line decides where there
     is one (a task the cancel never started has only its line; one still running when its controller
     died, only its run directory)."""

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 
-from core.calls.records import failed_call_words
-from core.model import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
 from opencode_tui import format as fmt
 from opencode_tui.report.collect import CallDetail, RunReport
 from opencode_tui.report.html import clip, details, esc, pre, pretty
+from opencode_tui_core.calls.records import failed_call_words
+from opencode_tui_core.model import (
+    AssembledResponse,
+    Conversation,
+    ToolCallMade,
+    assemble_response,
+    conversation,
+)
 
 
 def _tool_call_html(call: ToolCallMade, limit: int) -> str:

@@ -1,6 +1,6 @@
-"""What a run's report shows, gathered from its run directory through ``core.artifacts.RunDirReader``.
+"""What a run's report shows, gathered from its run directory through ``opencode_tui_core.artifacts.RunDirReader``.
 
-The panels' own fold (``opencode_tui.state.RunState``, with ``core.tally``) gives the header facts, the
+The panels' own fold (``opencode_tui.state.RunState``, with ``opencode_tui_core.tally``) gives the header facts, the
 failures, the cleanup steps and the counts, so the report says what the TUI says. Everything embedded is
 capped (``Limits``): a run of a million events or thousands of model calls still gives a page a browser
 opens at once, and the page names what it left out.
@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import __version__
-from core.artifacts import RunDirReader, RunInfo
-from core.calls.records import ModelCallRecord
-from core.events import ModelCall, ToolCall
 from opencode_tui.report.terminal import HEAD_LINES, TAIL_LINES, TerminalLines, render_cast
 from opencode_tui.state import RunState
+from opencode_tui_core import __version__
+from opencode_tui_core.artifacts import RunDirReader, RunInfo
+from opencode_tui_core.calls.records import ModelCallRecord
+from opencode_tui_core.events import ModelCall, ToolCall
 
 # Event types the report does not fold (most of a long run's lines): skipped before decoding.
 SKIPPED_EVENTS = ("terminal", "opencode")

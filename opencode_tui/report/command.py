@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from core.exit_codes import ExitCode
+from opencode_tui_core.exit_codes import ExitCode
 
 REPORT_FILE = "report.html"
 

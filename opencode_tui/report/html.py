@@ -1,6 +1,6 @@
 """The report's HTML building blocks: escaping (redacted first), folding, the page frame.
 
-Every text goes through ``esc``: redacted (``core.redaction``, as the run directory is) and then escaped.
+Every text goes through ``esc``: redacted (``opencode_tui_core.redaction``, as the run directory is) and then escaped.
 Long content sits in ``<details>`` elements (expandable without the script); the script only adds
 "expand all" / "collapse all". The page fetches nothing: styles and script are inline, and its content
 security policy forbids any load.
@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from core import __version__
-from core.redaction import redact_text
+from opencode_tui_core import __version__
+from opencode_tui_core.redaction import redact_text
 
 STYLE = """
 :root{--bg:#fafafa;--fg:#1d1f21;--muted:#6b7280;--line:#d9dce1;--err:#b42318;--warn:#a15c00;--ok:#067647;

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.events import FailureRecorded, FailureRecovered, HealthWarning, SandboxFault
-from core.failures import describe_decision
 from opencode_tui import format as fmt
 from opencode_tui.report.calls import calls_section, tools_section
 from opencode_tui.report.collect import RunReport
 from opencode_tui.report.html import Raw, clip, details, esc, facts, page, pre, pretty
 from opencode_tui.state import CLEANUP_ORDER
+from opencode_tui_core.events import FailureRecorded, FailureRecovered, HealthWarning, SandboxFault
+from opencode_tui_core.failures import describe_decision
 
 
 def header_section(r: RunReport) -> str:

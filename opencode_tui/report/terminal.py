@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from rich.style import Style
 from rich.terminal_theme import MONOKAI
 
-from core.artifacts import Cast
-from core.redaction import redact_text
 from opencode_tui.linebuffer import LineBuffer, ansi_line
+from opencode_tui_core.artifacts import Cast
+from opencode_tui_core.redaction import redact_text
 
 HEAD_LINES = 300
 TAIL_LINES = 3000

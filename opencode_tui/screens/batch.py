@@ -26,9 +26,9 @@ from textual.strip import Strip
 from textual.widgets import DataTable, Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
-from core.failure_groups import FailureGroup
 from opencode_tui import format as fmt
 from opencode_tui.batch_board import AttemptRow, BatchBoard
+from opencode_tui_core.failure_groups import FailureGroup
 
 REFRESH_S = 0.5  # how often running rows' elapsed time and the totals are redrawn
 

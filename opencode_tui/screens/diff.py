@@ -22,10 +22,10 @@ from textual.content import Content
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Static, TextArea
 
-from core.diff import AlignedStep, Delta, RunDiff, Step, diff_runs
 from opencode_tui import format as fmt
 from opencode_tui.plain_text import output_cells, side_by_side
 from opencode_tui.screens.step import exit_words, step_command
+from opencode_tui_core.diff import AlignedStep, Delta, RunDiff, Step, diff_runs
 
 STEP_COLUMNS = ("#", "A", "A time", "B", "B time")
 

@@ -21,7 +21,7 @@ class ForkScreen(ModalScreen[LineageRequest | None]):
         self, request: LineageRequest, steps: int, *, start: int | None = None, moved: str | None = None
     ) -> None:
         """``start``: the step the fork really starts from, and ``moved`` why, when the recorded answer
-        at the step asked for (``request.at``) was cut or failed (``core.model.replay.fork_point``)."""
+        at the step asked for (``request.at``) was cut or failed (``opencode_tui_core.model.replay.fork_point``)."""
         super().__init__(classes="modal")
         self.request, self.steps = request, steps
         self.start = start if start is not None else request.at or 0

@@ -19,12 +19,12 @@ from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane, TextArea
 
-from core.artifacts import RunDirReader, RunFiles, RunInfo
-from core.events import CleanupObserved, VerificationFinished
 from opencode_tui import format as fmt
 from opencode_tui.messages import Copied
 from opencode_tui.state import CLEANUP_ORDER
 from opencode_tui.widgets.cleanup import ICONS, LABELS
+from opencode_tui_core.artifacts import RunDirReader, RunFiles, RunInfo
+from opencode_tui_core.events import CleanupObserved, VerificationFinished
 
 NOT_RECORDED = "not recorded"
 TABS = ("cleanup", "verifier", "prompt", "instructions", "task")

@@ -15,10 +15,6 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from textual import work
 from textual.binding import Binding, BindingType
 
-from core.calls.records import ModelCallRecord
-from core.debugger.protocol import CtlReply, CtlRequest
-from core.events import CleanupStep, Event, Intervention, StepState, TerminalOutput
-from core.model import HandAnswer, answer_json
 from opencode_tui import debug_acts
 from opencode_tui.messages import CancelWanted, EventsReceived, KeepToggleWanted, RerunWanted
 from opencode_tui.screens import run
@@ -35,9 +31,13 @@ from opencode_tui.screens.run import (
     PaletteEntry,
     RunScreen,
 )
+from opencode_tui_core.calls.records import ModelCallRecord
+from opencode_tui_core.debugger.protocol import CtlReply, CtlRequest
+from opencode_tui_core.events import CleanupStep, Event, Intervention, StepState, TerminalOutput
+from opencode_tui_core.model import HandAnswer, answer_json
 
 if TYPE_CHECKING:
-    from core.control import EpisodeControl
+    from opencode_tui_core.control import EpisodeControl
 
 
 class LiveRunScreen(RunScreen):
@@ -162,7 +162,7 @@ class LiveRunScreen(RunScreen):
     @property
     def bodies_dir(self) -> Path | None:
         """The live episode's run directory (the control's ``run_dir``: a path, or a
-        ``core.artifacts.RunDir`` once the episode has created it)."""
+        ``opencode_tui_core.artifacts.RunDir`` once the episode has created it)."""
         if self.run_dir is not None:
             return self.run_dir
         found = getattr(self.control, "run_dir", None)

@@ -26,14 +26,20 @@ from textual.widgets import (
     TextArea,
 )
 
-from core.artifacts import RunDirReader
-from core.calls.records import ModelCallRecord, failed_call_words
-from core.events import FailureRecorded, FailureRecovered, ModelCall
-from core.failures import FailureEvent, describe_decision
-from core.failures.model import ModelCallDetails
-from core.model import AssembledResponse, Conversation, ToolCallMade, assemble_response, conversation
 from opencode_tui import format as fmt
 from opencode_tui.messages import Copied
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.calls.records import ModelCallRecord, failed_call_words
+from opencode_tui_core.events import FailureRecorded, FailureRecovered, ModelCall
+from opencode_tui_core.failures import FailureEvent, describe_decision
+from opencode_tui_core.failures.model import ModelCallDetails
+from opencode_tui_core.model import (
+    AssembledResponse,
+    Conversation,
+    ToolCallMade,
+    assemble_response,
+    conversation,
+)
 
 NOT_RECORDED = "not recorded"
 NOT_SENT = "no reply yet: the debugger holds this call before it is sent to the model"

@@ -16,20 +16,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 
-from core.artifacts import Cast
-from core.events import (
-    Compaction,
-    Event,
-    FailureRecorded,
-    FailureRecovered,
-    HealthWarning,
-    Intervention,
-    ModelCall,
-    SandboxFault,
-    ShellClosed,
-    ShellOpened,
-    ToolCall,
-)
 from opencode_tui import format as fmt
 from opencode_tui.feeds import EventIndex, LoadStats, iter_event_batches
 from opencode_tui.lineage_request import LineageRequest
@@ -49,6 +35,20 @@ from opencode_tui.state import RunState
 from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.timeline import Timeline
+from opencode_tui_core.artifacts import Cast
+from opencode_tui_core.events import (
+    Compaction,
+    Event,
+    FailureRecorded,
+    FailureRecovered,
+    HealthWarning,
+    Intervention,
+    ModelCall,
+    SandboxFault,
+    ShellClosed,
+    ShellOpened,
+    ToolCall,
+)
 
 
 class ReplayRunScreen(RunScreen):
@@ -596,8 +596,8 @@ class ReplayRunScreen(RunScreen):
             )
             return
 
-        from core.artifacts import RunDirReader
-        from core.episode import fork_point
+        from opencode_tui_core.artifacts import RunDirReader
+        from opencode_tui_core.episode import fork_point
 
         # a cut or failed recorded answer at (or a cut one before) the step: the fork starts earlier
         point = fork_point(RunDirReader(self._path).model_calls(), step)

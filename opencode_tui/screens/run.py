@@ -35,9 +35,6 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer
 
-from core.artifacts import RunDirReader, RunInfo
-from core.diff import episode_steps
-from core.events import CleanupObserved, Event, FailureRecorded, HealthWarning, SandboxFault, ToolCall
 from opencode_tui.messages import EventsReceived, ShellWanted
 from opencode_tui.panels import RUN_PANELS, Region, panel_spec
 from opencode_tui.screens.inspect import InspectScreen
@@ -55,6 +52,16 @@ from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.progress import InstallProgressBar, WarningsBar
 from opencode_tui.widgets.tabs import PANELS, PanelTabs, is_compact
 from opencode_tui.widgets.terminal import TerminalView
+from opencode_tui_core.artifacts import RunDirReader, RunInfo
+from opencode_tui_core.diff import episode_steps
+from opencode_tui_core.events import (
+    CleanupObserved,
+    Event,
+    FailureRecorded,
+    HealthWarning,
+    SandboxFault,
+    ToolCall,
+)
 
 if TYPE_CHECKING:
     from opencode_tui.host import EpisodeHost as OpenCodeTUI

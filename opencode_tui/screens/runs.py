@@ -32,10 +32,10 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Footer, Input, Static
 
-from core.artifacts import RunInfo
-from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.runs_index import SORTS, RunEntry, RunsIndex, lineage_mark, parent_dir
+from opencode_tui_core.artifacts import RunInfo
+from opencode_tui_core.failures import Outcome
 
 
 @dataclass(frozen=True)
@@ -562,7 +562,7 @@ class RunsScreen(Screen[None]):
         entry = self.index.entry(self.query_one(RunsList).cursor_row)
         if entry is None:
             return
-        from core.admission import RerunError, rerun_inputs
+        from opencode_tui_core.admission import RerunError, rerun_inputs
 
         try:
             rerun_inputs(entry.info(), entry.path)

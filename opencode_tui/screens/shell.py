@@ -15,11 +15,11 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Static
 
-from core.events import FailureRecorded, Phase
 from opencode_tui import format as fmt
 from opencode_tui.messages import ShellStateChanged
 from opencode_tui.state import RunState
 from opencode_tui.widgets.pty import EXITED, OpenPty, PtyTerminal
+from opencode_tui_core.events import FailureRecorded, Phase
 
 # The run's events reach its screen in batches: what closed the shell may be folded in a moment later.
 RECHECK_S = 1.0

@@ -18,10 +18,10 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from core.artifacts import Cast
-from core.events import ShellClosed, ShellOpened
 from opencode_tui import format as fmt
 from opencode_tui.widgets.terminal import TerminalView
+from opencode_tui_core.artifacts import Cast
+from opencode_tui_core.events import ShellClosed, ShellOpened
 
 TICK = 0.05
 FAST = 10.0

@@ -1,6 +1,6 @@
 """One step of the agent, opened from the timeline or the terminal pane (Enter): a tool call's command or
 arguments, its whole output as recorded, its exit status and duration, and the model call whose answer
-asked for it (``m`` opens that call). The step itself is ``core.diff.Step`` (``episode_steps``), the same
+asked for it (``m`` opens that call). The step itself is ``opencode_tui_core.diff.Step`` (``episode_steps``), the same
 record the diff aligns, so the two views cannot disagree about what a step was."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static, TextArea
 
-from core.diff import Step
-from core.events import ModelCall
 from opencode_tui import format as fmt
 from opencode_tui.messages import Copied
+from opencode_tui_core.diff import Step
+from opencode_tui_core.events import ModelCall
 
 
 def step_command(step: Step) -> str:

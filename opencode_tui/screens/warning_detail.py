@@ -10,8 +10,8 @@ from collections.abc import Collection
 from textual.binding import Binding
 from textual.content import Content
 
-from core.events import HealthWarning, SandboxFault
 from opencode_tui.screens.modals import CallLinksDetail
+from opencode_tui_core.events import HealthWarning, SandboxFault
 
 Noticed = HealthWarning | SandboxFault
 

@@ -12,10 +12,10 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
-from core.events import FailureRecorded, FailureRecovered, HealthWarning, SandboxFault
 from opencode_tui.format import action_words, recovery_label
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import ShowsRunState
+from opencode_tui_core.events import FailureRecorded, FailureRecovered, HealthWarning, SandboxFault
 
 Problem = FailureRecorded | FailureRecovered | HealthWarning | SandboxFault
 

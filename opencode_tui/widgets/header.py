@@ -13,9 +13,9 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
+from opencode_tui_core.failures import Outcome
 
 _PHASE_STYLE = {
     "running": "$state-running",

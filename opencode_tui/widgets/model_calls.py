@@ -17,11 +17,11 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
-from core.events import ModelCall
 from opencode_tui import format as fmt
 from opencode_tui.format import status_word
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import ShowsRunState
+from opencode_tui_core.events import ModelCall
 
 # latency and TTFT before the long ids, so they stay on screen at 120 columns
 COLUMNS = ("time", "kind", "status", "latency", "TTFT", "tok in", "tok out", "message id")
@@ -40,7 +40,9 @@ def _status_is(call: ModelCall, want: str) -> bool:
     return status is not None and str(status) == want
 
 
-SUBAGENT_MARK = "↳ "  # before the kind of a subagent's call (core.tally: its session is not the episode's)
+SUBAGENT_MARK = (
+    "↳ "  # before the kind of a subagent's call (opencode_tui_core.tally: its session is not the episode's)
+)
 
 
 def call_matches(call: ModelCall, query: str, subagent: bool = False) -> bool:

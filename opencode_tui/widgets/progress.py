@@ -7,10 +7,10 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Label, ProgressBar
 
-from core.events import STOPPING_WARNINGS, CleanupStep, Phase, StepState
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import Panel, ShowsRunState
+from opencode_tui_core.events import STOPPING_WARNINGS, CleanupStep, Phase, StepState
 
 
 class InstallProgressBar(Horizontal):

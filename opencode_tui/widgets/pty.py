@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from core.sandbox import PtyHandle
+from opencode_tui_core.sandbox import PtyHandle
 
 OpenPty = Callable[[int, int], Awaitable[PtyHandle]]
 EXITED = "the shell exited"  # its output ended: ``exit``, or its process was killed (the screen says which)

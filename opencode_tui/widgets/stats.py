@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 from textual.content import Content
 
-from core.failures import Outcome
 from opencode_tui import format as fmt
 from opencode_tui.state import RunState
 from opencode_tui.widgets.base import Panel, ShowsRunState
+from opencode_tui_core.failures import Outcome
 
 
 def _by_tool(counts: dict[str, int]) -> str:
@@ -82,7 +82,7 @@ class StatsPanel(ShowsRunState, Panel):
             row("", "[b $warning]$words[/]", words=_by_person(answered, edited))
         if state.interventions:
             _counted(row, "Debugger", Counter(i.what for i in state.interventions))
-        # One definition everywhere (core.tokens): every model call, title and compaction included.
+        # One definition everywhere (opencode_tui_core.tokens): every model call, title and compaction included.
         row(
             "Tokens",
             "in $tin · out $tout (all calls)",

@@ -35,10 +35,10 @@ from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
 
-from core.artifacts import RunFiles
-from core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
-from core.runtime import EventRenderer
 from opencode_tui.linebuffer import LineBuffer, ansi_line, raw_line
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.events import Event, OpenCodeEvent, TerminalOutput, ToolCall
+from opencode_tui_core.runtime import EventRenderer
 
 View = Literal["rendered", "raw", "cast"]
 
@@ -50,7 +50,7 @@ RENDERED_STREAMS = frozenset({"pty", "display", "stderr"})
 class TranscriptFeed:
     """Fills the rendered view: terminal output as it is, and the engine's rendering of the transcript.
 
-    The engine renders every tool call and text on the ``display`` stream (``core.runtime.stream``),
+    The engine renders every tool call and text on the ``display`` stream (``opencode_tui_core.runtime.stream``),
     starting with a header, and that is what is shown. Events recorded without such a rendering (an
     older engine, a scripted event stream) are rendered by the engine's own :class:`EventRenderer`; since
     an older engine rendered right after the event without a header, a renderable event is held back

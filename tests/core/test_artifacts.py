@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core.artifacts import RunDir, RunDirReader, RunFiles, RunInfo, list_runs
-from core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
-from core.events import TerminalOutput
-from core.redaction import REDACTED, redact, redact_text
+from opencode_tui_core.artifacts import RunDir, RunDirReader, RunFiles, RunInfo, list_runs
+from opencode_tui_core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
+from opencode_tui_core.events import TerminalOutput
+from opencode_tui_core.redaction import REDACTED, redact, redact_text
 
 KEY = "sk-proj-abcdefghijklmnopqrstuvwx"
 
@@ -87,7 +87,7 @@ REDACTION_TEXTS = [
 
 @pytest.mark.parametrize("text", REDACTION_TEXTS)
 def test_redact_text_skips_only_patterns_that_cannot_match(text):
-    from core.redaction import _TEXT_PATTERNS
+    from opencode_tui_core.redaction import _TEXT_PATTERNS
 
     every = text
     for _, pattern, repl in _TEXT_PATTERNS:
@@ -123,7 +123,7 @@ def test_a_long_text_redacted_again_is_redacted_alike_and_per_literal_secret():
 def test_a_long_text_is_remembered_only_once_it_comes_again():
     """A long text seen once (an episode's trajectory, a model's answer) is not kept: a long batch's
     memory does not climb by the whole budget. Seen again, it is kept and later lookups hit."""
-    from core.redaction import _REMEMBERED, _Remembered
+    from opencode_tui_core.redaction import _REMEMBERED, _Remembered
 
     once = [f"episode {i}: " + "a unique trajectory line\n" * 80 for i in range(50)]
     held = _REMEMBERED.held_chars
@@ -157,7 +157,7 @@ LITERALS = ("hunter2-literal", 'hunter2-"lit', "caf\u00e9-s\u00e9cret-literal")
 @pytest.mark.parametrize("value", COULD_CHANGE_VALUES)
 @pytest.mark.parametrize("secrets", [(), LITERALS], ids=["no-literals", "literals"])
 def test_a_write_skips_redaction_only_when_it_would_change_nothing(value, secrets):
-    from core.redaction import could_change
+    from opencode_tui_core.redaction import could_change
 
     for text in (json.dumps(value), json.dumps(value, ensure_ascii=False, indent=2)):
         if not could_change(text, secrets):
@@ -234,7 +234,7 @@ _SHAPED = st.tuples(
 def test_the_skip_never_skips_a_change_whatever_the_text(value, ascii_only):
     """The property behind the skip: whenever ``could_change`` says no, the walk changes nothing,
     over texts shaped like what the patterns and the secret keys look for, and near misses."""
-    from core.redaction import could_change
+    from opencode_tui_core.redaction import could_change
 
     text = json.dumps(value, ensure_ascii=ascii_only)
     if not could_change(text):
@@ -244,7 +244,7 @@ def test_the_skip_never_skips_a_change_whatever_the_text(value, ascii_only):
 def test_the_skip_is_taken_for_what_holds_nothing_and_refused_for_a_cookie(tmp_path):
     """The skip exists (most events hold nothing), and a key that names a secret but shares no word
     with the text patterns (a cookie) is still redacted on disk."""
-    from core.redaction import could_change
+    from opencode_tui_core.redaction import could_change
 
     rd = RunDir.create(tmp_path / "runs", "r1")
     rd.write_json("headers.json", {"Cookie": "sid=abcdefgh", "ok": True})
@@ -329,7 +329,7 @@ def test_events_writer_fault_is_reported_once_and_never_raises(tmp_path):
     the writer can tell): appending never raises into the bus, the first fault is reported through
     on_write_error (the episode turns it into artifacts_write_failed), later ones are not repeated,
     and the other consumers of the bus go on receiving every event."""
-    from core.events import EventBus
+    from opencode_tui_core.events import EventBus
 
     run = tmp_path / "r1"
     run.mkdir()
@@ -357,7 +357,7 @@ def test_reader_reads_every_file_through_runfiles(tmp_path):
     the verifier's output, the inputs as sent, the cast."""
     from datetime import UTC, datetime
 
-    from core.calls.records import ModelCallRecord
+    from opencode_tui_core.calls.records import ModelCallRecord
 
     rd = RunDir.create(tmp_path, "r2")
     rd.append_event(TerminalOutput(stream="stdout", data="x\n"))
@@ -413,8 +413,8 @@ def test_one_definition_of_a_run_directory(tmp_path):
 
 
 def test_events_read_typed_filtered_or_raw_by_type(tmp_path):
-    from core.events import FailureRecorded, PhaseChanged, ToolCall
-    from core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, decide
+    from opencode_tui_core.events import FailureRecorded, PhaseChanged, ToolCall
+    from opencode_tui_core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, decide
 
     rd = RunDir.create(tmp_path, "r")
     failure = FailureEvent(kind="agent_timeout", stage=FailureStage.AGENT, operation="run", message="late")

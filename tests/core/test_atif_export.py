@@ -17,18 +17,18 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from core.batch import BatchControl, run_batch
-from core.config import AgentConfig
-from core.events import ToolCall
-from core.export.atif import (
+from opencode_tui.cli import main as cli
+from opencode_tui_core.batch import BatchControl, run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.events import ToolCall
+from opencode_tui_core.export.atif import (
     ATIF_VERSION,
     TRAJECTORY_FILE,
     AtifTrajectory,
     build_trajectory,
     to_messages,
 )
-from core.tasks import load_task
-from opencode_tui.cli import main as cli
+from opencode_tui_core.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_tasks"
@@ -234,7 +234,7 @@ def test_compaction_follows_the_context_management_convention(sample_runs):
 def test_model_call_summaries_match_the_whole_records():
     """The export counts calls from ``RunDirReader.call_summaries`` (bodies never built): the same
     fields as the whole record, whatever the field order, and a torn last line is passed over."""
-    from core.artifacts import RunDirReader
+    from opencode_tui_core.artifacts import RunDirReader
 
     for name in ("hello-file", "oom"):
         lines = (FIXTURE_RUNS / name / "model_calls.jsonl").read_bytes().splitlines()
@@ -248,7 +248,7 @@ def test_model_call_summaries_match_the_whole_records():
 
 
 def test_model_call_summaries_do_not_depend_on_field_order(tmp_path):
-    from core.artifacts import RunDirReader, RunFiles
+    from opencode_tui_core.artifacts import RunDirReader, RunFiles
 
     record = json.loads((FIXTURE_RUNS / "hello-file" / "model_calls.jsonl").read_bytes().splitlines()[0])
     reordered = dict(reversed(list(record.items())))  # the bodies first, the usage last

@@ -12,9 +12,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from core.export.atif import TRAJECTORY_FILE, build_trajectory
-from core.export.atif_versions import for_version, versioned_file
 from opencode_tui.cli import main as cli
+from opencode_tui_core.export.atif import TRAJECTORY_FILE, build_trajectory
+from opencode_tui_core.export.atif_versions import for_version, versioned_file
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_RUNS = ROOT / "tests" / "fixtures" / "runs"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunFiles
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.resume import RESULTS_FILE
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.resume import RESULTS_FILE
+from opencode_tui_core.tasks import load_task
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 
@@ -51,7 +51,7 @@ async def test_a_limit_that_cannot_be_enforced_is_said_or_refused(tmp_path):
     ``strict`` it is refused before anything is staged (outcome refused, exit 2, the sandbox removed)."""
     import subprocess
 
-    from core.artifacts import RunDirReader
+    from opencode_tui_core.artifacts import RunDirReader
     from tests.core.conftest import require_docker_image
 
     require_docker_image()
@@ -81,7 +81,7 @@ async def test_a_limit_that_cannot_be_enforced_is_said_or_refused(tmp_path):
 
 
 def test_the_batch_line_says_failures_kept_as_warnings():
-    from core.batch import BatchSummary
+    from opencode_tui_core.batch import BatchSummary
 
     line = BatchSummary(total=2, scored=2, warnings_by_kind={"transcript_export_failed": 1}).line()
     assert line == "2 of 2 scored; warnings (reward kept): transcript_export_failed x1"

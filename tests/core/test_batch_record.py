@@ -7,9 +7,9 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
-from core.batch_record import BATCHES_FILE, BatchRecord, append_record, recent_batches
-from core.episode.pool import WarmCounts
-from core.invocation import invocation_id
+from opencode_tui_core.batch_record import BATCHES_FILE, BatchRecord, append_record, recent_batches
+from opencode_tui_core.episode.pool import WarmCounts
+from opencode_tui_core.invocation import invocation_id
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from core.session import CloseBudgetSpent, CloseDeadline
+from opencode_tui_core.session import CloseBudgetSpent, CloseDeadline
 
 
 async def test_steps_share_one_budget_and_keep_the_release_reserve():

@@ -5,7 +5,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from core.config import AgentConfig, Budgets, ConfigError, ModelSettings, load_config
+from opencode_tui_core.config import AgentConfig, Budgets, ConfigError, ModelSettings, load_config
 
 
 def test_defaults_match_design():
@@ -52,7 +52,7 @@ def test_budgets_must_be_finite_and_positive(field, value):
 )
 def test_a_task_asking_for_what_the_engine_refuses_is_told_why(tmp_path, field, phrase):
     """The refusal reasons reach the user through the task file they wrote (issue 25)."""
-    from core.tasks import load_task
+    from opencode_tui_core.tasks import load_task
 
     (tmp_path / "task.yaml").write_text(
         f"id: t\nproblem_statement: p\nverify: {{command: 'true'}}\n{field}: x\n"

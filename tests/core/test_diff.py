@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDirReader
-from core.diff import diff_runs, episode_steps
-from core.events import ModelCall, ToolCall
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.diff import diff_runs, episode_steps
+from opencode_tui_core.events import ModelCall, ToolCall
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OOM = FIXTURES / "runs" / "oom"
@@ -92,7 +92,7 @@ def test_not_a_run_directory(tmp_path):
 
 def test_what_the_agent_was_given_is_task_drift(tmp_path):
     """The task file and the prompt as recorded in the run directory (input/): a changed line is drift."""
-    from core.artifacts import RunFiles
+    from opencode_tui_core.artifacts import RunFiles
 
     a, b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(EXIT_137, a)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.events import FailureRecorded, HealthKind, HealthWarning, PhaseChanged
-from core.exit_codes import ExitCode
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.events import FailureRecorded, HealthKind, HealthWarning, PhaseChanged
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.tasks import load_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 LIMIT = 5  # the default model.empty_answers_limit

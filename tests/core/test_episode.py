@@ -13,12 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDirReader, RunFiles
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.events import CleanupObserved, ModelCall, OutcomeDecided, PhaseChanged, VerificationFinished
-from core.samples import EXPECTED_OUTCOMES
-from core.tasks import load_task, render_prompt
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.events import (
+    CleanupObserved,
+    ModelCall,
+    OutcomeDecided,
+    PhaseChanged,
+    VerificationFinished,
+)
+from opencode_tui_core.samples import EXPECTED_OUTCOMES
+from opencode_tui_core.tasks import load_task, render_prompt
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDirReader
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.events import FailureRecorded, FaultKind, SandboxFault, TerminalOutput, ToolCall
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.events import FailureRecorded, FaultKind, SandboxFault, TerminalOutput, ToolCall
+from opencode_tui_core.tasks import load_task
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"

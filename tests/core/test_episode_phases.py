@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDir
-from core.calls.records import ModelCallRecord
-from core.config import AgentConfig
-from core.episode import close, release, verify
-from core.episode.common import PhaseIO, failure_from, stage_of
-from core.episode.record import result_of
-from core.events import (
+from opencode_tui_core.artifacts import RunDir
+from opencode_tui_core.calls.records import ModelCallRecord
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import close, release, verify
+from opencode_tui_core.episode.common import PhaseIO, failure_from, stage_of
+from opencode_tui_core.episode.record import result_of
+from opencode_tui_core.events import (
     CleanupObserved,
     CleanupStep,
     Compaction,
@@ -34,12 +34,12 @@ from core.events import (
     TranscriptStats,
     VerificationFinished,
 )
-from core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, Outcome, decide
-from core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
-from core.sandbox.base import SandboxError, SandboxSpec, SandboxUser
-from core.session import CleanupUnconfirmed, CloseDeadline
-from core.tally import Tally
-from core.tasks import load_task
+from opencode_tui_core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, Outcome, decide
+from opencode_tui_core.outcome import EpisodeFacts, RecordedFailure, decide_outcome
+from opencode_tui_core.sandbox.base import SandboxError, SandboxSpec, SandboxUser
+from opencode_tui_core.session import CleanupUnconfirmed, CloseDeadline
+from opencode_tui_core.tally import Tally
+from opencode_tui_core.tasks import load_task
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 
@@ -182,7 +182,7 @@ def test_the_result_line_carries_the_verdict_the_counts_and_unknown_tokens_as_nu
 
 @pytest.fixture
 async def local_sandbox(tmp_path):
-    from core.sandbox.providers import get_provider
+    from opencode_tui_core.sandbox.providers import get_provider
 
     config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
     provider = get_provider(config.sandbox.provider, config)
@@ -263,9 +263,9 @@ async def test_a_hurry_destroys_only_within_the_close_budget_left(tmp_path, loca
     """A second cancel destroys the owned sandbox within what the close has left, never a fresh
     budget (issue 25): with the budget spent (a clock moved past it), the destruction is not started
     and the warning says why; with time left, the sandbox is destroyed."""
-    from core.control import CancelRequest
-    from core.episode import Episode
-    from core.events import Warning_
+    from opencode_tui_core.control import CancelRequest
+    from opencode_tui_core.episode import Episode
+    from opencode_tui_core.events import Warning_
 
     task = load_task(SAMPLES / "hello-file")
     config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
@@ -292,7 +292,7 @@ async def test_a_hurry_destroys_only_within_the_close_budget_left(tmp_path, loca
 def test_a_fault_is_attributed_to_the_shell_command_running_when_it_happened():
     from datetime import timedelta
 
-    from core.episode.agent import _Shells
+    from opencode_tui_core.episode.agent import _Shells
 
     t0 = datetime.now(UTC)
     shells = _Shells()

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader
-from core.config import AgentConfig
-from core.episode import Episode
-from core.events import Event, ToolCall
-from core.failures import Outcome
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.events import Event, ToolCall
+from opencode_tui_core.failures import Outcome
+from opencode_tui_core.tasks import load_task
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"

@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader, RunFiles
-from core.batch import BatchControl, run_batch
-from core.config import AgentConfig
-from core.events import Event, Phase, PhaseChanged, ToolCall
-from core.exit_codes import ExitCode
-from core.failures import Outcome
-from core.outcome import exit_code
-from core.signals import closing_signals
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.batch import BatchControl, run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.events import Event, Phase, PhaseChanged, ToolCall
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.failures import Outcome
+from opencode_tui_core.outcome import exit_code
+from opencode_tui_core.signals import closing_signals
+from opencode_tui_core.tasks import load_task
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
@@ -101,7 +101,7 @@ def _left_behind(provider: str, result) -> list[str]:
     out = subprocess.run(["pgrep", "-af", result.sandbox_id or result.run_id], capture_output=True, text=True)
     left = [line for line in out.stdout.splitlines() if "pgrep" not in line]
     # A released sandbox leaves no state directory either (a release cut short once did).
-    from core.sandbox.local.provider import _default_base_dir
+    from opencode_tui_core.sandbox.local.provider import _default_base_dir
 
     if result.sandbox_id and (_default_base_dir() / result.sandbox_id).exists():
         left.append(f"state directory {_default_base_dir() / result.sandbox_id}")

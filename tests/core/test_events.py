@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime
 
-from core.events import (
+from opencode_tui_core.events import (
     CleanupObserved,
     CleanupStep,
     Compaction,
@@ -26,7 +26,7 @@ from core.events import (
     decode,
     encode,
 )
-from core.failures import (
+from opencode_tui_core.failures import (
     Action,
     CommandDetails,
     Evidence,
@@ -36,7 +36,7 @@ from core.failures import (
     OomDetails,
     decide,
 )
-from core.sandbox.base import Recovery
+from opencode_tui_core.sandbox.base import Recovery
 
 
 def _failure():

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from core import executor_registry
-from core.batch import LocalExecutor
-from core.config import AgentConfig, ConfigError, load_config
-from core.executor_registry import ExecutorHooks, UnknownExecutorError
 from opencode_tui.cli import build_parser
+from opencode_tui_core import executor_registry
+from opencode_tui_core.batch import LocalExecutor
+from opencode_tui_core.config import AgentConfig, ConfigError, load_config
+from opencode_tui_core.executor_registry import ExecutorHooks, UnknownExecutorError
 
 ROOT = Path(__file__).resolve().parents[2]
 

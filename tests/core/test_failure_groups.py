@@ -9,10 +9,16 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from core.artifacts import RunDirReader
-from core.events import FailureRecorded, OutcomeDecided
-from core.failure_groups import RecordedAttempt, deciding, evidence_signature, group_failures, groups_line
-from core.resume import load_batch
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.events import FailureRecorded, OutcomeDecided
+from opencode_tui_core.failure_groups import (
+    RecordedAttempt,
+    deciding,
+    evidence_signature,
+    group_failures,
+    groups_line,
+)
+from opencode_tui_core.resume import load_batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BATCH = FIXTURES / "batch"

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.harbor import reward_from_json
-from core.tasks import load_task, task_content_hash
 from opencode_tui.cli import main as cli
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.harbor import reward_from_json
+from opencode_tui_core.tasks import load_task, task_content_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 HARBOR = ROOT / "sample_tasks" / "harbor"
@@ -218,8 +218,8 @@ def test_a_failed_build_is_an_infrastructure_failure_at_seed(harbor_runs):
 def test_the_next_build_removes_what_an_abandoned_build_tagged_late(harbor_runs):
     """The slow build was abandoned at its 3 s deadline; the engine goes on and tags it under its
     scratch name about 30 s later. The next build of any task (here a cached one) removes that tag."""
-    from core.sandbox.docker.image_build import build_task_image
-    from core.sandbox.docker.settings import DockerSettings
+    from opencode_tui_core.sandbox.docker.image_build import build_task_image
+    from opencode_tui_core.sandbox.docker.settings import DockerSettings
 
     def scratch() -> list[str]:
         out = subprocess.run(
@@ -247,8 +247,8 @@ def test_the_next_build_removes_what_an_abandoned_build_tagged_late(harbor_runs)
 def test_a_cached_task_image_is_rebuilt_when_its_base_changed(tmp_path):
     """The tag hashes the build context; the base is tracked by image ID in a label. Re-pointing the
     base tag (as scripts/build-images does after a change) makes the next build rebuild."""
-    from core.sandbox.docker.image_build import BASES_LABEL, build_task_image
-    from core.sandbox.docker.settings import DockerSettings
+    from opencode_tui_core.sandbox.docker.image_build import BASES_LABEL, build_task_image
+    from opencode_tui_core.sandbox.docker.settings import DockerSettings
 
     base = f"opencode-tui/test-base-{uuid.uuid4().hex[:8]}:latest"
 

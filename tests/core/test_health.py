@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.events import HealthWarning
-from core.health import health_counts
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.events import HealthWarning
+from opencode_tui_core.health import health_counts
+from opencode_tui_core.tasks import load_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.bwrap]
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"

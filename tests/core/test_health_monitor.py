@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from core.config import HealthThresholds
-from core.events import (
+from opencode_tui_core.config import HealthThresholds
+from opencode_tui_core.events import (
     Compaction,
     EventBus,
     HealthWarning,
@@ -16,8 +16,8 @@ from core.events import (
     TerminalOutput,
     ToolCall,
 )
-from core.failures.evidence import utcnow
-from core.health import HealthMonitor
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.health import HealthMonitor
 
 
 def _call(n: int, status: int = 200, kind: str = "agent", tokens_in: int | None = 1000, at=None) -> ModelCall:

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader, RunFiles
-from core.config import AgentConfig
-from core.episode import Episode, child_inputs, load_parent
-from core.episode.digests import recorded_digests
-from core.events import ToolCall
-from core.exit_codes import ExitCode
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode, child_inputs, load_parent
+from opencode_tui_core.episode.digests import recorded_digests
+from opencode_tui_core.events import ToolCall
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.tasks import load_task
 from tests.core.conftest import require_docker_image
 
 pytestmark = pytest.mark.slow
@@ -299,7 +299,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.bwrap
 def test_fork_at_a_cut_step_says_so_and_starts_from_the_last_complete_step(cut_parent):
-    from core.model.replay import fork_point
+    from opencode_tui_core.model.replay import fork_point
 
     records = list(RunDirReader(cut_parent).model_calls())
     agent = _agent_calls(cut_parent)
@@ -345,7 +345,7 @@ def test_fork_where_no_complete_step_comes_before_the_cut_is_refused(cut_parent)
 def test_a_truncated_or_abandoned_record_before_the_fork_point_moves_it(cut_parent):
     """A record the proxy capped, or whose client hung up (a stalled stream), cannot be answered as it
     was: a fork past it starts before it (the parent's real records, one of them marked so)."""
-    from core.model.replay import fork_point
+    from opencode_tui_core.model.replay import fork_point
 
     records = sorted(RunDirReader(cut_parent).model_calls(), key=lambda r: r.started_at)
     agent = [r for r in records if r.kind == "agent"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from core.memory import Reclaimer, _malloc_trim
+from opencode_tui_core.memory import Reclaimer, _malloc_trim
 
 
 class _Node:

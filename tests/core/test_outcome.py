@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from core.calls.progress import NoProgress
-from core.calls.records import AnswerFault, ModelCallRecord, answer_fault_error
-from core.events import FaultKind, SandboxFault
-from core.exit_codes import ExitCode
-from core.failures import (
+from opencode_tui_core.calls.progress import NoProgress
+from opencode_tui_core.calls.records import AnswerFault, ModelCallRecord, answer_fault_error
+from opencode_tui_core.events import FaultKind, SandboxFault
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.failures import (
     DEFAULT_CLASSIFICATION,
     DEFAULT_POLICY,
     Action,
@@ -30,9 +30,9 @@ from core.failures import (
     decide,
     merged,
 )
-from core.failures.evidence import utcnow
-from core.model.endpoint import failure_from_record
-from core.outcome import (
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.model.endpoint import failure_from_record
+from opencode_tui_core.outcome import (
     AgentFacts,
     EpisodeFacts,
     Outcome,
@@ -43,7 +43,7 @@ from core.outcome import (
     exit_code,
     verifier_verdict,
 )
-from core.runtime.supervisor_client import CleanupReceipt
+from opencode_tui_core.runtime.supervisor_client import CleanupReceipt
 
 SCOPE = "c0ffee"
 
@@ -90,7 +90,7 @@ def model_500() -> FailureEvent:
 
 
 def empty_200() -> FailureEvent:
-    """What the proxy's record of an empty 200 stream stands for (core.model.endpoint)."""
+    """What the proxy's record of an empty 200 stream stands for (opencode_tui_core.model.endpoint)."""
     rec = ModelCallRecord(
         call_id="c9",
         method="POST",
@@ -568,8 +568,8 @@ def test_a_lost_snapshot_is_a_warning_in_the_verdict_and_its_summary() -> None:
 
 
 def test_decisions_name_what_decided_them_in_words() -> None:
-    from core.failures import describe_decision
-    from core.failures.model import OomDetails, OomVictim
+    from opencode_tui_core.failures import describe_decision
+    from opencode_tui_core.failures.model import OomDetails, OomVictim
 
     survived = decide(
         failure("provider_oom_killed", FailureStage.AGENT, details=OomDetails(victim=OomVictim.COMMAND))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from core.batch import BatchSummary
-from core.config import AgentConfig, RaySettings
-from core.ray_executor import WARM_NOT_USED, RayExecutor
-from core.tasks import load_task
+from opencode_tui_core.batch import BatchSummary
+from opencode_tui_core.config import AgentConfig, RaySettings
+from opencode_tui_core.ray_executor import WARM_NOT_USED, RayExecutor
+from opencode_tui_core.tasks import load_task
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 

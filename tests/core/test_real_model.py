@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDirReader
-from core.batch import run_batch
-from core.calls.records import AnswerFault
-from core.config import AgentConfig
-from core.events import FailureRecorded, HealthKind, HealthWarning, ModelCall
-from core.exit_codes import ExitCode
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.calls.records import AnswerFault
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.events import FailureRecorded, HealthKind, HealthWarning, ModelCall
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.tasks import load_task
 from tests import real_model
 
 # One worker runs the module (the servers and their prompt caches are shared by both providers). The

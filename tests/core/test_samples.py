@@ -1,4 +1,4 @@
-"""The bundled sample tasks (core.samples): listed by name, found by ``run NAME``, copied without
+"""The bundled sample tasks (opencode_tui_core.samples): listed by name, found by ``run NAME``, copied without
 overwriting anything. Runs against the checkout's real ``sample_tasks/``."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.samples import copy_samples, find_sample, list_samples, resolve_task_ref, samples_root
-from core.tasks import load_task
+from opencode_tui_core.samples import copy_samples, find_sample, list_samples, resolve_task_ref, samples_root
+from opencode_tui_core.tasks import load_task
 
 REPO_SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 

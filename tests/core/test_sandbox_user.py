@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from core.artifacts import RunDirReader, RunFiles
-from core.config import AgentConfig
-from core.episode import Episode
-from core.events import VerificationFinished
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.events import VerificationFinished
+from opencode_tui_core.tasks import load_task
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

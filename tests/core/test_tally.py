@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from core.events import Compaction, ToolCall, TranscriptStats
-from core.tally import Tally
+from opencode_tui_core.events import Compaction, ToolCall, TranscriptStats
+from opencode_tui_core.tally import Tally
 
 
 def test_a_tool_call_counts_once_from_its_first_event_until_the_transcript_says():

@@ -1,4 +1,4 @@
-"""The task handed to a runner started ahead through the model proxy (core.episode.handoff): the real
+"""The task handed to a runner started ahead through the model proxy (opencode_tui_core.episode.handoff): the real
 serve runner's own code (``receive_task``, run as uid 1000 in a subprocess) against a real
 ``ModelProxy`` on loopback. No sandbox: what is under test is the line between the two, the
 unpacking as the sandbox user and the access check it runs; the episodes on docker and local are in
@@ -16,15 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.episode.handoff import HandoffLost, TaskHandoff, TaskOffer
-from core.inside.serve_runner import HANDOFF_PREFIX, HANDOFF_TASK_PATH
-from core.model.proxy import ModelProxy
-from core.model.scripted import ScriptedModel
-from core.model.trajectory import Trajectory
-from core.runtime import access
-from core.runtime.opencode import RUNNER_SOURCE
-from core.sandbox.base import SandboxUser
-from core.sandbox.tarsafe import tree_tar
+from opencode_tui_core.episode.handoff import HandoffLost, TaskHandoff, TaskOffer
+from opencode_tui_core.inside.serve_runner import HANDOFF_PREFIX, HANDOFF_TASK_PATH
+from opencode_tui_core.model.proxy import ModelProxy
+from opencode_tui_core.model.scripted import ScriptedModel
+from opencode_tui_core.model.trajectory import Trajectory
+from opencode_tui_core.runtime import access
+from opencode_tui_core.runtime.opencode import RUNNER_SOURCE
+from opencode_tui_core.sandbox.base import SandboxUser
+from opencode_tui_core.sandbox.tarsafe import tree_tar
 
 UID = 1000
 USER = SandboxUser(name="agent", uid=UID, gid=UID)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from core.config import ConfigError
-from core.tasks import Task, load_task, parse_memory, render_prompt
+from opencode_tui_core.config import ConfigError
+from opencode_tui_core.tasks import Task, load_task, parse_memory, render_prompt
 
 BASE = {"id": "t1", "problem_statement": "Do it.", "verify": {"command": "true"}}
 

@@ -3,8 +3,8 @@ the step view and the diff show it. A tool without one (write, task) or a status
 
 from __future__ import annotations
 
-from core.events import ToolCall
-from core.runtime.stream import ServeStreamTranslator
+from opencode_tui_core.events import ToolCall
+from opencode_tui_core.runtime.stream import ServeStreamTranslator
 
 
 def _tool(tool: str, status: str, metadata: dict | None) -> dict:

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDirReader
-from core.batch import run_batch
-from core.config import AgentConfig, BatchSettings, warm_depth
-from core.episode.pool import WarmPool, pool_key
-from core.events import EpisodeStarted, OpenCodeEvent, WarmSandbox
-from core.sandbox.base import LABEL_BATCH, LABEL_POOL
-from core.sandbox.providers import get_provider
-from core.tasks import Task, load_task
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig, BatchSettings, warm_depth
+from opencode_tui_core.episode.pool import WarmPool, pool_key
+from opencode_tui_core.events import EpisodeStarted, OpenCodeEvent, WarmSandbox
+from opencode_tui_core.sandbox.base import LABEL_BATCH, LABEL_POOL
+from opencode_tui_core.sandbox.providers import get_provider
+from opencode_tui_core.tasks import Task, load_task
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 OTHER_IMAGE = "opencode-tui/base-norg:bookworm"
@@ -313,8 +313,8 @@ async def test_an_attempt_cancelled_before_its_agent_phase_stops_the_server_star
     """The attempt took a prepared sandbox whose OpenCode server waits for its task, and was cancelled
     before giving it: the server's supervisor stops it and its receipt is in this run's record, then
     the sandbox is released."""
-    from core.episode.episode import Episode
-    from core.events import CleanupObserved, CleanupStep, StepState
+    from opencode_tui_core.episode.episode import Episode
+    from opencode_tui_core.events import CleanupObserved, CleanupStep, StepState
 
     config = AgentConfig.model_validate({"sandbox": {"provider": episode_provider}})
     [task] = _tasks(tmp_path / "x", 1)
@@ -348,7 +348,7 @@ async def test_an_attempt_cancelled_before_its_agent_phase_stops_the_server_star
 async def test_the_run_deadline_of_a_server_started_ahead_starts_with_its_task(tmp_path, test_owner):
     """A task with a 10 s run budget, whose prepared server waited 12 s for it: the wait is not the
     agent's time (the supervisor's clock starts when the task arrives), so the attempt scores."""
-    from core.episode.episode import Episode
+    from opencode_tui_core.episode.episode import Episode
 
     config = AgentConfig.model_validate({"sandbox": {"provider": "local"}})
     [task] = _tasks(tmp_path / "x", 1)
@@ -374,12 +374,12 @@ async def test_the_run_deadline_of_a_server_started_ahead_starts_with_its_task(t
 @pytest.mark.parametrize("unreadable", [False, True], ids=["scored", "unreadable"])
 async def test_a_server_started_ahead_takes_its_task_as_the_sandbox_user(tmp_path, test_owner, unreadable):
     """The runner started ahead takes its task from its episode through the model relay
-    (core.episode.handoff): it unpacks the files as the image's non-root user (uid 1000) and runs the
+    (opencode_tui_core.episode.handoff): it unpacks the files as the image's non-root user (uid 1000) and runs the
     access check. Nothing else uploads the task, so a scored run shows the handoff carried it; the
     agent and verifier then see the modes and owners a cold start gives. A file that user cannot read
     fails the attempt in the seed phase with the cold start's own failure, and nothing is left."""
-    from core.artifacts import RunFiles
-    from core.episode.episode import Episode
+    from opencode_tui_core.artifacts import RunFiles
+    from opencode_tui_core.episode.episode import Episode
 
     nonroot = _nonroot_fixture()
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDir, RunFiles
-from core.episode.digests import DIGEST_SCRIPT, DigestGate
-from core.model.hold import HeldCall
-from core.sandbox.base import SandboxError, SandboxSpec
+from opencode_tui_core.artifacts import RunDir, RunFiles
+from opencode_tui_core.episode.digests import DIGEST_SCRIPT, DigestGate
+from opencode_tui_core.model.hold import HeldCall
+from opencode_tui_core.sandbox.base import SandboxError, SandboxSpec
 
 pytestmark = pytest.mark.bwrap
 WORK, STATE = "/tmp/dg-work", "/tmp/dg-state"
@@ -20,7 +20,7 @@ WORK, STATE = "/tmp/dg-work", "/tmp/dg-state"
 
 @pytest.fixture
 async def sandbox(tmp_path: Path):
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     provider = LocalProvider(base_dir=tmp_path / "state")
     try:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunFiles
-from core.calls.records import ModelCallRecord
-from core.control import EpisodeControl
-from core.events import EventBus
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.calls.records import ModelCallRecord
+from opencode_tui_core.control import EpisodeControl
+from opencode_tui_core.events import EventBus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE_RUNS = FIXTURES / "runs"
@@ -81,12 +81,12 @@ CONSTRUCTED_COMMAND = "python3 sort_all.py"
 
 
 def write_constructed_run(runs_dir: Path, run_id: str = "constructed-oom") -> Path:
-    """A CONSTRUCTED run directory (typed events through ``core.artifacts.RunDir``), for the cases the
+    """A CONSTRUCTED run directory (typed events through ``opencode_tui_core.artifacts.RunDir``), for the cases the
     recorded runs do not have: an OOM whose failure carries a cause chain and ``docker.state`` evidence,
     a bash call that fails (no engine rendering: the TUI renders it), a compaction, a warning, a model
     call whose response was never recorded, a cleanup receipt that never arrived."""
-    from core.artifacts import OutcomeSummary, RunDir, RunInfo
-    from core.events import (
+    from opencode_tui_core.artifacts import OutcomeSummary, RunDir, RunInfo
+    from opencode_tui_core.events import (
         CleanupObserved,
         CleanupStep,
         Compaction,
@@ -102,7 +102,14 @@ def write_constructed_run(runs_dir: Path, run_id: str = "constructed-oom") -> Pa
         ToolCall,
         Warning_,
     )
-    from core.failures import Evidence, FailureCause, FailureEvent, FailureStage, OomDetails, decide
+    from opencode_tui_core.failures import (
+        Evidence,
+        FailureCause,
+        FailureEvent,
+        FailureStage,
+        OomDetails,
+        decide,
+    )
 
     rd = RunDir.create(runs_dir, run_id)
     bus = EventBus()
@@ -173,7 +180,7 @@ def write_constructed_run(runs_dir: Path, run_id: str = "constructed-oom") -> Pa
         operation="opencode run (supervised)",
         message=f"the agent container {CONSTRUCTED_CONTAINER} was OOM-killed",
         cause=FailureCause(
-            type="core.sandbox.base.ExecLost",
+            type="opencode_tui_core.sandbox.base.ExecLost",
             message="the execution ended without an observed exit",
             cause=FailureCause(type="ConnectionResetError", message="[Errno 104] Connection reset by peer"),
         ),

@@ -6,10 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.episode import EpisodeResult
-from core.events import CleanupObserved, CleanupStep, HealthWarning, Phase, PhaseChanged, StepState
-from core.failure_groups import group_failures
 from opencode_tui.batch_board import BatchBoard
+from opencode_tui_core.episode import EpisodeResult
+from opencode_tui_core.events import (
+    CleanupObserved,
+    CleanupStep,
+    HealthWarning,
+    Phase,
+    PhaseChanged,
+    StepState,
+)
+from opencode_tui_core.failure_groups import group_failures
 
 BATCH = Path(__file__).resolve().parents[1] / "fixtures" / "batch"
 

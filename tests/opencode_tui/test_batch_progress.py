@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from core.batch import BatchSummary
-from core.episode import EpisodeResult
-from core.failures import Outcome
+from opencode_tui_core.batch import BatchSummary
+from opencode_tui_core.episode import EpisodeResult
+from opencode_tui_core.failures import Outcome
 
 CLI = (sys.executable, "-m", "opencode_tui.cli")
 

@@ -15,7 +15,7 @@ import pexpect
 import pyte
 import pytest
 
-from core.exit_codes import ExitCode
+from opencode_tui_core.exit_codes import ExitCode
 
 COLS, ROWS = 160, 45
 
@@ -183,7 +183,7 @@ def test_help_does_not_load_the_provider_registry_or_pydantic() -> None:
         "from opencode_tui import cli\n"
         "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
         "    cli.main(['--help'])\n"
-        "print(' '.join(m for m in ('pydantic', 'core.provider_registry', 'core.config', 'yaml')"
+        "print(' '.join(m for m in ('pydantic', 'opencode_tui_core.provider_registry', 'opencode_tui_core.config', 'yaml')"
         " if m in sys.modules))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

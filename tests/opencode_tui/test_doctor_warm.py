@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.batch_record import BATCHES_FILE, BatchRecord, recent_batches
+from opencode_tui_core.batch_record import BATCHES_FILE, BatchRecord, recent_batches
 from tests.opencode_tui.test_warm_batch import _pooled, _start, _wait_for_pool
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"

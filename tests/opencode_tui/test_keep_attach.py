@@ -21,7 +21,7 @@ import pexpect
 import pytest
 import yaml
 
-from core.artifacts import RunFiles
+from opencode_tui_core.artifacts import RunFiles
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 CLI = [sys.executable, "-m", "opencode_tui.cli"]

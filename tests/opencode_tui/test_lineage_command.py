@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunFiles
+from opencode_tui_core.artifacts import RunFiles
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "runs" / "hello-file"

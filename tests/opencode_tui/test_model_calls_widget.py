@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from core.events import ModelCall
-from core.failures.evidence import utcnow
 from opencode_tui.widgets.model_calls import call_matches, status_word
+from opencode_tui_core.events import ModelCall
+from opencode_tui_core.failures.evidence import utcnow
 
 
 def _call(status: int | None, error: str | None = None, fault: str | None = None) -> ModelCall:

@@ -12,7 +12,6 @@ import pytest
 from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
 
-from core.artifacts import RunDirReader
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.panels import RUN_PANELS
 from opencode_tui.screens.live import LiveRunScreen
@@ -21,6 +20,7 @@ from opencode_tui.screens.run import RunScreen
 from opencode_tui.widgets.base import ShowsRunState
 from opencode_tui.widgets.findbar import FindBar
 from opencode_tui.widgets.tabs import PANELS, PanelTabs
+from opencode_tui_core.artifacts import RunDirReader
 from tests.opencode_tui.conftest import RecordedEpisode
 
 REGIONS = {"main": "#main", "side": "#side", "bottom": "#bottom"}

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.failures import FailureEvent, FailureStage, decide, is_registered
-from core.sandbox.providers import get_provider
+from opencode_tui_core.failures import FailureEvent, FailureStage, decide, is_registered
+from opencode_tui_core.sandbox.providers import get_provider
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_tasks"
@@ -234,8 +234,8 @@ def _labels(owner: str) -> dict[str, dict[str, str]]:
 # creating process is gone, as a lost worker of another batch would leave it.
 _LEFTOVER = """
 import asyncio, sys
-from core.sandbox.base import LABEL_BATCH, SandboxSpec
-from core.sandbox.local.provider import LocalProvider
+from opencode_tui_core.sandbox.base import LABEL_BATCH, SandboxSpec
+from opencode_tui_core.sandbox.local.provider import LocalProvider
 
 async def main():
     spec = SandboxSpec(run_id=sys.argv[1], labels={LABEL_BATCH: sys.argv[2]})
@@ -686,12 +686,12 @@ async def test_the_batch_screen_runs_on_ray_shows_each_rows_node_and_keeps_ray_o
     SIGKILLed mid-episode, so Ray's driver has something to say (``(raylet) A worker died ...``, which
     it prints to stdout): it is in the runs directory's executor.log, and nothing reaches stdout or
     stderr (the headless app hands anything printed to the real ones: capfd would see it)."""
-    from core.admission import admit_run
-    from core.config import AgentConfig
-    from core.resume import load_batch
-    from core.tasks import load_task
     from opencode_tui.run_command import EXECUTOR_LOG, batch_tui, executor_logs
     from opencode_tui.screens.batch import BatchScreen
+    from opencode_tui_core.admission import admit_run
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.resume import load_batch
+    from opencode_tui_core.tasks import load_task
 
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED"):
         monkeypatch.setenv(key, ray_head.env[key])

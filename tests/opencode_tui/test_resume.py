@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from core.config import AgentConfig
-from core.resume import resume_key
-from core.tasks import load_task
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.resume import resume_key
+from opencode_tui_core.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader, RunFiles
-from core.events import Intervention, PhaseChanged
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.events import Intervention, PhaseChanged
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 CLI = [sys.executable, "-m", "opencode_tui.cli"]

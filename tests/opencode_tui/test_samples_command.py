@@ -5,27 +5,16 @@ directory (real pip, real venv, real local sandbox, the task's scripted model)."
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.wheel import build_wheel, clean_env
+from tests.wheel import run as run_ok
+
 CLI = [sys.executable, "-m", "opencode_tui.cli"]
-# What the build reads (pyproject.toml, setup.py, MANIFEST.in); copied so that the build's own
-# output (build/, *.egg-info) never lands in the checkout.
-BUILD_INPUTS = (
-    "pyproject.toml",
-    "setup.py",
-    "MANIFEST.in",
-    "README.md",
-    "core",
-    "opencode_tui",
-    "sample_tasks",
-)
 
 
 def _cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -47,46 +36,23 @@ def test_samples_lists_and_run_of_an_unknown_name_is_one_line(tmp_path: Path) ->
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
-def _run(
-    argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float
-) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
-    assert r.returncode == 0, f"{argv} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r
-
-
 @pytest.mark.slow
 @pytest.mark.bwrap
 @pytest.mark.timeout(900)
 def test_a_wheel_in_a_fresh_venv_runs_a_bundled_sample_from_an_empty_directory(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in BUILD_INPUTS:
-        if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(REPO / name, src / name)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    dist = tmp_path / "dist"
-    _run(
-        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-w", str(dist)],
-        cwd=tmp_path,
-        env=env,
-        timeout=600,
-    )
-    [wheel] = dist.glob("opencode_tui-*.whl")
+    env = clean_env()
+    wheel = build_wheel(tmp_path)
     # The installed dependencies are reused (system site-packages); the wheel's own modules must be
     # the ones that run, never a checkout's.
     venv = tmp_path / "venv"
-    _run(
+    run_ok(
         [sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
         cwd=tmp_path,
         env=env,
         timeout=120,
     )
     py, tui = venv / "bin" / "python", venv / "bin" / "opencode-tui"
-    _run(
+    run_ok(
         [str(py), "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)],
         cwd=tmp_path,
         env=env,
@@ -100,7 +66,7 @@ def test_a_wheel_in_a_fresh_venv_runs_a_bundled_sample_from_an_empty_directory(t
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    listed = _run([str(tui), "samples"], cwd=empty, env=env, timeout=60)
+    listed = run_ok([str(tui), "samples"], cwd=empty, env=env, timeout=60)
     assert "hello-file" in listed.stdout and str(venv) in listed.stderr  # the copy inside the package
 
     # doctor runs from the wheel alone: every module of ours it loaded comes from the venv.
@@ -109,7 +75,7 @@ def test_a_wheel_in_a_fresh_venv_runs_a_bundled_sample_from_an_empty_directory(t
         "from opencode_tui.cli import main\n"
         "rc = main(['doctor', '--json'])\n"
         "ours = {m.__name__: getattr(m, '__file__', None) or '' for m in list(sys.modules.values())\n"
-        "        if getattr(m, '__name__', '').split('.')[0] in ('core', 'opencode_tui')}\n"
+        "        if getattr(m, '__name__', '').split('.')[0] in ('opencode_tui_core', 'opencode_tui')}\n"
         "print(json.dumps({'rc': rc, 'ours': ours}))\n"
     )
     doctor = subprocess.run(
@@ -122,7 +88,7 @@ def test_a_wheel_in_a_fresh_venv_runs_a_bundled_sample_from_an_empty_directory(t
     outside = {n: f for n, f in report["ours"].items() if f and not f.startswith(str(venv))}
     assert report["ours"] and not outside, outside
 
-    run = _run(
+    run = run_ok(
         [str(tui), "run", "hello-file", "--batch", "--provider", "local", "--runs-dir", "runs"],
         cwd=empty,
         env=env,

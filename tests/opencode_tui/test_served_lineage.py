@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDirReader
 from opencode_tui import read_only
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.fork import ForkScreen
@@ -19,6 +18,7 @@ from opencode_tui.screens.live import LiveRunScreen
 from opencode_tui.screens.replay import ReplayRunScreen
 from opencode_tui.screens.runs import RunsList, RunsScreen
 from opencode_tui.widgets.model_calls import ModelCallsTable
+from opencode_tui_core.artifacts import RunDirReader
 from tests.opencode_tui.conftest import loaded, wait_for
 from tests.opencode_tui.test_tui_lineage import FAMILY, PARENT, SAMPLES
 

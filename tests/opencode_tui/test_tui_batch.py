@@ -12,16 +12,16 @@ import pytest
 import yaml
 from textual.widgets import DataTable, OptionList
 
-from core.batch import LocalExecutor
-from core.config import AgentConfig
-from core.exit_codes import ExitCode
-from core.failure_groups import group_failures
-from core.resume import load_batch
-from core.tasks import load_task
 from opencode_tui.batch_app import BatchTUI
 from opencode_tui.screens.batch import BatchScreen, GroupRunsScreen
 from opencode_tui.screens.live import LiveRunScreen
 from opencode_tui.screens.replay import ReplayRunScreen
+from opencode_tui_core.batch import LocalExecutor
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.failure_groups import group_failures
+from opencode_tui_core.resume import load_batch
+from opencode_tui_core.tasks import load_task
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 TASKS = ["oom", "model-flaky-500", "hello-file", "exit-137"]

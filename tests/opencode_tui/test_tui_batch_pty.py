@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.exit_codes import ExitCode
+from opencode_tui_core.exit_codes import ExitCode
 from tests.opencode_tui.test_tui_pty import Tui
 
 pytestmark = [pytest.mark.slow, pytest.mark.bwrap]

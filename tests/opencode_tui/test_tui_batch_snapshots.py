@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from core.batch import LocalExecutor
-from core.config import AgentConfig
-from core.episode import EpisodeResult
-from core.events import (
+from opencode_tui.batch_app import BatchTUI
+from opencode_tui.batch_board import BatchBoard
+from opencode_tui_core.batch import LocalExecutor
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import EpisodeResult
+from opencode_tui_core.events import (
     CleanupObserved,
     CleanupStep,
     EpisodeStarted,
@@ -24,9 +26,7 @@ from core.events import (
     PhaseChanged,
     StepState,
 )
-from core.failures import Outcome
-from opencode_tui.batch_app import BatchTUI
-from opencode_tui.batch_board import BatchBoard
+from opencode_tui_core.failures import Outcome
 
 BATCH = Path(__file__).resolve().parents[1] / "fixtures" / "batch"
 

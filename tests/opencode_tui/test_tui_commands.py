@@ -6,10 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-from core.artifacts import RunDirReader
 from opencode_tui import commands
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.cli import main
+from opencode_tui_core.artifacts import RunDirReader
 
 
 def test_open_on_a_non_run_directory_is_a_one_line_usage_error(tmp_path, capsys):

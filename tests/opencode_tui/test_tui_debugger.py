@@ -13,17 +13,17 @@ import pytest
 import yaml
 from textual.widgets import TextArea
 
-from core.artifacts import RunDirReader, RunFiles
-from core.config import AgentConfig
-from core.episode import Episode
-from core.events import Intervention, ToolCall
-from core.tasks import load_task
 from opencode_tui import debug_acts
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.debug_input import DebugInputScreen
 from opencode_tui.screens.live import LiveRunScreen
 from opencode_tui.screens.modals import ConfirmScreen, ModelCallScreen
 from opencode_tui.widgets.header import RunHeader
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.events import Intervention, ToolCall
+from opencode_tui_core.tasks import load_task
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 SAID = "A note from the keyboard: mention PELICAN-7 in your last message."
@@ -204,7 +204,7 @@ async def test_break_now_then_abort_the_running_command(tmp_path, wait):
 def _run_with_interventions(tmp_path: Path, fixture_runs: Path) -> tuple[Path, list[int]]:
     """hello-file's recorded run with a break, a say and a continue before its 2nd agent call (lines
     written as the engine writes them); returns the run and the interventions' stream indices."""
-    from core.events import ModelCall, encode
+    from opencode_tui_core.events import ModelCall, encode
 
     run = tmp_path / "hello-file"
     shutil.copytree(fixture_runs / "hello-file", run)

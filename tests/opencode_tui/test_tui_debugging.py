@@ -18,9 +18,6 @@ import pytest
 import yaml
 from textual.widgets import Collapsible, Static, TabbedContent, TextArea
 
-from core.artifacts import RunDirReader, RunFiles
-from core.calls.records import assembled_tool_calls
-from core.events import ModelCall
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.screens.run import RunScreen
@@ -28,6 +25,9 @@ from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.findbar import FindBar
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.terminal import TerminalView
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.calls.records import assembled_tool_calls
+from opencode_tui_core.events import ModelCall
 
 SIZE = (160, 45)
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
@@ -176,13 +176,13 @@ async def test_model_calls_filter_by_status_and_kind(constructed_run, fixture_ru
 
 def write_failed_call_run(runs_dir: Path) -> Path:
     """A CONSTRUCTED run (real writer, typed events): a model call answered 500 and the failure the
-    engine derives from its record (core.model.endpoint.failure_from_record). The recorded runs have
+    engine derives from its record (opencode_tui_core.model.endpoint.failure_from_record). The recorded runs have
     no failed model call; the sample task model-flaky-500 produces one, in minutes of real episode."""
-    from core.artifacts import RunDir
-    from core.calls.records import ModelCallRecord
-    from core.events import EpisodeStarted, EventBus, FailureRecorded
-    from core.failures import FailureStage, decide
-    from core.model.endpoint import failure_from_record
+    from opencode_tui_core.artifacts import RunDir
+    from opencode_tui_core.calls.records import ModelCallRecord
+    from opencode_tui_core.events import EpisodeStarted, EventBus, FailureRecorded
+    from opencode_tui_core.failures import FailureStage, decide
+    from opencode_tui_core.model.endpoint import failure_from_record
 
     rd = RunDir.create(runs_dir, "constructed-500")
     bus = EventBus()
@@ -327,8 +327,8 @@ def real_run(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.bwrap
 async def test_inspect_cleanup_verifier_and_inputs_of_a_real_run(real_run, replay_loaded, wait):
-    from core.tasks import load_task, render_prompt
     from opencode_tui.screens.inspect import InspectScreen
+    from opencode_tui_core.tasks import load_task, render_prompt
 
     reader = RunDirReader(real_run)
     task_file = Path(reader.info().task_dir) / "task.yaml"
@@ -446,10 +446,10 @@ async def test_a_lost_transcript_is_a_warning_row_and_the_reward_stands(tmp_path
     """A REAL episode (local provider, the real OpenCode) whose agent deletes OpenCode's database: the
     snapshot fails after the verifier passed. The failures table shows it as a warning, not as the
     action that would have decided it, and the header's outcome is scored with reward 1."""
-    from core.config import AgentConfig
-    from core.episode import Episode
-    from core.tasks import load_task
     from opencode_tui.widgets.header import RunHeader
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.episode import Episode
+    from opencode_tui_core.tasks import load_task
 
     task = tmp_path / "task"
     shutil.copytree(Path(__file__).resolve().parents[2] / "sample_tasks" / "hello-file", task)

@@ -16,18 +16,6 @@ import pexpect
 import pyte
 import pytest
 
-from core.artifacts import RunDir, RunDirReader
-from core.config import AgentConfig
-from core.episode import Episode
-from core.events import (
-    HealthWarning,
-    ModelCall,
-    TerminalOutput,
-    Warning_,
-)
-from core.exit_codes import ExitCode
-from core.runtime.stream import ServeStreamTranslator
-from core.tasks import load_task
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import ModelCallScreen
 from opencode_tui.screens.runs import RunsList, RunsScreen
@@ -37,6 +25,18 @@ from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.header import RunHeader
 from opencode_tui.widgets.progress import WarningsBar
 from opencode_tui.widgets.timeline import Timeline
+from opencode_tui_core.artifacts import RunDir, RunDirReader
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.events import (
+    HealthWarning,
+    ModelCall,
+    TerminalOutput,
+    Warning_,
+)
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.runtime.stream import ServeStreamTranslator
+from opencode_tui_core.tasks import load_task
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 STORM = FIXTURES / "more-runs" / "compaction-storm"
@@ -482,7 +482,7 @@ def _bar_text(bar: WarningsBar) -> str:
 
 def test_stopping_warnings_are_the_engines_codes() -> None:
     """The codes the TUI clears are the ones the engine emits while stopping the agent."""
-    from core.events import STOPPING_WARNINGS
+    from opencode_tui_core.events import STOPPING_WARNINGS
 
     source = (Path(__file__).resolve().parents[2] / "core" / "episode" / "episode.py").read_text()
     for code in STOPPING_WARNINGS:
@@ -501,7 +501,7 @@ async def test_header_keeps_the_task_name_at_80_columns(replay_loaded) -> None:
 
 
 def test_runs_dir_check_names_what_is_in_the_way(tmp_path: Path) -> None:
-    from core.admission import AdmissionError, check_runs_dir
+    from opencode_tui_core.admission import AdmissionError, check_runs_dir
 
     (tmp_path / "file").write_text("")
     check_runs_dir(tmp_path / "new" / "runs")  # not there yet: it will be made

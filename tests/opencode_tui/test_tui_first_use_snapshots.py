@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import OutcomeSummary, RunDir, RunDirReader, RunInfo
-from core.events import (
+from opencode_tui.app import OpenCodeTUI
+from opencode_tui.screens.warning_detail import WarningDetailScreen
+from opencode_tui.widgets.failures import FailuresTable
+from opencode_tui_core.artifacts import OutcomeSummary, RunDir, RunDirReader, RunInfo
+from opencode_tui_core.events import (
     EpisodeStarted,
     EventBus,
     FailureRecorded,
@@ -25,11 +28,8 @@ from core.events import (
     Phase,
     PhaseChanged,
 )
-from core.failures import FailureEvent, FailureStage, decide
-from core.failures.model import ModelCallDetails
-from opencode_tui.app import OpenCodeTUI
-from opencode_tui.screens.warning_detail import WarningDetailScreen
-from opencode_tui.widgets.failures import FailuresTable
+from opencode_tui_core.failures import FailureEvent, FailureStage, decide
+from opencode_tui_core.failures.model import ModelCallDetails
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 STORM = FIXTURES / "more-runs" / "compaction-storm"

@@ -8,8 +8,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core.artifacts import RunDirReader
-from core.events import (
+from opencode_tui.app import OpenCodeTUI
+from opencode_tui.screens.run import RunScreen
+from opencode_tui.state import CLEANUP_ORDER, RunState
+from opencode_tui.widgets.header import RunHeader
+from opencode_tui.widgets.stats import StatsPanel, verification_words
+from opencode_tui.widgets.tabs import PANELS, PanelTabs
+from opencode_tui.widgets.terminal import TerminalView
+from opencode_tui.widgets.timeline import Timeline
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.events import (
     CleanupObserved,
     Compaction,
     FailureRecorded,
@@ -20,14 +28,6 @@ from core.events import (
     ToolCall,
     VerificationFinished,
 )
-from opencode_tui.app import OpenCodeTUI
-from opencode_tui.screens.run import RunScreen
-from opencode_tui.state import CLEANUP_ORDER, RunState
-from opencode_tui.widgets.header import RunHeader
-from opencode_tui.widgets.stats import StatsPanel, verification_words
-from opencode_tui.widgets.tabs import PANELS, PanelTabs
-from opencode_tui.widgets.terminal import TerminalView
-from opencode_tui.widgets.timeline import Timeline
 
 
 def _events(run):
@@ -242,9 +242,9 @@ def _compaction_stream() -> list[dict]:
 async def test_compaction_is_marked_and_its_summary_folded_in_the_terminal(tmp_path, replay_loaded):
     import json
 
-    from core.artifacts import RunDir
-    from core.events import EpisodeStarted
-    from core.runtime.stream import ServeStreamTranslator
+    from opencode_tui_core.artifacts import RunDir
+    from opencode_tui_core.events import EpisodeStarted
+    from opencode_tui_core.runtime.stream import ServeStreamTranslator
 
     rd = RunDir.create(tmp_path / "runs", "compaction-run")
     rd.append_event(
@@ -284,8 +284,8 @@ async def test_compaction_is_marked_and_its_summary_folded_in_the_terminal(tmp_p
 
 async def test_timeline_marks_shells_and_jumps_to_them(tmp_path, replay_loaded):
     """The engine records a person's shell as shell_opened/shell_closed: both are marked `$`."""
-    from core.artifacts import RunDir
-    from core.events import EpisodeStarted, Phase, ShellClosed, ShellOpened, TerminalOutput
+    from opencode_tui_core.artifacts import RunDir
+    from opencode_tui_core.events import EpisodeStarted, Phase, ShellClosed, ShellOpened, TerminalOutput
 
     rd = RunDir.create(tmp_path / "runs", "shell-run")
     emitted = [
@@ -325,7 +325,7 @@ async def test_timeline_marks_shells_and_jumps_to_them(tmp_path, replay_loaded):
 def test_header_says_a_limit_that_was_asked_for_and_not_enforced():
     """The SandboxReady event of a docker run with ``limits.disk`` on overlay2 over extfs (as the
     engine emits it): the header names the unenforced limit, not only the events (issue 25)."""
-    from core.events import SandboxReady
+    from opencode_tui_core.events import SandboxReady
 
     state = RunState()
     state.apply(

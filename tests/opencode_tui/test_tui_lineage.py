@@ -12,9 +12,6 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input, Label, Static
 
-from core.artifacts import RunDirReader
-from core.diff import diff_runs
-from core.events import ModelCall
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.lineage_child import child_episode
 from opencode_tui.lineage_request import LineageRequest
@@ -25,6 +22,9 @@ from opencode_tui.screens.replay import ReplayRunScreen
 from opencode_tui.screens.runs import RunsList, RunsScreen
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.timeline import Timeline
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.diff import diff_runs
+from opencode_tui_core.events import ModelCall
 from tests.opencode_tui.conftest import loaded, wait_for
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
@@ -357,9 +357,9 @@ def cut_run(tmp_path_factory) -> Path:
     asked again each time. Agent calls: 1 (cut), 2, 3, 4 (cut), 5, 6, 7."""
     import yaml
 
-    from core.config import AgentConfig
-    from core.episode import Episode
-    from core.tasks import load_task
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.episode import Episode
+    from opencode_tui_core.tasks import load_task
 
     base = tmp_path_factory.mktemp("cut-run")
     task = base / "task"

@@ -1,7 +1,7 @@
 """Live mode: the app driven by an EpisodeControl whose events arrive over time on a real EventBus.
 
 ``EngineDouble`` below is a test double of the engine (``core/episode.py`` is written separately): it
-plays a short episode on a real ``core.events.EventBus`` from a coroutine, honours ``cancel()`` by emitting
+plays a short episode on a real ``opencode_tui_core.events.EventBus`` from a coroutine, honours ``cancel()`` by emitting
 the cleanup steps and an outcome, and opens a real shell on a local pseudo-terminal for ``open_shell``.
 """
 
@@ -19,22 +19,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from core.control import EpisodeControl
-from core.events import (
-    CleanupObserved,
-    CleanupStep,
-    EpisodeStarted,
-    EventBus,
-    ModelCall,
-    OutcomeDecided,
-    Phase,
-    PhaseChanged,
-    SandboxReady,
-    StepState,
-    TerminalOutput,
-    ToolCall,
-)
-from core.sandbox.base import PtyHandle
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.messages import (
     CancelRequested,
@@ -50,6 +34,22 @@ from opencode_tui.widgets.cleanup import CleanupPanel
 from opencode_tui.widgets.header import RunHeader
 from opencode_tui.widgets.model_calls import ModelCallsTable
 from opencode_tui.widgets.pty import PtyTerminal
+from opencode_tui_core.control import EpisodeControl
+from opencode_tui_core.events import (
+    CleanupObserved,
+    CleanupStep,
+    EpisodeStarted,
+    EventBus,
+    ModelCall,
+    OutcomeDecided,
+    Phase,
+    PhaseChanged,
+    SandboxReady,
+    StepState,
+    TerminalOutput,
+    ToolCall,
+)
+from opencode_tui_core.sandbox.base import PtyHandle
 
 
 class LocalPty(PtyHandle):
@@ -281,7 +281,9 @@ async def test_live_screen_updates_and_quit_cancels_then_waits_for_cleanup(engin
 
 async def test_live_cancel_and_keep(engine, wait, fixture_runs):
     engine.max_ticks = 5
-    engine.run_dir = SimpleNamespace(path=fixture_runs / "hello-file")  # like core.artifacts.RunDir
+    engine.run_dir = SimpleNamespace(
+        path=fixture_runs / "hello-file"
+    )  # like opencode_tui_core.artifacts.RunDir
     messages: list = []
     # the app starts the episode itself once it is subscribed to the bus (run_episode)
     app = OpenCodeTUI(control=engine, run_episode=engine._play)

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import shutil
 
-from core.artifacts import RunDirReader, RunFiles
-from core.events import FailureRecovered, OutcomeDecided, encode
-from core.failures import CommandDetails, Delivery, FailureEvent, FailureStage
-from core.sandbox.base import Recovery
 from opencode_tui import format as fmt
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen
 from opencode_tui.state import RunState
 from opencode_tui.widgets.failures import FailuresTable
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.events import FailureRecovered, OutcomeDecided, encode
+from opencode_tui_core.failures import CommandDetails, Delivery, FailureEvent, FailureStage
+from opencode_tui_core.sandbox.base import Recovery
 
 SIZE = (160, 45)
 

@@ -13,18 +13,6 @@ import json
 import re
 import shutil
 
-from core.artifacts import RunDirReader, RunFiles
-from core.events import (
-    CleanupObserved,
-    FailureRecorded,
-    FaultKind,
-    ModelCall,
-    OpenCodeEvent,
-    SandboxFault,
-    TerminalOutput,
-    ToolCall,
-    TranscriptStats,
-)
 from opencode_tui import format as fmt
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.messages import Copied, EventsReceived, ReplayLoaded, ShellStateChanged
@@ -41,6 +29,18 @@ from opencode_tui.widgets.progress import WarningsBar
 from opencode_tui.widgets.stats import StatsPanel
 from opencode_tui.widgets.terminal import RENDERED_STREAMS, TerminalView
 from opencode_tui.widgets.timeline import Timeline
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.events import (
+    CleanupObserved,
+    FailureRecorded,
+    FaultKind,
+    ModelCall,
+    OpenCodeEvent,
+    SandboxFault,
+    TerminalOutput,
+    ToolCall,
+    TranscriptStats,
+)
 
 SIZE = (160, 45)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -228,7 +228,7 @@ async def test_constructed_failure_with_cause_chain_failed_receipt_and_tool_erro
             "loading data/big.txt",
             "memory 91%",
             "Killed",
-            "✖ command failed",  # the engine's rendering (core.runtime.stream.EventRenderer)
+            "✖ command failed",  # the engine's rendering (opencode_tui_core.runtime.stream.EventRenderer)
         ]
         screen.query_one(FailuresTable).focus()
         await pilot.press("enter")
@@ -620,7 +620,7 @@ async def test_command_palette_runs_app_actions(fixture_runs, replay_loaded, wai
 def test_call_bodies_from_the_typed_record():
     from datetime import UTC, datetime
 
-    from core.calls.records import ModelCallRecord
+    from opencode_tui_core.calls.records import ModelCallRecord
 
     when = datetime.now(UTC)
     recorded = ModelCallRecord(
@@ -642,7 +642,7 @@ def test_cast_origin_takes_the_fraction_from_the_run_start(fixture_runs):
     """asciinema's header timestamp is whole seconds; run.json's started_at supplies the fraction."""
     from datetime import UTC, datetime
 
-    from core.artifacts import Cast
+    from opencode_tui_core.artifacts import Cast
 
     cast = Cast({"timestamp": 1_700_000_000}, [(1.0, "x")])
     assert cast.origin(None) == 1_700_000_000.0

@@ -11,13 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from core.admission import rerun_inputs
-from core.artifacts import RunDirReader
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.episode import Episode
-from core.events import HealthWarning
-from core.tasks import load_task
 from opencode_tui import format as fmt
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.cli import main
@@ -27,6 +20,13 @@ from opencode_tui.screens.runs import RunsList, RunsScreen
 from opencode_tui.screens.warning_detail import WarningDetailScreen
 from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.progress import WarningsBar
+from opencode_tui_core.admission import rerun_inputs
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.events import HealthWarning
+from opencode_tui_core.tasks import load_task
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 import opencode_tui.screens.run as run_screen_module
-from core.artifacts import RunDirReader
-from core.events import FailureRecorded, Intervention, ModelCall, TerminalOutput, ToolCall
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.modals import FailureScreen, ModelCallScreen
 from opencode_tui.themes import BUILTIN_ORDER
 from opencode_tui.widgets.failures import FailuresTable
 from opencode_tui.widgets.model_calls import ModelCallsTable
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.events import FailureRecorded, Intervention, ModelCall, TerminalOutput, ToolCall
 from tests.opencode_tui.conftest import RecordedEpisode
 
 SIZE = (160, 45)

@@ -1,6 +1,6 @@
 """Start-up time on a big run directory: the first screen must be up in under a second.
 
-The run directory is written with the real writer (``core.artifacts.RunDir``): 100,000 events, mostly
+The run directory is written with the real writer (``opencode_tui_core.artifacts.RunDir``): 100,000 events, mostly
 terminal output with some tool calls, model calls, a failure and an outcome. The app shows the first
 screen at once and reads ``events.jsonl`` in a worker, in batches.
 """
@@ -12,8 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.artifacts import OutcomeSummary, RunDir, RunInfo
-from core.events import (
+from opencode_tui.app import OpenCodeTUI
+from opencode_tui.screens.run import RunScreen
+from opencode_tui.widgets.header import RunHeader
+from opencode_tui_core.artifacts import OutcomeSummary, RunDir, RunInfo
+from opencode_tui_core.events import (
     EpisodeStarted,
     EventBus,
     FailureRecorded,
@@ -25,10 +28,7 @@ from core.events import (
     TerminalOutput,
     ToolCall,
 )
-from core.failures import Evidence, FailureEvent, FailureStage, decide
-from opencode_tui.app import OpenCodeTUI
-from opencode_tui.screens.run import RunScreen
-from opencode_tui.widgets.header import RunHeader
+from opencode_tui_core.failures import Evidence, FailureEvent, FailureStage, decide
 
 N_EVENTS = 100_000
 T0 = datetime(2025, 5, 14, 12, 0, tzinfo=UTC)

@@ -17,10 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunDirReader, read_cast
-from core.diff import diff_runs, episode_steps
-from core.events import ModelCall, OpenCodeEvent, ShellOpened, ToolCall
-from core.tally import ROOT_SESSION_EVENT, Tally
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.plain_text import diff_lines
 from opencode_tui.screens.diff import DiffScreen, OutputsScreen
@@ -30,6 +26,10 @@ from opencode_tui.screens.shell_replay import ShellReplayScreen, typed_lines
 from opencode_tui.screens.step import StepScreen
 from opencode_tui.widgets.model_calls import SUBAGENT_MARK, ModelCallsTable
 from opencode_tui.widgets.timeline import Timeline
+from opencode_tui_core.artifacts import RunDirReader, read_cast
+from opencode_tui_core.diff import diff_runs, episode_steps
+from opencode_tui_core.events import ModelCall, OpenCodeEvent, ShellOpened, ToolCall
+from opencode_tui_core.tally import ROOT_SESSION_EVENT, Tally
 
 MORE = Path(__file__).resolve().parents[1] / "fixtures" / "more-runs"
 HUMAN_SHELL = MORE / "human-shell"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from textual.app import App, ComposeResult
 
-from core.events import OpenCodeEvent, TerminalOutput, ToolCall
 from opencode_tui import linebuffer
 from opencode_tui.linebuffer import LineBuffer, ansi_line, collapse_cr, raw_line
 from opencode_tui.widgets.terminal import TerminalView, TranscriptFeed
+from opencode_tui_core.events import OpenCodeEvent, TerminalOutput, ToolCall
 
 
 def test_line_buffer_joins_chunks_and_keeps_an_open_line():
@@ -73,7 +73,7 @@ def test_failed_command_and_edits_and_other_tools():
     w.feed(ToolCall(call_id="t3", tool="read", status="completed", input={"filePath": "b.py"}, title="b.py"))
     w.flush_pending()
     lines = buf.plain(0, buf.count)
-    # the engine's rendering (core.runtime.stream.render_tool), not one of the TUI's own
+    # the engine's rendering (opencode_tui_core.runtime.stream.render_tool), not one of the TUI's own
     assert lines[:3] == ["$ false", "boom", "✖ command failed"]
     assert "--- a.py" in lines and "-y = 2" in lines and "+y = 3" in lines
     assert lines[-1] == "• read b.py"
@@ -116,7 +116,7 @@ def test_assistant_text_from_run_json_and_server_events():
 
 
 def test_engine_rendering_on_the_display_stream_is_used_instead_of_our_own():
-    """core.runtime.stream renders each tool call/text on the display stream (older runs: right after the
+    """opencode_tui_core.runtime.stream renders each tool call/text on the display stream (older runs: right after the
     event): the TUI then shows that rendering once, not a second one."""
     buf = LineBuffer()
     w = TranscriptFeed(buf)

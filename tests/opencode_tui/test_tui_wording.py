@@ -9,15 +9,6 @@ from datetime import UTC, datetime
 from textual.app import App, ComposeResult
 from textual.widgets import TextArea
 
-from core.events import (
-    FailureRecorded,
-    OutcomeDecided,
-    Phase,
-    PhaseChanged,
-    VerificationFinished,
-    Warning_,
-)
-from core.failures import FailureEvent, FailureStage, decide
 from opencode_tui import format as fmt
 from opencode_tui.app import OpenCodeTUI
 from opencode_tui.screens.help import MORE_KEYS, bindings_markdown
@@ -25,6 +16,15 @@ from opencode_tui.screens.inspect import InspectScreen
 from opencode_tui.screens.shell import run_ended_it
 from opencode_tui.state import RunState
 from opencode_tui.widgets.progress import WarningsBar
+from opencode_tui_core.events import (
+    FailureRecorded,
+    OutcomeDecided,
+    Phase,
+    PhaseChanged,
+    VerificationFinished,
+    Warning_,
+)
+from opencode_tui_core.failures import FailureEvent, FailureStage, decide
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

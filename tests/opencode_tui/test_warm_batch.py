@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.config import AgentConfig
-from core.sandbox.base import LABEL_POOL
-from core.sandbox.providers import get_provider
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.sandbox.base import LABEL_POOL
+from opencode_tui_core.sandbox.providers import get_provider
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
 CLI = [sys.executable, "-m", "opencode_tui.cli"]
@@ -103,8 +103,8 @@ def test_sweep_removes_the_prepared_sandboxes_a_sigkill_left(provider, tmp_path,
 def test_the_event_log_names_a_warm_sandbox():
     from datetime import UTC, datetime
 
-    from core.events import WarmSandbox
     from opencode_tui.format import summarize
+    from opencode_tui_core.events import WarmSandbox
 
     ev = WarmSandbox(
         sandbox_id="sb1",

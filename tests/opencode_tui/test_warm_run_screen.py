@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.config import AgentConfig
-from core.episode.warm_next import WarmNext, warm_key
-from core.tasks import load_task
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode.warm_next import WarmNext, warm_key
+from opencode_tui_core.tasks import load_task
 from tests.opencode_tui.test_tui_pty import Tui
 from tests.opencode_tui.test_warm_batch import _pooled
 

@@ -113,7 +113,7 @@ def test_without_its_distribution_the_toy_is_unknown(toy_env: dict[str, str]) ->
     cfg = _run(
         env,
         "-c",
-        "from core.config import AgentConfig; AgentConfig.model_validate({'sandbox': {'provider': 'toy'}})",
+        "from opencode_tui_core.config import AgentConfig; AgentConfig.model_validate({'sandbox': {'provider': 'toy'}})",
     )
     assert (
         cfg.returncode != 0
@@ -142,7 +142,7 @@ def test_a_broken_plugin_is_reported_and_breaks_nothing_else(toy_env: dict[str, 
     cfg = _run(
         env,
         "-c",
-        "from core.config import load_config; load_config(None, {'sandbox': {'provider': 'broken'}})",
+        "from opencode_tui_core.config import load_config; load_config(None, {'sandbox': {'provider': 'broken'}})",
     )
     assert (
         "sandbox.provider: sandbox provider 'broken' (toy_provider:NOT_THERE) cannot be loaded" in cfg.stderr

@@ -1,6 +1,6 @@
 """The pytest plugin behind the provider contract suite: options, fixtures and skips by capability.
 
-Loaded with ``-p core.sandbox.contract.plugin`` (``opencode-tui doctor --provider-contract NAME`` does
+Loaded with ``-p opencode_tui_core.sandbox.contract.plugin`` (``opencode-tui doctor --provider-contract NAME`` does
 it). It parametrises every suite test that takes ``provider`` over the chosen providers and builds each
 from the registry, so a third-party package needs nothing of this repository's ``tests/``.
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from core import provider_registry as registry
-from core.config import DEFAULT_IMAGE
-from core.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core.config import DEFAULT_IMAGE
+from opencode_tui_core.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
 
 # Still honoured: the way the suite was narrowed before it shipped in the package.
 PROVIDERS_ENV = "OPENCODE_TUI_CONTRACT_PROVIDERS"
@@ -75,7 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "requires(*capabilities): a contract test that needs these provider capabilities "
-        "(core.provider_registry.Capabilities); skipped for a provider that does not declare them",
+        "(opencode_tui_core.provider_registry.Capabilities); skipped for a provider that does not declare them",
     )
 
 
@@ -129,7 +129,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _settings_from_config(path: str | None, name: str) -> Any:
     if path is None:
         return registry.get(name).settings()
-    from core.config import load_config
+    from opencode_tui_core.config import load_config
 
     return load_config(Path(path)).sandbox.settings_for(name)
 

@@ -7,7 +7,7 @@ Shipped in the package so a provider from another package can be checked without
 or with pytest directly (what that command runs; needs pytest and pytest-asyncio, the ``contract``
 extra):
 
-    python -m pytest -p core.sandbox.contract.plugin --pyargs core.sandbox.contract.suite \
+    python -m pytest -p opencode_tui_core.sandbox.contract.plugin --pyargs opencode_tui_core.sandbox.contract.suite \
         --contract-provider NAME
 
 Tests needing a capability the provider does not declare are skipped, naming it (core/sandbox/contract/
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from core.inside.relay import RELAY_SCRIPT_PATH
-from core.sandbox.base import (
+from opencode_tui_core.inside.relay import RELAY_SCRIPT_PATH
+from opencode_tui_core.sandbox.base import (
     LABEL_BATCH,
     SANDBOX_MODEL_SOCKET,
     OutputChunk,
@@ -46,7 +46,7 @@ from core.sandbox.base import (
     SandboxState,
     UnsafeArchiveError,
 )
-from core.sandbox.tarsafe import directory_tar, safe_extract
+from opencode_tui_core.sandbox.tarsafe import directory_tar, safe_extract
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -163,7 +163,7 @@ async def test_uploads_drop_setuid_setgid_and_sticky(sandbox: Sandbox) -> None:
     """An uploaded setuid/setgid file must not keep those bits inside (the engine writes as root: a
     setuid-root file would be a way up for a non-root sandbox user), whether it comes by archive or
     by ``upload_file``."""
-    from core.sandbox.tarsafe import tree_tar
+    from opencode_tui_core.sandbox.tarsafe import tree_tar
 
     archive = tree_tar({"suid": (b"#!/bin/sh\n", 0o4755), "sgid": (b"x", 0o2755), "dir": (None, 0o1777)})
     await sandbox.upload_tar("/app/modes", archive)
@@ -449,7 +449,7 @@ async def test_the_spec_user_runs_everything_and_owned_uploads_are_its(make_sand
     """``SandboxSpec.user`` is who every exec and terminal runs as, and an archive's owners and modes
     (its ``.`` entry: the target directory itself) apply whoever extracts it. The archive is made under
     umask 077 on the controller: nothing here may depend on it."""
-    from core.sandbox.tarsafe import tree_tar
+    from opencode_tui_core.sandbox.tarsafe import tree_tar
 
     sb = await make_sandbox(user="1000:1000")
     user = await sb.identify()

@@ -1,5 +1,5 @@
 """Where a container's memory and pids cgroups are (v1 or v2), found from its id (read by
-``core.sandbox.cgroup``), and whether the engine can limit its disk."""
+``opencode_tui_core.sandbox.cgroup``), and whether the engine can limit its disk."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from core.sandbox.cgroup import counters_file
+from opencode_tui_core.sandbox.cgroup import counters_file
 
 CGROUP_V1_ROOT = Path("/sys/fs/cgroup/memory")
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -12,14 +12,14 @@ import docker
 import docker.errors
 import requests
 
-from core.failures import (
+from opencode_tui_core.failures import (
     FailureStage,
 )
-from core.failures.model import FailureDetails
-from core.sandbox.base import (
+from opencode_tui_core.failures.model import FailureDetails
+from opencode_tui_core.sandbox.base import (
     SandboxState,
 )
-from core.sandbox.errors import SandboxError, sandbox_failure
+from opencode_tui_core.sandbox.errors import SandboxError, sandbox_failure
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ import docker
 import docker.errors
 import docker.transport
 
-from core.sandbox.docker.common import CALL_DEADLINE_S, FILE_DEADLINE_S
+from opencode_tui_core.sandbox.docker.common import CALL_DEADLINE_S, FILE_DEADLINE_S
 
 # The longest response head the engine sends (its headers are a few hundred bytes).
 HEAD_LIMIT = 64 * 1024

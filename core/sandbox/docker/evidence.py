@@ -15,19 +15,19 @@ from urllib.parse import urlencode
 import docker
 import docker.errors
 
-from core.events import FaultKind, SandboxFault
-from core.failures import (
+from opencode_tui_core.events import FaultKind, SandboxFault
+from opencode_tui_core.failures import (
     Evidence,
 )
-from core.sandbox.cgroup import read_memory
-from core.sandbox.docker.cgroup import (
+from opencode_tui_core.sandbox.cgroup import read_memory
+from opencode_tui_core.sandbox.docker.cgroup import (
     CGROUP_ROOT,
     CGROUP_V1_ROOT,
     _cgroup_present,
     find_memory_cgroup,
     find_pids_cgroup,
 )
-from core.sandbox.docker.common import (
+from opencode_tui_core.sandbox.docker.common import (
     CALL_DEADLINE_S,
     EVENTS_DEADLINE_S,
     EVENTS_KEPT,
@@ -36,11 +36,11 @@ from core.sandbox.docker.common import (
     _blocking,
     _ts,
 )
-from core.sandbox.docker.engine_socket import json_objects
-from core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
-from core.sandbox.faults import FaultWatcher
-from core.sandbox.oom import SOURCE_CGROUP
-from core.sandbox.pids import pids_evidence, read_pids_cgroup
+from opencode_tui_core.sandbox.docker.engine_socket import json_objects
+from opencode_tui_core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
+from opencode_tui_core.sandbox.faults import FaultWatcher
+from opencode_tui_core.sandbox.oom import SOURCE_CGROUP
+from opencode_tui_core.sandbox.pids import pids_evidence, read_pids_cgroup
 
 
 class ContainerEvidence:

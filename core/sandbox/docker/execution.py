@@ -16,15 +16,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from core.failures import (
+from opencode_tui_core.failures import (
     FailureStage,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     ExecResult,
     PtyHandle,
     QueuedOutput,
 )
-from core.sandbox.docker.common import (
+from opencode_tui_core.sandbox.docker.common import (
     CALL_DEADLINE_S,
     EXIT_POLL_S,
     OUTPUT_CAP_BYTES,
@@ -33,8 +33,8 @@ from core.sandbox.docker.common import (
     _blocking,
     _engine_error,
 )
-from core.sandbox.docker.engine_socket import EngineSocket
-from core.sandbox.errors import SandboxClosedError, SandboxError
+from opencode_tui_core.sandbox.docker.engine_socket import EngineSocket
+from opencode_tui_core.sandbox.errors import SandboxClosedError, SandboxError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Building a task's image from its Dockerfile with the Docker SDK (the docker plug-in's ``build_image``).
 
-The tag carries the hash of the build context (core.tasks.with_build_tag), so an unchanged context is
+The tag carries the hash of the build context (opencode_tui_core.tasks.with_build_tag), so an unchanged context is
 built once and found afterwards. The build never pulls and has no network (``network_mode: none``):
 its base must be an image the engine already has (scripts/build-images). Its output streams to the
 episode as terminal output and to ``build/image.log`` in the run directory.
@@ -16,12 +16,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from core.sandbox.docker.settings import DockerSettings
-from core.sandbox.errors import image_build_failure
+from opencode_tui_core.sandbox.docker.settings import DockerSettings
+from opencode_tui_core.sandbox.errors import image_build_failure
 
 
 def _docker_client(settings: DockerSettings, timeout: int) -> Any:
-    from core.sandbox.docker.common import docker_client
+    from opencode_tui_core.sandbox.docker.common import docker_client
 
     return docker_client(settings.base_url, timeout)
 

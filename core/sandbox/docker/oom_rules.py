@@ -5,7 +5,7 @@
   container stops after *any* OOM kill in its cgroup during its life, so it also covers an OOM-killed
   exec once the container has stopped.
 - ``docker.events``: an ``oom`` event emitted by the engine for this container id.
-- ``cgroup.memory`` (core's rule, ``core.sandbox.oom``): the container cgroup's ``oom_kill`` counter
+- ``cgroup.memory`` (core's rule, ``opencode_tui_core.sandbox.oom``): the container cgroup's ``oom_kill`` counter
   rose above the baseline recorded when the sandbox was created (or connected).
 
 Cheap to import: the plug-in module imports it.
@@ -13,8 +13,8 @@ Cheap to import: the plug-in module imports it.
 
 from __future__ import annotations
 
-from core.failures import Evidence
-from core.sandbox.oom import OomRule
+from opencode_tui_core.failures import Evidence
+from opencode_tui_core.sandbox.oom import OomRule
 
 SOURCE_STATE = "docker.state"
 SOURCE_EVENTS = "docker.events"

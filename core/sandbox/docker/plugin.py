@@ -11,20 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from core.provider_registry import Capabilities, Check, ProviderPlugin
-from core.sandbox.docker.oom_rules import RULES, SOURCE_EVENTS, SOURCE_STATE
-from core.sandbox.docker.settings import DockerSettings
-from core.sandbox.oom import SOURCE_CGROUP
+from opencode_tui_core.provider_registry import Capabilities, Check, ProviderPlugin
+from opencode_tui_core.sandbox.docker.oom_rules import RULES, SOURCE_EVENTS, SOURCE_STATE
+from opencode_tui_core.sandbox.docker.settings import DockerSettings
+from opencode_tui_core.sandbox.oom import SOURCE_CGROUP
 
 if TYPE_CHECKING:
-    from core.config import AgentConfig
-    from core.sandbox.docker.provider import DockerProvider
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
 SHORT_ID = 12  # a Docker short id
 
 
 def _client(settings: DockerSettings) -> Any:
-    from core.sandbox.docker.common import docker_client
+    from opencode_tui_core.sandbox.docker.common import docker_client
 
     return docker_client(settings.base_url, 10)
 
@@ -53,14 +53,14 @@ class DockerPlugin(ProviderPlugin):
     oom_rules = RULES
 
     def provider(self, settings: BaseModel) -> DockerProvider:
-        from core.sandbox.docker.provider import DockerProvider
+        from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
         s = self.settings(settings)
         assert isinstance(s, DockerSettings)
         return DockerProvider(base_url=s.base_url, api_timeout=s.api_timeout_s)
 
     async def build_image(self, task: Any, config: AgentConfig, log: Callable[[str], None]) -> str:
-        from core.sandbox.docker.image_build import build_task_image
+        from opencode_tui_core.sandbox.docker.image_build import build_task_image
 
         settings = config.sandbox.settings_for(self.name)
         assert isinstance(settings, DockerSettings)
@@ -70,7 +70,7 @@ class DockerPlugin(ProviderPlugin):
         return await asyncio.to_thread(self._preflight, config)
 
     def _preflight(self, config: AgentConfig) -> list[Check]:
-        from core.config import DEFAULT_IMAGE
+        from opencode_tui_core.config import DEFAULT_IMAGE
 
         settings = config.sandbox.settings_for(self.name)
         assert isinstance(settings, DockerSettings)
@@ -86,7 +86,7 @@ class DockerPlugin(ProviderPlugin):
                 )
             ]
         out = [Check(name="docker engine", status="ok", detail=f"version {version}")]
-        from core.sandbox.docker.cgroup import disk_limit_support
+        from opencode_tui_core.sandbox.docker.cgroup import disk_limit_support
 
         try:
             info = client.info()

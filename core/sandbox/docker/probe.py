@@ -19,9 +19,9 @@ from typing import Any
 
 import docker.errors
 
-from core.failures import Evidence
-from core.sandbox.base import SandboxProbe, SandboxState
-from core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
+from opencode_tui_core.failures import Evidence
+from opencode_tui_core.sandbox.base import SandboxProbe, SandboxState
+from opencode_tui_core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
 
 # The engine's own states that mean: no process of this container runs.
 _DEAD = {"exited": SandboxState.EXITED, "dead": SandboxState.FAILED}

@@ -45,13 +45,13 @@ import docker
 import docker.errors
 from docker.types import Mount as DockerMount
 
-from core.config import DEFAULT_IMAGE
-from core.failures import (
+from opencode_tui_core.config import DEFAULT_IMAGE
+from opencode_tui_core.failures import (
     Evidence,
     FailureStage,
     GenericDetails,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     LABEL_INVOCATION,
     LABEL_OWNER,
     LABEL_RUN,
@@ -63,8 +63,8 @@ from core.sandbox.base import (
     default_owner,
     invocation_id,
 )
-from core.sandbox.docker.cgroup import disk_limit_support
-from core.sandbox.docker.common import (
+from opencode_tui_core.sandbox.docker.cgroup import disk_limit_support
+from opencode_tui_core.sandbox.docker.common import (
     API_TIMEOUT_S,
     BUILD_HINT,
     CALL_DEADLINE_S,
@@ -76,8 +76,8 @@ from core.sandbox.docker.common import (
     _slug,
     docker_client,
 )
-from core.sandbox.docker.sandbox import DockerSandbox
-from core.sandbox.errors import SandboxError, sandbox_failure
+from opencode_tui_core.sandbox.docker.sandbox import DockerSandbox
+from opencode_tui_core.sandbox.errors import SandboxError, sandbox_failure
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from typing import Any
 import docker
 import docker.errors
 
-from core.failures import (
+from opencode_tui_core.failures import (
     CommandDetails,
     Delivery,
     FailureStage,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     ExecResult,
     OutputCallback,
     OutputChunk,
@@ -33,7 +33,7 @@ from core.sandbox.base import (
     SingleFlight,
     exec_start,
 )
-from core.sandbox.docker.common import (
+from opencode_tui_core.sandbox.docker.common import (
     _STATE_MAP,
     CALL_DEADLINE_S,
     PTY_MARKER_ENV,
@@ -44,13 +44,13 @@ from core.sandbox.docker.common import (
     _http_status,
     _now,
 )
-from core.sandbox.docker.engine_socket import EngineSocket
-from core.sandbox.docker.evidence import ContainerEvidence
-from core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _SocketExecJob, _Tail
-from core.sandbox.docker.oom_rules import SOURCE_STATE
-from core.sandbox.docker.transfer import ContainerTransfer
-from core.sandbox.errors import SandboxClosedError, SandboxError, sandbox_failure
-from core.sandbox.faults import kernel_log_note
+from opencode_tui_core.sandbox.docker.engine_socket import EngineSocket
+from opencode_tui_core.sandbox.docker.evidence import ContainerEvidence
+from opencode_tui_core.sandbox.docker.execution import DockerPty, _AttachConn, _ExecJob, _SocketExecJob, _Tail
+from opencode_tui_core.sandbox.docker.oom_rules import SOURCE_STATE
+from opencode_tui_core.sandbox.docker.transfer import ContainerTransfer
+from opencode_tui_core.sandbox.errors import SandboxClosedError, SandboxError, sandbox_failure
+from opencode_tui_core.sandbox.faults import kernel_log_note
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +382,7 @@ class DockerSandbox(ContainerTransfer, ContainerEvidence, Sandbox):
 
     async def probe(self, timeout: float) -> SandboxProbe:
         """The engine's answer about this container, also after release (issue 19: engine lost)."""
-        from core.sandbox.docker.probe import probe_container
+        from opencode_tui_core.sandbox.docker.probe import probe_container
 
         # Only a container we created is known to have started after ``_since`` (a borrowed one was
         # started before we connected).

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from core.config import _finite_positive
+from opencode_tui_core.config import _finite_positive
 
 
 class DockerSettings(BaseModel):

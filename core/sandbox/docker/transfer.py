@@ -10,18 +10,18 @@ from urllib.parse import quote
 import docker
 import docker.errors
 
-from core.failures import (
+from opencode_tui_core.failures import (
     FailureStage,
 )
-from core.sandbox import tarsafe
-from core.sandbox.docker.common import (
+from opencode_tui_core.sandbox import tarsafe
+from opencode_tui_core.sandbox.docker.common import (
     CALL_DEADLINE_S,
     FILE_DEADLINE_S,
     _blocking,
     _engine_error,
     _http_status,
 )
-from core.sandbox.errors import SandboxError, SandboxFileNotFoundError, sandbox_failure
+from opencode_tui_core.sandbox.errors import SandboxError, SandboxFileNotFoundError, sandbox_failure
 
 
 class ContainerTransfer:

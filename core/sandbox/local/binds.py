@@ -11,22 +11,22 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     CommandDetails,
     Delivery,
     FailureStage,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     SANDBOX_MODEL_SOCKET,
 )
-from core.sandbox.errors import SandboxError
-from core.sandbox.local.bwrap import _system_fs_args
-from core.sandbox.local.common import (
+from opencode_tui_core.sandbox.errors import SandboxError
+from opencode_tui_core.sandbox.local.bwrap import _system_fs_args
+from opencode_tui_core.sandbox.local.common import (
     OVERLAYS_DIR,
     RUN_DIR,
     _error,
 )
-from core.sandbox.local.files import (
+from opencode_tui_core.sandbox.local.files import (
     _DIR_FLAGS,
     _SymlinkInTheWay,
     _walk,

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from core.sandbox.local.common import _HOST_ENV, _SYSTEM_LINKS, _error
-from core.sandbox.local.procs import _ChildHandle
+from opencode_tui_core.sandbox.local.common import _HOST_ENV, _SYSTEM_LINKS, _error
+from opencode_tui_core.sandbox.local.procs import _ChildHandle
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """One local sandbox's cgroup v1 memory controller: limit, OOM counter evidence (read by
-``core.sandbox.cgroup``), kill-all, removal."""
+``opencode_tui_core.sandbox.cgroup``), kill-all, removal."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     Evidence,
 )
-from core.sandbox import cgroup
-from core.sandbox.oom import SOURCE_CGROUP
+from opencode_tui_core.sandbox import cgroup
+from opencode_tui_core.sandbox.oom import SOURCE_CGROUP
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     CommandDetails,
     Delivery,
     FailureStage,
 )
-from core.failures.evidence import utcnow
-from core.sandbox.base import (
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.sandbox.base import (
     ExecResult,
     NetworkPolicy,
     OutputCallback,
@@ -25,14 +25,14 @@ from core.sandbox.base import (
     SandboxUser,
     exec_start,
 )
-from core.sandbox.local.common import (
+from opencode_tui_core.sandbox.local.common import (
     _HOST_ENV,
     SANDBOX_PATH,
     _error,
     _resolve_user,
 )
-from core.sandbox.local.execution import _ExecRun, _LocalPty
-from core.sandbox.local.keeper import (
+from opencode_tui_core.sandbox.local.execution import _ExecRun, _LocalPty
+from opencode_tui_core.sandbox.local.keeper import (
     _Launch,
     _StatusReader,
 )

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from core.failures import Evidence, FailureStage
-from core.sandbox.base import (
+from opencode_tui_core.failures import Evidence, FailureStage
+from opencode_tui_core.sandbox.base import (
     SANDBOX_MODEL_SOCKET,
     parse_user_spec,
 )
-from core.sandbox.errors import SandboxError, sandbox_failure
+from opencode_tui_core.sandbox.errors import SandboxError, sandbox_failure
 
 PROVIDER_NAME = "local"
 LABEL_FILE = "sandbox.json"

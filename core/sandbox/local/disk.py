@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from core.sandbox.local.common import OVERLAYS_DIR
+from opencode_tui_core.sandbox.local.common import OVERLAYS_DIR
 
 DISK_IMAGE = "disk.img"
 DISK_STEP_TIMEOUT_S = 30.0

@@ -14,22 +14,22 @@ from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from core.failures import (
+from opencode_tui_core.failures import (
     CommandDetails,
     Delivery,
     FailureStage,
 )
-from core.failures.evidence import utcnow
-from core.sandbox.base import (
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.sandbox.base import (
     ExecResult,
     OutputCallback,
     OutputChunk,
     PtyHandle,
 )
-from core.sandbox.errors import SandboxClosedError
-from core.sandbox.local.common import _error
-from core.sandbox.local.keeper import _Keeper, _Launch, _StatusReader
-from core.sandbox.local.procs import _ChildHandle, _kill_tree, _pidfd_wait_status
+from opencode_tui_core.sandbox.errors import SandboxClosedError
+from opencode_tui_core.sandbox.local.common import _error
+from opencode_tui_core.sandbox.local.keeper import _Keeper, _Launch, _StatusReader
+from opencode_tui_core.sandbox.local.procs import _ChildHandle, _kill_tree, _pidfd_wait_status
 
 
 class ExecHost(Protocol):

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     FailureStage,
 )
-from core.sandbox.errors import SandboxError, UnsafeArchiveError
-from core.sandbox.local.common import _error
-from core.sandbox.local.disk import _unmount_disk
+from opencode_tui_core.sandbox.errors import SandboxError, UnsafeArchiveError
+from opencode_tui_core.sandbox.local.common import _error
+from opencode_tui_core.sandbox.local.disk import _unmount_disk
 
 # ---------------------------------------------------------------------------------------------
 # fd-pinned file transfer (see "Files" in the module docstring)

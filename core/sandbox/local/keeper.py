@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.sandbox.local.common import _HOST_ENV
-from core.sandbox.local.procs import _proc_stat, _ProcStat
+from opencode_tui_core.sandbox.local.common import _HOST_ENV
+from opencode_tui_core.sandbox.local.procs import _proc_stat, _ProcStat
 
 # PID-namespace init it only receives signals it handles, so nothing inside can kill it.
 _KEEPER_SCRIPT = (

@@ -11,19 +11,19 @@ import signal
 import subprocess
 from typing import TYPE_CHECKING, Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     FailureStage,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     NetworkPolicy,
 )
-from core.sandbox.errors import SandboxError, sandbox_failure
-from core.sandbox.local.common import (
+from opencode_tui_core.sandbox.errors import SandboxError, sandbox_failure
+from opencode_tui_core.sandbox.local.common import (
     _HOST_ENV,
     SANDBOX_PATH,
     _error,
 )
-from core.sandbox.local.keeper import (
+from opencode_tui_core.sandbox.local.keeper import (
     _CGROUP_WRAPPER,
     _CGROUPS_WRAPPER,
     _KEEPER_SCRIPT,
@@ -32,13 +32,13 @@ from core.sandbox.local.keeper import (
     _spawn_keeper,
     _StatusReader,
 )
-from core.sandbox.local.procs import (
+from opencode_tui_core.sandbox.local.procs import (
     _ns_inode,
     _proc_parent,
     _proc_stat,
     _protect_from_oom_killer,
 )
-from core.sandbox.oom import oom_confirmed
+from opencode_tui_core.sandbox.oom import oom_confirmed
 
 if TYPE_CHECKING:
     pass

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from core.provider_registry import Capabilities, Check, ProviderPlugin
-from core.sandbox.local.settings import LocalSettings
-from core.sandbox.oom import SOURCE_CGROUP
+from opencode_tui_core.provider_registry import Capabilities, Check, ProviderPlugin
+from opencode_tui_core.sandbox.local.settings import LocalSettings
+from opencode_tui_core.sandbox.oom import SOURCE_CGROUP
 
 if TYPE_CHECKING:
-    from core.config import AgentConfig
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
 
 class LocalPlugin(ProviderPlugin):
@@ -37,7 +37,7 @@ class LocalPlugin(ProviderPlugin):
     )
 
     def provider(self, settings: BaseModel) -> LocalProvider:
-        from core.sandbox.local.provider import LocalProvider
+        from opencode_tui_core.sandbox.local.provider import LocalProvider
 
         s = self.settings(settings)
         assert isinstance(s, LocalSettings)
@@ -50,9 +50,9 @@ class LocalPlugin(ProviderPlugin):
 
     async def preflight(self, config: AgentConfig) -> list[Check]:
         """bwrap found and usable, then one real sandbox created, used and released."""
-        from core.config import DEFAULT_PIDS_LIMIT
-        from core.sandbox.base import SandboxSpec
-        from core.sandbox.local.bwrap import resolve_bwrap
+        from opencode_tui_core.config import DEFAULT_PIDS_LIMIT
+        from opencode_tui_core.sandbox.base import SandboxSpec
+        from opencode_tui_core.sandbox.local.bwrap import resolve_bwrap
 
         settings = config.sandbox.settings_for(self.name)
         assert isinstance(settings, LocalSettings)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from core.failures import Evidence
-from core.sandbox.base import SandboxProbe, SandboxState
-from core.sandbox.local.cgroup import _Cgroup
-from core.sandbox.local.keeper import _Keeper
-from core.sandbox.local.procs import _ns_inode
+from opencode_tui_core.failures import Evidence
+from opencode_tui_core.sandbox.base import SandboxProbe, SandboxState
+from opencode_tui_core.sandbox.local.cgroup import _Cgroup
+from opencode_tui_core.sandbox.local.keeper import _Keeper
+from opencode_tui_core.sandbox.local.procs import _ns_inode
 
 SOURCE_KEEPER = "local.keeper"
 

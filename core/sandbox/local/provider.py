@@ -67,7 +67,7 @@ Processes, cgroup and release
 OOM evidence
     ``inspect()`` reports ``cgroup.memory`` evidence scoped to the cgroup path with the ``oom_kill``
     counter of ``memory.oom_control`` and its baseline at create (at connect for a borrowed sandbox);
-    ``core.sandbox.oom.oom_confirmed`` confirms an OOM only when the counter rose. ``memory.failcnt`` is
+    ``opencode_tui_core.sandbox.oom.oom_confirmed`` confirms an OOM only when the counter rose. ``memory.failcnt`` is
     not evidence (it stays 0 on current kernels), nor is exit status 137.
 
 Exec
@@ -104,7 +104,7 @@ Files
 Limits beyond memory
     ``spec.pids_limit``: a second cgroup in the v1 pids hierarchy (same layout), ``pids.max`` set;
     every bwrap enters both cgroups before exec'ing; ``inspect()`` reports ``cgroup.pids`` evidence
-    (``pids.events``' refused-fork counter against its value at create/connect, core.sandbox.pids).
+    (``pids.events``' refused-fork counter against its value at create/connect, opencode_tui_core.sandbox.pids).
     ``spec.disk_bytes``: a loop-mounted ext4 of that size under the writable overlays
     (core/sandbox/local/disk.py), unmounted before the state dir is removed.
 
@@ -127,8 +127,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from core.failures.evidence import utcnow
-from core.sandbox.base import (
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.sandbox.base import (
     LABEL_INVOCATION,
     LABEL_OWNER,
     LABEL_RUN,
@@ -140,10 +140,10 @@ from core.sandbox.base import (
     default_owner,
     invocation_id,
 )
-from core.sandbox.errors import SandboxError
-from core.sandbox.local.bwrap import ETC_ALLOW, BwrapBinary, probe_bwrap, resolve_bwrap
-from core.sandbox.local.cgroup import _Cgroup, _cgroup_v1_mount, _memory_cgroup_mount
-from core.sandbox.local.common import (
+from opencode_tui_core.sandbox.errors import SandboxError
+from opencode_tui_core.sandbox.local.bwrap import ETC_ALLOW, BwrapBinary, probe_bwrap, resolve_bwrap
+from opencode_tui_core.sandbox.local.cgroup import _Cgroup, _cgroup_v1_mount, _memory_cgroup_mount
+from opencode_tui_core.sandbox.local.common import (
     _HOST_ENV,
     _ID_RE,
     _RESERVED,
@@ -155,11 +155,11 @@ from core.sandbox.local.common import (
     _home_for,
     _resolve_user,
 )
-from core.sandbox.local.disk import _mount_disk
-from core.sandbox.local.files import _rmtree
-from core.sandbox.local.keeper import _Keeper, _stop_keeper
-from core.sandbox.local.sandbox import LocalSandbox
-from core.sandbox.pids import read_pids_cgroup
+from opencode_tui_core.sandbox.local.disk import _mount_disk
+from opencode_tui_core.sandbox.local.files import _rmtree
+from opencode_tui_core.sandbox.local.keeper import _Keeper, _stop_keeper
+from opencode_tui_core.sandbox.local.sandbox import LocalSandbox
+from opencode_tui_core.sandbox.pids import read_pids_cgroup
 
 log = logging.getLogger(__name__)
 

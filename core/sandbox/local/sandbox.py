@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.events import SandboxFault
-from core.failures import (
+from opencode_tui_core.events import SandboxFault
+from opencode_tui_core.failures import (
     Evidence,
     FailureStage,
 )
-from core.json_text import indented_json
-from core.sandbox.base import (
+from opencode_tui_core.json_text import indented_json
+from opencode_tui_core.sandbox.base import (
     Sandbox,
     SandboxProbe,
     SandboxSpec,
@@ -30,34 +30,34 @@ from core.sandbox.base import (
     SandboxStatus,
     SingleFlight,
 )
-from core.sandbox.errors import SandboxClosedError, sandbox_failure
-from core.sandbox.faults import NOT_WATCHED_NOTE, FaultWatcher, kernel_log_note
-from core.sandbox.local.binds import SandboxBinds
-from core.sandbox.local.bwrap import HostTools
-from core.sandbox.local.cgroup import _Cgroup, _memory_cgroup_mount
-from core.sandbox.local.commands import SandboxCommands
-from core.sandbox.local.common import (
+from opencode_tui_core.sandbox.errors import SandboxClosedError, sandbox_failure
+from opencode_tui_core.sandbox.faults import NOT_WATCHED_NOTE, FaultWatcher, kernel_log_note
+from opencode_tui_core.sandbox.local.binds import SandboxBinds
+from opencode_tui_core.sandbox.local.bwrap import HostTools
+from opencode_tui_core.sandbox.local.cgroup import _Cgroup, _memory_cgroup_mount
+from opencode_tui_core.sandbox.local.commands import SandboxCommands
+from opencode_tui_core.sandbox.local.common import (
     LABEL_FILE,
     PROVIDER_NAME,
     _error,
 )
-from core.sandbox.local.execution import _LocalPty
-from core.sandbox.local.files import (
+from opencode_tui_core.sandbox.local.execution import _LocalPty
+from opencode_tui_core.sandbox.local.files import (
     _rmtree,
 )
-from core.sandbox.local.keeper import (
+from opencode_tui_core.sandbox.local.keeper import (
     _Keeper,
     _stop_keeper,
 )
-from core.sandbox.local.keeping import SandboxKeeper
-from core.sandbox.local.probe import probe_local
-from core.sandbox.local.procs import (
+from opencode_tui_core.sandbox.local.keeping import SandboxKeeper
+from opencode_tui_core.sandbox.local.probe import probe_local
+from opencode_tui_core.sandbox.local.procs import (
     _ChildHandle,
     _pids_in_ns,
 )
-from core.sandbox.local.transfer import SandboxTransfer
-from core.sandbox.oom import oom_confirmed
-from core.sandbox.pids import pids_evidence
+from opencode_tui_core.sandbox.local.transfer import SandboxTransfer
+from opencode_tui_core.sandbox.oom import oom_confirmed
+from opencode_tui_core.sandbox.pids import pids_evidence
 
 log = logging.getLogger(__name__)
 

@@ -7,18 +7,18 @@ import tarfile
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     FailureStage,
 )
-from core.sandbox.errors import SandboxError, SandboxFileNotFoundError, sandbox_failure
-from core.sandbox.local.common import (
+from opencode_tui_core.sandbox.errors import SandboxError, SandboxFileNotFoundError, sandbox_failure
+from opencode_tui_core.sandbox.local.common import (
     _error,
 )
-from core.sandbox.local.files import (
+from opencode_tui_core.sandbox.local.files import (
     _archive_pinned,
     _extract_pinned,
 )
-from core.sandbox.tarsafe import check_archive
+from opencode_tui_core.sandbox.tarsafe import check_archive
 
 if TYPE_CHECKING:
     pass

@@ -13,39 +13,39 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from core.failures import (
+from opencode_tui_core.failures import (
     Delivery,
     FailureEvent,
     FailureStage,
     OomDetails,
 )
-from core.failures.model import FailureDetails
-from core.failures.policy import STATUS_BLIND_KINDS
-from core.sandbox import tarsafe
-from core.sandbox.base import (
+from opencode_tui_core.failures.model import FailureDetails
+from opencode_tui_core.failures.policy import STATUS_BLIND_KINDS
+from opencode_tui_core.sandbox import tarsafe
+from opencode_tui_core.sandbox.base import (
     ExecResult,
     OutputCallback,
     Recovery,
     exec_start,
     parse_user_spec,
 )
-from core.sandbox.errors import (
+from opencode_tui_core.sandbox.errors import (
     ExpectedRefusal,
     sandbox_error,
     sandbox_failure,
 )
-from core.sandbox.opensandbox.common import (
+from opencode_tui_core.sandbox.opensandbox.common import (
     _Rejected,
     _Run,
     _shell_command,
     _StreamBroken,
 )
-from core.sandbox.opensandbox.diagnostics import (
+from opencode_tui_core.sandbox.opensandbox.diagnostics import (
     Diagnosis,
 )
-from core.sandbox.opensandbox.http import RequestFailed, classify_exception, error_code
-from core.sandbox.opensandbox.policy import decide_request
-from core.sandbox.opensandbox.settings import OpenSandboxAction
+from opencode_tui_core.sandbox.opensandbox.http import RequestFailed, classify_exception, error_code
+from opencode_tui_core.sandbox.opensandbox.policy import decide_request
+from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxAction
 
 log = logging.getLogger(__name__)
 

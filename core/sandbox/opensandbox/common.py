@@ -10,22 +10,22 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     CommandDetails,
     Delivery,
     Evidence,
     FailureEvent,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     ExecResult,
     OutputCallback,
     OutputChunk,
     SandboxState,
 )
-from core.sandbox.opensandbox.diagnostics import (
+from opencode_tui_core.sandbox.opensandbox.diagnostics import (
     Diagnosis,
 )
-from core.sandbox.opensandbox.http import RequestFailed
+from opencode_tui_core.sandbox.opensandbox.http import RequestFailed
 
 LABEL_CREATE = "opencode-tui.create"  # a nonce per create attempt: finds a half-created sandbox
 OUTPUT_CAP_BYTES = 4 << 20  # per stream, tail kept

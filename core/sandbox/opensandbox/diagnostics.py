@@ -34,11 +34,11 @@ from typing import Any
 
 import httpx
 
-from core.failures import Evidence
-from core.sandbox.oom import oom_confirmed
-from core.sandbox.opensandbox.http import Http, RequestFailed
-from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
-from core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig
+from opencode_tui_core.failures import Evidence
+from opencode_tui_core.sandbox.oom import oom_confirmed
+from opencode_tui_core.sandbox.opensandbox.http import Http, RequestFailed
+from opencode_tui_core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
+from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig
 
 LIFECYCLE_FORMAT = "opensandbox-lifecycle/v1"
 EVENTS_FORMAT = "opensandbox-1.1-docker-events-text"

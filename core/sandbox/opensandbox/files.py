@@ -8,24 +8,24 @@ import uuid
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     FailureStage,
 )
-from core.sandbox import tarsafe
-from core.sandbox.base import (
+from opencode_tui_core.sandbox import tarsafe
+from opencode_tui_core.sandbox.base import (
     ExecResult,
 )
-from core.sandbox.errors import (
+from opencode_tui_core.sandbox.errors import (
     ExpectedRefusal,
     SandboxError,
     SandboxFileNotFoundError,
     sandbox_error,
     sandbox_failure,
 )
-from core.sandbox.opensandbox.common import (
+from opencode_tui_core.sandbox.opensandbox.common import (
     NOT_FOUND_EXIT,
 )
-from core.sandbox.opensandbox.http import RequestFailed
+from opencode_tui_core.sandbox.opensandbox.http import RequestFailed
 
 
 class ExecdFiles:

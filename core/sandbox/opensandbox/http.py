@@ -7,7 +7,7 @@
   the server's error code, a body excerpt, the original exception (as ``__cause__``), the failure
   kind and the **delivery** (whether the request can have taken effect). Kind and delivery follow
   the protocol and are never changed by policy.
-* ``request`` applies the policy (``core.sandbox.opensandbox.policy``) to decide whether a failed
+* ``request`` applies the policy (``opencode_tui_core.sandbox.opensandbox.policy``) to decide whether a failed
   attempt is tried again, within the operation's attempt budget and the caller's deadline.
 """
 
@@ -22,17 +22,21 @@ from typing import Any
 
 import httpx
 
-from core.failures import (
+from opencode_tui_core.failures import (
     Delivery,
     Evidence,
     FailureEvent,
     FailureStage,
     HttpDetails,
 )
-from core.failures.model import FailureDetails
-from core.sandbox.errors import sandbox_failure
-from core.sandbox.opensandbox.policy import RequestDecision, decide_request
-from core.sandbox.opensandbox.settings import OpenSandboxAction, OpenSandboxPolicyConfig, OpenSandboxSettings
+from opencode_tui_core.failures.model import FailureDetails
+from opencode_tui_core.sandbox.errors import sandbox_failure
+from opencode_tui_core.sandbox.opensandbox.policy import RequestDecision, decide_request
+from opencode_tui_core.sandbox.opensandbox.settings import (
+    OpenSandboxAction,
+    OpenSandboxPolicyConfig,
+    OpenSandboxSettings,
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ Cheap to import: the plug-in module imports it.
 
 from __future__ import annotations
 
-from core.failures import Evidence
-from core.sandbox.oom import OomRule
+from opencode_tui_core.failures import Evidence
+from opencode_tui_core.sandbox.oom import OomRule
 
 SOURCE_OS_LIFECYCLE = "opensandbox.lifecycle"
 SOURCE_OS_DIAGNOSTICS = "opensandbox.diagnostics"

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from core.provider_registry import Capabilities, Check, ProviderPlugin
-from core.sandbox.opensandbox.oom_rules import RULES, SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
-from core.sandbox.opensandbox.settings import OpenSandboxSettings
+from opencode_tui_core.provider_registry import Capabilities, Check, ProviderPlugin
+from opencode_tui_core.sandbox.opensandbox.oom_rules import RULES, SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
+from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxSettings
 
 if TYPE_CHECKING:
-    from core.config import AgentConfig
-    from core.sandbox.opensandbox.provider import OpenSandboxProvider
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.sandbox.opensandbox.provider import OpenSandboxProvider
 
 PREFLIGHT_DEADLINE_S = 10.0
 
@@ -38,7 +38,7 @@ class OpenSandboxPlugin(ProviderPlugin):
     oom_rules = RULES
 
     def provider(self, settings: BaseModel) -> OpenSandboxProvider:
-        from core.sandbox.opensandbox.provider import OpenSandboxProvider
+        from opencode_tui_core.sandbox.opensandbox.provider import OpenSandboxProvider
 
         s = self.settings(settings)
         assert isinstance(s, OpenSandboxSettings)
@@ -47,7 +47,7 @@ class OpenSandboxPlugin(ProviderPlugin):
     async def preflight(self, config: AgentConfig) -> list[Check]:
         """The configured server answers a listing of our sandboxes (a warning when it does not:
         OpenSandbox is optional)."""
-        from core.sandbox.base import default_owner
+        from opencode_tui_core.sandbox.base import default_owner
 
         settings = config.sandbox.settings_for(self.name)
         provider = self.provider(settings)

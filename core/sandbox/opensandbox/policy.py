@@ -1,8 +1,8 @@
 """The OpenSandbox provider's request policy: defaults, merging user overrides, and rule selection.
 
-Modelled on the outcome policy (``core.failures.policy``): ordered tables, overrides merged key by
+Modelled on the outcome policy (``opencode_tui_core.failures.policy``): ordered tables, overrides merged key by
 key into the defaults, and an explicit precedence. The policy only picks an *action*; the failure's
-kind and delivery come from the protocol (``core.sandbox.opensandbox``) and no rule changes them.
+kind and delivery come from the protocol (``opencode_tui_core.sandbox.opensandbox``) and no rule changes them.
 
 Precedence for one failed request of operation ``op`` (first match wins)::
 
@@ -20,7 +20,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from core.sandbox.opensandbox.settings import (
+from opencode_tui_core.sandbox.opensandbox.settings import (
     DiagnosticTimeouts,
     EvidencePolling,
     OpenSandboxAction,

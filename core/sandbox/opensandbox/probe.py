@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from core.failures import Evidence
-from core.sandbox.base import SandboxProbe, SandboxState
-from core.sandbox.opensandbox.http import Http, RequestFailed
-from core.sandbox.opensandbox.oom_rules import SOURCE_OS_LIFECYCLE as SOURCE_LIFECYCLE
+from opencode_tui_core.failures import Evidence
+from opencode_tui_core.sandbox.base import SandboxProbe, SandboxState
+from opencode_tui_core.sandbox.opensandbox.http import Http, RequestFailed
+from opencode_tui_core.sandbox.opensandbox.oom_rules import SOURCE_OS_LIFECYCLE as SOURCE_LIFECYCLE
 
 SOURCE_SERVER = "opensandbox.server"
 _DEAD = {"Terminated": SandboxState.EXITED, "Failed": SandboxState.FAILED}

@@ -40,14 +40,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from core.config import DEFAULT_IMAGE
-from core.failures import (
+from opencode_tui_core.config import DEFAULT_IMAGE
+from opencode_tui_core.failures import (
     Delivery,
     Evidence,
     FailureStage,
     GenericDetails,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     LABEL_INVOCATION,
     LABEL_OWNER,
     LABEL_RUN,
@@ -58,8 +58,8 @@ from core.sandbox.base import (
     default_owner,
     invocation_id,
 )
-from core.sandbox.errors import SandboxError, sandbox_error, sandbox_failure
-from core.sandbox.opensandbox.common import (
+from opencode_tui_core.sandbox.errors import SandboxError, sandbox_error, sandbox_failure
+from opencode_tui_core.sandbox.opensandbox.common import (
     CLEANUP_DEADLINE_S,
     CONNECT_DEADLINE_S,
     LABEL_CREATE,
@@ -69,14 +69,14 @@ from core.sandbox.opensandbox.common import (
     _memory_quantity,
     label_value,
 )
-from core.sandbox.opensandbox.diagnostics import (
+from opencode_tui_core.sandbox.opensandbox.diagnostics import (
     TERMINAL_STATES,
     lifecycle_evidence,
 )
-from core.sandbox.opensandbox.http import Http, RequestFailed
-from core.sandbox.opensandbox.policy import DEFAULT_OPENSANDBOX_POLICY, merged_policy
-from core.sandbox.opensandbox.sandbox import OpenSandboxSandbox
-from core.sandbox.opensandbox.settings import OpenSandboxSettings
+from opencode_tui_core.sandbox.opensandbox.http import Http, RequestFailed
+from opencode_tui_core.sandbox.opensandbox.policy import DEFAULT_OPENSANDBOX_POLICY, merged_policy
+from opencode_tui_core.sandbox.opensandbox.sandbox import OpenSandboxSandbox
+from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxSettings
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ class OpenSandboxProvider(SandboxProvider):
         return sandbox
 
     async def _container_logs(self, sandbox_id: str, deadline: float) -> Evidence:
-        from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS
+        from opencode_tui_core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS
 
         try:
             response = await self._http.request(

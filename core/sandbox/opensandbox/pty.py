@@ -10,20 +10,20 @@ from typing import Any, Protocol
 
 import httpx
 
-from core.failures import (
+from opencode_tui_core.failures import (
     FailureDetails,
     FailureEvent,
     FailureStage,
     GenericDetails,
     Recovery,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     PtyHandle,
     QueuedOutput,
 )
-from core.sandbox.errors import SandboxClosedError, sandbox_error, sandbox_failure
-from core.sandbox.opensandbox.diagnostics import Diagnosis
-from core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig, OpenSandboxSettings
+from opencode_tui_core.sandbox.errors import SandboxClosedError, sandbox_error, sandbox_failure
+from opencode_tui_core.sandbox.opensandbox.diagnostics import Diagnosis
+from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig, OpenSandboxSettings
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from typing import Any, Protocol
 
 import httpx
 
-from core.failures import (
+from opencode_tui_core.failures import (
     Evidence,
     FailureEvent,
     FailureStage,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     Recovery,
     Sandbox,
     SandboxProbe,
@@ -28,30 +28,30 @@ from core.sandbox.base import (
     SandboxStatus,
     SingleFlight,
 )
-from core.sandbox.errors import (
+from opencode_tui_core.sandbox.errors import (
     SandboxClosedError,
     SandboxError,
     sandbox_error,
     sandbox_failure,
 )
-from core.sandbox.faults import NOT_WATCHED_NOTE
-from core.sandbox.opensandbox.commands import ExecdCommands
-from core.sandbox.opensandbox.common import (
+from opencode_tui_core.sandbox.faults import NOT_WATCHED_NOTE
+from opencode_tui_core.sandbox.opensandbox.commands import ExecdCommands
+from opencode_tui_core.sandbox.opensandbox.common import (
     _STATE_MAP,
     INSPECT_DEADLINE_S,
     READY_PING_TIMEOUT_S,
     _now,
 )
-from core.sandbox.opensandbox.diagnostics import (
+from opencode_tui_core.sandbox.opensandbox.diagnostics import (
     TERMINAL_STATES,
     Diagnoser,
 )
-from core.sandbox.opensandbox.files import ExecdFiles
-from core.sandbox.opensandbox.http import Http, RequestFailed
-from core.sandbox.opensandbox.probe import probe_sandbox
-from core.sandbox.opensandbox.pty import OpenSandboxPty
-from core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig, OpenSandboxSettings
-from core.sandbox.opensandbox.terminal import ExecdTerminal
+from opencode_tui_core.sandbox.opensandbox.files import ExecdFiles
+from opencode_tui_core.sandbox.opensandbox.http import Http, RequestFailed
+from opencode_tui_core.sandbox.opensandbox.probe import probe_sandbox
+from opencode_tui_core.sandbox.opensandbox.pty import OpenSandboxPty
+from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxPolicyConfig, OpenSandboxSettings
+from opencode_tui_core.sandbox.opensandbox.terminal import ExecdTerminal
 
 log = logging.getLogger(__name__)
 

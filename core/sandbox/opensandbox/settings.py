@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core.config import _finite_positive
+from opencode_tui_core.config import _finite_positive
 
 
 class _Model(BaseModel):
@@ -200,7 +200,7 @@ class OpenSandboxSettings(_Model):
     expected_refusal_codes: list[str] = Field(
         default_factory=lambda: ["ROOT_NOT_ALLOWED", "USER_NOT_ALLOWED", "UID_NOT_ALLOWED"]
     )
-    # OOM evidence (core.sandbox.oom). The lifecycle status's ``reason`` is a machine-readable code:
+    # OOM evidence (opencode_tui_core.sandbox.oom). The lifecycle status's ``reason`` is a machine-readable code:
     # one of these codes, matched exactly, in a terminal state confirms an OOM kill (its free-text
     # ``message`` never does). Server 1.1.x's Docker runtime sets none of them (an OOM-killed main
     # process reads Failed / CONTAINER_EXITED_ERROR); ``OOMKilled`` is Kubernetes' termination reason.

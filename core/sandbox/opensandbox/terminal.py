@@ -7,24 +7,24 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from core.failures import (
+from opencode_tui_core.failures import (
     Delivery,
     FailureStage,
 )
-from core.sandbox.base import (
+from opencode_tui_core.sandbox.base import (
     PtyHandle,
 )
-from core.sandbox.errors import (
+from opencode_tui_core.sandbox.errors import (
     SandboxError,
     sandbox_error,
     sandbox_failure,
 )
-from core.sandbox.opensandbox.common import (
+from opencode_tui_core.sandbox.opensandbox.common import (
     _DROP_TO_USER_SH,
     PTY_OPEN_TIMEOUT_S,
 )
-from core.sandbox.opensandbox.http import RequestFailed
-from core.sandbox.opensandbox.pty import OpenSandboxPty
+from opencode_tui_core.sandbox.opensandbox.http import RequestFailed
+from opencode_tui_core.sandbox.opensandbox.pty import OpenSandboxPty
 
 
 class ExecdTerminal:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from core.calls.progress import EMPTY_RESPONSE_KIND, ProgressWatch, empty_answer
-from core.events import ModelCall
-from core.failures import FailureClass, FailureStage, decide
-from core.failures.evidence import utcnow
+from opencode_tui_core.calls.progress import EMPTY_RESPONSE_KIND, ProgressWatch, empty_answer
+from opencode_tui_core.events import ModelCall
+from opencode_tui_core.failures import FailureClass, FailureStage, decide
+from opencode_tui_core.failures.evidence import utcnow
 
 
 def call(

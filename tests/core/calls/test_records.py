@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.artifacts import RunDirReader
-from core.calls.records import assembled_tool_calls
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.calls.records import assembled_tool_calls
 
 RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 

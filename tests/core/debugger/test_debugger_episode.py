@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader, RunFiles
-from core.batch import BatchControl, run_batch
-from core.config import AgentConfig
-from core.debugger.client import request
-from core.debugger.protocol import CtlReply, CtlRequest
-from core.events import Event, Intervention, ToolCall
-from core.exit_codes import ExitCode
-from core.model.hold import HandAnswer, HandToolCall
-from core.signals import closing_signals
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.batch import BatchControl, run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.debugger.client import request
+from opencode_tui_core.debugger.protocol import CtlReply, CtlRequest
+from opencode_tui_core.events import Event, Intervention, ToolCall
+from opencode_tui_core.exit_codes import ExitCode
+from opencode_tui_core.model.hold import HandAnswer, HandToolCall
+from opencode_tui_core.signals import closing_signals
+from opencode_tui_core.tasks import load_task
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[3] / "sample_tasks"

@@ -15,18 +15,26 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.breaks import BreakSyntaxError, parse_break
-from core.debugger.client import NotLive, request
-from core.debugger.control_socket import ControlSocket
-from core.debugger.debugger import Debugger
-from core.debugger.protocol import CtlRequest
-from core.events import Event, FailureRecorded, HealthKind, HealthWarning, Intervention, ModelCall, ToolCall
-from core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, decide
-from core.failures.evidence import utcnow
-from core.model.hold import HandAnswer, HandToolCall, HeldCall, Release
-from core.model.proxy import ModelProxy
-from core.model.readable import assemble_response
-from core.model.scripted import ScriptedModel
+from opencode_tui_core.breaks import BreakSyntaxError, parse_break
+from opencode_tui_core.debugger.client import NotLive, request
+from opencode_tui_core.debugger.control_socket import ControlSocket
+from opencode_tui_core.debugger.debugger import Debugger
+from opencode_tui_core.debugger.protocol import CtlRequest
+from opencode_tui_core.events import (
+    Event,
+    FailureRecorded,
+    HealthKind,
+    HealthWarning,
+    Intervention,
+    ModelCall,
+    ToolCall,
+)
+from opencode_tui_core.failures import DEFAULT_POLICY, FailureEvent, FailureStage, decide
+from opencode_tui_core.failures.evidence import utcnow
+from opencode_tui_core.model.hold import HandAnswer, HandToolCall, HeldCall, Release
+from opencode_tui_core.model.proxy import ModelProxy
+from opencode_tui_core.model.readable import assemble_response
+from opencode_tui_core.model.scripted import ScriptedModel
 
 TRAJECTORY = Path(__file__).resolve().parents[3] / "sample_tasks" / "fix-bug" / "trajectory.yaml"
 AGENT_BODY = {

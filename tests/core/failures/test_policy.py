@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from core.failures import (
+from opencode_tui_core.failures import (
     DEFAULT_POLICY,
     Action,
     ClassificationConfig,
@@ -16,7 +16,7 @@ from core.failures import (
     decide,
     merged,
 )
-from core.failures import kinds as kinds_mod
+from opencode_tui_core.failures import kinds as kinds_mod
 
 POLICY = OutcomePolicyConfig(
     http_status={"429": Action.RETRY, "5xx": Action.MARK_EVALUATION_ERROR, "503": Action.STOP},
@@ -148,7 +148,7 @@ def test_bad_policy_keys_rejected():
 
 def test_unknown_kind_kept_and_warned_once(caplog):
     kinds_mod._warned.discard("weird_thing_happened")
-    with caplog.at_level(logging.WARNING, logger="core.failures.kinds"):
+    with caplog.at_level(logging.WARNING, logger="opencode_tui_core.failures.kinds"):
         a = f("weird_thing_happened")
         b = f("weird_thing_happened")
     assert a.kind == b.kind == "weird_thing_happened"

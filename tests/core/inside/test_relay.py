@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from core.inside.relay import RELAY_SCRIPT_PATH
-from core.sandbox.contract import suite
+from opencode_tui_core.inside.relay import RELAY_SCRIPT_PATH
+from opencode_tui_core.sandbox.contract import suite
 
 model_socket = suite.model_socket  # a fixture: a real HTTP server on a host Unix socket
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from core.runtime.installer import DEFAULT_OPENCODE_VERSION, Installer
-from core.runtime.targets import Target
+from opencode_tui_core.runtime.installer import DEFAULT_OPENCODE_VERSION, Installer
+from opencode_tui_core.runtime.targets import Target
 
 
 @pytest.fixture(scope="session")

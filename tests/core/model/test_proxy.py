@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from core.artifacts import RunDirReader, RunFiles
-from core.calls.records import ModelCallRecord, parse_usage
-from core.events import ModelCall
-from core.model.proxy import MESSAGE_ID_HEADER, ModelProxy, ProxyConfigError
-from core.model.scripted import ScriptedModel
-from core.model.trajectory import Trajectory
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.calls.records import ModelCallRecord, parse_usage
+from opencode_tui_core.events import ModelCall
+from opencode_tui_core.model.proxy import MESSAGE_ID_HEADER, ModelProxy, ProxyConfigError
+from opencode_tui_core.model.scripted import ScriptedModel
+from opencode_tui_core.model.trajectory import Trajectory
 
 AGENT_SYSTEM = "You are opencode, an interactive CLI tool that helps users with software engineering tasks."
 TITLE_SYSTEM = "You are a title generator. You output ONLY a thread title. Nothing else."

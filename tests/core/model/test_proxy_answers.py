@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.artifacts import RunFiles
-from core.calls.records import AnswerFault
-from core.events import ModelCall
-from core.model.proxy import ModelProxy
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.calls.records import AnswerFault
+from opencode_tui_core.events import ModelCall
+from opencode_tui_core.model.proxy import ModelProxy
 from tests.core.model.test_proxy import agent_body, headers
 
 SSE = "text/event-stream"

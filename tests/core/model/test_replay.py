@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 
-from core.calls.records import ModelCallRecord
-from core.model.proxy import ModelProxy
-from core.model.replay import Divergence, Replayer, ReplayPlan, compare
-from core.model.scripted import ScriptedModel
-from core.model.trajectory import Trajectory
+from opencode_tui_core.calls.records import ModelCallRecord
+from opencode_tui_core.model.proxy import ModelProxy
+from opencode_tui_core.model.replay import Divergence, Replayer, ReplayPlan, compare
+from opencode_tui_core.model.scripted import ScriptedModel
+from opencode_tui_core.model.trajectory import Trajectory
 from tests.core.model.test_proxy import CLIENT_KEY, agent_body
 
 AUTH = {"Authorization": f"Bearer {CLIENT_KEY}"}

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from core.calls.classify import classify, classify_body
-from core.config import ConfigError
-from core.model.scripted import PROGRESS_MARKER, ScriptedModel, compaction_progress, progress_of
-from core.model.trajectory import Trajectory, fill_placeholders, load_trajectory
+from opencode_tui_core.calls.classify import classify, classify_body
+from opencode_tui_core.config import ConfigError
+from opencode_tui_core.model.scripted import PROGRESS_MARKER, ScriptedModel, compaction_progress, progress_of
+from opencode_tui_core.model.trajectory import Trajectory, fill_placeholders, load_trajectory
 
 # Prompt openings as OpenCode 1.18.32 sends them (docs/opencode-notes.md).
 AGENT_SYSTEM = "You are opencode, an interactive CLI tool that helps users with software engineering tasks."

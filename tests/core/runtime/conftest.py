@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.config import AgentConfig
-from core.episode import Episode
-from core.tasks import load_task
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.tasks import load_task
 
 SAMPLES = Path(__file__).resolve().parents[3] / "sample_tasks"
 

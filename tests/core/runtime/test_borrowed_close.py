@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.tasks import load_task
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.tasks import load_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunFiles
-from core.events import CleanupObserved
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.events import CleanupObserved
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from core.inside import INSIDE_DIR
-from core.runtime import supervisor_client as sc
-from core.runtime.verify_wrapper import VERIFY_WRAPPER_SOURCE
+from opencode_tui_core.inside import INSIDE_DIR
+from opencode_tui_core.runtime import supervisor_client as sc
+from opencode_tui_core.runtime.verify_wrapper import VERIFY_WRAPPER_SOURCE
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the programs are Linux only"),

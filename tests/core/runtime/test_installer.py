@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from core.runtime.installer import (
+from opencode_tui_core.runtime.installer import (
     DEFAULT_OPENCODE_VERSION,
     InstalledBinary,
     Installer,
@@ -36,7 +36,7 @@ from core.runtime.installer import (
     default_cache_dir,
     verify_version_command,
 )
-from core.runtime.targets import (
+from opencode_tui_core.runtime.targets import (
     ProbeError,
     SandboxFacts,
     Target,
@@ -707,7 +707,7 @@ async def test_unreachable_registry(tmp_path: Path) -> None:
 async def test_an_install_failure_keeps_its_cause_and_http_status(mirror: Mirror, tmp_path: Path) -> None:
     """What the episode records from an InstallError (issue 25): the registry's status as the
     failure's ``http_status`` (the policy reads it), and the cause chain behind a refused connection."""
-    from core.runtime.prepare import install_failure
+    from opencode_tui_core.runtime.prepare import install_failure
 
     mirror.tarball_statuses = [500]
     with pytest.raises(InstallError) as info:
@@ -715,7 +715,9 @@ async def test_an_install_failure_keeps_its_cause_and_http_status(mirror: Mirror
     failure = install_failure(info.value).failure
     assert (failure.kind, failure.http_status, failure.stage.value) == ("install_failed", 500, "install")
     assert failure.details.data["http_status"] == 500 and failure.details.data["url"].startswith(mirror.url)
-    assert failure.cause is not None and failure.cause.type == "core.runtime.installer.InstallError"
+    assert (
+        failure.cause is not None and failure.cause.type == "opencode_tui_core.runtime.installer.InstallError"
+    )
 
     refused = Installer(InstallerConfig(registry_url="http://127.0.0.1:9", cache_dir=tmp_path / "c"))
     with pytest.raises(InstallError) as info:
@@ -723,7 +725,7 @@ async def test_an_install_failure_keeps_its_cause_and_http_status(mirror: Mirror
     failure = install_failure(info.value).failure
     assert failure.kind == "install_registry_unreachable" and failure.http_status is None
     assert [c.type for c in failure.cause.chain()][:2] == [
-        "core.runtime.installer.InstallError",
+        "opencode_tui_core.runtime.installer.InstallError",
         "httpx.ConnectError",
     ]
 
@@ -733,7 +735,7 @@ async def test_stalled_registry_fails_within_the_budget_and_is_retryable(tmp_pat
     reads): the install ends within its budget with an error naming the registry, never a hang."""
     import socket
 
-    from core.failures import DEFAULT_POLICY, Action, FailureEvent, decide
+    from opencode_tui_core.failures import DEFAULT_POLICY, Action, FailureEvent, decide
 
     stall = socket.socket()
     stall.bind(("127.0.0.1", 0))
@@ -786,7 +788,7 @@ async def test_prewarm_checks_every_entry_once_and_never_vouches_for_a_corrupt_o
     """``prewarm`` (run by the episode while its sandbox is made) hashes each complete entry of the
     pin, so the install phase's ``cached`` answers from memory; a corrupt entry is not remembered and
     ``cached`` still refuses it."""
-    from core.runtime import installer as installer_module
+    from opencode_tui_core.runtime import installer as installer_module
 
     cache = tmp_path / "cache"
     got = await make_installer(mirror, cache).ensure(X64)

@@ -17,8 +17,8 @@ import jsonschema
 import pytest
 import yaml
 
-from core.artifacts import RunFiles
-from core.events import Event, FailureRecorded, TerminalOutput, ToolCall, TranscriptStats
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.events import Event, FailureRecorded, TerminalOutput, ToolCall, TranscriptStats
 
 pytestmark = [pytest.mark.slow, pytest.mark.bwrap]
 

@@ -1,7 +1,7 @@
-"""What OpenCode is spared at each start: its first-run state (core.runtime.first_run), the migrated, empty
+"""What OpenCode is spared at each start: its first-run state (opencode_tui_core.runtime.first_run), the migrated, empty
 database built once per cached binary by the in-sandbox builder and staged into each episode's data
 directory, so OpenCode skips its migrations; and its compiled-in models.dev catalogue, replaced by an empty
-one (core.runtime.opencode.MODELS_PATH_ENV) since the config defines our provider in full.
+one (opencode_tui_core.runtime.opencode.MODELS_PATH_ENV) since the config defines our provider in full.
 
 Real parts: the builder program (core/inside/first_run.py) run from its file on this host with the real
 pinned OpenCode binary from the installer cache (skipped when it is not cached yet), a failing binary
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from core.failures import Outcome
-from core.inside import INSIDE_DIR
-from core.runtime import first_run
-from core.runtime.opencode import OPENCODE_ENV
+from opencode_tui_core.failures import Outcome
+from opencode_tui_core.inside import INSIDE_DIR
+from opencode_tui_core.runtime import first_run
+from opencode_tui_core.runtime.opencode import OPENCODE_ENV
 from tests.core.runtime.test_serve_runner_relay import _cached_binary
 
 BUILDER = INSIDE_DIR / "first_run.py"
@@ -110,9 +110,9 @@ def test_the_harness_gives_opencode_a_catalogue_with_our_provider_only(tmp_path:
     import shutil
     from types import SimpleNamespace
 
-    from core.config import AgentConfig
-    from core.runtime.opencode import OpenCodeHarness
-    from core.tasks import load_task
+    from opencode_tui_core.config import AgentConfig
+    from opencode_tui_core.runtime.opencode import OpenCodeHarness
+    from opencode_tui_core.tasks import load_task
     from tests.core.runtime.conftest import SAMPLES
 
     binary = _cached_binary()
@@ -144,7 +144,7 @@ async def test_a_short_install_budget_skips_the_build_with_a_warning(tmp_path: P
     sandbox is never asked, hence None here) and the episode is told OpenCode migrates by itself."""
     from types import SimpleNamespace
 
-    from core.events import Warning_
+    from opencode_tui_core.events import Warning_
 
     binary = tmp_path / "opencode"
     binary.write_bytes(b"")

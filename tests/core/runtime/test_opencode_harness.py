@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.artifacts import RunFiles
-from core.config import ModelSettings
-from core.events import Event, ToolCall, Warning_
-from core.runtime.opencode import build_config
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.config import ModelSettings
+from opencode_tui_core.events import Event, ToolCall, Warning_
+from opencode_tui_core.runtime.opencode import build_config
 from tests.core.runtime.conftest import SAMPLES
 
 
@@ -149,7 +149,7 @@ async def test_an_image_without_ripgrep_gets_the_cached_one_and_opencode_greps_w
 def test_musl_loader_in_a_real_image_is_detected():
     """Debian's `musl` package puts a real musl loader in the image; glibc stays the system libc."""
     _docker_ready("opencode-tui/musl:bookworm")
-    from core.runtime.targets import parse_probe, probe_script, select_target
+    from opencode_tui_core.runtime.targets import parse_probe, probe_script, select_target
 
     out = subprocess.run(
         [
@@ -190,7 +190,7 @@ async def test_a_sandbox_killed_under_the_install_probe_keeps_the_providers_fail
     import os
     import signal
 
-    from core.events import Phase, PhaseChanged
+    from opencode_tui_core.events import Phase, PhaseChanged
 
     if provider == "docker":
         _docker_ready("opencode-tui/base:bookworm")

@@ -17,12 +17,18 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
-from core.artifacts import RunFiles
-from core.config import AgentConfig, ModelSettings, PermissionProfile
-from core.events import Event, FailureRecorded, TerminalOutput, ToolCall
-from core.failures import DEFAULT_CLASSIFICATION, FailureClass, PermissionDetails, classify, is_registered
-from core.runtime.opencode import PERMISSION_PROFILES, build_config
-from core.runtime.stream import RunStreamTranslator
+from opencode_tui_core.artifacts import RunFiles
+from opencode_tui_core.config import AgentConfig, ModelSettings, PermissionProfile
+from opencode_tui_core.events import Event, FailureRecorded, TerminalOutput, ToolCall
+from opencode_tui_core.failures import (
+    DEFAULT_CLASSIFICATION,
+    FailureClass,
+    PermissionDetails,
+    classify,
+    is_registered,
+)
+from opencode_tui_core.runtime.opencode import PERMISSION_PROFILES, build_config
+from opencode_tui_core.runtime.stream import RunStreamTranslator
 
 DOCKER_IMAGE = "opencode-tui/base:bookworm"
 # /etc/passwd: a regular file in every sandbox (bubblewrap's rootfs has no /etc/hostname).
@@ -53,7 +59,7 @@ def test_profiles_are_validated_and_become_opencode_permission_config():
 
 def test_kind_is_registered_and_the_agents_doing():
     assert is_registered("agent_permission_rejected")
-    from core.failures import FailureEvent, FailureStage
+    from opencode_tui_core.failures import FailureEvent, FailureStage
 
     failure = FailureEvent(
         kind="agent_permission_rejected", stage=FailureStage.AGENT, operation="run opencode", message="m"

@@ -17,10 +17,16 @@ from typing import Any
 
 import pytest
 
-from core.runtime.installer import META_NAME, Installer, InstallerConfig
-from core.runtime.prepare import RUNTIME_CACHE_MOUNT, VERIFIED_NAME, RuntimeNotReady, prepare_runtime, probe
-from core.runtime.targets import select_target
-from core.sandbox.base import Mount, SandboxSpec
+from opencode_tui_core.runtime.installer import META_NAME, Installer, InstallerConfig
+from opencode_tui_core.runtime.prepare import (
+    RUNTIME_CACHE_MOUNT,
+    VERIFIED_NAME,
+    RuntimeNotReady,
+    prepare_runtime,
+    probe,
+)
+from opencode_tui_core.runtime.targets import select_target
+from opencode_tui_core.sandbox.base import Mount, SandboxSpec
 from tests.core.conftest import require_docker_image
 
 PIN = "1.18.32"
@@ -70,9 +76,9 @@ def _write_entry(installer: Installer, target: Any, version_printed: str) -> Pat
 async def test_version_check_once_per_binary_and_fingerprint(provider_name: str, tmp_path: Path) -> None:
     if provider_name == "docker":
         require_docker_image()
-        from core.sandbox.docker.provider import DockerProvider as Provider
+        from opencode_tui_core.sandbox.docker.provider import DockerProvider as Provider
     else:
-        from core.sandbox.local.provider import LocalProvider as Provider
+        from opencode_tui_core.sandbox.local.provider import LocalProvider as Provider
     cache = tmp_path / "cache"
     cache.mkdir()
     installer = Installer(InstallerConfig(version=PIN, cache_dir=cache))

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from core.inside.serve_runner import RELAY_PORT_ENV, RELAY_TIMEOUT_S
-from core.runtime.installer import Installer, InstallerConfig
-from core.runtime.opencode import OPENCODE_ENV, RUNNER_SOURCE
-from core.runtime.targets import parse_probe, probe_script, select_target
+from opencode_tui_core.inside.serve_runner import RELAY_PORT_ENV, RELAY_TIMEOUT_S
+from opencode_tui_core.runtime.installer import Installer, InstallerConfig
+from opencode_tui_core.runtime.opencode import OPENCODE_ENV, RUNNER_SOURCE
+from opencode_tui_core.runtime.targets import parse_probe, probe_script, select_target
 
 
 def _cached_binary() -> Path:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import re
 
-from core.events import FaultKind, SandboxFault, TerminalOutput, ToolCall
-from core.runtime.stream import LIVE_WINDOW, LIVE_WINDOW_MARK, ServeStreamTranslator
+from opencode_tui_core.events import FaultKind, SandboxFault, TerminalOutput, ToolCall
+from opencode_tui_core.runtime.stream import LIVE_WINDOW, LIVE_WINDOW_MARK, ServeStreamTranslator
 
 
 def _bash(status: str, live: str | None = None, final: str | None = None, **metadata) -> dict:
@@ -220,8 +220,8 @@ def test_summary_found_without_its_flags_after_a_compaction_part():
 def test_event_renderer_renders_recorded_events_as_the_translator_did():
     """One renderer: a tool call or text recorded without its display rendering is rendered by
     EventRenderer exactly as the translator rendered it live (what the TUI shows for such events)."""
-    from core.events import TerminalOutput, ToolCall
-    from core.runtime.stream import EventRenderer, RunStreamTranslator
+    from opencode_tui_core.events import TerminalOutput, ToolCall
+    from opencode_tui_core.runtime.stream import EventRenderer, RunStreamTranslator
 
     lines = [
         {

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from core.runtime import supervisor_client as sc
-from core.runtime.supervisor_client import (
+from opencode_tui_core.runtime import supervisor_client as sc
+from opencode_tui_core.runtime.supervisor_client import (
     CleanupReceipt,
     ReceiptError,
     budgets,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from core.runtime.transcript import export
+from opencode_tui_core.runtime.transcript import export
 
 
 def _db(tmp_path, *assistant_tokens):

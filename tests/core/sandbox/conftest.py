@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from core.sandbox.base import LABEL_RUN, Sandbox, SandboxProvider, SandboxSpec
+from opencode_tui_core.sandbox.base import LABEL_RUN, Sandbox, SandboxProvider, SandboxSpec
 
 TEST_RUN_ID = f"pytest-{uuid.uuid4().hex[:12]}"
 BASE_IMAGE = "opencode-tui/base:bookworm"
@@ -104,7 +104,7 @@ def opensandbox_server(docker_client: Any, tmp_path_factory: pytest.TempPathFact
     harness = load_standin_harness()
     if harness.server_executable() is None:
         pytest.skip("opensandbox-server is not installed (pip install -e '.[test]')")
-    from core.runtime.installer import default_cache_dir
+    from opencode_tui_core.runtime.installer import default_cache_dir
 
     image = harness.ensure_standin_image(docker_client, BASE_IMAGE)
     server = harness.OpenSandboxServer(
@@ -122,7 +122,7 @@ def opensandbox_server(docker_client: Any, tmp_path_factory: pytest.TempPathFact
 
 
 def opensandbox_settings(server: Any, **overrides: Any) -> Any:
-    from core.sandbox.opensandbox.settings import OpenSandboxSettings
+    from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxSettings
 
     fields: dict[str, Any] = {
         "url": server.url,
@@ -140,7 +140,7 @@ OPENSANDBOX_KEY_ENV = "OPENCODE_TUI_TEST_OPENSANDBOX_KEY"  # the server's API ke
 def opensandbox_agent_config(server: Any, **sections: Any) -> Any:
     """An episode's config on the test OpenSandbox server (key read from ``OPENSANDBOX_KEY_ENV``, one
     attempt); ``sections`` are further top-level config sections, e.g. ``budgets={"close_s": 60}``."""
-    from core.config import AgentConfig
+    from opencode_tui_core.config import AgentConfig
 
     settings = {"url": server.url, "api_key_env": OPENSANDBOX_KEY_ENV, "sandbox_timeout_s": 1800}
     return AgentConfig.model_validate(
@@ -197,12 +197,12 @@ def contract_provider_factory(
     async def make(name: str) -> AsyncIterator[SandboxProvider]:
         if name == "docker":
             request.getfixturevalue("docker_client")
-            from core.sandbox.docker.provider import DockerProvider
+            from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
             yield DockerProvider()
         elif name == "opensandbox":
             server = request.getfixturevalue("opensandbox_server")
-            from core.sandbox.opensandbox.provider import OpenSandboxProvider
+            from opencode_tui_core.sandbox.opensandbox.provider import OpenSandboxProvider
 
             os_provider = OpenSandboxProvider(opensandbox_settings(server), api_key=server.api_key)
             try:
@@ -210,7 +210,7 @@ def contract_provider_factory(
             finally:
                 await os_provider.aclose()
         elif name == "local":
-            from core.sandbox.local.provider import LocalProvider
+            from opencode_tui_core.sandbox.local.provider import LocalProvider
 
             yield LocalProvider()
         else:

@@ -2,4 +2,4 @@
 every registered provider: the built-in ones get this repository's test environment (a Docker engine,
 bwrap, the OpenSandbox server) through ``contract_provider_factory`` in conftest.py."""
 
-from core.sandbox.contract.suite import *  # noqa: F403
+from opencode_tui_core.sandbox.contract.suite import *  # noqa: F403

@@ -1,5 +1,5 @@
 """The Docker sandbox's two ways to the engine give the same results: straight over its Unix socket
-from the event loop (core.sandbox.docker.engine_socket, the default) and through the SDK in threads
+from the event loop (opencode_tui_core.sandbox.docker.engine_socket, the default) and through the SDK in threads
 (an engine reached over tcp). The tcp engine here is the real one behind a loopback relay to its
 socket, so both runs talk to the same dockerd."""
 
@@ -17,11 +17,11 @@ from typing import Any
 import docker.errors
 import pytest
 
-from core.failures import Delivery
-from core.sandbox.base import SandboxError, SandboxSpec
-from core.sandbox.docker.engine_socket import EngineNotFound, EngineSocket
-from core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
-from core.sandbox.docker.provider import DockerProvider, DockerSandbox
+from opencode_tui_core.failures import Delivery
+from opencode_tui_core.sandbox.base import SandboxError, SandboxSpec
+from opencode_tui_core.sandbox.docker.engine_socket import EngineNotFound, EngineSocket
+from opencode_tui_core.sandbox.docker.oom_rules import SOURCE_EVENTS, SOURCE_STATE
+from opencode_tui_core.sandbox.docker.provider import DockerProvider, DockerSandbox
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
 DOCKER_SOCKET = "/var/run/docker.sock"

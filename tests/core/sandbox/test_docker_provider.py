@@ -13,8 +13,8 @@ from typing import Any
 import docker.errors
 import pytest
 
-from core.failures import Delivery, Evidence, FailureStage
-from core.sandbox.base import (
+from opencode_tui_core.failures import Delivery, Evidence, FailureStage
+from opencode_tui_core.sandbox.base import (
     LABEL_OWNER,
     LABEL_RUN,
     NetworkPolicy,
@@ -23,8 +23,8 @@ from core.sandbox.base import (
     SandboxSpec,
     SandboxState,
 )
-from core.sandbox.docker.provider import DockerProvider, DockerSandbox, default_owner
-from core.sandbox.oom import oom_confirmed
+from opencode_tui_core.sandbox.docker.provider import DockerProvider, DockerSandbox, default_owner
+from opencode_tui_core.sandbox.oom import oom_confirmed
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
 
@@ -309,7 +309,7 @@ async def test_docker_events_evidence_is_capped_and_keeps_every_oom_report(
     """Thirty real ``kill`` events (a signal the main process ignores) and a real OOM of an exec: the
     evidence keeps the oom report and the latest others, at most ``EVENTS_KEPT``, and says how many
     it left out (issue 25)."""
-    from core.sandbox.docker.common import EVENTS_KEPT
+    from opencode_tui_core.sandbox.docker.common import EVENTS_KEPT
 
     sb = await create(memory_bytes=64 * MiB)
     hog = await sb.exec(["python3", "-c", "a = bytearray(512 << 20)"], timeout=60)
@@ -358,7 +358,7 @@ async def test_borrowed_session_removes_its_files_and_leaves_the_container(
     docker_client: Any, sdk_containers: Callable[..., Any]
 ) -> None:
     """A session in a borrowed container: cleanup confirmed, our session dir removed, container kept."""
-    from core.session import SandboxSession
+    from opencode_tui_core.session import SandboxSession
 
     container = sdk_containers()
     sb = await DockerProvider().connect(container.id)
@@ -418,7 +418,7 @@ async def test_borrowed_session_with_unconfirmed_cleanup_keeps_its_files_for_a_l
     import os
     import signal
 
-    from core.session import CleanupUnconfirmed, SandboxSession
+    from opencode_tui_core.session import CleanupUnconfirmed, SandboxSession
 
     container = sdk_containers()
     session_dir = f"/tmp/.opencode-tui/borrowed-{uuid.uuid4().hex[:8]}"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from core.events import FaultKind, SandboxFault
-from core.sandbox.base import Sandbox, SandboxError, SandboxSpec
-from core.sandbox.faults import SOURCE_DISK, SOURCE_KERNEL_LOG, disk_full_seen
+from opencode_tui_core.events import FaultKind, SandboxFault
+from opencode_tui_core.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from opencode_tui_core.sandbox.faults import SOURCE_DISK, SOURCE_KERNEL_LOG, disk_full_seen
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,7 +60,7 @@ async def _oom_seen_live(sandbox: Sandbox) -> None:
 
 @pytest.mark.bwrap
 async def test_a_real_oom_kill_in_a_local_sandbox_is_seen_live_with_its_pid(tmp_path: Path) -> None:
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     provider = LocalProvider(base_dir=tmp_path / "state")
     try:
@@ -80,7 +80,7 @@ async def test_a_real_oom_kill_in_a_local_sandbox_is_seen_live_with_its_pid(tmp_
 async def test_a_real_oom_kill_in_a_docker_container_is_seen_live_with_its_pid(
     docker_client, spec_factory
 ) -> None:
-    from core.sandbox.docker.provider import DockerProvider
+    from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
     sb = await DockerProvider().create(spec_factory(memory_bytes=128 << 20))
     try:
@@ -93,7 +93,7 @@ async def test_a_real_oom_kill_in_a_docker_container_is_seen_live_with_its_pid(
 async def test_a_command_killed_between_two_polls_is_still_named_by_its_pid(tmp_path: Path) -> None:
     """The worst case of the poll's timing, made certain: the watch takes no look between the command's
     start and its kill (no poll runs), so only what exec handed the watch can name the process."""
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     provider = LocalProvider(base_dir=tmp_path / "state")
     sb = await provider.create(SandboxSpec(run_id="test-faults-fast", memory_bytes=128 << 20))
@@ -119,7 +119,7 @@ async def test_a_command_killed_between_two_polls_is_still_named_by_its_pid(tmp_
 
 @pytest.mark.bwrap
 async def test_a_real_disk_fill_of_a_local_sandbox_is_seen_live_and_at_the_close(tmp_path: Path) -> None:
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     provider = LocalProvider(base_dir=tmp_path / "state")
     sb = await provider.create(SandboxSpec(run_id="test-faults-disk", disk_bytes=64 << 20))
@@ -155,7 +155,7 @@ async def test_without_the_host_cgroup_docker_s_own_oom_event_is_seen_live(
 ) -> None:
     """A remote engine's container cgroup is not on this host: the watch falls back to the engine's
     ``oom`` events (which name no process). Here the cgroup is visible, so it is hidden from the sandbox."""
-    from core.sandbox.docker.provider import DockerProvider
+    from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
     sb = await DockerProvider().create(spec_factory(memory_bytes=128 << 20))
     try:

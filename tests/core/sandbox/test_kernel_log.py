@@ -3,7 +3,7 @@ a real OOM kill in a test cgroup), and the reader's behaviour where the log cann
 
 from __future__ import annotations
 
-from core.sandbox.kernel_log import KernelLog, parse_record
+from opencode_tui_core.sandbox.kernel_log import KernelLog, parse_record
 
 RECORD = (
     "3,1234,301127198,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"

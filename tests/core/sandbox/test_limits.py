@@ -10,8 +10,8 @@ import contextlib
 
 import pytest
 
-from core.sandbox.base import SandboxSpec
-from core.sandbox.pids import SOURCE_PIDS, pids_limit_hit
+from opencode_tui_core.sandbox.base import SandboxSpec
+from opencode_tui_core.sandbox.pids import SOURCE_PIDS, pids_limit_hit
 from tests.core.conftest import require_docker_image
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,10 +44,10 @@ print(started, "none", flush=True)
 def _provider(name: str):
     if name == "docker":
         require_docker_image()
-        from core.sandbox.docker.provider import DockerProvider
+        from opencode_tui_core.sandbox.docker.provider import DockerProvider
 
         return DockerProvider()
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     return LocalProvider()
 
@@ -101,7 +101,7 @@ async def test_a_pids_limited_sandbox_refuses_the_1025th_process(name: str) -> N
 
 async def test_no_limit_asked_means_none_enforced_or_reported() -> None:
     """Without ``pids_limit`` a local sandbox gets no pids cgroup and says nothing is enforced."""
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     sb = await LocalProvider().create(SandboxSpec(run_id="test-limits-none"))
     try:
@@ -133,7 +133,7 @@ else:
 
 @pytest.mark.bwrap
 async def test_a_disk_limited_local_sandbox_gives_enospc_at_the_limit(tmp_path) -> None:
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     provider = LocalProvider(base_dir=tmp_path / "state")
     sb = await provider.create(SandboxSpec(run_id="test-limits-disk", disk_bytes=DISK))
@@ -163,7 +163,7 @@ async def test_a_disk_limit_the_provider_cannot_enforce_is_said() -> None:
     require_docker_image()
     import docker
 
-    from core.sandbox.docker.provider import DockerProvider, disk_limit_support
+    from opencode_tui_core.sandbox.docker.provider import DockerProvider, disk_limit_support
 
     can, why = disk_limit_support(docker.from_env(timeout=30).info())
     provider = DockerProvider()

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from core.failures import FailureStage
-from core.sandbox.base import (
+from opencode_tui_core.failures import FailureStage
+from opencode_tui_core.sandbox.base import (
     LABEL_OWNER,
     NetworkPolicy,
     OutputChunk,
@@ -30,9 +30,9 @@ from core.sandbox.base import (
     SandboxState,
     UnsafeArchiveError,
 )
-from core.sandbox.local.procs import _proc_stat
-from core.sandbox.local.provider import LocalProvider, LocalSandbox
-from core.sandbox.oom import oom_confirmed
+from opencode_tui_core.sandbox.local.procs import _proc_stat
+from opencode_tui_core.sandbox.local.provider import LocalProvider, LocalSandbox
+from opencode_tui_core.sandbox.oom import oom_confirmed
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.timeout(60)]
 
@@ -611,7 +611,7 @@ async def test_a_dead_sandboxs_cleanup_never_touches_the_sandbox_after_it(make_l
     namespace inode number to the next namespace at once) and streams a command. A's cleanup of an
     exec whose number B's command now carries (pid reuse) must leave B's command alone: A holds its
     namespace, so B gets another number, and a dead keeper's namespace is not searched at all."""
-    from core.sandbox.local.execution import _kill_exec_tree
+    from opencode_tui_core.sandbox.local.execution import _kill_exec_tree
 
     a = await make_local(memory_bytes=256 << 20)
     keeper = _host_pid_of(a, 1)

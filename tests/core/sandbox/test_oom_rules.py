@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from core import provider_registry
-from core.failures import Evidence
-from core.sandbox import oom
-from core.sandbox.docker.oom_rules import SOURCE_STATE
-from core.sandbox.oom import CORE_RULES, SOURCE_CGROUP, OomRule, oom_confirmed, rules
+from opencode_tui_core import provider_registry
+from opencode_tui_core.failures import Evidence
+from opencode_tui_core.sandbox import oom
+from opencode_tui_core.sandbox.docker.oom_rules import SOURCE_STATE
+from opencode_tui_core.sandbox.oom import CORE_RULES, SOURCE_CGROUP, OomRule, oom_confirmed, rules
 
 
 def test_every_declared_source_has_one_rule() -> None:

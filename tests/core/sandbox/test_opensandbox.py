@@ -23,11 +23,25 @@ from typing import Any
 import httpx
 import pytest
 
-from core.failures import CommandDetails, Delivery, GenericDetails, HttpDetails, OomDetails, decide
-from core.sandbox.base import LABEL_OWNER, LABEL_RUN, ExpectedRefusal, Recovery, SandboxError, SandboxState
-from core.sandbox.oom import oom_confirmed
-from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
-from core.sandbox.opensandbox.provider import OpenSandboxProvider, OpenSandboxSandbox
+from opencode_tui_core.failures import (
+    CommandDetails,
+    Delivery,
+    GenericDetails,
+    HttpDetails,
+    OomDetails,
+    decide,
+)
+from opencode_tui_core.sandbox.base import (
+    LABEL_OWNER,
+    LABEL_RUN,
+    ExpectedRefusal,
+    Recovery,
+    SandboxError,
+    SandboxState,
+)
+from opencode_tui_core.sandbox.oom import oom_confirmed
+from opencode_tui_core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
+from opencode_tui_core.sandbox.opensandbox.provider import OpenSandboxProvider, OpenSandboxSandbox
 
 pytestmark = [pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(120)]
 

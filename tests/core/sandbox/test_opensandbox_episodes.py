@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader
-from core.batch import run_batch
-from core.config import AgentConfig
-from core.episode import Episode
-from core.events import (
+from opencode_tui_core.artifacts import RunDirReader
+from opencode_tui_core.batch import run_batch
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.events import (
     Event,
     EventBus,
     FailureRecorded,
@@ -31,8 +31,8 @@ from core.events import (
     SandboxReady,
     VerificationFinished,
 )
-from core.sandbox.base import LABEL_OWNER, Recovery
-from core.tasks import load_task
+from opencode_tui_core.sandbox.base import LABEL_OWNER, Recovery
+from opencode_tui_core.tasks import load_task
 from tests.core.sandbox.conftest import OPENSANDBOX_KEY_ENV, opensandbox_agent_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(600)]

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
-from core.artifacts import RunDirReader, RunFiles
-from core.config import AgentConfig
-from core.episode import Episode, child_inputs, load_parent
-from core.episode.digests import recorded_digests
-from core.sandbox.base import LABEL_OWNER
-from core.tasks import load_task
+from opencode_tui_core.artifacts import RunDirReader, RunFiles
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode, child_inputs, load_parent
+from opencode_tui_core.episode.digests import recorded_digests
+from opencode_tui_core.sandbox.base import LABEL_OWNER
+from opencode_tui_core.tasks import load_task
 from tests.core.sandbox.conftest import OPENSANDBOX_KEY_ENV, opensandbox_agent_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(900)]

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from core.episode import Episode
-from core.events import Event, EventBus, PhaseChanged, Warning_
-from core.sandbox.base import LABEL_OWNER, LABEL_RUN
-from core.tasks import load_task
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.events import Event, EventBus, PhaseChanged, Warning_
+from opencode_tui_core.sandbox.base import LABEL_OWNER, LABEL_RUN
+from opencode_tui_core.tasks import load_task
 from tests.core.sandbox.conftest import OPENSANDBOX_KEY_ENV, opensandbox_agent_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(600)]
@@ -52,7 +52,7 @@ def test_server_gone_mid_agent_the_release_waits_for_it(
     harness = standin_harness
     if harness.server_executable() is None:
         pytest.skip("opensandbox-server is not installed (pip install -e '.[test]')")
-    from core.runtime.installer import default_cache_dir
+    from opencode_tui_core.runtime.installer import default_cache_dir
 
     image = harness.ensure_standin_image(docker_client, BASE_IMAGE)
     server = harness.OpenSandboxServer(

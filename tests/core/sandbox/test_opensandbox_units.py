@@ -9,20 +9,24 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from core.config import AgentConfig, load_config
-from core.failures import Delivery, Evidence
-from core.sandbox.oom import oom_confirmed
-from core.sandbox.opensandbox.common import _Run, _shell_command, label_value
-from core.sandbox.opensandbox.diagnostics import (
+from opencode_tui_core.config import AgentConfig, load_config
+from opencode_tui_core.failures import Delivery, Evidence
+from opencode_tui_core.sandbox.oom import oom_confirmed
+from opencode_tui_core.sandbox.opensandbox.common import _Run, _shell_command, label_value
+from opencode_tui_core.sandbox.opensandbox.diagnostics import (
     diagnostics_evidence,
     lifecycle_evidence,
     parse_events_text,
     parse_inspect_text,
 )
-from core.sandbox.opensandbox.http import classify_status
-from core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
-from core.sandbox.opensandbox.policy import DEFAULT_OPENSANDBOX_POLICY, decide_request, merged_policy
-from core.sandbox.opensandbox.settings import OpenSandboxPolicyOverrides, OpenSandboxSettings
+from opencode_tui_core.sandbox.opensandbox.http import classify_status
+from opencode_tui_core.sandbox.opensandbox.oom_rules import SOURCE_OS_DIAGNOSTICS, SOURCE_OS_LIFECYCLE
+from opencode_tui_core.sandbox.opensandbox.policy import (
+    DEFAULT_OPENSANDBOX_POLICY,
+    decide_request,
+    merged_policy,
+)
+from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxPolicyOverrides, OpenSandboxSettings
 
 SID = "eda9e4ae-b154-4e38-80ae-43a87bf11b62"
 OTHER = "fbcb9ccb-124f-411c-9c51-8daf536cf82e"
@@ -314,7 +318,7 @@ def test_lifecycle_oom_needs_a_recognised_code_in_a_terminal_state_of_this_sandb
 def test_a_commands_run_notes_are_capped() -> None:
     """Notes on one command (an unparseable event skipped, each one) are capped for its result, which
     says how many were left out (issue 25)."""
-    from core.sandbox.opensandbox.common import RUN_NOTES_KEPT, _Run
+    from opencode_tui_core.sandbox.opensandbox.common import RUN_NOTES_KEPT, _Run
 
     run = _Run("ex-1", ["sh"], None)
     for i in range(RUN_NOTES_KEPT + 30):

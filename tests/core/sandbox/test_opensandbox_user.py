@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from core.config import AgentConfig
-from core.episode import Episode
-from core.tasks import load_task
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.episode import Episode
+from opencode_tui_core.tasks import load_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.opensandbox, pytest.mark.timeout(600)]
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from core import provider_registry as registry
-from core.config import AgentConfig, ConfigError, load_config
-from core.sandbox import errors
-from core.sandbox.base import SandboxSpec
+from opencode_tui_core import provider_registry as registry
+from opencode_tui_core.config import AgentConfig, ConfigError, load_config
+from opencode_tui_core.sandbox import errors
+from opencode_tui_core.sandbox.base import SandboxSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILTIN_NAMES = ("docker", "local", "opensandbox")
@@ -77,7 +77,11 @@ def _violations(root: Path, packages: tuple[str, ...] = ("core", "opencode_tui")
                     )
                     for module in modules:
                         parts = module.split(".")
-                        if parts[:2] == ["core", "sandbox"] and len(parts) > 2 and parts[2] in BUILTIN_NAMES:
+                        if (
+                            parts[:2] == ["opencode_tui_core", "sandbox"]
+                            and len(parts) > 2
+                            and parts[2] in BUILTIN_NAMES
+                        ):
                             found.append(f"{rel}:{node.lineno}: imports {module}")
                         elif parts[0] == "docker":
                             found.append(f"{rel}:{node.lineno}: imports {module}")
@@ -97,13 +101,13 @@ def test_the_name_check_finds_a_planted_provider_comparison(tmp_path: Path) -> N
         'def f(config):\n    return config.sandbox.provider == "opensandbox"\n'
     )
     (tmp_path / "opencode_tui" / "leak.py").write_text(
-        "from core.sandbox.local.provider import LocalProvider\nCHOICES = ['docker', 'x']\n"
+        "from opencode_tui_core.sandbox.local.provider import LocalProvider\nCHOICES = ['docker', 'x']\n"
         # the executor's "local" is a homonym; the provider's is not, even beside it
         "def g(config):\n    if config.executor.name == 'local':\n        return config.sandbox.provider == 'local'\n"
     )
     assert _violations(tmp_path) == [
         "core/runtime/leak.py:2: 'opensandbox'",
-        "opencode_tui/leak.py:1: imports core.sandbox.local.provider",
+        "opencode_tui/leak.py:1: imports opencode_tui_core.sandbox.local.provider",
         "opencode_tui/leak.py:2: 'docker'",
         "opencode_tui/leak.py:5: 'local'",
     ]
@@ -171,8 +175,8 @@ def test_a_typo_in_provider_settings_names_the_field(tmp_path: Path, sandbox: di
 
 
 def test_provider_settings_are_the_providers_own_models_and_survive_a_round_trip() -> None:
-    from core.sandbox.docker.settings import DockerSettings
-    from core.sandbox.opensandbox.settings import OpenSandboxSettings
+    from opencode_tui_core.sandbox.docker.settings import DockerSettings
+    from opencode_tui_core.sandbox.opensandbox.settings import OpenSandboxSettings
 
     config = AgentConfig.model_validate(
         {
@@ -212,8 +216,8 @@ def test_every_sandbox_exception_is_defined_in_errors_py() -> None:
 @pytest.mark.bwrap
 async def test_catching_the_shared_file_not_found_catches_the_local_providers(tmp_path: Path) -> None:
     """The local provider used to raise its own look-alike SandboxFileNotFoundError."""
-    from core.sandbox import base
-    from core.sandbox.local.provider import LocalProvider
+    from opencode_tui_core.sandbox import base
+    from opencode_tui_core.sandbox.local.provider import LocalProvider
 
     sb = await LocalProvider(base_dir=tmp_path).create(SandboxSpec(run_id="pytest-errors"))
     try:

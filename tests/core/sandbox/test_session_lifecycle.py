@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from core.sandbox.base import Sandbox, SandboxClosedError
-from core.session import (
+from opencode_tui_core.sandbox.base import Sandbox, SandboxClosedError
+from opencode_tui_core.session import (
     CleanupUnconfirmed,
     ClosedBeforeLaunch,
     SandboxSession,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from core.config import AgentConfig
-from core.runtime.access import requested_user
-from core.sandbox.base import describe_exit, parse_user_spec
-from core.sandbox.tarsafe import check_archive, directory_tar, reroot, tree_tar
-from core.tasks import Task
+from opencode_tui_core.config import AgentConfig
+from opencode_tui_core.runtime.access import requested_user
+from opencode_tui_core.sandbox.base import describe_exit, parse_user_spec
+from opencode_tui_core.sandbox.tarsafe import check_archive, directory_tar, reroot, tree_tar
+from opencode_tui_core.tasks import Task
 
 
 def _members(archive: bytes) -> dict[str, tarfile.TarInfo]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from core.artifacts import RunFiles
 from opencode_tui.cli import main
 from opencode_tui.report.collect import Limits, collect
 from opencode_tui.report.page import run_page
+from opencode_tui_core.artifacts import RunFiles
 
 
 def _copy(src: Path, dest: Path, **run_json: object) -> Path:
@@ -148,7 +148,7 @@ def test_batch_report_groups_failures_and_links_each_attempt(
     group = text.split('id="groups"')[1].split("</table>")[0]
     assert group.count("<tr><td>") == 1, group
     assert "<td>1</td><td><b class=err>provider_oom_killed</b></td><td>agent</td>" in group
-    assert "docker.events action=oom" in group  # core.failure_groups' signature, as everywhere
+    assert "docker.events action=oom" in group  # opencode_tui_core.failure_groups' signature, as everywhere
     assert "oom-a2" in group and "oom-a1" not in group and "flaky" not in group
     assert "model_server_error" not in group
     rows = text.split('id="attempts"')[1].split("</table>")[0]

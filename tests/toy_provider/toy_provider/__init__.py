@@ -6,7 +6,7 @@ directories bound over it (so ``/app`` means the sandbox's workdir, as the contr
 isolates nothing else: no network policy, no limits, no other users, no terminal. It says so in its
 ``Capabilities``, and the contract tests that need more are skipped by capability.
 
-It uses only the public provider API (core.sandbox.base, .errors, .registry, .tarsafe).
+It uses only the public provider API (opencode_tui_core.sandbox.base, .errors, .registry, .tarsafe).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from core.provider_registry import Capabilities, Check, ProviderPlugin
-from core.sandbox.base import (
+from opencode_tui_core.provider_registry import Capabilities, Check, ProviderPlugin
+from opencode_tui_core.sandbox.base import (
     LABEL_OWNER,
     LABEL_RUN,
     ExecResult,
@@ -46,8 +46,8 @@ from core.sandbox.base import (
     default_owner,
     new_execution_id,
 )
-from core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
-from core.sandbox.tarsafe import safe_extract
+from opencode_tui_core.sandbox.errors import SandboxClosedError, SandboxError, SandboxFileNotFoundError
+from opencode_tui_core.sandbox.tarsafe import safe_extract
 
 NAME = "toy"
 PRIVATE = ("/app", "/tmp")  # the sandbox paths that are the sandbox's own directories
