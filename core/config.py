@@ -456,17 +456,17 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
         data = loaded
-    data = _deep_merge(data, overrides or {})
+    data = deep_merge(data, overrides or {})
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(path or "config"))) from exc
 
 
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in top.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 

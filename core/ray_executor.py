@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import secrets
@@ -776,11 +777,12 @@ def driver_output_to(path: Path) -> Iterator[None]:
             logger.removeHandler(h)
         logger.addHandler(handler)
         logger.propagate = False
+    # Looked up by name: an import statement would bind ``worker`` a second time, which the type
+    # checker sees as a redefinition wherever ray is not installed (the extra is optional).
     worker: Any = None
     printer = None
     with contextlib.suppress(ImportError):
-        import ray._private.worker as worker
-
+        worker = importlib.import_module("ray._private.worker")
         printer = getattr(worker, "print_to_stdstream", None)
     if printer is not None:
         to_file = logging.getLogger(f"{__name__}.cluster")  # (propagates to this module's: the file)

@@ -71,9 +71,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.batch and not on_terminal():
         try:  # bad input is said as such first (what is wrong with it matters more than the terminal)
             run_command.admit(args)
-        except (run_command.AdmissionError, run_command.ConfigError) as exc:
+        except run_command.api.RunRefused as exc:
             print(f"opencode-tui run: {exc}", file=sys.stderr)
-            return ExitCode.USAGE
+            return exc.exit_code
         return _needs_terminal("run", "add --batch for JSON lines on stdout and progress on stderr")
     return run_command.cmd_run(args)
 

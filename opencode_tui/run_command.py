@@ -5,24 +5,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from opencode_tui_core import executor_registry
-from opencode_tui_core.admission import AdmissionError, admit_run, check_inputs, rerun_inputs
+from opencode_tui_core import api, executor_registry
+from opencode_tui_core.admission import AdmissionError, check_inputs, rerun_inputs
 from opencode_tui_core.artifacts import RunInfo
 from opencode_tui_core.batch import (
-    BatchControl,
     BatchSummary,
-    Executor,
     ExecutorError,
     RunsDirError,
-    run_batch,
 )
-from opencode_tui_core.config import AgentConfig, ConfigError, load_config
+from opencode_tui_core.config import AgentConfig, ConfigError
 from opencode_tui_core.episode import Episode, EpisodeResult
 from opencode_tui_core.executor_registry import ExecutorHooks
 from opencode_tui_core.exit_codes import ExitCode
@@ -30,92 +26,58 @@ from opencode_tui_core.failure_groups import groups_line
 from opencode_tui_core.failures import Outcome
 from opencode_tui_core.outcome import exit_code as outcome_exit_code
 from opencode_tui_core.signals import closing_signals
-from opencode_tui_core.tasks import Task, load_task
+from opencode_tui_core.tasks import Task
 
 if TYPE_CHECKING:
     from opencode_tui.batch_app import BatchTUI
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    o: dict[str, Any] = {}
-    if args.provider:
-        o.setdefault("sandbox", {})["provider"] = args.provider
-    if args.keep_sandbox:
-        o.setdefault("sandbox", {})["keep_sandbox"] = True
-    if args.model_url:
-        o.setdefault("model", {})["url"] = args.model_url
-    if args.model:
-        o.setdefault("model", {})["name"] = args.model
-    if args.api_key_env:
-        o.setdefault("model", {})["api_key_env"] = args.api_key_env
-    if args.attempts is not None:
-        if args.attempts < 1:
-            raise AdmissionError("--attempts must be at least 1")
-        o["policy"] = {"max_attempts": args.attempts}
-    if args.runs_dir:
-        o["runs_dir"] = args.runs_dir
-    if getattr(args, "breaks", None):
-        o["debug"] = {"breaks": _checked_breaks(args.breaks)}
-    if args.executor:
-        o.setdefault("executor", {})["name"] = args.executor
+def options(args: argparse.Namespace) -> api.RunOptions:
+    """The command line's flags as the API's run options (the CLI is a client of opencode_tui_core.api)."""
+    if args.attempts is not None and args.attempts < 1:
+        raise api.RunRefused("--attempts must be at least 1")
+    if args.jobs is not None and args.jobs < 1:
+        raise api.RunRefused("--jobs must be at least 1")
+    ray: dict[str, Any] = {}
     if args.ray_address:
-        o.setdefault("executor", {}).setdefault("ray", {})["address"] = args.ray_address
+        ray["address"] = args.ray_address
     if args.ray_num_cpus_per_episode is not None:
-        o.setdefault("executor", {}).setdefault("ray", {})["num_cpus_per_episode"] = (
-            args.ray_num_cpus_per_episode
-        )
-    return o
+        ray["num_cpus_per_episode"] = args.ray_num_cpus_per_episode
+    return api.RunOptions(
+        config=Path(args.config) if args.config else None,
+        settings={"executor": {"ray": ray}} if ray else {},
+        provider=args.provider,
+        model_url=args.model_url,
+        model=args.model,
+        api_key_env=args.api_key_env,
+        runs_dir=Path(args.runs_dir) if args.runs_dir else None,
+        keep_sandbox=bool(args.keep_sandbox),
+        attempts=args.attempts,
+        jobs=args.jobs,
+        force=bool(getattr(args, "force", False)),
+        breaks=list(getattr(args, "breaks", None) or []),
+        executor=args.executor,
+    )
 
 
-def _checked_breaks(breaks: list[str]) -> list[str]:
-    from opencode_tui_core.breaks import parse_break
-
-    try:
-        return [parse_break(b).words for b in breaks]
-    except ValueError as exc:
-        raise AdmissionError(f"--break: {exc}") from None
-
-
-def _task_path(ref: str) -> Path:
-    """A path here, else the bundled sample of that name (opencode_tui_core.samples); says which was used."""
-    from opencode_tui_core.samples import resolve_task_ref
-
-    found = resolve_task_ref(ref)
-    if found.sample is not None:
-        print(f"opencode-tui run: {ref}: the bundled sample ({found.path})", file=sys.stderr)
-    elif found.shadowed is not None:
-        print(
-            f"opencode-tui run: {ref}: the directory here, not the bundled sample of that name",
-            file=sys.stderr,
-        )
-    elif not found.path.exists():
-        raise ConfigError(
-            f"task {ref} does not exist: no such directory or file here, and no bundled sample of that "
-            "name (list them with `opencode-tui samples`)"
-        )
-    return found.path
-
-
-def admit(args: argparse.Namespace) -> tuple[AgentConfig, list[Task]]:
-    """Everything that can be checked before any sandbox exists; raises AdmissionError/ConfigError."""
-    config = load_config(args.config, _overrides(args))
-    tasks = [load_task(_task_path(t)) for t in args.tasks]
-    for t in tasks:
-        for warning in t.load_warnings:  # Harbor's format evolves: a field we do not know is no error
-            print(f"opencode-tui run: warning: {t.root}: {warning}", file=sys.stderr)
-    admit_run(config, tasks, batch=args.batch, attempts=args.attempts, jobs=args.jobs)
-    return config, tasks
+def admit(args: argparse.Namespace) -> api.Prepared:
+    """Everything that can be checked before any sandbox exists (``api.prepare``); raises
+    ``api.RunRefused``. Says which bundled sample a name resolved to, and a Harbor task's unknown fields."""
+    prepared = api.prepare(args.tasks, options(args), batch=args.batch)
+    for note in prepared.notes:
+        print(f"opencode-tui run: {note}", file=sys.stderr)
+    return prepared
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        config, tasks = admit(args)
-    except (AdmissionError, ConfigError) as exc:
+        prepared = admit(args)
+    except api.RunRefused as exc:
         print(f"opencode-tui run: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
-    runs_dir = Path(config.runs_dir)
+        return exc.exit_code
+    config, tasks, runs_dir = prepared.config, prepared.tasks, prepared.runs_dir
     if args.batch:
-        return _batch(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
+        return _batch(prepared)
     if len(tasks) > 1 or getattr(args, "batch_screen", False):
         return _batch_tui(config, tasks, runs_dir, args.jobs, args.attempts, force=args.force)
     return _tui(config, tasks[0], runs_dir)
@@ -222,55 +184,19 @@ def _batch_tui(
 EXECUTOR_LOG = "executor.log"  # in the runs directory: a remote executor's driver messages, under the screen
 
 
-def _executor(config: AgentConfig, progress: Any) -> Executor:
-    """The configured executor, ready (a remote one has joined its cluster: before the signal
-    handlers, which joining may replace)."""
-    hooks = ExecutorHooks(
-        on_episode=progress.attach,
-        on_started=progress.started,
-        # Live phases only where they are shown (a terminal): otherwise the workers report nothing.
-        on_phase=progress.phase if progress.tty else None,
-    )
-    return executor_registry.get(config.executor.name).executor(config, hooks)
-
-
-def _batch(
-    config: AgentConfig,
-    tasks: list[Task],
-    runs_dir: Path,
-    jobs: int | None,
-    attempts: int | None,
-    *,
-    force: bool = False,
-) -> int:
+def _batch(prepared: api.Prepared) -> int:
     data = sys.stdout  # the JSON lines, and nothing else
-    if executor_registry.get(config.executor.name).remote:
-        # Every node must see the same path; the cluster's queue bounds concurrency unless --jobs does.
-        runs_dir = runs_dir.resolve()
-        jobs = jobs or len(tasks)
+    if executor_registry.get(prepared.config.executor.name).remote:
         # A cluster's driver prints its messages (a worker died, ...) to sys.stdout: diagnostics.
         with contextlib.redirect_stdout(sys.stderr):
-            return _run_batch(config, tasks, runs_dir, jobs, attempts, data, force)
-    return _run_batch(config, tasks, runs_dir, jobs, attempts, data, force)
+            return _run_batch(prepared, data)
+    return _run_batch(prepared, data)
 
 
-def _run_batch(
-    config: AgentConfig,
-    tasks: list[Task],
-    runs_dir: Path,
-    jobs: int | None,
-    attempts: int | None,
-    data: TextIO,
-    force: bool,
-) -> int:
+def _run_batch(prepared: api.Prepared, data: TextIO) -> int:
     from opencode_tui.batch_progress import BatchProgress
 
-    progress = BatchProgress(len(tasks), sys.stderr)
-    try:
-        executor = _executor(config, progress)
-    except ExecutorError as exc:
-        print(f"opencode-tui run: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+    progress = BatchProgress(len(prepared.tasks), sys.stderr)
 
     def on_result(result: EpisodeResult) -> None:
         if result.resumed:  # same task content and configuration, already scored: not run again
@@ -285,36 +211,38 @@ def _run_batch(
                 flush=True,
             )
 
-    control = BatchControl()
+    hooks = api.BatchHooks(
+        on_result=on_result,
+        on_orphan=_report_orphan,
+        on_warning=_warn,
+        executor=ExecutorHooks(
+            on_episode=progress.attach,
+            on_started=progress.started,
+            # Live phases only where they are shown (a terminal): otherwise the workers report nothing.
+            on_phase=progress.phase if progress.tty else None,
+        ),
+    )
+    run = api.BatchRun(prepared, hooks)
+    try:
+        # Ready before the signal handlers (a remote executor joins its cluster, which may replace them).
+        executor = run.make_executor()
+    except api.RunRefused as exc:
+        print(f"opencode-tui run: {exc}", file=sys.stderr)
+        return exc.exit_code
 
     async def main() -> BatchSummary:
         try:
-            with progress, closing_signals(control.cancel, announce=_announce):
-                return await run_batch(
-                    tasks,
-                    config,
-                    runs_dir=runs_dir,
-                    jobs=jobs or 1,
-                    max_attempts=attempts,
-                    on_result=on_result,
-                    control=control,
-                    on_orphan=_report_orphan,
-                    executor=executor,
-                    force=force,
-                    on_warning=_warn,
-                )
+            with progress, closing_signals(run.control.cancel, announce=_announce):
+                return await run.summary()
         finally:
-            await executor.close()
             for note in getattr(executor, "notes", ()):
                 print(f"opencode-tui run: {note}", file=sys.stderr, flush=True)
 
     try:
         summary = asyncio.run(main())
-    except RunsDirError as exc:
-        return _runs_dir_failed(exc)
-    except ExecutorError as exc:
+    except api.RunRefused as exc:
         print(f"opencode-tui run: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+        return exc.exit_code
     # The batch's id is on every result line too; `sweep --batch ID` finds what a lost node left.
     print(f"opencode-tui: batch {summary.batch_id}", file=sys.stderr)
     groups = groups_line(summary.results)
@@ -325,16 +253,10 @@ def _run_batch(
 
 
 def _runs_dir_failed(exc: OSError) -> int:
-    """The runs directory could not be created or written: one line with the hint that fits the cause;
-    a path that is not a directory is a usage error (2), anything else the machine's (3)."""
-    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
-        hint, code = "choose another --runs-dir", ExitCode.USAGE
-    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint, code = "free space or choose another --runs-dir", ExitCode.INFRA
-    else:
-        hint, code = "choose another --runs-dir", ExitCode.INFRA
-    print(f"opencode-tui run: {exc.strerror}; {hint}", file=sys.stderr)
-    return code
+    """The runs directory could not be created or written: one line with the hint that fits the cause."""
+    refusal = api.runs_dir_refusal(exc)
+    print(f"opencode-tui run: {refusal}", file=sys.stderr)
+    return refusal.exit_code
 
 
 def _warn(words: str) -> None:

@@ -297,8 +297,7 @@ def _admitted_tasks(args: argparse.Namespace) -> list[str] | None:
     """``--run``'s tasks admitted as `run` admits them (here, once: a bad task is one line and exit 2,
     not a session that fails in the browser), as absolute paths; None after saying what was wrong."""
     from opencode_tui.run_command import admit
-    from opencode_tui_core.admission import AdmissionError
-    from opencode_tui_core.config import ConfigError
+    from opencode_tui_core.api import RunRefused
 
     run_args = argparse.Namespace(
         tasks=args.run,
@@ -317,8 +316,8 @@ def _admitted_tasks(args: argparse.Namespace) -> list[str] | None:
         jobs=args.jobs,
     )
     try:
-        _config, tasks = admit(run_args)
-    except (AdmissionError, ConfigError) as exc:
+        tasks = admit(run_args).tasks
+    except RunRefused as exc:
         print(f"opencode-tui serve: {exc}", file=sys.stderr)
         return None
     return [str(t.root.resolve()) for t in tasks]

@@ -7,6 +7,9 @@ Builds the real wheel from a copy of this tree with pip and reads what it would 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
+import sys
 import tomllib
 import zipfile
 
@@ -77,3 +80,56 @@ def test_no_module_of_ours_imports_the_folder_name() -> None:
                     f"{path.relative_to(REPO)}:{node.lineno}" for m in modules if m.split(".")[0] == "core"
                 ]
     assert offenders == []
+
+
+def _requirement_name(spec: str) -> str:
+    return re.split(r"[\s\[<>=!~;(]", spec.strip(), maxsplit=1)[0]
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_package_the_tests_import_is_declared() -> None:
+    """A fresh ``pip install -e '.[test]'`` (plus the ``ray`` and ``realmodel`` extras scripts/test
+    installs) can run every test module: each third-party package a test imports is a dependency or in
+    one of those extras. (``hypothesis`` once was not: tests/core/test_artifacts.py failed to import.)"""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    declared = {
+        _normalized(_requirement_name(r))
+        for r in [*project["dependencies"], *extras["test"], *extras["ray"], *extras["realmodel"]]
+    }
+    declared.add("opencode-tui")
+    providers = importlib.metadata.packages_distributions()
+    ours = {
+        "opencode_tui",
+        "opencode_tui_core",
+        "tests",
+        "toy_provider",
+        "_bench",
+        "bench_tui",
+        "bench_episode",
+    }
+    local = {p.stem for p in (REPO / "tests").rglob("*.py")} | {
+        p.name for p in (REPO / "tests").rglob("*") if p.is_dir()
+    }
+    missing: dict[str, str] = {}
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if "fixtures" in path.parts and "execd_standin" not in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in ours or top in local or top == "__future__":
+                    continue
+                dists = {_normalized(d) for d in providers.get(top, [top])}
+                if not dists & declared:
+                    missing[top] = f"{path.relative_to(REPO)}:{node.lineno} ({', '.join(sorted(dists))})"
+    assert missing == {}, "imported by tests but declared in no extra scripts/test installs: " + str(missing)

@@ -18,9 +18,10 @@ Two facts hold before any table:
 
 - An OOM keeps its own precedence: ``provider_oom_killed`` is decided by its kind and class, never
   by the HTTP status of the request through which it was noticed (a 502 status poll).
-- A failure to produce an optional artifact (``WARNING_KINDS``: the transcript) is a warning: it
-  is recorded with its evidence and its decision says ``warning``; it decides the outcome only
-  when the verifier graded nothing (``opencode_tui_core.outcome.primary_failure``).
+- A failure to produce an optional artifact (``WARNING_KINDS``: the transcript; and any failure of
+  the transcript phase, whatever kind the provider gave it: a download that timed out or found no
+  file) is a warning: it is recorded with its evidence and its decision says ``warning``; it decides
+  the outcome only when the verifier graded nothing (``opencode_tui_core.outcome.primary_failure``).
 
 A ``retry`` is bounded by ``max_attempts`` and, for a key listed in ``max_retries``, by that count.
 """
@@ -312,6 +313,15 @@ STATUS_BLIND_KINDS = frozenset({"provider_oom_killed"})
 
 # Optional artifacts: failing to produce one never costs a graded reward (it is a warning then).
 WARNING_KINDS = frozenset({"transcript_export_failed"})
+# The phases that only produce optional artifacts: whatever fails there (the provider's download of
+# OpenCode's data timing out or finding no file, the snapshot, the export) is such a failure, under
+# whichever kind the provider gave it.
+WARNING_STAGES = frozenset({FailureStage.TRANSCRIPT})
+
+
+def is_warning(failure: FailureEvent) -> bool:
+    """A failure about an optional artifact: it decides the outcome only when nothing was graded."""
+    return failure.kind in WARNING_KINDS or failure.stage in WARNING_STAGES
 
 
 class Decision(BaseModel):
@@ -394,7 +404,7 @@ def decide(
         candidates.append(("failure_class", failure_class.value, policy.failure_class[failure_class]))
     candidates.append(("default", "default", policy.default))
 
-    warning = failure.kind in WARNING_KINDS
+    warning = is_warning(failure)
     exhausted = False
     for level, key, action in candidates:
         if action is Action.RETRY and not _retry_allowed(key, attempt, policy):

@@ -12,7 +12,6 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from opencode_tui_core.failures import Outcome
 from opencode_tui_core.outcome import exit_code
 from opencode_tui_core.signals import closing_signals
 from opencode_tui_core.tasks import load_task
+from tests.leftovers import left_behind
 
 pytestmark = pytest.mark.slow
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_tasks"
@@ -88,26 +88,6 @@ def run_with_signal(tmp_path: Path, provider: str, phase: str, sig: signal.Signa
     return summary, result
 
 
-def _left_behind(provider: str, result) -> list[str]:
-    if provider == "docker":
-        out = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label=opencode-tui.run={result.run_id}"],
-            capture_output=True,
-            text=True,
-        )
-        return out.stdout.split()
-    # A local sandbox's keeper and every process in it carry the run's sandbox id on their command line
-    # or in their environment; pgrep over the command lines of this machine finds none of them.
-    out = subprocess.run(["pgrep", "-af", result.sandbox_id or result.run_id], capture_output=True, text=True)
-    left = [line for line in out.stdout.splitlines() if "pgrep" not in line]
-    # A released sandbox leaves no state directory either (a release cut short once did).
-    from opencode_tui_core.sandbox.local.provider import _default_base_dir
-
-    if result.sandbox_id and (_default_base_dir() / result.sandbox_id).exists():
-        left.append(f"state directory {_default_base_dir() / result.sandbox_id}")
-    return left
-
-
 def _provider(request, name: str) -> str:
     if name == "docker":
         request.getfixturevalue("docker_base_image")
@@ -158,7 +138,7 @@ def test_signal_in_each_phase_closes_with_confirmed_cleanup(request, tmp_path, p
         assert result.cleanup_proof == "nothing_launched"
     # A grade taken in a cancelled run is never reported.
     assert result.reward is None
-    assert _left_behind(provider, result) == []
+    assert left_behind(provider, result) == []
 
 
 @pytest.mark.parametrize(
@@ -174,7 +154,7 @@ def test_second_signal_hurries_and_still_records(request, tmp_path, provider):
     assert info.outcome is not None and info.counts["cancelled_by"] == "SIGTERM"
     assert result.cleanup_confirmed is True and result.cleanup_proof in ("receipt", "destroyed")
     assert len((tmp_path / "runs" / "results.jsonl").read_text().splitlines()) == 1
-    assert _left_behind(provider, result) == []
+    assert left_behind(provider, result) == []
 
 
 @pytest.mark.bwrap
@@ -221,4 +201,4 @@ def test_batch_signal_closes_running_episodes_together_and_records_queued_as_not
     lines = (tmp_path / "runs" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 3
     for r in started:
-        assert _left_behind("local", r) == []
+        assert left_behind("local", r) == []

@@ -83,28 +83,25 @@ def test_verifier_exit_code_is_still_the_grade(tmp_path, episode_provider):
     assert result.agent_tokens_in is not None
 
 
-def test_a_lost_transcript_snapshot_never_costs_a_verified_reward(tmp_path, episode_provider):
-    """The REAL fault: the agent's last command deletes OpenCode's database in the sandbox, so the
-    snapshot after a confirmed cleanup has nothing to read. The verifier passes: reward 1 stands, and
-    the failed snapshot is recorded as a warning with its evidence."""
+def _hello_with_last_command(tmp_path: Path, command: str, description: str) -> Path:
+    """hello-file whose agent runs ``command`` just before its last answer."""
     task = tmp_path / "task"
     shutil.copytree(SAMPLES / "hello-file", task)
     trajectory = yaml.safe_load((task / "trajectory.yaml").read_text())
     trajectory["steps"].insert(
-        -1,
-        {
-            "tool_calls": [
-                {
-                    "name": "bash",
-                    "arguments": {
-                        "command": 'rm -f "$XDG_DATA_HOME"/opencode/opencode.db*',
-                        "description": "Remove OpenCode's database",
-                    },
-                }
-            ]
-        },
+        -1, {"tool_calls": [{"name": "bash", "arguments": {"command": command, "description": description}}]}
     )
     (task / "trajectory.yaml").write_text(yaml.safe_dump(trajectory))
+    return task
+
+
+def test_a_lost_transcript_snapshot_never_costs_a_verified_reward(tmp_path, episode_provider):
+    """The REAL fault: the agent's last command deletes OpenCode's database in the sandbox, so the
+    snapshot after a confirmed cleanup has nothing to read. The verifier passes: reward 1 stands, and
+    the failed snapshot is recorded as a warning with its evidence."""
+    task = _hello_with_last_command(
+        tmp_path, 'rm -f "$XDG_DATA_HOME"/opencode/opencode.db*', "Remove OpenCode's database"
+    )
     config = AgentConfig.model_validate(
         {"sandbox": {"provider": episode_provider}, "policy": {"max_attempts": 1}}
     )
@@ -123,3 +120,34 @@ def test_a_lost_transcript_snapshot_never_costs_a_verified_reward(tmp_path, epis
     [seen] = [e for e in lost.failure.evidence if e.source == "transcript.snapshot"]
     assert seen.data["copy_exists"] and "opencode.db" not in seen.data["files"]
     assert "not found" in seen.data["error"]
+
+
+def test_a_failed_download_of_opencodes_data_never_costs_a_verified_reward(tmp_path, episode_provider):
+    """The REAL fault: the agent's last command moves OpenCode's data directory away (OpenCode keeps
+    its open files), so after a confirmed cleanup the provider's download of that directory fails
+    with the provider's own typed failure (a missing file, not the snapshot's). It happened in the
+    transcript phase: a warning with its evidence, and the verified reward 1 stands (exit 0)."""
+    task = _hello_with_last_command(
+        tmp_path, 'mv "$XDG_DATA_HOME/opencode" "$XDG_DATA_HOME/moved-away"', "Move OpenCode's data away"
+    )
+    config = AgentConfig.model_validate(
+        {"sandbox": {"provider": episode_provider}, "policy": {"max_attempts": 1}}
+    )
+    result = asyncio.run(Episode(load_task(task), config, runs_dir=tmp_path / "runs").run())
+    assert (result.action, result.reward, result.failure_kind, result.exit_code) == (
+        Outcome.SCORED,
+        1.0,
+        None,
+        0,
+    ), result.summary
+    # The provider's own kind (not renamed to the snapshot's), stamped with the phase it happened in;
+    # then the snapshot that had no copy to read. Both warnings, neither decides.
+    lost, snapshot = failures(result)
+    assert lost.failure.kind == "sandbox_file_failed" and lost.failure.stage.value == "transcript"
+    assert snapshot.failure.kind == "transcript_export_failed"
+    assert lost.decision.warning and snapshot.decision.warning
+    assert result.warnings == ["sandbox_file_failed", "transcript_export_failed"]
+    assert "warning: sandbox_file_failed" in result.summary
+    [seen] = [e for e in lost.failure.evidence if e.source == "sandbox.download"]
+    assert "does not exist" in seen.data["error"] or "No such" in seen.data["error"]
+    assert result.cleanup_confirmed and result.tool_calls >= 2

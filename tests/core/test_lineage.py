@@ -27,6 +27,7 @@ from opencode_tui_core.events import ToolCall
 from opencode_tui_core.exit_codes import ExitCode
 from opencode_tui_core.tasks import load_task
 from tests.core.conftest import require_docker_image
+from tests.leftovers import left_by
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,18 +197,6 @@ SLOW = [
 ]
 
 
-def _left_behind(provider: str, run_id: str, sandbox_id: str | None) -> list[str]:
-    if provider == "docker":
-        out = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label=opencode-tui.run={run_id}"],
-            capture_output=True,
-            text=True,
-        )
-        return out.stdout.split()
-    out = subprocess.run(["pgrep", "-af", sandbox_id or run_id], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
-
-
 def _replaying_child(runs_dir: Path, parent_dir: Path) -> Path | None:
     """The fork's run directory once its replayed step 1 (the sleep) is running."""
     for d in runs_dir.iterdir():
@@ -268,7 +257,7 @@ def test_a_signal_during_a_fork_replay_closes_with_confirmed_cleanup(request, tm
     info = RunDirReader(child_dir).info()
     assert info.outcome is not None and info.lineage == "fork" and info.replay.live_from is None
     assert info.replay.replayed >= 1  # stopped inside the replay, before any live call
-    assert _left_behind(provider, result["run_id"], result["sandbox_id"]) == []
+    assert left_by(provider, result["run_id"], result["sandbox_id"]) == []
 
 
 # -- a fork at a step whose recorded stream was cut ----------------------------------------------------

@@ -478,6 +478,28 @@ ROWS: dict[str, Row] = {
         rule="evaluation",
         exit=ExitCode.INFRA,
     ),
+    # ---- issue 39: every failure of the transcript phase is a warning, under the provider's kind too --
+    "verified reward 1 and a download of OpenCode's data that timed out (504): the reward stands": Row(
+        agent=agent(),
+        after=[failure("provider_io_timeout", FailureStage.TRANSCRIPT, http_status=504)],
+        verifier=verifier(0),
+        reward=1.0,
+    ),
+    "verified reward 1 and a download that found no file: the reward stands": Row(
+        agent=agent(),
+        after=[failure("sandbox_file_failed", FailureStage.TRANSCRIPT)],
+        verifier=verifier(0),
+        reward=1.0,
+    ),
+    "a download that timed out and nothing graded: the warning decides by its status (retry)": Row(
+        agent=agent(),
+        after=[failure("provider_io_timeout", FailureStage.TRANSCRIPT, http_status=504)],
+        outcome=Outcome.RETRY,
+        kind="provider_io_timeout",
+        stage="transcript",
+        rule="5xx",
+        exit=ExitCode.INFRA,
+    ),
     "an OOM seen through a 502 status poll: counted by its kind, never retried for the 502": Row(
         before=[failure("provider_oom_killed", FailureStage.AGENT, http_status=502)],
         outcome=Outcome.COUNT_AS_ZERO,
