@@ -243,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sm_sub.add_parser("copy", help="copy sample tasks into a directory (all, or the named ones)")
     cp.add_argument("dest", metavar="DIR", help="where the samples go (each as DIR/NAME)")
     cp.add_argument("names", nargs="*", metavar="NAME", help="only these samples (default: all)")
+    sub.add_parser(
+        "gym-root",
+        help="print the directory to put on NEMO_GYM_EXTRA_ROOTS: the NeMo Gym agent server "
+        "(responses_api_agents/opencode_tui_agent; docs/gym.md)",
+    )
     from opencode_tui.ctl_command import add_parser as add_ctl
 
     add_ctl(sub)
@@ -292,7 +297,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         return ExitCode.OK
     from opencode_tui import commands
 
-    handler = getattr(commands, f"cmd_{args.command}")
+    handler = getattr(commands, f"cmd_{args.command.replace('-', '_')}")
     return int(handler(args) or 0)
 
 

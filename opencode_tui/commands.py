@@ -47,6 +47,13 @@ def cmd_samples(args: argparse.Namespace) -> int:
     return samples(args)
 
 
+def cmd_gym_root(args: argparse.Namespace) -> int:
+    from opencode_tui_core.gym import GYM_ROOT
+
+    print(GYM_ROOT)
+    return ExitCode.OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from opencode_tui.report.command import cmd_report as report
 

@@ -37,7 +37,8 @@ def test_the_wheel_installs_no_top_level_name_but_its_own(wheel: zipfile.ZipFile
 
 
 def test_the_wheel_carries_the_engine_whole_under_its_own_name(wheel: zipfile.ZipFile) -> None:
-    """Every module of core/ (and the in-sandbox programs' data files, and the bundled samples) is in
+    """Every module of core/ (and the in-sandbox programs' data files, the bundled samples, the Gym
+    server directory) is in
     the wheel as opencode_tui_core/..., and every entry point names a module that is there."""
     names = set(wheel.namelist())
     engine = REPO / "core"
@@ -45,6 +46,10 @@ def test_the_wheel_carries_the_engine_whole_under_its_own_name(wheel: zipfile.Zi
         if path.is_file() and path.suffix in (".py", ".js", ".sh") and "__pycache__" not in path.parts:
             assert f"opencode_tui_core/{path.relative_to(engine).as_posix()}" in names, path
     assert "opencode_tui_core/sample_tasks/hello-file/task.yaml" in names
+    # The Gym server directory whole (NEMO_GYM_EXTRA_ROOTS=$(opencode-tui gym-root) finds it there).
+    gym = "opencode_tui_core/gym/root/responses_api_agents/opencode_tui_agent"
+    for part in ("app.py", "requirements.txt", "configs/opencode_tui_agent.yaml"):
+        assert f"{gym}/{part}" in names, part
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     targets = [project["scripts"]["opencode-tui"]] + [
         target for group in project["entry-points"].values() for target in group.values()
