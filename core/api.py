@@ -12,6 +12,8 @@ codes. The command line is a client of this module (opencode_tui/run_command.py)
   the block is left early (cancelled, cleanup confirmed).
 - ``run_batch(tasks, **options)`` / ``run_batch_sync`` / ``await start_batch``: many tasks with the batch's
   queue, retries, resume and ``results.jsonl`` (as ``run --batch``); returns a ``BatchSummary``.
+- ``captured_tokens(result)``: the token ids and logprobs of a run's model calls, when it ran with
+  ``model.capture_tokens`` (``settings={"model": {"capture_tokens": True}}``).
 
 Bad input never starts anything: an unknown option or configuration field, a task that does not
 exist, a model URL that is not served, a provider this host lacks: ``RunRefused``, whose message says
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opencode_tui_core import executor_registry
 from opencode_tui_core.admission import AdmissionError, admit_run
-from opencode_tui_core.artifacts import RunInfo
+from opencode_tui_core.artifacts import RunDirReader, RunInfo
 from opencode_tui_core.batch import BatchControl, BatchSummary, Executor, ExecutorError, RunsDirError
 from opencode_tui_core.batch import run_batch as _run_batch
+from opencode_tui_core.calls.token_capture import CapturedTokens
 from opencode_tui_core.config import (
     AgentConfig,
     ConfigError,
@@ -56,10 +60,12 @@ R = TypeVar("R")
 __all__ = [
     "BatchEvent",
     "BatchRun",
+    "CapturedTokens",
     "EpisodeRun",
     "Prepared",
     "RunOptions",
     "RunRefused",
+    "captured_tokens",
     "prepare",
     "run_batch",
     "run_batch_sync",
@@ -373,6 +379,16 @@ def run_episode_sync(task: TaskRef, **options: Any) -> EpisodeResult:
     """``run_episode`` for code without an event loop."""
     prepared = prepare([task], options_of(options), batch=False)  # refused here, before any loop starts
     return asyncio.run(EpisodeRun(prepared).result())
+
+
+def captured_tokens(run: EpisodeResult | str | os.PathLike[str]) -> list[CapturedTokens]:
+    """The token ids and logprobs of a finished run's model calls (its result, or its run directory),
+    in the order the calls ended: one ``CapturedTokens`` per call that returned any, each attributed
+    to the assistant message it answered (``message_id``). Empty when the run had no
+    ``model.capture_tokens`` or its upstream sent no token data; run.json's ``token_capture`` tells
+    the two apart. A path that is no run directory raises ``FileNotFoundError``."""
+    path = Path(run.run_dir if isinstance(run, EpisodeResult) else run)
+    return list(RunDirReader(path).captured_tokens())
 
 
 # ---- a batch ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ except OpenCode's raw stdout and database, which hold only what the sandbox saw)
     input/task.yaml        the task file the run came from
     shells/shell-N.cast    each shell a person opened in the sandbox
     build/image.log        the task image's build output (tasks built from a Dockerfile)
+    tokens.jsonl           token ids and logprobs per model call (``model.capture_tokens`` only)
     trajectory.json        the run as an ATIF v1.8 trajectory (core/export/atif.py), written last
     diagnostics.txt        failures and logs, redacted, then capped at DIAGNOSTICS_CAP characters
 
@@ -46,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from opencode_tui_core import __version__
 from opencode_tui_core.calls.records import ModelCallRecord, TokenUsage
+from opencode_tui_core.calls.token_capture import CapturedTokens, TokenCaptureSummary
 from opencode_tui_core.diagnostics import DIAGNOSTICS_CAP, cap_diagnostics
 from opencode_tui_core.events import (
     Event,
@@ -94,6 +96,9 @@ class RunFiles:
     TRAJECTORY = "trajectory.json"  # the run as an ATIF trajectory (core/export/atif.py), written last
     # A digest of the workspace before each agent model call (debug.workspace_digests, rerun and fork).
     WORKSPACE_DIGESTS = "workspace_digests.jsonl"
+    # Token ids and logprobs, one line per model call that returned them (``model.capture_tokens``,
+    # core/calls/token_capture.py); kept apart from model_calls.jsonl so a trainer reads only these.
+    TOKENS = "tokens.jsonl"
 
     @staticmethod
     def shell_cast(n: int) -> str:
@@ -146,6 +151,8 @@ class ReplaySummary(BaseModel):
 
 # Written only when set, so the run.json of a run that is no rerun or fork is as it was.
 LINEAGE_FIELDS = frozenset({"lineage", "parent", "fork_step", "replay", "task_hash"})
+# Likewise for the token capture: a run without it writes no ``token_capture``.
+_WHEN_SET_FIELDS = LINEAGE_FIELDS | {"token_capture"}
 
 
 class RunInfo(BaseModel):
@@ -191,6 +198,8 @@ class RunInfo(BaseModel):
     parent: RunParent | None = None
     fork_step: int | None = None
     replay: ReplaySummary | None = None
+    # ``model.capture_tokens``: where the token ids and logprobs are (tokens.jsonl) and how many.
+    token_capture: TokenCaptureSummary | None = None
 
     @property
     def orphaned(self) -> bool:
@@ -349,7 +358,7 @@ class RunDir:
 
     def write_run_info(self, info: RunInfo) -> Path:
         data = info.model_dump(mode="json")
-        for name in LINEAGE_FIELDS:
+        for name in _WHEN_SET_FIELDS:
             if data.get(name) is None:
                 data.pop(name, None)
         return self.write_json(RunFiles.RUN_INFO, data)
@@ -550,6 +559,15 @@ class RunDirReader:
         for _, line in _lines(self.path / RunFiles.MODEL_CALLS):
             try:
                 yield model.model_validate_json(line)
+            except ValueError:
+                continue
+
+    def captured_tokens(self) -> Iterator[CapturedTokens]:
+        """``tokens.jsonl`` (``model.capture_tokens``): each call's token ids and logprobs, in
+        completion order; nothing when the capture was off or no call returned token data."""
+        for _, line in _lines(self.path / RunFiles.TOKENS):
+            try:
+                yield CapturedTokens.model_validate_json(line)
             except ValueError:
                 continue
 

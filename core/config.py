@@ -131,6 +131,11 @@ class ModelSettings(_Model):
     # this many in the whole episode, stop the agent as ``model_empty_response``. 0 turns a limit off.
     empty_answers_limit: int = Field(default=5, ge=0)
     empty_answers_total_limit: int = Field(default=20, ge=0)
+    # Token capture for RL (core/calls/token_capture.py): the proxy asks the upstream for token ids and
+    # logprobs (vLLM's parameters) on every chat-completions call and records what comes back in the
+    # run directory's tokens.jsonl. Off by default: the requests then go upstream exactly as OpenCode
+    # sent them. An upstream that refuses unknown parameters (OpenAI's API does) refuses every call.
+    capture_tokens: bool = False
 
     @field_validator("request_timeout_s", "stall_timeout_s")
     @classmethod

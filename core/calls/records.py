@@ -166,6 +166,9 @@ class ModelCallRecord(BaseModel):
     model_response_body: Any = None
     # rerun/fork (issue 28): the parent's recorded call this answer was replayed from, not the model's.
     replayed_from: str | None = None
+    # model.capture_tokens (core/calls/token_capture.py): the parameters the proxy added to the request
+    # it sent upstream (``request_body`` stays what the client sent); None: forwarded as it came.
+    capture_params: list[str] | None = None
 
     @property
     def failed(self) -> bool:

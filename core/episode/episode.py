@@ -937,5 +937,7 @@ class Episode(EpisodeControl):
             RunFiles.VERIFY_STDOUT,
             RunFiles.VERIFY_STDERR,
         )
+        if proxy is not None and proxy.token_capture is not None:  # model.capture_tokens
+            self.info.token_capture = proxy.token_capture.model_copy()
         write_record(self.run_dir, self.info, result, self.tally, self.failures, diagnostic_files, self.emit)
         return result

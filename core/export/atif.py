@@ -15,6 +15,9 @@ What this export reads from the run directory (all optional except that somethin
 - ``opencode/export.json``: OpenCode's transcript (core/runtime/transcript.py), one step per message;
 - ``model_calls.jsonl``: the recording proxy's calls, attributed to assistant messages by
   ``message_id`` (core/model/records.py) — the per-step metrics come from these;
+- ``tokens.jsonl`` (``model.capture_tokens``): each call's token ids and logprobs; an agent step's
+  ``metrics`` carry those of the call that produced its message (``prompt_token_ids``,
+  ``completion_token_ids``, ``logprobs``; ``extra.token_ids_call_id`` names the call);
 - ``run.json``: the agent, the model, the outcome; ``events.jsonl``: the recorded failures.
 
 Compactions (OpenCode's ``compaction`` part on a user message, then a summary written by its
@@ -37,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from opencode_tui_core.artifacts import RunDirReader, RunFiles, RunInfo, is_run_dir
 from opencode_tui_core.calls.records import TokenUsage
+from opencode_tui_core.calls.token_capture import CapturedTokens
 from opencode_tui_core.runtime.transcript import compaction_trigger
 
 ATIF_VERSION: Final = "ATIF-v1.8"
@@ -87,6 +91,10 @@ class AtifMetrics(_Model):
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     cost_usd: float | None = None
+    # The token capture's (model.capture_tokens): the ids the model saw and generated, a logprob each.
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
     extra: dict[str, Any] | None = None
 
 
@@ -238,6 +246,27 @@ def _read_calls(reader: RunDirReader) -> tuple[dict[str, _CallTotals], _CallTota
     return by_message, everything, kinds
 
 
+def _read_tokens(reader: RunDirReader) -> dict[str, CapturedTokens]:
+    """Each assistant message's captured tokens: those of the last complete, unedited call attributed
+    to it (an earlier one was retried, so its answer is not the message's)."""
+    return {t.message_id: t for t in reader.captured_tokens() if t.message_id is not None and t.of_message}
+
+
+def _with_tokens(metrics: AtifMetrics | None, tokens: CapturedTokens | None) -> AtifMetrics | None:
+    """An agent step's metrics with its message's token ids and logprobs, when they were captured."""
+    if tokens is None:
+        return metrics
+    base = metrics or AtifMetrics()
+    return base.model_copy(
+        update={
+            "prompt_token_ids": tokens.prompt_token_ids,
+            "completion_token_ids": tokens.completion_token_ids,
+            "logprobs": tokens.logprobs,
+            "extra": {**(base.extra or {}), "token_ids_call_id": tokens.call_id},
+        }
+    )
+
+
 def _read_failures(reader: RunDirReader) -> list[dict[str, Any]]:
     """The recorded failures (``FailureRecorded`` events), failure and decision, in order."""
     return [
@@ -297,7 +326,11 @@ class _Steps:
 
 
 def _transcript_steps(
-    doc: dict[str, Any], calls: dict[str, _CallTotals], default_model: str | None, subagents: set[str]
+    doc: dict[str, Any],
+    calls: dict[str, _CallTotals],
+    default_model: str | None,
+    subagents: set[str],
+    tokens: dict[str, CapturedTokens],
 ) -> tuple[list[AtifStep], int]:
     out = _Steps()
     compactions = 0
@@ -351,6 +384,7 @@ def _transcript_steps(
             metrics, count = attributed.metrics("model_calls"), attributed.calls
         else:
             metrics, count = _transcript_metrics(info.get("tokens")), None
+        metrics = _with_tokens(metrics, tokens.get(mid) if isinstance(mid, str) else None)
         model = info.get("modelID") or default_model
         message = _text(parts, "text")
         out.add(
@@ -412,6 +446,7 @@ def build_trajectory(run_dir: Path) -> AtifTrajectory:
     model_cfg = (info.config.get("model") or {}) if info else {}
     model_name = model_cfg.get("name") if isinstance(model_cfg.get("name"), str) else None
     calls, all_calls, kinds = _read_calls(reader)
+    tokens = _read_tokens(reader)
     failures = _read_failures(reader)
 
     doc: dict[str, Any] | None = None
@@ -427,8 +462,10 @@ def build_trajectory(run_dir: Path) -> AtifTrajectory:
     subagents: list[AtifTrajectory] = []
     if doc is not None:
         sessions = [s for s in doc.get("subagents") or [] if isinstance(s, dict)]
-        subagents = _subagent_trajectories(doc, sessions, calls, agent)
-        steps, compactions = _transcript_steps(doc, calls, model_name, {t.session_id for t in subagents})
+        subagents = _subagent_trajectories(doc, sessions, calls, tokens, agent)
+        steps, compactions = _transcript_steps(
+            doc, calls, model_name, {t.session_id for t in subagents}, tokens
+        )
         session_id = str((doc.get("session") or {}).get("id") or (info.run_id if info else run_dir.name))
         notes = None
     else:
@@ -483,7 +520,11 @@ def _final_metrics(steps: list[AtifStep], compactions: int, **extra: Any) -> Ati
 
 
 def _subagent_trajectories(
-    parent: dict[str, Any], sessions: list[dict[str, Any]], calls: dict[str, _CallTotals], agent: AtifAgent
+    parent: dict[str, Any],
+    sessions: list[dict[str, Any]],
+    calls: dict[str, _CallTotals],
+    tokens: dict[str, CapturedTokens],
+    agent: AtifAgent,
 ) -> list[AtifTrajectory]:
     """The trajectories of the subagent sessions ``parent`` started (each with its own, recursively),
     embedded in the parent's and referenced from the ``task`` call that started them."""
@@ -493,8 +534,10 @@ def _subagent_trajectories(
         session = sub.get("session") or {}
         if session.get("parent_id") != parent_id or not isinstance(session.get("id"), str):
             continue
-        children = _subagent_trajectories(sub, sessions, calls, agent)
-        steps, compactions = _transcript_steps(sub, calls, agent.model_name, {t.session_id for t in children})
+        children = _subagent_trajectories(sub, sessions, calls, tokens, agent)
+        steps, compactions = _transcript_steps(
+            sub, calls, agent.model_name, {t.session_id for t in children}, tokens
+        )
         if not steps:
             steps = [AtifStep(step_id=1, source="system", message="the subagent's session holds no message")]
         kind = next(
@@ -547,6 +590,8 @@ def _run_extra(info: RunInfo | None, failures: list[dict[str, Any]]) -> dict[str
         "human_intervened": info.human_intervened if info else None,
         "started_at": info.started_at.isoformat() if info else None,
         "ended_at": info.ended_at.isoformat() if info and info.ended_at else None,
+        # Only with model.capture_tokens, so a trajectory without it is as it was.
+        **({"token_capture": info.token_capture.model_dump()} if info and info.token_capture else {}),
     }
 
 

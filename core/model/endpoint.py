@@ -143,6 +143,7 @@ class ModelEndpoint:
                 gate=self.gate,
                 replay=self.replay,
                 side=self._side,
+                capture_tokens=self.settings.capture_tokens,
             ).start()
         except BaseException:
             await self.__aexit__(None, None, None)

@@ -14,6 +14,11 @@ usage parsed from the response (unknown stays None), ``x-session-id``, the attri
 ``X-OpenCode-Assistant-Message-Id`` header, the kind (title/agent/compaction/other) and redacted request
 and response bodies.
 
+Token capture (``capture_tokens``, off by default; core/calls/token_capture.py): each chat-completions
+request goes upstream with vLLM's token parameters added (those the client did not set), and the token
+ids and logprobs that come back are written to ``tokens.jsonl``, one line per call that carried any,
+attributed like the call. Off, every request goes upstream byte for byte as the client sent it.
+
 Rules: it never retries; an unreachable upstream is answered with 502 and recorded with ``status=None``
 and the error; a stream that breaks upstream is broken towards the client too (never completed or
 papered over). The upstream API key is read from the environment variable ``api_key_env`` when the proxy
@@ -52,6 +57,13 @@ from opencode_tui_core.calls.records import (
     answer_fault_error,
     merge_usage,
     parse_usage,
+)
+from opencode_tui_core.calls.token_capture import (
+    CapturedTokens,
+    TokenAccumulator,
+    TokenCaptureSummary,
+    scan_json_body,
+    with_capture_params,
 )
 from opencode_tui_core.events import ModelCall
 from opencode_tui_core.failures.evidence import utcnow
@@ -182,9 +194,11 @@ class _Watch:
 
 
 class _StreamScanner:
-    """Incremental SSE scan of a response: usage, first-token time, finish reason, malformed chunks."""
+    """Incremental SSE scan of a response: usage, first-token time, finish reason, malformed chunks,
+    and (``tokens``, the token capture) the token ids and logprobs of each event."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokens: TokenAccumulator | None = None) -> None:
+        self.tokens = tokens
         self._buf = b""
         self.usage: TokenUsage | None = None
         self.first_token = False
@@ -228,6 +242,8 @@ class _StreamScanner:
             self.ended = True
         if obj.get("choices"):
             self.choices = True
+        if self.tokens is not None:
+            self.tokens.feed(obj)
         usage = obj.get("usage")
         if usage is None and isinstance(obj.get("message"), dict):  # anthropic message_start
             usage = obj["message"].get("usage")
@@ -371,6 +387,7 @@ class ModelProxy(HttpService):
         gate: CallGate | None = None,
         replay: Replayer | None = None,
         side: tuple[str, Handler] | None = None,
+        capture_tokens: bool = False,
     ) -> None:
         parts = urlsplit(upstream_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -408,6 +425,8 @@ class ModelProxy(HttpService):
         self.records: list[ModelCallRecord] = []
         self.write_error: str | None = None  # the first failed append to model_calls.jsonl
         self.refusing: str | None = None  # why every new model call is refused (see ``refuse``)
+        # The token capture's counts so far (run.json's ``token_capture``); None: the capture is off.
+        self.token_capture = TokenCaptureSummary(file=RunFiles.TOKENS) if capture_tokens else None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -490,26 +509,34 @@ class ModelProxy(HttpService):
             out.append((self.auth_header, value))
         return out
 
-    def _finish(self, rec: ModelCallRecord) -> ModelCallRecord:
-        """Redact, keep, append to model_calls.jsonl, emit the event."""
+    def _append(self, path: Path, data: dict[str, Any]) -> None:
+        """One JSON line appended to a run-directory file (model_calls.jsonl, tokens.jsonl)."""
+        line = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        try:
+            with self._file_lock:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+        except OSError as exc:
+            # Recorded for the episode (a full runs directory), never a traceback on stderr.
+            if self.write_error is None:
+                self.write_error = f"cannot write {path}: {exc.strerror or exc}"
+            log.debug("model proxy: cannot append to %s: %s", path, exc)
+
+    def _finish(self, rec: ModelCallRecord, tokens: TokenAccumulator | None = None) -> ModelCallRecord:
+        """Redact, keep, append to model_calls.jsonl (and the call's tokens to tokens.jsonl), emit."""
         data = redact(rec.model_dump(mode="json"), self._secrets())
-        if data.get("replayed_from") is None:  # the record of a run that is no replay is as it was
-            data.pop("replayed_from", None)
+        # The record of a run that is no replay, or has no token capture, is as it was.
+        for name in ("replayed_from", "capture_params"):
+            if data.get(name) is None:
+                data.pop(name, None)
         safe = ModelCallRecord.model_validate(data)
         self.records.append(safe)
         path = self.records_path
         if path is not None:
-            line = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-            try:
-                with self._file_lock:
-                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                    with os.fdopen(fd, "a", encoding="utf-8") as f:
-                        f.write(line + "\n")
-            except OSError as exc:
-                # Recorded for the episode (a full runs directory), never a traceback on stderr.
-                if self.write_error is None:
-                    self.write_error = f"cannot write {path}: {exc.strerror or exc}"
-                log.debug("model proxy: cannot append to %s: %s", path, exc)
+            self._append(path, data)
+        if tokens is not None:
+            self._record_tokens(safe, tokens)
         try:
             if self.on_record is not None:
                 self.on_record(safe)
@@ -518,6 +545,46 @@ class ModelProxy(HttpService):
         except Exception:  # a broken consumer must not break the proxy
             log.exception("model proxy: callback failed for %s", safe.call_id)
         return safe
+
+    def _capture_request(
+        self, req: Request, body: Any, rec: ModelCallRecord
+    ) -> tuple[bytes, TokenAccumulator | None]:
+        """What goes upstream, and what gathers its tokens: with the capture on, a chat-completions
+        request gets the token parameters it lacks (named in ``rec.capture_params``); any other request,
+        or any request with the capture off, goes as it came, its bytes untouched."""
+        if self.token_capture is None or req.method != "POST" or not _is_chat(req.path):
+            return req.body, None
+        if not isinstance(body, dict):
+            return req.body, None
+        asked, rec.capture_params = with_capture_params(body)
+        if not rec.capture_params:  # the client asked for all of it itself
+            return req.body, TokenAccumulator()
+        return json.dumps(asked, ensure_ascii=False, separators=(",", ":")).encode(), TokenAccumulator()
+
+    def _record_tokens(self, rec: ModelCallRecord, tokens: TokenAccumulator) -> None:
+        """Count the call for run.json; its line in tokens.jsonl when the upstream sent token data."""
+        assert self.token_capture is not None
+        if rec.answered_by is not None:  # a person's reply: the model was never asked
+            return
+        line = None
+        if tokens.found():
+            line = CapturedTokens(
+                call_id=rec.call_id,
+                message_id=rec.message_id,
+                session_id=rec.session_id,
+                kind=rec.kind,
+                model=rec.model,
+                status=rec.status,
+                finish_reason=rec.finish_reason,
+                complete=not (rec.failed or rec.client_disconnected or rec.stream_errors),
+                edited_by=rec.edited_by,
+                prompt_token_ids=tokens.prompt_token_ids,
+                completion_token_ids=tokens.completion_ids(),
+                logprobs=tokens.logprobs,
+            )
+            if self.record_dir is not None:
+                self._append(self.record_dir / RunFiles.TOKENS, line.model_dump(mode="json"))
+        self.token_capture.add(line)
 
     def _judge(self, rec: ModelCallRecord, req: Request, is_sse: bool, scan: _StreamScanner) -> None:
         """A call is good only if its answer is: a 2xx to a chat request that is empty, has no choices,
@@ -666,6 +733,7 @@ class ModelProxy(HttpService):
                 )
             self._finish(rec)
             return True
+        forwarded, tokens = self._capture_request(req, body_json, rec)
         watch = _Watch(reader)
         resp: httpx.Response | None = None
         head_sent = False
@@ -701,7 +769,7 @@ class ModelProxy(HttpService):
                         req.method,
                         self._target(req),
                         headers=self._upstream_headers(req),
-                        content=req.body if req.body or req.method in ("POST", "PUT", "PATCH") else None,
+                        content=forwarded if forwarded or req.method in ("POST", "PUT", "PATCH") else None,
                     )
                     resp = await watch.run(self._client.send(upstream_req, stream=True))
             except httpx.HTTPError as exc:
@@ -737,10 +805,12 @@ class ModelProxy(HttpService):
             if edit is None:
                 writer.write(head)
                 head_sent = True
-            scanner = _StreamScanner()
+            scanner = _StreamScanner(tokens)
             is_sse = "text/event-stream" in resp.headers.get("content-type", "")
             encoding = resp.headers.get("content-encoding")
             captured = bytearray()
+            # A JSON answer's tokens are read from all of it, past the record's cap.
+            whole = bytearray() if tokens is not None and not is_sse else None
             iterator = resp.aiter_raw()
             while True:
                 try:
@@ -760,6 +830,8 @@ class ModelProxy(HttpService):
                 rec.response_bytes += len(data)
                 if len(captured) <= self.max_record_bytes:
                     captured.extend(data[: self.max_record_bytes + 1 - len(captured)])
+                if whole is not None:
+                    whole.extend(data)
                 if is_sse and not encoding and scanner.feed(data) and rec.ttft_s is None:
                     rec.ttft_s = now - t0
                 if edit is not None:
@@ -781,6 +853,8 @@ class ModelProxy(HttpService):
                 rec.finish_reason = scanner.finish_reason
                 rec.stream_errors = scanner.errors
             else:
+                if tokens is not None and whole is not None:
+                    scan_json_body(_decode_body(bytes(whole), encoding), tokens)
                 rec.response_body, trunc = _body_for_record(raw, self.max_record_bytes)
                 rec.truncated = rec.truncated or trunc
                 if isinstance(rec.response_body, dict):
@@ -839,7 +913,7 @@ class ModelProxy(HttpService):
             if resp is not None:
                 with contextlib.suppress(Exception):
                     await resp.aclose()
-            self._finish(rec)
+            self._finish(rec, tokens)
 
 
 __all__ = ["MESSAGE_ID_HEADER", "REDACTED", "ModelCallRecord", "ModelProxy", "ProxyConfigError"]

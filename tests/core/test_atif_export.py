@@ -261,3 +261,50 @@ def test_model_call_summaries_do_not_depend_on_field_order(tmp_path):
         record["message_id"],
         record["usage"],
     )
+
+
+def test_captured_tokens_reach_each_agent_steps_metrics(tmp_path):
+    """model.capture_tokens: an agent step's metrics carry the token ids and logprobs of the call that
+    produced its message (tokens.jsonl, attributed by message id): the schema's
+    ``prompt_token_ids``/``completion_token_ids``/``logprobs``; a retried call's partial tokens are not
+    the message's, and a message without captured tokens has none. (The end-to-end episode is in
+    tests/core/test_episode_tokens.py.)"""
+    from opencode_tui_core.artifacts import RunFiles
+    from opencode_tui_core.calls.token_capture import CapturedTokens
+    from opencode_tui_core.export.atif_versions import for_version
+
+    run = shutil.copytree(FIXTURE_RUNS / "hello-file", tmp_path / "hello")
+    calls = [json.loads(line) for line in (run / RunFiles.MODEL_CALLS).read_text().splitlines()]
+    write_msg, cat_msg, _ = [c["message_id"] for c in calls if c["kind"] == "agent"]
+    lines = [
+        CapturedTokens(call_id="retried", message_id=write_msg, completion_token_ids=[9], complete=False),
+        CapturedTokens(
+            call_id=calls[1]["call_id"],
+            message_id=write_msg,
+            complete=True,
+            prompt_token_ids=[1, 2, 3],
+            completion_token_ids=[4, 5],
+            logprobs=[-0.25, -1.5],
+        ),
+        CapturedTokens(call_id="title", kind="title", complete=True, completion_token_ids=[7]),
+    ]
+    (run / RunFiles.TOKENS).write_text("".join(t.model_dump_json() + "\n" for t in lines))
+    traj = build_trajectory(run)
+    doc = json.loads(traj.to_json())
+    validate(doc)
+    write, cat = (
+        s
+        for s in doc["steps"]
+        if s["source"] == "agent" and s["extra"]["opencode_message_id"] in (write_msg, cat_msg)
+    )
+    assert (write["metrics"]["prompt_token_ids"], write["metrics"]["completion_token_ids"]) == (
+        [1, 2, 3],
+        [4, 5],
+    )
+    assert write["metrics"]["logprobs"] == [-0.25, -1.5]
+    assert write["metrics"]["extra"]["token_ids_call_id"] == calls[1]["call_id"]
+    assert write["metrics"]["prompt_tokens"] == 1500  # the usage stays as it was
+    assert not {"prompt_token_ids", "completion_token_ids", "logprobs"} & set(cat["metrics"])
+    assert AtifTrajectory.model_validate_json(traj.to_json()) == traj
+    older, dropped = for_version(doc, "1.7")  # ATIF-v1.7 has the same fields: nothing to drop
+    assert dropped == [] and older["steps"] == doc["steps"]
