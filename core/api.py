@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -291,7 +291,30 @@ async def _awaited(run: asyncio.Future[R], cancel: Callable[[], Awaitable[object
 # ---- one episode --------------------------------------------------------------------------------
 
 
-class EpisodeRun:
+class _Handle(Generic[R]):
+    """What both handles share: ``async with`` starts the run, and leaving the block before it ended
+    (a break, an exception, a cancel) cancels it — a batch starts nothing more and closes what runs."""
+
+    _task: asyncio.Task[R] | None
+
+    def _started(self) -> asyncio.Task[R]:
+        raise NotImplementedError
+
+    async def cancel(self) -> R:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._started()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None and not self._task.done():
+            await self.cancel()
+
+
+class EpisodeRun(_Handle[EpisodeResult]):
     """One attempt of one task, as a handle: its events, its cancel, its result.
 
     Events are kept from the moment the episode starts, so an ``events()`` begun late still sees
@@ -350,17 +373,6 @@ class EpisodeRun:
         awaits it cancels the episode, which closes with its cleanup confirmed first."""
         return await _awaited(self._started(), lambda: self.episode.cancel(CANCELLED_BY_CALLER))
 
-    async def __aenter__(self) -> EpisodeRun:
-        self._started()
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        # Leaving the block before the episode ended (a break, an exception, a cancel): close it.
-        if self._task is not None and not self._task.done():
-            await self.cancel()
-
 
 async def start_episode(task: TaskRef, **options: Any) -> EpisodeRun:
     """One attempt of ``task``, started; its handle. Admission runs first, in a worker thread (the
@@ -415,7 +427,7 @@ class BatchHooks:
     executor: ExecutorHooks | None = None  # started / phase / node, for a remote executor's rows
 
 
-class BatchRun:
+class BatchRun(_Handle[BatchSummary]):
     """A batch (queue, retries, resume, ``results.jsonl``), as a handle: ``events()`` (the local
     executor's episodes, each event with its run), ``results()`` (each attempt as it ends),
     ``cancel()``, ``summary()``. Cancelling starts no queued episode and closes the running ones
@@ -529,17 +541,6 @@ class BatchRun:
         """The batch's summary once it has ended (starts it if need be). Cancelling the caller that
         awaits it cancels the batch, which closes every running episode first."""
         return await _awaited(self._started(), lambda: self.control.cancel(CANCELLED_BY_CALLER))
-
-    async def __aenter__(self) -> BatchRun:
-        self._started()
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        # Leaving the block before the batch ended: start nothing more, close what runs.
-        if self._task is not None and not self._task.done():
-            await self.cancel()
 
 
 async def start_batch(tasks: Sequence[TaskRef], **options: Any) -> BatchRun:
