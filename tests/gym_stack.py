@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -108,9 +109,11 @@ class GymStack:
     def agent_url(self) -> str:
         return f"http://127.0.0.1:{self.agent_port}"
 
-    def _wait_ready(self, timeout: float = 240) -> None:
+    def _wait_ready(self, timeout: float = 300) -> None:
+        """Until ng_run says all its servers are up ("All 2 / 2 servers ready!"; it prints "1 / 2 servers
+        ready" on the way) and each answers its health check."""
         deadline = time.monotonic() + timeout
-        while "servers ready" not in self.log.read_text():
+        while not re.search(r"All (\d+) / \1 servers ready", self.log.read_text()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"Gym did not start (ng_run exited {self.proc.poll()}):\n{self.tail()}")
             time.sleep(0.5)
