@@ -296,7 +296,26 @@ def _step_items(step: AtifStep) -> list[OutputItem]:
                     "output": outputs[call.tool_call_id],
                 }
             )
+    _attach_tokens(step, items)
     return items
+
+
+def _attach_tokens(step: AtifStep, items: list[OutputItem]) -> None:
+    """Captured tokens (``model.capture_tokens``) in Gym's training fields, on the last item the step's
+    model call generated, as Gym's own model servers hand them to a trainer. Only a whole bundle:
+    Gym requires prompt ids, generated ids and one logprob per generated id."""
+    m = step.metrics
+    if m is None or m.prompt_token_ids is None or m.completion_token_ids is None or m.logprobs is None:
+        return
+    if len(m.completion_token_ids) != len(m.logprobs):
+        return
+    generated = [i for i in items if i["type"] in ("message", "function_call", "reasoning")]
+    if generated:
+        generated[-1].update(
+            prompt_token_ids=m.prompt_token_ids,
+            generation_token_ids=m.completion_token_ids,
+            generation_log_probs=m.logprobs,
+        )
 
 
 def read_trajectory(run_dir: Path) -> AtifTrajectory | None:

@@ -149,3 +149,29 @@ def test_a_recorded_runs_turns_become_responses_output_items() -> None:
     # An episode that ended before any turn still ends in an (empty) assistant message.
     [empty] = output_items(None)
     assert empty["type"] == "message" and empty["content"][0]["text"] == ""
+
+
+def test_captured_tokens_ride_on_the_last_item_each_call_generated_in_gyms_training_fields() -> None:
+    trajectory = build_trajectory(FIXTURES / "oom")
+    step = next(s for s in trajectory.steps if s.source == "agent" and s.tool_calls)
+    assert step.metrics is not None
+    step.metrics = step.metrics.model_copy(
+        update={"prompt_token_ids": [1, 2, 3], "completion_token_ids": [7, 8], "logprobs": [-0.5, -0.25]}
+    )
+    items = output_items(trajectory)
+    bundles = [i for i in items if "generation_token_ids" in i]
+    assert len(bundles) == 1 and bundles[0]["type"] == "function_call"
+    assert (
+        bundles[0]["prompt_token_ids"],
+        bundles[0]["generation_token_ids"],
+        bundles[0]["generation_log_probs"],
+    ) == (
+        [1, 2, 3],
+        [7, 8],
+        [-0.5, -0.25],
+    )
+    # Gym requires one logprob per generated id: a bundle that is not whole is left off, not padded.
+    step.metrics = step.metrics.model_copy(update={"logprobs": [-0.5]})
+    assert not [i for i in output_items(trajectory) if "generation_token_ids" in i]
+    # Without capture (the recorded run as it is), no item carries them.
+    assert not [i for i in output_items(build_trajectory(FIXTURES / "oom")) if "generation_token_ids" in i]
